@@ -1,0 +1,334 @@
+//! The admin listener: per-key status and reset, metrics, health, readiness, reload, effective config.
+//!
+//! It listens on its own address (never the public port, `config` enforces
+//! that). With `admin.token` set, every call but `/healthz` and `/readyz`
+//! needs `Authorization: Bearer <token>`; probes stay open so orchestrators
+//! need no secret.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::App;
+use crate::body::Body;
+use crate::config::{Backend, Config, KeyPart};
+use crate::identity::ApiKey;
+use crate::limiter::{ceil_secs, NANOS_PER_SEC};
+use crate::snapshot::Snapshot;
+
+pub async fn serve(listener: TcpListener, app: App, stop: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => return,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let app = app.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let app = app.clone();
+                async move { Ok::<_, Infallible>(handle(&app, req).await) }
+            });
+            let builder = crate::server::connection_builder(std::time::Duration::from_secs(10));
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn json_response(status: StatusCode, v: Value) -> Response<Body> {
+    let mut resp = Response::new(Body::full(format!("{v}\n")));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn problem(status: StatusCode, detail: &str) -> Response<Body> {
+    let mut resp = json_response(
+        status,
+        json!({"type": "admin-error", "title": status.canonical_reason().unwrap_or("Error"), "status": status.as_u16(), "detail": detail}),
+    );
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    resp
+}
+
+/// Compares in time independent of where the first difference is.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
+    let snap = app.snapshot();
+    let path = req.uri().path();
+    let open = matches!(path, "/healthz" | "/readyz");
+    if let (Some(token), false) = (&snap.config.admin.token, open) {
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            let mut resp = problem(StatusCode::UNAUTHORIZED, "This admin call needs `Authorization: Bearer <token>`.");
+            resp.headers_mut()
+                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+            return resp;
+        }
+    }
+    let query_key = query_param(req.uri().query().unwrap_or(""), "key");
+    match (req.method(), path) {
+        (&Method::GET, "/healthz") => json_response(StatusCode::OK, json!({"status": "ok"})),
+        (&Method::GET, "/readyz") => {
+            let healthy = app.shared.store.healthy();
+            let status = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            json_response(
+                status,
+                json!({"ready": healthy, "config_version": snap.version, "store": {"backend": app.shared.store.backend(), "healthy": healthy}}),
+            )
+        }
+        (&Method::GET, "/metrics") => {
+            let mut resp = Response::new(Body::full(metrics_text(app, &snap)));
+            resp.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+            resp
+        }
+        (&Method::GET, "/status") | (&Method::DELETE, "/status") => match query_key {
+            None => problem(StatusCode::BAD_REQUEST, "Pass the client as ?key=<IP or API key>."),
+            Some(k) if req.method() == Method::GET => json_response(StatusCode::OK, status(app, &snap, &k)),
+            Some(k) => {
+                let keys: Vec<String> = status_keys(&snap, &k).into_iter().map(|(_, key)| key).collect();
+                let removed = app.shared.store.reset(&keys);
+                json_response(StatusCode::OK, json!({"key": canonical_client(&snap, &k), "reset": removed}))
+            }
+        },
+        (&Method::POST, "/reload") => match crate::reload::reload(app) {
+            Ok(version) => json_response(StatusCode::OK, json!({"result": "ok", "version": version})),
+            Err(e) => json_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({"result": "error", "version": snap.version, "errors": e.messages()}),
+            ),
+        },
+        (&Method::GET, "/config") => json_response(
+            StatusCode::OK,
+            json!({
+                "version": snap.version,
+                "path": app.shared.config_path.as_ref().map(|p| p.display().to_string()),
+                "last_reload_error": *app.shared.last_reload_error.lock(),
+                "config": effective_config(&snap.config),
+            }),
+        ),
+        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config") => {
+            problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed on this admin path.")
+        }
+        _ => problem(StatusCode::NOT_FOUND, "Admin paths: /status, /metrics, /healthz, /readyz, /reload, /config."),
+    }
+}
+
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| percent_encoding::percent_decode_str(&v.replace('+', " ")).decode_utf8_lossy().into_owned())
+    })
+}
+
+/// The `client` key for what an operator typed: an IP, an API key, or an
+/// already canonical `ip:…` / `key:…`.
+fn canonical_client(snap: &Snapshot, raw: &str) -> String {
+    if raw.starts_with("ip:") || raw.starts_with("key:") {
+        return raw.to_string();
+    }
+    match raw.parse::<std::net::IpAddr>() {
+        Ok(ip) => snap.identity.ip_key(ip),
+        Err(_) => ApiKey::from_secret(raw).id,
+    }
+}
+
+/// Every (limiter index, store key) the client `raw` can have, without counting.
+fn status_keys(snap: &Snapshot, raw: &str) -> Vec<(usize, String)> {
+    let client = canonical_client(snap, raw);
+    let is_ip = client.starts_with("ip:");
+    let mut out = Vec::new();
+    for (i, l) in snap.limiters.iter().enumerate() {
+        let mut values = vec![String::new()];
+        for (n, part) in l.key.iter().enumerate() {
+            let options: Vec<String> = match part {
+                KeyPart::Client => vec![client.clone()],
+                KeyPart::Ip if is_ip => vec![client.clone()],
+                KeyPart::ApiKey if !is_ip => vec![client.clone()],
+                KeyPart::Ip | KeyPart::ApiKey | KeyPart::Header(_) => vec![],
+                KeyPart::Global => vec!["global".into()],
+                KeyPart::Route => snap
+                    .routes
+                    .iter()
+                    .filter(|r| r.limiters.contains(&i))
+                    .map(|r| format!("route:{}", r.name))
+                    .collect(),
+            };
+            values = values
+                .iter()
+                .flat_map(|v| options.iter().map(move |o| if n == 0 { o.clone() } else { format!("{v}|{o}") }))
+                .collect();
+        }
+        out.extend(values.into_iter().map(|v| (i, l.store_key(&v))));
+    }
+    out
+}
+
+fn status(app: &App, snap: &Snapshot, raw: &str) -> Value {
+    let now = app.shared.clock.now();
+    let limiters: Vec<Value> = status_keys(snap, raw)
+        .into_iter()
+        .map(|(i, key)| {
+            let l = &snap.limiters[i];
+            let value = &key[l.name.len() + 1..];
+            let algorithm = l.algorithm_for(value);
+            let q = app.shared.store.peek(&key, algorithm, now);
+            json!({
+                "limiter": l.name,
+                "algorithm": algorithm.name(),
+                "mode": if l.shadow { "shadow" } else { "enforce" },
+                "key": value,
+                "limit": q.limit,
+                "remaining": q.remaining,
+                "window_seconds": q.window.map(ceil_secs),
+                "reset_after_seconds": ceil_secs(q.reset_after),
+                "reset": (now + q.reset_after).div_ceil(NANOS_PER_SEC),
+            })
+        })
+        .collect();
+    json!({"key": canonical_client(snap, raw), "limiters": limiters})
+}
+
+fn metrics_text(app: &App, snap: &Snapshot) -> String {
+    let s = &app.shared;
+    s.metrics.render(&[
+        ("tollgate_config_version", "The version of the config in force (1 at start, +1 per successful reload).", snap.version as f64),
+        ("tollgate_tracked_keys", "Limiter keys held in memory.", s.store.tracked_keys() as f64),
+        ("tollgate_store_healthy", "1 when the store answers (SQLite: the last write succeeded).", f64::from(u8::from(s.store.healthy()))),
+        ("tollgate_audit_dropped_total", "Audit rows dropped because the writer lagged.", s.store.audit_dropped() as f64),
+        ("tollgate_uptime_seconds", "Seconds since start.", s.started.elapsed().as_secs_f64()),
+    ])
+}
+
+/// The config in force, with every secret replaced.
+pub fn effective_config(c: &Config) -> Value {
+    let redis_url = |url: &str| match url.split_once('@') {
+        Some((scheme_and_auth, host)) => {
+            let scheme = scheme_and_auth.split("://").next().unwrap_or("redis");
+            format!("{scheme}://[redacted]@{host}")
+        }
+        None => url.to_string(),
+    };
+    let store = match &c.store.backend {
+        Backend::Memory => json!({"backend": "memory"}),
+        Backend::Sqlite { path } => json!({"backend": "sqlite", "path": path.display().to_string()}),
+        Backend::Redis { url, prefix, timeout } => {
+            json!({"backend": "redis", "url": redis_url(url), "prefix": prefix, "timeout_ms": timeout.as_millis() as u64})
+        }
+    };
+    json!({
+        "server": {
+            "listen": c.server.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            "tls": c.server.tls.as_ref().map(|t| t.certs.iter().map(|x| json!({"cert": x.cert.display().to_string(), "key": x.key.display().to_string(), "hosts": x.hosts})).collect::<Vec<_>>()),
+            "request_header_timeout_ms": c.server.request_header_timeout.as_millis() as u64,
+            "max_request_body": c.server.max_request_body,
+            "shutdown_grace_ms": c.server.shutdown_grace.as_millis() as u64,
+        },
+        "admin": {"listen": c.admin.listen.to_string(), "token": c.admin.token.as_ref().map(|_| "[redacted]")},
+        "store": store,
+        "store_policy": {
+            "on_error": format!("{:?}", c.store.on_error).to_lowercase(),
+            "prune_interval_ms": c.store.prune_interval.as_millis() as u64,
+            "flush_interval_ms": c.store.flush_interval.as_millis() as u64,
+        },
+        "audit": {"enabled": c.audit.enabled, "retention_s": c.audit.retention.as_secs()},
+        "identity": {
+            "api_key_header": c.identity.api_key_header.as_str(),
+            "api_keys": c.identity.api_keys.iter().map(|k| ApiKey::from_secret(k).short).collect::<Vec<_>>(),
+            "trusted_proxies": c.identity.trusted_proxies.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            "ipv6_prefix": c.identity.ipv6_prefix,
+            "exempt": c.identity.exempt.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+        },
+        "upstreams": c.upstreams.iter().map(|u| json!({"name": u.name, "url": u.url.to_string(), "connect_timeout_ms": u.connect_timeout.as_millis() as u64, "timeout_ms": u.timeout.as_millis() as u64})).collect::<Vec<_>>(),
+        "limiters": c.limiters.iter().map(|l| json!({
+            "name": l.name,
+            "algorithm": l.algorithm.name(),
+            "policy": crate::snapshot::Limiter::describe(&l.algorithm),
+            "key": l.key.iter().map(|k| match k {
+                KeyPart::Client => "client".to_string(),
+                KeyPart::Ip => "ip".into(),
+                KeyPart::ApiKey => "api_key".into(),
+                KeyPart::Route => "route".into(),
+                KeyPart::Global => "global".into(),
+                KeyPart::Header(h) => format!("header:{h}"),
+            }).collect::<Vec<_>>(),
+            "mode": if l.shadow { "shadow" } else { "enforce" },
+            // Override keys may be API keys: shown the way logs show keys.
+            "overrides": l.overrides.iter().map(|o| json!({"key": if o.key.parse::<std::net::IpAddr>().is_ok() { o.key.clone() } else { ApiKey::from_secret(&o.key).short }, "limit": o.limit})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "routes": c.routes.iter().map(|r| json!({
+            "name": r.name,
+            "path": r.path, "path_prefix": r.path_prefix, "host": r.host,
+            "methods": r.methods.as_ref().map(|m| m.iter().map(|m| m.to_string()).collect::<Vec<_>>()),
+            "limiters": r.limiters.iter().map(|&i| c.limiters[i].name.clone()).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Reload outcomes are counted here so the admin call and the watcher agree.
+pub fn count_reload(app: &App, ok: bool) {
+    app.shared
+        .metrics
+        .counter("tollgate_config_reloads_total", &[("result", if ok { "ok" } else { "error" })])
+        .fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_keys_are_percent_decoded() {
+        assert_eq!(query_param("a=1&key=2001%3Adb8%3A%3A1", "key").as_deref(), Some("2001:db8::1"));
+        assert_eq!(query_param("key", "key").as_deref(), Some(""));
+        assert_eq!(query_param("a=1", "key"), None);
+    }
+
+    #[test]
+    fn secrets_never_appear_in_the_effective_config() {
+        let c = crate::config::parse(
+            "admin: { token: hunter2 }\nstore: { backend: redis, url: \"redis://:pw@127.0.0.1:6379/0\" }\nidentity: { api_keys: [sekrit] }\nlimiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip-key, limit: 5 }] }\n",
+        )
+        .unwrap();
+        let text = effective_config(&c).to_string();
+        for secret in ["hunter2", ":pw@", "sekrit", "vip-key"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+    }
+
+    #[test]
+    fn token_comparison_is_exact() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,1308 @@
+//! Configuration: the raw YAML schema (serde, unknown keys rejected) and its validation into `Config`.
+//!
+//! Two kinds of types live here on purpose: `Raw*` mirror the YAML a human
+//! wrote, with strings and options; `Config` and friends are what the proxy
+//! runs on, with every name resolved to an index and every value checked.
+//! `load` reports *every* validation error with its YAML line and column, the
+//! way `nginx -t` does, so an operator fixes a config in one pass.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, Uri};
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
+
+use crate::limiter::{
+    concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
+    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, NANOS_PER_SEC,
+};
+
+/// The largest sliding-window limit: its exact log costs 8 bytes per admitted
+/// request and key, so a larger limit would let one key take megabytes.
+pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
+
+// ---------------------------------------------------------------- raw schema
+
+/// A string value in which `${ENV_VAR}` is replaced from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text(pub String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        expand_env(&raw, |name| std::env::var(name).ok())
+            .map(Text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Replaces every `${NAME}`; an unset variable is an error that names it.
+pub fn expand_env(raw: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unterminated `${{` in {raw:?}"))?;
+        let name = &after[..end];
+        if name.is_empty() {
+            return Err(format!("empty variable name `${{}}` in {raw:?}"));
+        }
+        let value =
+            lookup(name).ok_or_else(|| format!("environment variable {name} is not set"))?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// A duration written as `500ms`, `2s`, `1m`, `7d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Text(s) = Text::deserialize(d)?;
+        humantime::parse_duration(s.trim())
+            .map(Dur)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e} (write e.g. 500ms, 2s, 1m, 7d)")))
+    }
+}
+
+/// A size in bytes written as `10MiB`, `512KiB`, `1MB` or a plain number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Number(u64),
+            Text(Text),
+        }
+        match Either::deserialize(d)? {
+            Either::Number(n) => Ok(Size(n)),
+            Either::Text(Text(s)) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (write e.g. 10MiB, 512KiB, 1048576)"))?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1000 * 1000,
+        "MiB" => 1 << 20,
+        "GB" => 1000 * 1000 * 1000,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(Text),
+    Many(Vec<Text>),
+}
+
+impl OneOrMany {
+    fn items(&self) -> Vec<&str> {
+        match self {
+            OneOrMany::One(t) => vec![t.0.as_str()],
+            OneOrMany::Many(v) => v.iter().map(|t| t.0.as_str()).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub admin: RawAdmin,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub audit: RawAudit,
+    #[serde(default)]
+    pub identity: RawIdentity,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub limiters: BTreeMap<String, RawLimiter>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<OneOrMany>,
+    pub tls: Option<RawTls>,
+    pub request_header_timeout: Option<Dur>,
+    pub max_request_body: Option<Size>,
+    pub shutdown_grace: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: Option<Text>,
+    pub key: Option<Text>,
+    #[serde(default)]
+    pub certs: Vec<RawCert>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCert {
+    pub cert: Text,
+    pub key: Text,
+    #[serde(default)]
+    pub hosts: Vec<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub listen: Option<Text>,
+    pub token: Option<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub backend: Option<Text>,
+    pub path: Option<Text>,
+    pub url: Option<Text>,
+    pub prefix: Option<Text>,
+    pub timeout: Option<Dur>,
+    pub on_error: Option<Text>,
+    pub prune_interval: Option<Dur>,
+    pub flush_interval: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    pub enabled: Option<bool>,
+    pub retention: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    pub api_key_header: Option<Text>,
+    #[serde(default)]
+    pub api_keys: Vec<Text>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<Text>,
+    pub ipv6_prefix: Option<u8>,
+    #[serde(default)]
+    pub exempt: Vec<Text>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub url: Text,
+    pub connect_timeout: Option<Dur>,
+    pub timeout: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimiter {
+    pub algorithm: Option<Text>,
+    pub limit: Option<u64>,
+    pub window: Option<Dur>,
+    pub capacity: Option<u64>,
+    pub refill_per_second: Option<f64>,
+    pub leak_per_second: Option<f64>,
+    pub max_in_flight: Option<u64>,
+    pub key: Option<OneOrMany>,
+    pub mode: Option<Text>,
+    #[serde(default)]
+    pub overrides: Vec<RawOverride>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOverride {
+    /// The key value this override applies to (an API key, an IP, a header value).
+    pub key: Text,
+    /// The quota for that key: limit, capacity or max_in_flight, by algorithm.
+    pub limit: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: Text,
+    #[serde(rename = "match", default)]
+    pub matcher: RawMatch,
+    pub upstream: Option<Text>,
+    pub respond: Option<RawRespond>,
+    #[serde(default)]
+    pub limiters: Vec<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub path: Option<Text>,
+    pub path_prefix: Option<Text>,
+    pub methods: Option<Vec<Text>>,
+    pub host: Option<Text>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRespond {
+    pub status: u16,
+    #[serde(default)]
+    pub body: Option<Text>,
+    pub content_type: Option<Text>,
+}
+
+// ---------------------------------------------------------- validated config
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub store: StoreConfig,
+    pub audit: AuditConfig,
+    pub identity: IdentityConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub limiters: Vec<LimiterConfig>,
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: Vec<SocketAddr>,
+    pub tls: Option<TlsConfig>,
+    pub request_header_timeout: Duration,
+    pub max_request_body: u64,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    pub certs: Vec<CertConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CertConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// SNI names this pair serves; empty = the default certificate.
+    pub hosts: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    Memory,
+    Sqlite { path: PathBuf },
+    Redis { url: String, prefix: String, timeout: Duration },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    Allow,
+    Deny,
+    Local,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    pub on_error: OnError,
+    pub prune_interval: Duration,
+    /// How often the writer thread persists counters; a `kill -9` loses at most this much.
+    pub flush_interval: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    pub enabled: bool,
+    pub retention: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    pub api_key_header: HeaderName,
+    pub api_keys: Vec<String>,
+    pub trusted_proxies: Vec<IpNet>,
+    pub ipv6_prefix: u8,
+    pub exempt: Vec<IpNet>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub url: Uri,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+}
+
+/// One part of a limiter's key (SPEC §2 `key`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    Client,
+    Ip,
+    ApiKey,
+    Route,
+    Global,
+    Header(HeaderName),
+}
+
+#[derive(Debug, Clone)]
+pub struct LimiterConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub key: Vec<KeyPart>,
+    pub shadow: bool,
+    pub overrides: Vec<OverrideConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct OverrideConfig {
+    /// The key value as written in the config (may be a secret API key).
+    pub key: String,
+    pub limit: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub path: Option<String>,
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<Method>>,
+    pub host: Option<String>,
+    pub action: Action,
+    /// Indexes into `Config::limiters`.
+    pub limiters: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Index into `Config::upstreams`.
+    Upstream(usize),
+    Respond {
+        status: StatusCode,
+        body: String,
+        content_type: String,
+    },
+}
+
+// -------------------------------------------------------------------- errors
+
+/// Every problem found in one config file.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct ConfigError {
+    pub file: Option<PathBuf>,
+    pub problems: Vec<ConfigProblem>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Where in the document, e.g. `routes[1].limiters[0]`.
+    pub path: String,
+    /// 1-based line and column, when known.
+    pub location: Option<(usize, usize)>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.location, self.path.is_empty()) {
+            (Some((line, col)), false) => {
+                write!(f, "line {line} column {col}: {}: {}", self.path, self.message)
+            }
+            (Some((line, col)), true) => write!(f, "line {line} column {col}: {}", self.message),
+            (None, false) => write!(f, "{}: {}", self.path, self.message),
+            (None, true) => write!(f, "{}", self.message),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = self
+            .file
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "config".into());
+        let n = self.problems.len();
+        write!(f, "{file}: {n} error{}", if n == 1 { "" } else { "s" })?;
+        for p in &self.problems {
+            write!(f, "\n  {file}: {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigError {
+    fn single(file: Option<&Path>, message: String, location: Option<(usize, usize)>) -> Self {
+        ConfigError {
+            file: file.map(Path::to_path_buf),
+            problems: vec![ConfigProblem {
+                path: String::new(),
+                location,
+                message,
+            }],
+        }
+    }
+}
+
+// ------------------------------------------------------------------- loading
+
+/// Reads and validates a config file.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::single(Some(path), format!("cannot read config: {e}"), None)
+    })?;
+    parse(&text).map_err(|mut e| {
+        e.file = Some(path.to_path_buf());
+        e
+    })
+}
+
+/// Parses and validates YAML text.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let raw: RawConfig = if text.trim().is_empty() {
+        RawConfig::default()
+    } else {
+        serde_yaml::from_str(text).map_err(|e| {
+            let location = e.location().map(|l| (l.line(), l.column()));
+            ConfigError::single(None, clean_serde_message(&e.to_string()), location)
+        })?
+    };
+    let mut v = Validator {
+        problems: Vec::new(),
+    };
+    let config = v.config(&raw);
+    if v.problems.is_empty() {
+        Ok(config)
+    } else {
+        let index = locate::Index::build(text);
+        let problems = v
+            .problems
+            .into_iter()
+            .map(|(path, message)| ConfigProblem {
+                location: index.find(&path),
+                path,
+                message,
+            })
+            .collect();
+        Err(ConfigError {
+            file: None,
+            problems,
+        })
+    }
+}
+
+/// serde_yaml appends " at line L column C" itself; we print the location up front.
+fn clean_serde_message(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+struct Validator {
+    problems: Vec<(String, String)>,
+}
+
+fn dur(d: Option<Dur>, default: Duration) -> Duration {
+    d.map(|d| d.0).unwrap_or(default)
+}
+
+fn nanos(d: Duration) -> Nanos {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Validator {
+    fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push((path.into(), message.into()));
+    }
+
+    fn config(&mut self, raw: &RawConfig) -> Config {
+        let server = self.server(&raw.server);
+        let admin = self.admin(&raw.admin, &server);
+        let store = self.store(&raw.store);
+        let audit = AuditConfig {
+            enabled: raw.audit.enabled.unwrap_or(true),
+            retention: dur(raw.audit.retention, Duration::from_secs(7 * 86_400)),
+        };
+        let identity = self.identity(&raw.identity);
+        let upstreams: Vec<UpstreamConfig> = raw
+            .upstreams
+            .iter()
+            .filter_map(|(name, u)| self.upstream(name, u))
+            .collect();
+        let limiters: Vec<LimiterConfig> = raw
+            .limiters
+            .iter()
+            .filter_map(|(name, l)| self.limiter(name, l))
+            .collect();
+        let routes = self.routes(&raw.routes, &raw.upstreams, &upstreams, &raw.limiters, &limiters);
+        Config {
+            server,
+            admin,
+            store,
+            audit,
+            identity,
+            upstreams,
+            limiters,
+            routes,
+        }
+    }
+
+    fn socket_addr(&mut self, path: &str, s: &str) -> Option<SocketAddr> {
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Some(a);
+        }
+        match s.to_socket_addrs().map(|mut it| it.next()) {
+            Ok(Some(a)) => Some(a),
+            _ => {
+                self.err(path, format!("invalid listen address {s:?} (write host:port, e.g. 0.0.0.0:8080)"));
+                None
+            }
+        }
+    }
+
+    fn server(&mut self, raw: &RawServer) -> ServerConfig {
+        let listen = match &raw.listen {
+            None => vec!["0.0.0.0:8080".parse().expect("literal address")],
+            Some(l) => {
+                let items = l.items();
+                let many = matches!(l, OneOrMany::Many(_));
+                if items.is_empty() {
+                    self.err("server.listen", "at least one listen address is needed");
+                }
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let path = if many {
+                            format!("server.listen[{i}]")
+                        } else {
+                            "server.listen".into()
+                        };
+                        self.socket_addr(&path, s)
+                    })
+                    .collect()
+            }
+        };
+        let tls = raw.tls.as_ref().and_then(|t| self.tls(t));
+        let max_request_body = raw.max_request_body.map(|s| s.0).unwrap_or(10 << 20);
+        ServerConfig {
+            listen,
+            tls,
+            request_header_timeout: dur(raw.request_header_timeout, Duration::from_secs(10)),
+            max_request_body,
+            shutdown_grace: dur(raw.shutdown_grace, Duration::from_secs(10)),
+        }
+    }
+
+    fn tls(&mut self, raw: &RawTls) -> Option<TlsConfig> {
+        let mut certs = Vec::new();
+        match (&raw.cert, &raw.key) {
+            (Some(c), Some(k)) => certs.push(CertConfig {
+                cert: PathBuf::from(&c.0),
+                key: PathBuf::from(&k.0),
+                hosts: Vec::new(),
+            }),
+            (None, None) => {}
+            _ => self.err("server.tls", "`cert` and `key` go together"),
+        }
+        for c in &raw.certs {
+            certs.push(CertConfig {
+                cert: PathBuf::from(&c.cert.0),
+                key: PathBuf::from(&c.key.0),
+                hosts: c.hosts.iter().map(|h| h.0.to_ascii_lowercase()).collect(),
+            });
+        }
+        if certs.is_empty() {
+            self.err("server.tls", "needs `cert` and `key`, or `certs`");
+            return None;
+        }
+        for (i, c) in certs.iter().enumerate() {
+            for (what, p) in [("cert", &c.cert), ("key", &c.key)] {
+                if let Err(e) = std::fs::File::open(p) {
+                    let path = if raw.certs.is_empty() {
+                        format!("server.tls.{what}")
+                    } else {
+                        format!("server.tls.certs[{}].{what}", i - usize::from(raw.cert.is_some()))
+                    };
+                    self.err(path, format!("cannot read {}: {e}", p.display()));
+                }
+            }
+        }
+        Some(TlsConfig { certs })
+    }
+
+    fn admin(&mut self, raw: &RawAdmin, server: &ServerConfig) -> AdminConfig {
+        let listen = match &raw.listen {
+            Some(t) => self.socket_addr("admin.listen", &t.0),
+            None => Some("127.0.0.1:9901".parse().expect("literal address")),
+        }
+        .unwrap_or_else(|| "127.0.0.1:9901".parse().expect("literal address"));
+        let clash = server.listen.iter().any(|p| {
+            p.port() == listen.port()
+                && listen.port() != 0
+                && (p.ip() == listen.ip() || p.ip().is_unspecified() || listen.ip().is_unspecified())
+        });
+        if clash {
+            self.err(
+                "admin.listen",
+                format!("{listen} overlaps a public listener; the admin API must never be on the public port"),
+            );
+        }
+        let token = raw.token.as_ref().map(|t| t.0.clone());
+        if token.as_deref() == Some("") {
+            self.err("admin.token", "an empty token would let anyone in; remove the key or set a value");
+        }
+        AdminConfig { listen, token }
+    }
+
+    fn store(&mut self, raw: &RawStore) -> StoreConfig {
+        let backend = match raw.backend.as_ref().map(|t| t.0.as_str()).unwrap_or("sqlite") {
+            "sqlite" => Backend::Sqlite {
+                path: PathBuf::from(raw.path.as_ref().map(|t| t.0.as_str()).unwrap_or("tollgate.db")),
+            },
+            "memory" => Backend::Memory,
+            "redis" => {
+                let url = raw
+                    .url
+                    .as_ref()
+                    .map(|t| t.0.clone())
+                    .unwrap_or_else(|| "redis://127.0.0.1:6379/0".into());
+                if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                    self.err("store.url", format!("{url:?} is not a redis:// or rediss:// URL"));
+                }
+                Backend::Redis {
+                    url,
+                    prefix: raw.prefix.as_ref().map(|t| t.0.clone()).unwrap_or_else(|| "tollgate:".into()),
+                    timeout: dur(raw.timeout, Duration::from_millis(50)),
+                }
+            }
+            other => {
+                self.err("store.backend", format!("unknown backend {other:?} (sqlite, memory or redis)"));
+                Backend::Memory
+            }
+        };
+        let on_error = match raw.on_error.as_ref().map(|t| t.0.as_str()).unwrap_or("allow") {
+            "allow" => OnError::Allow,
+            "deny" => OnError::Deny,
+            "local" => OnError::Local,
+            other => {
+                self.err("store.on_error", format!("unknown policy {other:?} (allow, deny or local)"));
+                OnError::Allow
+            }
+        };
+        let flush_interval = dur(raw.flush_interval, Duration::from_millis(100));
+        if flush_interval.is_zero() {
+            self.err("store.flush_interval", "must be greater than zero");
+        }
+        let prune_interval = dur(raw.prune_interval, Duration::from_secs(60));
+        if prune_interval.is_zero() {
+            self.err("store.prune_interval", "must be greater than zero");
+        }
+        StoreConfig {
+            backend,
+            on_error,
+            prune_interval,
+            flush_interval,
+        }
+    }
+
+    fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
+        raw.iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let s = t.0.trim();
+                let parsed = s
+                    .parse::<IpNet>()
+                    .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from));
+                match parsed {
+                    Ok(n) => Some(n.trunc()),
+                    Err(_) => {
+                        self.err(format!("{path}[{i}]"), format!("invalid CIDR or IP address {s:?}"));
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn header_name(&mut self, path: &str, s: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(s.as_bytes()) {
+            Ok(h) => Some(h),
+            Err(_) => {
+                self.err(path, format!("invalid header name {s:?}"));
+                None
+            }
+        }
+    }
+
+    fn identity(&mut self, raw: &RawIdentity) -> IdentityConfig {
+        let api_key_header = raw
+            .api_key_header
+            .as_ref()
+            .and_then(|t| self.header_name("identity.api_key_header", &t.0))
+            .unwrap_or_else(|| HeaderName::from_static("x-client-key"));
+        let ipv6_prefix = raw.ipv6_prefix.unwrap_or(64);
+        if ipv6_prefix == 0 || ipv6_prefix > 128 {
+            self.err("identity.ipv6_prefix", "must be between 1 and 128");
+        }
+        for (i, k) in raw.api_keys.iter().enumerate() {
+            if k.0.is_empty() {
+                self.err(format!("identity.api_keys[{i}]"), "an API key cannot be empty");
+            }
+        }
+        IdentityConfig {
+            api_key_header,
+            api_keys: raw.api_keys.iter().map(|t| t.0.clone()).collect(),
+            trusted_proxies: self.cidrs("identity.trusted_proxies", &raw.trusted_proxies),
+            ipv6_prefix: ipv6_prefix.clamp(1, 128),
+            exempt: self.cidrs("identity.exempt", &raw.exempt),
+        }
+    }
+
+    fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
+        let path = format!("upstreams.{name}.url");
+        let url: Uri = match raw.url.0.parse() {
+            Ok(u) => u,
+            Err(e) => {
+                self.err(path, format!("invalid URL {:?}: {e}", raw.url.0));
+                return None;
+            }
+        };
+        match url.scheme_str() {
+            Some("http") | Some("https") => {}
+            _ => {
+                self.err(path, format!("{:?} must start with http:// or https://", raw.url.0));
+                return None;
+            }
+        }
+        if url.authority().is_none() {
+            self.err(path, format!("{:?} has no host", raw.url.0));
+            return None;
+        }
+        if url.query().is_some() {
+            self.err(path, "an upstream URL cannot carry a query string");
+            return None;
+        }
+        Some(UpstreamConfig {
+            name: name.to_string(),
+            url,
+            connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
+            timeout: dur(raw.timeout, Duration::from_secs(30)),
+        })
+    }
+
+    fn limiter(&mut self, name: &str, raw: &RawLimiter) -> Option<LimiterConfig> {
+        let at = |field: &str| format!("limiters.{name}.{field}");
+        let before = self.problems.len();
+        if !valid_name(name) {
+            self.err(
+                format!("limiters.{name}"),
+                "a limiter name uses only letters, digits, `_` and `-`",
+            );
+        }
+        let algorithm_name = raw.algorithm.as_ref().map(|t| t.0.as_str()).unwrap_or("fixed_window");
+        // Which fields each algorithm takes; anything else set is an error,
+        // because a stray `limit` on a token bucket would silently do nothing.
+        let (needs, allowed): (&[&str], &[&str]) = match algorithm_name {
+            "fixed_window" | "sliding_window" => (&["limit", "window"], &["limit", "window"]),
+            "token_bucket" => (&["capacity", "refill_per_second"], &["capacity", "refill_per_second"]),
+            "leaky_bucket" => (&["capacity", "leak_per_second"], &["capacity", "leak_per_second"]),
+            "concurrency" => (&["max_in_flight"], &["max_in_flight"]),
+            other => {
+                self.err(
+                    at("algorithm"),
+                    format!("unknown algorithm {other:?} (fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency)"),
+                );
+                return None;
+            }
+        };
+        let present = [
+            ("limit", raw.limit.is_some()),
+            ("window", raw.window.is_some()),
+            ("capacity", raw.capacity.is_some()),
+            ("refill_per_second", raw.refill_per_second.is_some()),
+            ("leak_per_second", raw.leak_per_second.is_some()),
+            ("max_in_flight", raw.max_in_flight.is_some()),
+        ];
+        for (field, is_set) in present {
+            if is_set && !allowed.contains(&field) {
+                self.err(at(field), format!("`{field}` does not apply to {algorithm_name}"));
+            }
+            if !is_set && needs.contains(&field) {
+                self.err(format!("limiters.{name}"), format!("{algorithm_name} needs `{field}`"));
+            }
+        }
+        let positive = |v: &mut Self, field: &str, n: Option<u64>| -> u64 {
+            let n = n.unwrap_or(1);
+            if n == 0 {
+                v.err(at(field), "must be at least 1");
+            }
+            n.max(1)
+        };
+        let rate_interval = |v: &mut Self, field: &str, r: Option<f64>| -> Nanos {
+            let r = r.unwrap_or(1.0);
+            if !(r.is_finite() && r > 0.0 && r <= 1e9) {
+                v.err(at(field), "must be a number greater than 0 and at most 1e9");
+                return NANOS_PER_SEC;
+            }
+            ((NANOS_PER_SEC as f64 / r).round() as Nanos).max(1)
+        };
+        let algorithm = match algorithm_name {
+            "fixed_window" | "sliding_window" => {
+                let limit = positive(self, "limit", raw.limit);
+                let window = nanos(raw.window.map(|d| d.0).unwrap_or(Duration::from_secs(1)));
+                if window == 0 {
+                    self.err(at("window"), "must be greater than zero");
+                }
+                let window = window.max(1);
+                if algorithm_name == "fixed_window" {
+                    Algorithm::FixedWindow(FixedWindow { limit, window })
+                } else {
+                    if limit > MAX_SLIDING_WINDOW_LIMIT {
+                        self.err(
+                            at("limit"),
+                            format!("sliding_window keeps an exact log of 8 bytes per request; at most {MAX_SLIDING_WINDOW_LIMIT} (use token_bucket or fixed_window for higher rates)"),
+                        );
+                    }
+                    Algorithm::SlidingWindow(SlidingWindow { limit, window })
+                }
+            }
+            "token_bucket" => Algorithm::TokenBucket(TokenBucket {
+                capacity: positive(self, "capacity", raw.capacity),
+                interval: rate_interval(self, "refill_per_second", raw.refill_per_second),
+            }),
+            "leaky_bucket" => Algorithm::LeakyBucket(LeakyBucket {
+                capacity: raw.capacity.unwrap_or(0),
+                interval: rate_interval(self, "leak_per_second", raw.leak_per_second),
+            }),
+            _ => Algorithm::Concurrency(Concurrency {
+                max_in_flight: positive(self, "max_in_flight", raw.max_in_flight),
+            }),
+        };
+        let key = match &raw.key {
+            None => vec![KeyPart::Client],
+            Some(k) => {
+                let many = matches!(k, OneOrMany::Many(_));
+                let items = k.items();
+                if items.is_empty() {
+                    self.err(at("key"), "a key list needs at least one part");
+                }
+                let mut parts = Vec::new();
+                for (i, s) in items.iter().enumerate() {
+                    let path = if many { format!("limiters.{name}.key[{i}]") } else { at("key") };
+                    if let Some(p) = self.key_part(&path, s) {
+                        if parts.contains(&p) {
+                            self.err(path, format!("key part {s:?} is listed twice"));
+                        }
+                        parts.push(p);
+                    }
+                }
+                parts
+            }
+        };
+        let shadow = match raw.mode.as_ref().map(|t| t.0.as_str()).unwrap_or("enforce") {
+            "enforce" => false,
+            "shadow" => true,
+            other => {
+                self.err(at("mode"), format!("unknown mode {other:?} (enforce or shadow)"));
+                false
+            }
+        };
+        let mut seen = HashSet::new();
+        for (i, o) in raw.overrides.iter().enumerate() {
+            if !seen.insert(&o.key.0) {
+                self.err(format!("limiters.{name}.overrides[{i}].key"), "this key already has an override");
+            }
+            if o.limit == 0 && !matches!(algorithm, Algorithm::LeakyBucket(_)) {
+                self.err(format!("limiters.{name}.overrides[{i}].limit"), "must be at least 1");
+            }
+        }
+        if self.problems.len() > before {
+            return None;
+        }
+        Some(LimiterConfig {
+            name: name.to_string(),
+            algorithm,
+            key,
+            shadow,
+            overrides: raw
+                .overrides
+                .iter()
+                .map(|o| OverrideConfig {
+                    key: o.key.0.clone(),
+                    limit: o.limit,
+                })
+                .collect(),
+        })
+    }
+
+    fn key_part(&mut self, path: &str, s: &str) -> Option<KeyPart> {
+        Some(match s {
+            "client" => KeyPart::Client,
+            "ip" => KeyPart::Ip,
+            "api_key" => KeyPart::ApiKey,
+            "route" => KeyPart::Route,
+            "global" => KeyPart::Global,
+            other => match other.strip_prefix("header:") {
+                Some(h) => KeyPart::Header(self.header_name(path, h.trim())?),
+                None => {
+                    self.err(
+                        path,
+                        format!("unknown key {other:?} (client, ip, api_key, route, global or header:<Name>)"),
+                    );
+                    return None;
+                }
+            },
+        })
+    }
+
+    fn routes(
+        &mut self,
+        raw: &[RawRoute],
+        raw_upstreams: &BTreeMap<String, RawUpstream>,
+        upstreams: &[UpstreamConfig],
+        raw_limiters: &BTreeMap<String, RawLimiter>,
+        limiters: &[LimiterConfig],
+    ) -> Vec<RouteConfig> {
+        let upstream_index: HashMap<&str, usize> =
+            upstreams.iter().enumerate().map(|(i, u)| (u.name.as_str(), i)).collect();
+        let limiter_index: HashMap<&str, usize> =
+            limiters.iter().enumerate().map(|(i, l)| (l.name.as_str(), i)).collect();
+        let mut names = HashSet::new();
+        let mut out = Vec::new();
+        for (i, r) in raw.iter().enumerate() {
+            let at = |field: &str| format!("routes[{i}].{field}");
+            if !names.insert(r.name.0.as_str()) {
+                self.err(at("name"), format!("route name {:?} is used twice", r.name.0));
+            }
+            if r.name.0.is_empty() {
+                self.err(at("name"), "a route needs a name");
+            }
+            let m = &r.matcher;
+            for (field, value) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
+                if let Some(v) = value {
+                    if !v.0.starts_with('/') {
+                        self.err(at(&format!("match.{field}")), format!("{:?} must start with /", v.0));
+                    }
+                }
+            }
+            if m.path.is_some() && m.path_prefix.is_some() {
+                self.err(at("match"), "use `path` or `path_prefix`, not both");
+            }
+            let methods = m.methods.as_ref().map(|ms| {
+                ms.iter()
+                    .enumerate()
+                    .filter_map(|(j, t)| match Method::from_bytes(t.0.to_ascii_uppercase().as_bytes()) {
+                        Ok(m) => Some(m),
+                        Err(_) => {
+                            self.err(at(&format!("match.methods[{j}]")), format!("invalid method {:?}", t.0));
+                            None
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let action = match (&r.upstream, &r.respond) {
+                (Some(u), None) => match upstream_index.get(u.0.as_str()) {
+                    Some(&idx) => Some(Action::Upstream(idx)),
+                    None => {
+                        if !raw_upstreams.contains_key(&u.0) {
+                            self.err(at("upstream"), format!("no upstream named {:?}", u.0));
+                        }
+                        None
+                    }
+                },
+                (None, Some(resp)) => match StatusCode::from_u16(resp.status) {
+                    Ok(status) => Some(Action::Respond {
+                        status,
+                        body: resp.body.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
+                        content_type: resp
+                            .content_type
+                            .as_ref()
+                            .map(|t| t.0.clone())
+                            .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+                    }),
+                    Err(_) => {
+                        self.err(at("respond.status"), format!("invalid status {}", resp.status));
+                        None
+                    }
+                },
+                (Some(_), Some(_)) => {
+                    self.err(at("upstream"), "a route has `upstream` or `respond`, not both");
+                    None
+                }
+                (None, None) => {
+                    self.err(format!("routes[{i}]"), "a route needs `upstream` or `respond`");
+                    None
+                }
+            };
+            let mut route_limiters = Vec::new();
+            for (j, l) in r.limiters.iter().enumerate() {
+                match limiter_index.get(l.0.as_str()) {
+                    Some(&idx) => {
+                        if route_limiters.contains(&idx) {
+                            self.err(at(&format!("limiters[{j}]")), format!("limiter {:?} is listed twice", l.0));
+                        }
+                        route_limiters.push(idx)
+                    }
+                    None if raw_limiters.contains_key(&l.0) => {} // already reported
+                    None => self.err(at(&format!("limiters[{j}]")), format!("no limiter named {:?}", l.0)),
+                }
+            }
+            if let Some(action) = action {
+                out.push(RouteConfig {
+                    name: r.name.0.clone(),
+                    path: m.path.as_ref().map(|t| t.0.clone()),
+                    path_prefix: m.path_prefix.as_ref().map(|t| t.0.clone()),
+                    methods,
+                    host: m.host.as_ref().map(|t| t.0.to_ascii_lowercase()),
+                    action,
+                    limiters: route_limiters,
+                });
+            }
+        }
+        out
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Maps a document path such as `routes[1].limiters[0]` to its line and column.
+mod locate {
+    use std::collections::HashMap;
+    use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+    use yaml_rust2::scanner::Marker;
+
+    enum Frame {
+        Map { prefix: String, key: Option<String> },
+        Seq { prefix: String, index: usize },
+    }
+
+    #[derive(Default)]
+    pub struct Index {
+        marks: HashMap<String, (usize, usize)>,
+        stack: Vec<Frame>,
+    }
+
+    impl Index {
+        pub fn build(text: &str) -> Index {
+            let mut index = Index::default();
+            let _ = Parser::new_from_str(text).load(&mut index, false);
+            index
+        }
+
+        /// The location of `path`, or of its closest ancestor that exists.
+        pub fn find(&self, path: &str) -> Option<(usize, usize)> {
+            let mut p = path;
+            loop {
+                if let Some(m) = self.marks.get(p) {
+                    return Some(*m);
+                }
+                let cut = p.rfind(['.', '['])?;
+                p = &p[..cut];
+            }
+        }
+
+        /// The path the next node takes, and whether that node is a map key.
+        fn next_path(&mut self) -> (Option<String>, bool) {
+            match self.stack.last_mut() {
+                None => (Some(String::new()), false),
+                Some(Frame::Map { prefix, key }) => match key.take() {
+                    None => (None, true),
+                    Some(k) => (Some(join(prefix, &k)), false),
+                },
+                Some(Frame::Seq { prefix, index }) => {
+                    let p = format!("{prefix}[{index}]");
+                    *index += 1;
+                    (Some(p), false)
+                }
+            }
+        }
+    }
+
+    fn join(prefix: &str, key: &str) -> String {
+        if prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{prefix}.{key}")
+        }
+    }
+
+    impl MarkedEventReceiver for Index {
+        fn on_event(&mut self, ev: Event, mark: Marker) {
+            let pos = (mark.line(), mark.col() + 1);
+            match ev {
+                Event::Scalar(value, ..) => {
+                    let (path, is_key) = self.next_path();
+                    if is_key {
+                        if let Some(Frame::Map { prefix, key }) = self.stack.last_mut() {
+                            self.marks.entry(join(prefix, &value)).or_insert(pos);
+                            *key = Some(value);
+                        }
+                    } else if let Some(p) = path {
+                        self.marks.insert(p, pos);
+                    }
+                }
+                Event::MappingStart(..) | Event::SequenceStart(..) => {
+                    let (path, _) = self.next_path();
+                    let prefix = path.unwrap_or_default();
+                    self.marks.entry(prefix.clone()).or_insert(pos);
+                    self.stack.push(if matches!(ev, Event::MappingStart(..)) {
+                        Frame::Map { prefix, key: None }
+                    } else {
+                        Frame::Seq { prefix, index: 0 }
+                    });
+                }
+                Event::MappingEnd | Event::SequenceEnd => {
+                    self.stack.pop();
+                }
+                Event::Alias(_) => {
+                    self.next_path();
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../config.example.yaml");
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match parse(yaml) {
+            Ok(_) => vec![],
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let c = parse(EXAMPLE).expect("example config parses");
+        assert_eq!(c.routes[0].name, "ping");
+        assert!(matches!(c.store.backend, Backend::Sqlite { .. }));
+    }
+
+    #[test]
+    fn an_empty_file_gets_the_documented_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+        assert_eq!(c.admin.listen, "127.0.0.1:9901".parse().unwrap());
+        assert_eq!(c.server.max_request_body, 10 << 20);
+        assert_eq!(c.store.flush_interval, Duration::from_millis(100));
+        assert_eq!(c.identity.ipv6_prefix, 64);
+    }
+
+    #[test]
+    fn a_misspelt_key_is_an_error_with_its_location() {
+        let errs = problems("limiters:\n  strict:\n    limt: 5\n    window: 60s\n");
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("unknown field `limt`"), "{errs:?}");
+        assert!(errs[0].starts_with("line 3 column 5"), "{errs:?}");
+    }
+
+    #[test]
+    fn a_route_naming_a_missing_limiter_or_upstream_is_rejected_with_locations() {
+        let yaml = "routes:\n  - name: a\n    match: { path: /a }\n    upstream: nowhere\n    limiters: [missing]\n";
+        let errs = problems(yaml);
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(errs.iter().any(|e| e.contains("line 4") && e.contains("no upstream named \"nowhere\"")), "{errs:?}");
+        assert!(errs.iter().any(|e| e.contains("line 5") && e.contains("no limiter named \"missing\"")), "{errs:?}");
+    }
+
+    #[test]
+    fn every_error_is_reported_not_just_the_first() {
+        let yaml = "identity:\n  trusted_proxies: [10.0.0.0/33]\nlimiters:\n  a: { algorithm: token_bucket, capacity: 0, refill_per_second: -1 }\n  b: { algorithm: fixed_window, limit: 5 }\n";
+        let errs = problems(yaml);
+        assert!(errs.len() >= 4, "{errs:?}");
+        assert!(errs.iter().any(|e| e.contains("invalid CIDR")));
+        assert!(errs.iter().any(|e| e.contains("fixed_window needs `window`")));
+    }
+
+    #[test]
+    fn fields_that_do_not_apply_to_the_algorithm_are_errors() {
+        let errs = problems("limiters:\n  a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1, limit: 3 }\n");
+        assert!(errs[0].contains("`limit` does not apply to token_bucket"), "{errs:?}");
+    }
+
+    #[test]
+    fn env_vars_are_expanded_and_an_unset_one_is_named() {
+        assert_eq!(
+            expand_env("a-${X}-b", |n| (n == "X").then(|| "1".into())),
+            Ok("a-1-b".into())
+        );
+        let err = expand_env("${TOLLGATE_SURELY_UNSET}", |_| None).unwrap_err();
+        assert!(err.contains("TOLLGATE_SURELY_UNSET"));
+        let errs = problems("admin:\n  token: ${TOLLGATE_TEST_SURELY_UNSET_VAR}\n");
+        assert!(errs[0].contains("TOLLGATE_TEST_SURELY_UNSET_VAR is not set"), "{errs:?}");
+    }
+
+    #[test]
+    fn sizes_and_durations_parse_in_operator_units() {
+        assert_eq!(parse_size("10MiB"), Ok(10 << 20));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("1MB"), Ok(1_000_000));
+        assert!(parse_size("10 parsecs").is_err());
+        let c = parse("audit: { retention: 7d }\nserver: { shutdown_grace: 500ms }\n").unwrap();
+        assert_eq!(c.audit.retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(c.server.shutdown_grace, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_admin_api_cannot_share_the_public_port() {
+        let errs = problems("server: { listen: \"0.0.0.0:8080\" }\nadmin: { listen: \"127.0.0.1:8080\" }\n");
+        assert!(errs[0].contains("admin API must never be on the public port"), "{errs:?}");
+    }
+
+    #[test]
+    fn a_yaml_syntax_error_has_a_location() {
+        let errs = problems("server:\n  listen: [\"0.0.0.0:8080\"\nadmin: {}\n");
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].starts_with("line "), "{errs:?}");
+    }
+}

@@ -1,0 +1,147 @@
+//! tollgate: a reverse proxy with built-in, durable rate limiting.
+//!
+//! # Layout
+//!
+//! A request reads top to bottom through these modules:
+//!
+//! - [`server`]: accept loops, HTTP/1.1 + HTTP/2, slow-client limits, graceful drain;
+//! - [`app`]: the request lifecycle, on one [`snapshot::Snapshot`];
+//! - [`identity`]: who the client is (API key hash, or real IP behind trusted proxies);
+//! - [`router`]: which route, on the normalized path;
+//! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`];
+//! - [`store`]: where their state lives (memory, SQLite write-behind);
+//! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
+//!
+//! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
+//! (validate, then swap, or keep the old), [`admin`] and [`metrics`].
+
+pub mod admin;
+pub mod app;
+pub mod body;
+pub mod clock;
+pub mod config;
+pub mod identity;
+pub mod limiter;
+pub mod metrics;
+pub mod problem;
+pub mod proxy;
+pub mod reload;
+pub mod router;
+pub mod server;
+pub mod snapshot;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use app::App;
+pub use config::Config;
+
+/// The sockets tollgate serves on, bound before `run` so tests can bind port 0.
+pub struct Listeners {
+    pub public: Vec<TcpListener>,
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds every address the config names.
+    pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
+        let mut public = Vec::new();
+        for addr in &config.server.listen {
+            public.push(bind(*addr).await?);
+        }
+        Ok(Listeners {
+            public,
+            admin: bind(config.admin.listen).await?,
+        })
+    }
+
+    pub fn public_addrs(&self) -> Vec<SocketAddr> {
+        self.public.iter().filter_map(|l| l.local_addr().ok()).collect()
+    }
+}
+
+async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+}
+
+/// Options of one `run` that are not config: where reloads read from.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub config_path: Option<PathBuf>,
+    /// How often the config file is polled; `None` = no file watch.
+    pub watch_every: Option<Duration>,
+}
+
+/// Serves until `shutdown` is cancelled, then stops accepting, lets requests
+/// in flight finish within `server.shutdown_grace`, persists the store and returns.
+pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: CancellationToken) {
+    let background = CancellationToken::new();
+    let connections = TaskTracker::new();
+    let drain = CancellationToken::new();
+    let mut accept = Vec::new();
+    for listener in listeners.public {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "listening");
+        }
+        accept.push(tokio::spawn(server::accept_loop(
+            listener,
+            app.clone(),
+            "http",
+            shutdown.clone(),
+            drain.clone(),
+            connections.clone(),
+        )));
+    }
+    if let Ok(addr) = listeners.admin.local_addr() {
+        tracing::info!(%addr, "admin API listening");
+    }
+    tokio::spawn(admin::serve(listeners.admin, app.clone(), background.clone()));
+    tokio::spawn(prune_loop(app.clone(), background.clone()));
+    tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
+    if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
+        tokio::spawn(reload::watch(app.clone(), path, every, background.clone()));
+    }
+
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: no new connections, draining requests in flight");
+    for a in accept {
+        let _ = a.await;
+    }
+    drain.cancel();
+    connections.close();
+    let grace = app.snapshot().config.server.shutdown_grace;
+    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+        tracing::warn!(?grace, remaining = connections.len(), "grace period over; closing the remaining connections");
+    }
+    background.cancel();
+    let store = app.shared.clone();
+    let _ = tokio::task::spawn_blocking(move || store.store.shutdown()).await;
+    tracing::info!("stopped");
+}
+
+/// Removes expired limiter state, state of removed limiters, and old audit rows.
+async fn prune_loop(app: App, stop: CancellationToken) {
+    loop {
+        let every = app.snapshot().config.store.prune_interval;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let snap = app.snapshot();
+        let now = app.shared.clock.now();
+        let retention = snap.config.audit.enabled.then_some(snap.config.audit.retention);
+        let shared = app.shared.clone();
+        let removed = tokio::task::spawn_blocking(move || shared.store.prune(now, &snap.config.limiters, retention))
+            .await
+            .unwrap_or(0);
+        tracing::debug!(removed, "pruned expired limiter state");
+    }
+}

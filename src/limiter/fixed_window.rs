@@ -1,0 +1,135 @@
+//! Fixed windows aligned to Unix-epoch multiples of `window`; every attempt counts.
+
+use super::{Nanos, Quota, Rule, Verdict};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FixedWindow {
+    pub limit: u64,
+    /// Window length, > 0.
+    pub window: Nanos,
+}
+
+/// The count of attempts in the window that starts at `window_start`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    pub window_start: Nanos,
+    pub count: u64,
+}
+
+impl FixedWindow {
+    pub fn window_start(&self, now: Nanos) -> Nanos {
+        now - now % self.window
+    }
+
+    /// Attempts already counted in the window containing `now`.
+    fn count_now(&self, state: &State, now: Nanos) -> u64 {
+        if state.window_start == self.window_start(now) {
+            state.count
+        } else {
+            0
+        }
+    }
+}
+
+impl Rule for FixedWindow {
+    type State = State;
+
+    fn check(&self, state: &State, now: Nanos) -> Verdict {
+        if self.count_now(state, now) < self.limit {
+            Verdict::Allow
+        } else {
+            Verdict::Deny {
+                retry_after: self.window_start(now) + self.window - now,
+            }
+        }
+    }
+
+    /// SPEC §4: a rejected attempt is counted too, so after `limit + 1`
+    /// attempts the stored count is `limit + 1`.
+    fn record(&self, state: &mut State, now: Nanos, _admitted: bool) {
+        let start = self.window_start(now);
+        if state.window_start != start {
+            *state = State {
+                window_start: start,
+                count: 0,
+            };
+        }
+        state.count = state.count.saturating_add(1);
+    }
+
+    fn quota(&self, state: &State, now: Nanos) -> Quota {
+        Quota {
+            limit: self.limit,
+            window: Some(self.window),
+            remaining: self.limit.saturating_sub(self.count_now(state, now)),
+            reset_after: self.window_start(now) + self.window - now,
+        }
+    }
+
+    /// Kept for two windows so a restart or `/status` can still see the last one.
+    fn expires_at(&self, state: &State) -> Nanos {
+        state.window_start.saturating_add(2 * self.window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::NANOS_PER_SEC as S;
+
+    fn strict() -> FixedWindow {
+        FixedWindow {
+            limit: 5,
+            window: 60 * S,
+        }
+    }
+
+    #[test]
+    fn sixth_attempt_in_a_window_is_denied_until_the_window_ends() {
+        let rule = strict();
+        let mut state = State::default();
+        let now = 1_767_225_620 * S; // 20 s into a minute
+        for _ in 0..5 {
+            assert_eq!(rule.check(&state, now), Verdict::Allow);
+            rule.record(&mut state, now, true);
+        }
+        assert_eq!(
+            rule.check(&state, now),
+            Verdict::Deny {
+                retry_after: 40 * S
+            }
+        );
+        rule.record(&mut state, now, false);
+        assert_eq!(state.count, 6, "rejected attempts are counted too");
+        assert_eq!(rule.quota(&state, now).remaining, 0);
+    }
+
+    #[test]
+    fn windows_align_to_epoch_multiples_and_a_new_window_starts_empty() {
+        let rule = strict();
+        let mut state = State::default();
+        let end_of_window = 1_767_225_659 * S + S - 1;
+        for _ in 0..6 {
+            rule.record(&mut state, end_of_window, true);
+        }
+        assert!(rule.check(&state, end_of_window).is_deny());
+        let next = end_of_window + 1;
+        assert_eq!(rule.check(&state, next), Verdict::Allow);
+        assert_eq!(rule.quota(&state, next).remaining, 5);
+        assert_eq!(rule.quota(&state, next).reset_after, 60 * S);
+    }
+
+    #[test]
+    fn a_lowered_limit_applies_to_the_current_count() {
+        let mut state = State::default();
+        let now = 1_000 * 60 * S;
+        for _ in 0..3 {
+            strict().record(&mut state, now, true);
+        }
+        let lowered = FixedWindow {
+            limit: 2,
+            ..strict()
+        };
+        assert!(lowered.check(&state, now).is_deny());
+    }
+}

@@ -1,0 +1,208 @@
+//! Limiting algorithms as pure arithmetic: `(policy, state, now) → verdict`, then `record`.
+//!
+//! Nothing here locks, allocates a key, or reads a clock: a store owns the state
+//! and calls these functions under its own atomicity, and tests drive them with
+//! any `now` they like. All times are nanoseconds: timestamps since the Unix
+//! epoch, durations as plain differences.
+//!
+//! A request passes through every limiter of its route in two steps:
+//! 1. `check` on each limiter decides without changing anything;
+//! 2. `record` on each limiter with `admitted` = whether the request as a whole
+//!    was admitted (every enforcing limiter allowed it).
+//!
+//! That split is what lets us state exactly what one limiter's rejection does
+//! to the others: a fixed window counts the attempt anyway (SPEC §4), every
+//! other algorithm only pays for requests that were actually admitted.
+
+pub mod concurrency;
+pub mod fixed_window;
+pub mod leaky_bucket;
+pub mod sliding_window;
+pub mod token_bucket;
+
+/// Nanoseconds: a timestamp since the Unix epoch, or a duration.
+pub type Nanos = u64;
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// What one limiter says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go ahead now.
+    Allow,
+    /// Go ahead after waiting this long (leaky-bucket shaping).
+    Delay(Nanos),
+    /// Refused; one more request could pass after `retry_after`.
+    Deny { retry_after: Nanos },
+}
+
+impl Verdict {
+    pub fn is_deny(self) -> bool {
+        matches!(self, Verdict::Deny { .. })
+    }
+}
+
+/// The quota a limiter reports in the rate-limit headers (SPEC §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// `q`: the quota (limit, capacity or max in flight).
+    pub limit: u64,
+    /// `w`: the window the quota applies to; `None` for concurrency.
+    pub window: Option<Nanos>,
+    /// `r`: what is left right now.
+    pub remaining: u64,
+    /// `t`: how long until the whole quota is available again.
+    pub reset_after: Nanos,
+}
+
+/// One algorithm's arithmetic. `State::default()` is a key never seen before.
+pub trait Rule {
+    type State: Clone + std::fmt::Debug + Default + PartialEq;
+
+    /// Decide about one request at `now` without changing the state.
+    fn check(&self, state: &Self::State, now: Nanos) -> Verdict;
+
+    /// Account for the request after every limiter of the route was checked.
+    /// `admitted` is false when this or another limiter refused it.
+    fn record(&self, state: &mut Self::State, now: Nanos, admitted: bool);
+
+    /// The quota as the headers show it, after `record`.
+    fn quota(&self, state: &Self::State, now: Nanos) -> Quota;
+
+    /// When the state no longer matters and can be pruned (`u64::MAX`: never on its own).
+    fn expires_at(&self, state: &Self::State) -> Nanos;
+
+    /// An admitted request is finished or went away early. `ticket` is the
+    /// instant it was let through (`now` at `record` plus any `Delay`), and
+    /// `now` when it went away. Concurrency frees its slot; a shaped request
+    /// that leaves before its ticket gives its place back where it can.
+    /// Most algorithms ignore it.
+    fn release(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
+}
+
+/// A validated limiter policy: which algorithm and its parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Algorithm {
+    FixedWindow(fixed_window::FixedWindow),
+    SlidingWindow(sliding_window::SlidingWindow),
+    TokenBucket(token_bucket::TokenBucket),
+    LeakyBucket(leaky_bucket::LeakyBucket),
+    Concurrency(concurrency::Concurrency),
+}
+
+/// The state of one key under one algorithm.
+#[derive(Debug, Clone, PartialEq)]
+pub enum State {
+    FixedWindow(fixed_window::State),
+    SlidingWindow(sliding_window::State),
+    TokenBucket(token_bucket::State),
+    LeakyBucket(leaky_bucket::State),
+    Concurrency(concurrency::State),
+}
+
+/// What must stay equal for stored state to keep its meaning across a reload.
+/// A changed limit keeps the state; a changed window, rate or algorithm does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shape {
+    FixedWindow { window: Nanos },
+    SlidingWindow { window: Nanos },
+    TokenBucket { interval: Nanos },
+    LeakyBucket { interval: Nanos },
+    Concurrency,
+}
+
+macro_rules! dispatch {
+    ($self:ident, $state:ident, $rule:ident, $st:ident => $body:expr, $mismatch:expr) => {
+        match ($self, $state) {
+            (Algorithm::FixedWindow($rule), State::FixedWindow($st)) => $body,
+            (Algorithm::SlidingWindow($rule), State::SlidingWindow($st)) => $body,
+            (Algorithm::TokenBucket($rule), State::TokenBucket($st)) => $body,
+            (Algorithm::LeakyBucket($rule), State::LeakyBucket($st)) => $body,
+            (Algorithm::Concurrency($rule), State::Concurrency($st)) => $body,
+            _ => $mismatch,
+        }
+    };
+}
+
+impl Algorithm {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow(_) => "fixed_window",
+            Algorithm::SlidingWindow(_) => "sliding_window",
+            Algorithm::TokenBucket(_) => "token_bucket",
+            Algorithm::LeakyBucket(_) => "leaky_bucket",
+            Algorithm::Concurrency(_) => "concurrency",
+        }
+    }
+
+    pub fn shape(&self) -> Shape {
+        match self {
+            Algorithm::FixedWindow(p) => Shape::FixedWindow { window: p.window },
+            Algorithm::SlidingWindow(p) => Shape::SlidingWindow { window: p.window },
+            Algorithm::TokenBucket(p) => Shape::TokenBucket {
+                interval: p.interval,
+            },
+            Algorithm::LeakyBucket(p) => Shape::LeakyBucket {
+                interval: p.interval,
+            },
+            Algorithm::Concurrency(_) => Shape::Concurrency,
+        }
+    }
+
+    /// The state of a key never seen before.
+    pub fn fresh_state(&self) -> State {
+        match self {
+            Algorithm::FixedWindow(_) => State::FixedWindow(Default::default()),
+            Algorithm::SlidingWindow(_) => State::SlidingWindow(Default::default()),
+            Algorithm::TokenBucket(_) => State::TokenBucket(Default::default()),
+            Algorithm::LeakyBucket(_) => State::LeakyBucket(Default::default()),
+            Algorithm::Concurrency(_) => State::Concurrency(Default::default()),
+        }
+    }
+
+    /// Whether `state` belongs to this algorithm (a reload may change it).
+    pub fn fits(&self, state: &State) -> bool {
+        dispatch!(self, state, _r, _s => true, false)
+    }
+
+    pub fn check(&self, state: &State, now: Nanos) -> Verdict {
+        dispatch!(self, state, r, s => r.check(s, now), self.check(&self.fresh_state(), now))
+    }
+
+    /// Callers make sure `state` fits (see [`Algorithm::fits`]); a mismatch is reset.
+    pub fn record(&self, state: &mut State, now: Nanos, admitted: bool) {
+        if !self.fits(state) {
+            *state = self.fresh_state();
+        }
+        dispatch!(self, state, r, s => r.record(s, now, admitted), ())
+    }
+
+    pub fn quota(&self, state: &State, now: Nanos) -> Quota {
+        dispatch!(self, state, r, s => r.quota(s, now), self.quota(&self.fresh_state(), now))
+    }
+
+    pub fn expires_at(&self, state: &State) -> Nanos {
+        dispatch!(self, state, r, s => r.expires_at(s), 0)
+    }
+
+    pub fn release(&self, state: &mut State, ticket: Nanos, now: Nanos) {
+        dispatch!(self, state, r, s => r.release(s, ticket, now), ())
+    }
+
+    /// The same policy with another quota (per-key `overrides`).
+    pub fn with_limit(&self, limit: u64) -> Algorithm {
+        let mut a = self.clone();
+        match &mut a {
+            Algorithm::FixedWindow(p) => p.limit = limit,
+            Algorithm::SlidingWindow(p) => p.limit = limit,
+            Algorithm::TokenBucket(p) => p.capacity = limit,
+            Algorithm::LeakyBucket(p) => p.capacity = limit,
+            Algorithm::Concurrency(p) => p.max_in_flight = limit,
+        }
+        a
+    }
+}
+
+/// Whole seconds, rounded up: headers never promise a reset earlier than true.
+pub fn ceil_secs(ns: Nanos) -> u64 {
+    ns.div_ceil(NANOS_PER_SEC)
+}

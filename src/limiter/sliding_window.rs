@@ -1,0 +1,354 @@
+//! Sliding windows kept as an exact log of admitted requests: no boundary burst.
+//!
+//! An admission at `t` counts at every `now` with `now - window < t <= now`, so
+//! it stops counting at `t + window` exactly. Because a request is allowed only
+//! while fewer than `limit` admissions count, no interval of length `window`
+//! (half-open, `[a, a + window)`) ever holds more than `limit` admissions.
+//!
+//! Memory: 8 bytes per admitted request still in the window, plus the
+//! `VecDeque` header (32 bytes on 64-bit targets). The log never holds more than
+//! `limit` entries: the newest `limit` admissions alone decide every verdict and
+//! quota under this limit, so older ones are dropped on `record`.
+
+use std::collections::VecDeque;
+
+use super::{Nanos, Quota, Rule, Verdict};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    pub limit: u64,
+    /// Window length, > 0.
+    pub window: Nanos,
+}
+
+/// Timestamps of admitted requests, oldest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    pub admitted: VecDeque<Nanos>,
+}
+
+impl SlidingWindow {
+    /// Whether an admission at `t` still counts at `now`. Saturating, so that
+    /// near `u64::MAX` an entry simply never leaves instead of wrapping.
+    fn counts(&self, t: Nanos, now: Nanos) -> bool {
+        t.saturating_add(self.window) > now
+    }
+
+    /// Index of the oldest entry that still counts at `now`; the log is sorted,
+    /// so everything from here on counts.
+    fn first_counting(&self, state: &State, now: Nanos) -> usize {
+        state.admitted.partition_point(|&t| !self.counts(t, now))
+    }
+
+    fn in_window(&self, state: &State, now: Nanos) -> u64 {
+        (state.admitted.len() - self.first_counting(state, now)) as u64
+    }
+}
+
+impl Rule for SlidingWindow {
+    type State = State;
+
+    fn check(&self, state: &State, now: Nanos) -> Verdict {
+        let first = self.first_counting(state, now);
+        let count = (state.admitted.len() - first) as u64;
+        if count < self.limit {
+            return Verdict::Allow;
+        }
+        if self.limit == 0 {
+            // Nothing ever frees a slot; a window is as honest a hint as any.
+            return Verdict::Deny {
+                retry_after: self.window.max(1),
+            };
+        }
+        // One slot frees when all but `limit - 1` of the counting entries have
+        // left: that is the entry `count - limit` places after the oldest one.
+        // A lowered limit (count > limit) just makes us wait for a later entry.
+        let must_leave = state.admitted[first + (count - self.limit) as usize];
+        Verdict::Deny {
+            retry_after: must_leave
+                .saturating_add(self.window)
+                .saturating_sub(now)
+                .max(1),
+        }
+    }
+
+    /// Only admissions are logged; a refused request leaves nothing behind.
+    fn record(&self, state: &mut State, now: Nanos, admitted: bool) {
+        let stale = self.first_counting(state, now);
+        state.admitted.drain(..stale);
+        if admitted {
+            // A clock that stepped back must not unsort the log: file the
+            // entry where it belongs rather than at the end.
+            let at = state.admitted.partition_point(|&t| t <= now);
+            state.admitted.insert(at, now);
+        }
+        // Entries beyond the newest `limit` cannot change any answer under this
+        // limit (see `check`); they appear only after a lowered limit or when
+        // the request went through although this limiter refused it.
+        let excess = state
+            .admitted
+            .len()
+            .saturating_sub(usize::try_from(self.limit).unwrap_or(usize::MAX));
+        state.admitted.drain(..excess);
+        if state.admitted.capacity() > 16 && state.admitted.len() * 4 < state.admitted.capacity() {
+            state.admitted.shrink_to_fit();
+        }
+    }
+
+    fn quota(&self, state: &State, now: Nanos) -> Quota {
+        let reset_after = match state.admitted.back() {
+            Some(&newest) if self.counts(newest, now) => newest.saturating_add(self.window) - now,
+            _ => 0,
+        };
+        Quota {
+            limit: self.limit,
+            window: Some(self.window),
+            remaining: self.limit.saturating_sub(self.in_window(state, now)),
+            reset_after,
+        }
+    }
+
+    /// Once the newest entry has left the window the log says nothing.
+    fn expires_at(&self, state: &State) -> Nanos {
+        state
+            .admitted
+            .back()
+            .map_or(0, |&newest| newest.saturating_add(self.window))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::NANOS_PER_SEC as S;
+    use proptest::prelude::*;
+
+    const T0: Nanos = 1_767_225_620 * S;
+
+    fn five_per_minute() -> SlidingWindow {
+        SlidingWindow {
+            limit: 5,
+            window: 60 * S,
+        }
+    }
+
+    /// check, then record with the limiter's own answer, as a lone limiter does.
+    fn attempt(rule: &SlidingWindow, state: &mut State, now: Nanos) -> Verdict {
+        let verdict = rule.check(state, now);
+        rule.record(state, now, !verdict.is_deny());
+        verdict
+    }
+
+    #[test]
+    fn accepts_up_to_the_limit_and_rejects_the_next() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        for i in 0..5 {
+            assert_eq!(attempt(&rule, &mut state, T0 + i * S), Verdict::Allow);
+        }
+        assert_eq!(
+            attempt(&rule, &mut state, T0 + 10 * S),
+            Verdict::Deny {
+                retry_after: 50 * S
+            }
+        );
+    }
+
+    #[test]
+    fn a_slot_frees_exactly_one_window_after_the_oldest_admission() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        for i in 0..5 {
+            attempt(&rule, &mut state, T0 + i * S);
+        }
+        let free_at = T0 + 60 * S;
+        assert_eq!(
+            rule.check(&state, free_at - 1),
+            Verdict::Deny { retry_after: 1 }
+        );
+        assert_eq!(rule.check(&state, free_at), Verdict::Allow);
+        assert_eq!(attempt(&rule, &mut state, free_at), Verdict::Allow);
+        assert_eq!(
+            rule.check(&state, free_at),
+            Verdict::Deny { retry_after: S },
+            "the next slot frees when the second admission leaves"
+        );
+    }
+
+    #[test]
+    fn no_burst_across_a_window_boundary() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        let end_of_minute = T0 + 40 * S - 1;
+        for _ in 0..5 {
+            assert_eq!(attempt(&rule, &mut state, end_of_minute), Verdict::Allow);
+        }
+        assert!(attempt(&rule, &mut state, end_of_minute + 1).is_deny());
+        assert_eq!(
+            rule.check(&state, end_of_minute + 60 * S - 1),
+            Verdict::Deny { retry_after: 1 }
+        );
+        assert_eq!(rule.check(&state, end_of_minute + 60 * S), Verdict::Allow);
+    }
+
+    #[test]
+    fn rejected_request_leaves_no_entry() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        for _ in 0..5 {
+            attempt(&rule, &mut state, T0);
+        }
+        let before = state.clone();
+        rule.record(&mut state, T0 + S, false);
+        assert_eq!(state, before);
+        rule.record(&mut state, T0 + 60 * S, false);
+        assert!(state.admitted.is_empty(), "only pruning happened");
+    }
+
+    #[test]
+    fn quota_counts_what_is_left_and_when_all_of_it_is_back() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        attempt(&rule, &mut state, T0);
+        attempt(&rule, &mut state, T0 + 10 * S);
+        assert_eq!(
+            rule.quota(&state, T0 + 20 * S),
+            Quota {
+                limit: 5,
+                window: Some(60 * S),
+                remaining: 3,
+                reset_after: 50 * S,
+            }
+        );
+        assert_eq!(rule.quota(&state, T0 + 60 * S).remaining, 4);
+        let idle = rule.quota(&state, T0 + 70 * S);
+        assert_eq!((idle.remaining, idle.reset_after), (5, 0));
+        assert_eq!(rule.expires_at(&state), T0 + 70 * S);
+        assert_eq!(rule.expires_at(&State::default()), 0);
+    }
+
+    #[test]
+    fn a_lowered_limit_denies_until_enough_entries_leave() {
+        let mut state = State::default();
+        for i in 0..5 {
+            attempt(&five_per_minute(), &mut state, T0 + i * S);
+        }
+        let lowered = SlidingWindow {
+            limit: 2,
+            ..five_per_minute()
+        };
+        let now = T0 + 10 * S;
+        assert_eq!(
+            lowered.check(&state, now),
+            Verdict::Deny {
+                retry_after: 53 * S
+            },
+            "the fourth admission (T0 + 3 s) must leave for two to count"
+        );
+        assert_eq!(lowered.quota(&state, now).remaining, 0);
+        lowered.record(&mut state, now, false);
+        assert_eq!(
+            state.admitted,
+            [T0 + 3 * S, T0 + 4 * S],
+            "only the newest two can matter"
+        );
+        assert_eq!(
+            lowered.check(&state, now),
+            Verdict::Deny {
+                retry_after: 53 * S
+            },
+            "trimming the log changes no answer"
+        );
+    }
+
+    #[test]
+    fn a_zero_limit_denies_everything() {
+        let rule = SlidingWindow {
+            limit: 0,
+            window: 60 * S,
+        };
+        let mut state = State::default();
+        assert_eq!(
+            attempt(&rule, &mut state, T0),
+            Verdict::Deny {
+                retry_after: 60 * S
+            }
+        );
+        assert!(state.admitted.is_empty());
+    }
+
+    #[test]
+    fn a_clock_stepping_back_keeps_the_log_sorted() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        attempt(&rule, &mut state, T0 + 5 * S);
+        attempt(&rule, &mut state, T0);
+        assert_eq!(state.admitted, [T0, T0 + 5 * S]);
+    }
+
+    /// Sorted arrivals: `(gap, burst)` pairs, each a gap then `burst` requests
+    /// at the same nanosecond.
+    fn arrivals() -> impl Strategy<Value = Vec<Nanos>> {
+        prop::collection::vec((0u64..40, 1usize..5), 1..60).prop_map(|steps| {
+            let mut now = T0;
+            let mut out = Vec::new();
+            for (gap, burst) in steps {
+                now += gap;
+                out.extend(std::iter::repeat_n(now, burst));
+            }
+            out
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn no_interval_of_one_window_holds_more_than_limit_admissions(
+            limit in 0u64..6,
+            window in 1u64..60,
+            times in arrivals(),
+        ) {
+            let rule = SlidingWindow { limit, window };
+            let mut state = State::default();
+            let mut admitted = Vec::new();
+            for &now in &times {
+                if !attempt(&rule, &mut state, now).is_deny() {
+                    admitted.push(now);
+                }
+            }
+            // The busiest interval can always be slid to start at an admission.
+            for &a in &admitted {
+                let inside = admitted.iter().filter(|&&t| a <= t && t < a + window).count();
+                prop_assert!(inside as u64 <= limit, "{inside} in [{a}, {})", a + window);
+            }
+        }
+
+        #[test]
+        fn verdicts_match_a_brute_force_count_and_retry_after_is_exact(
+            limit in 1u64..6,
+            window in 1u64..60,
+            times in arrivals(),
+        ) {
+            let rule = SlidingWindow { limit, window };
+            let mut state = State::default();
+            let mut admitted: Vec<Nanos> = Vec::new();
+            for &now in &times {
+                let counting = admitted.iter().filter(|&&t| now < t + window).count() as u64;
+                let verdict = rule.check(&state, now);
+                prop_assert_eq!(verdict.is_deny(), counting >= limit);
+                prop_assert_eq!(rule.quota(&state, now).remaining, limit - counting.min(limit));
+                if let Verdict::Deny { retry_after } = verdict {
+                    prop_assert!(retry_after >= 1);
+                    prop_assert!(rule.check(&state, now + retry_after - 1).is_deny());
+                    prop_assert_eq!(rule.check(&state, now + retry_after), Verdict::Allow);
+                } else {
+                    admitted.push(now);
+                }
+                rule.record(&mut state, now, !verdict.is_deny());
+                let q = rule.quota(&state, now);
+                prop_assert_eq!(q.remaining == limit, q.reset_after == 0);
+                prop_assert_eq!(rule.quota(&state, now + q.reset_after).remaining, limit);
+                prop_assert!(rule.expires_at(&state) >= now + q.reset_after);
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Token buckets as GCRA: one theoretical arrival time, integer nanoseconds.
+//!
+//! A full bucket holds `capacity` tokens, a token comes back every `interval`
+//! (continuously: no refill ticks) and an admitted request takes one. Instead
+//! of a token count the state keeps `tat`, the instant the bucket is full
+//! again; `tat - now` is the debt, in nanoseconds, of the tokens missing now.
+//! A request is allowed iff one whole token exists, i.e. the debt is at most
+//! `(capacity - 1) * interval`; admitting it adds `interval` to the debt.
+//!
+//! Bound (with `capacity >= 1`): if `n` requests are admitted at `t_1 <= … <= t_n`,
+//! then `n <= capacity + floor((t_n - t_1) / interval)`, whatever the state was
+//! before `t_1`. After the first of them `tat >= t_1 + interval`, each later one
+//! adds `interval`, so before the `n`-th `tat >= t_1 + (n - 1) * interval`, and
+//! admitting it needed `tat - t_n <= (capacity - 1) * interval`. A fresh bucket
+//! meets the bound exactly: `capacity` at once, then one per `interval`.
+//!
+//! A reload that changes `capacity` keeps `tat` (the `Shape` keys on `interval`
+//! only), so the debt carries over and the new capacity applies at once: a
+//! raise hands out the extra tokens immediately, a lowering may deny until the
+//! debt has drained to `(capacity - 1) * interval`. Nothing overflows: debts
+//! and sums saturate.
+//!
+//! Memory: 8 bytes per key.
+
+use super::{Nanos, Quota, Rule, Verdict};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenBucket {
+    pub capacity: u64,
+    /// Nanoseconds per token (1e9 / refill per second), > 0.
+    pub interval: Nanos,
+}
+
+/// `tat`: when the bucket is full again. `0` (or anything `<= now`) is a full bucket.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct State {
+    pub tat: Nanos,
+}
+
+impl TokenBucket {
+    /// The largest debt that still leaves one whole token.
+    fn tolerance(&self) -> Nanos {
+        self.capacity
+            .saturating_sub(1)
+            .saturating_mul(self.interval)
+    }
+
+    fn debt(state: &State, now: Nanos) -> Nanos {
+        state.tat.saturating_sub(now)
+    }
+}
+
+impl Rule for TokenBucket {
+    type State = State;
+
+    fn check(&self, state: &State, now: Nanos) -> Verdict {
+        if self.capacity == 0 {
+            // No token ever exists; one interval is the policy's only time scale.
+            return Verdict::Deny {
+                retry_after: self.interval.max(1),
+            };
+        }
+        let debt = Self::debt(state, now);
+        if debt <= self.tolerance() {
+            Verdict::Allow
+        } else {
+            Verdict::Deny {
+                retry_after: debt - self.tolerance(),
+            }
+        }
+    }
+
+    /// A refused request takes no token, so only an admission moves `tat`.
+    fn record(&self, state: &mut State, now: Nanos, admitted: bool) {
+        if admitted {
+            state.tat = state.tat.max(now).saturating_add(self.interval);
+        }
+    }
+
+    fn quota(&self, state: &State, now: Nanos) -> Quota {
+        let debt = Self::debt(state, now);
+        Quota {
+            limit: self.capacity,
+            window: Some(self.capacity.saturating_mul(self.interval)),
+            // A token partly refilled is not a token yet.
+            remaining: self
+                .capacity
+                .saturating_sub(debt.div_ceil(self.interval.max(1))),
+            reset_after: debt,
+        }
+    }
+
+    /// From `tat` on the bucket is full and the state equals `State::default()`
+    /// in every answer.
+    fn expires_at(&self, state: &State) -> Nanos {
+        state.tat
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::NANOS_PER_SEC as S;
+    use proptest::prelude::*;
+
+    const T0: Nanos = 1_767_225_620 * S;
+
+    /// 5 tokens, 2 per second.
+    fn five_at_two_per_second() -> TokenBucket {
+        TokenBucket {
+            capacity: 5,
+            interval: S / 2,
+        }
+    }
+
+    fn attempt(rule: &TokenBucket, state: &mut State, now: Nanos) -> Verdict {
+        let verdict = rule.check(state, now);
+        rule.record(state, now, !verdict.is_deny());
+        verdict
+    }
+
+    #[test]
+    fn a_full_bucket_admits_capacity_at_once_then_rejects() {
+        let rule = five_at_two_per_second();
+        let mut state = State::default();
+        for _ in 0..5 {
+            assert_eq!(attempt(&rule, &mut state, T0), Verdict::Allow);
+        }
+        assert_eq!(
+            attempt(&rule, &mut state, T0),
+            Verdict::Deny { retry_after: S / 2 }
+        );
+    }
+
+    #[test]
+    fn a_token_is_back_exactly_one_interval_later() {
+        let rule = five_at_two_per_second();
+        let mut state = State::default();
+        for _ in 0..5 {
+            attempt(&rule, &mut state, T0);
+        }
+        let back = T0 + S / 2;
+        assert_eq!(
+            rule.check(&state, back - 1),
+            Verdict::Deny { retry_after: 1 }
+        );
+        assert_eq!(attempt(&rule, &mut state, back), Verdict::Allow);
+        assert_eq!(
+            rule.check(&state, back),
+            Verdict::Deny { retry_after: S / 2 }
+        );
+    }
+
+    #[test]
+    fn rejected_request_takes_no_token() {
+        let rule = five_at_two_per_second();
+        let mut state = State::default();
+        for _ in 0..5 {
+            attempt(&rule, &mut state, T0);
+        }
+        let before = state.clone();
+        for _ in 0..100 {
+            assert!(attempt(&rule, &mut state, T0 + S / 4).is_deny());
+        }
+        assert_eq!(state, before);
+        assert_eq!(rule.check(&state, T0 + S / 2), Verdict::Allow);
+    }
+
+    #[test]
+    fn a_request_denied_elsewhere_takes_no_token_here() {
+        let rule = five_at_two_per_second();
+        let mut state = State::default();
+        assert_eq!(rule.check(&state, T0), Verdict::Allow);
+        rule.record(&mut state, T0, false);
+        assert_eq!(state, State::default());
+    }
+
+    #[test]
+    fn quota_counts_whole_tokens_and_time_to_full() {
+        let rule = five_at_two_per_second();
+        let mut state = State::default();
+        for _ in 0..3 {
+            attempt(&rule, &mut state, T0);
+        }
+        let q = |now| rule.quota(&state, now);
+        assert_eq!(
+            q(T0),
+            Quota {
+                limit: 5,
+                window: Some(5 * S / 2),
+                remaining: 2,
+                reset_after: 3 * S / 2,
+            }
+        );
+        assert_eq!(
+            q(T0 + S / 2 - 1).remaining,
+            2,
+            "a partial token is not counted"
+        );
+        assert_eq!(q(T0 + S / 2).remaining, 3);
+        assert_eq!(q(T0 + 3 * S / 2).remaining, 5);
+        assert_eq!(q(T0 + 3 * S / 2).reset_after, 0);
+        assert_eq!(rule.expires_at(&state), T0 + 3 * S / 2);
+    }
+
+    #[test]
+    fn refill_is_continuous_not_ticked() {
+        let rule = TokenBucket {
+            capacity: 1,
+            interval: 3,
+        };
+        let mut state = State::default();
+        for now in [10, 13, 16, 19] {
+            assert_eq!(attempt(&rule, &mut state, now), Verdict::Allow);
+        }
+        assert_eq!(
+            attempt(&rule, &mut state, 21),
+            Verdict::Deny { retry_after: 1 }
+        );
+        assert_eq!(attempt(&rule, &mut state, 23), Verdict::Allow);
+        assert_eq!(
+            state.tat, 26,
+            "the next token is due one interval after this admission"
+        );
+    }
+
+    #[test]
+    fn a_lowered_capacity_keeps_the_debt_and_denies_until_it_drains() {
+        let mut state = State::default();
+        for _ in 0..4 {
+            attempt(&five_at_two_per_second(), &mut state, T0);
+        }
+        let lowered = TokenBucket {
+            capacity: 2,
+            ..five_at_two_per_second()
+        };
+        // Debt 2 s; one token under capacity 2 needs a debt of at most 0.5 s.
+        assert_eq!(
+            lowered.check(&state, T0),
+            Verdict::Deny {
+                retry_after: 3 * S / 2
+            }
+        );
+        assert_eq!(lowered.quota(&state, T0).remaining, 0);
+        let raised = TokenBucket {
+            capacity: 10,
+            ..five_at_two_per_second()
+        };
+        assert_eq!(raised.quota(&state, T0).remaining, 6);
+    }
+
+    #[test]
+    fn a_zero_capacity_denies_everything_and_huge_values_saturate() {
+        let zero = TokenBucket {
+            capacity: 0,
+            interval: S,
+        };
+        assert_eq!(
+            zero.check(&State::default(), T0),
+            Verdict::Deny { retry_after: S }
+        );
+        assert_eq!(zero.quota(&State::default(), T0).remaining, 0);
+        let huge = TokenBucket {
+            capacity: u64::MAX,
+            interval: u64::MAX,
+        };
+        let mut state = State::default();
+        assert_eq!(attempt(&huge, &mut state, T0), Verdict::Allow);
+        assert_eq!(attempt(&huge, &mut state, T0), Verdict::Allow);
+        assert_eq!(state.tat, u64::MAX);
+        assert_eq!(huge.quota(&state, T0).window, Some(u64::MAX));
+    }
+
+    /// Sorted arrivals: `(gap, burst)` pairs, each a gap then `burst` requests
+    /// at the same nanosecond.
+    fn arrivals() -> impl Strategy<Value = Vec<Nanos>> {
+        prop::collection::vec((0u64..40, 1usize..6), 1..60).prop_map(|steps| {
+            let mut now = T0;
+            let mut out = Vec::new();
+            for (gap, burst) in steps {
+                now += gap;
+                out.extend(std::iter::repeat_n(now, burst));
+            }
+            out
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn admissions_in_any_span_stay_within_capacity_plus_refill(
+            capacity in 1u64..6,
+            interval in 1u64..20,
+            times in arrivals(),
+            refused_elsewhere in prop::collection::vec(any::<bool>(), 0..300),
+        ) {
+            let rule = TokenBucket { capacity, interval };
+            let mut state = State::default();
+            let mut admitted = Vec::new();
+            for (i, &now) in times.iter().enumerate() {
+                let mine = !rule.check(&state, now).is_deny();
+                let admit = mine && !refused_elsewhere.get(i).copied().unwrap_or(false);
+                rule.record(&mut state, now, admit);
+                if admit {
+                    admitted.push(now);
+                }
+            }
+            for i in 0..admitted.len() {
+                for j in i..admitted.len() {
+                    let n = (j - i + 1) as u64;
+                    let bound = capacity + (admitted[j] - admitted[i]) / interval;
+                    prop_assert!(n <= bound, "{n} admitted in [{}, {}]", admitted[i], admitted[j]);
+                }
+            }
+        }
+
+        /// GCRA must answer exactly like a bucket that stores its level in
+        /// token-nanoseconds (a token is `interval` of them).
+        #[test]
+        fn gcra_matches_a_counted_bucket_with_continuous_refill(
+            capacity in 1u64..6,
+            interval in 1u64..20,
+            times in arrivals(),
+        ) {
+            let rule = TokenBucket { capacity, interval };
+            let full = capacity * interval;
+            let mut state = State::default();
+            let (mut level, mut last) = (full, T0);
+            for &now in &times {
+                level = full.min(level + (now - last));
+                last = now;
+                let verdict = rule.check(&state, now);
+                prop_assert_eq!(!verdict.is_deny(), level >= interval);
+                prop_assert_eq!(rule.quota(&state, now).remaining, level / interval);
+                prop_assert_eq!(rule.quota(&state, now).reset_after, full - level);
+                if let Verdict::Deny { retry_after } = verdict {
+                    prop_assert_eq!(retry_after, interval - level);
+                    prop_assert!(rule.check(&state, now + retry_after - 1).is_deny());
+                    prop_assert_eq!(rule.check(&state, now + retry_after), Verdict::Allow);
+                } else {
+                    level -= interval;
+                }
+                rule.record(&mut state, now, !verdict.is_deny());
+                let expires = rule.expires_at(&state);
+                prop_assert_eq!(rule.quota(&state, expires), rule.quota(&State::default(), expires));
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The `tollgate` binary: CLI, logging and signals; everything else is in the library.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use tollgate::clock::{Clock, SystemClock};
+use tollgate::config;
+use tollgate::store::Store;
+use tollgate::{App, Listeners, RunOptions};
+
+#[derive(Parser)]
+#[command(name = "tollgate", version, about = "A reverse proxy with built-in, durable rate limiting")]
+struct Cli {
+    /// Config file (default: ./tollgate.yaml, else $TOLLGATE_CONFIG).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (the default).
+    Serve,
+    /// Validate a config like `nginx -t`: a summary and exit 0, or every error and exit 1.
+    Check,
+    /// Probe the admin /healthz of a running tollgate (for Docker HEALTHCHECK); exit 0 when healthy.
+    Healthcheck {
+        /// The URL to probe; default: the admin listener of the config.
+        #[arg(long)]
+        url: Option<String>,
+    },
+}
+
+fn config_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p);
+    }
+    let local = PathBuf::from("tollgate.yaml");
+    if local.exists() {
+        return Ok(local);
+    }
+    match std::env::var_os("TOLLGATE_CONFIG") {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => anyhow::bail!("no config: pass --config PATH, create ./tollgate.yaml, or set TOLLGATE_CONFIG"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => config_path(cli.config).and_then(|p| serve(&p)),
+        Command::Check => config_path(cli.config).map(|p| check(&p)),
+        Command::Healthcheck { url } => healthcheck(url, cli.config),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tollgate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match config::load_file(path) {
+        Ok(c) => {
+            println!(
+                "{}: ok: {} listener(s), {} route(s), {} limiter(s), {} upstream(s), store {:?}, admin on {}",
+                path.display(),
+                c.server.listen.len(),
+                c.routes.len(),
+                c.limiters.len(),
+                c.upstreams.len(),
+                c.store.backend,
+                c.admin.listen
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(path: &Path) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stdout)
+        .init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let store = Store::open(&config.store, &config.limiters, clock.now()).context("cannot open the store")?;
+        let listeners = Listeners::bind(&config).await?;
+        let app = App::new(config, store, clock, Some(path.to_path_buf()));
+        let shutdown = CancellationToken::new();
+        tokio::spawn(stop_on_signal(shutdown.clone()));
+        let options = RunOptions {
+            config_path: Some(path.to_path_buf()),
+            watch_every: Some(Duration::from_millis(500)),
+        };
+        tollgate::run(listeners, app, options, shutdown).await;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot listen for SIGTERM/SIGINT");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    shutdown.cancel();
+}
+
+/// A plain HTTP/1.1 GET with no dependencies, so the Docker image needs no curl.
+fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    use std::io::{Read, Write};
+    let url = match url {
+        Some(u) => u,
+        None => {
+            let c = config::load_file(&config_path(config)?).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut addr = c.admin.listen;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            format!("http://{addr}/healthz")
+        }
+    };
+    let rest = url.strip_prefix("http://").context("healthcheck URLs start with http://")?;
+    let (authority, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .with_context(|| format!("cannot resolve {authority}"))?
+        .next()
+        .with_context(|| format!("no address for {authority}"))?;
+    let timeout = Duration::from_secs(3);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("cannot connect to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")?;
+    let mut head = [0u8; 64];
+    let n = stream.read(&mut head)?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    let healthy = line.starts_with("HTTP/1.1 200");
+    println!("{}", line.lines().next().unwrap_or("no answer"));
+    Ok(if healthy { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

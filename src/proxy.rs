@@ -1,0 +1,301 @@
+//! Forwarding to an upstream: hop-by-hop headers, X-Forwarded-*, timeouts, a pooled keep-alive client.
+
+use std::error::Error as StdError;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri, Version};
+use http_body_util::{LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::config::UpstreamConfig;
+use crate::identity::Client as ClientIdentity;
+use crate::problem::Problem;
+
+pub type UpstreamBody = Limited<Incoming>;
+
+/// One configured upstream with its connection pool.
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: String,
+    scheme: Scheme,
+    authority: Authority,
+    /// A path the upstream URL carries (`http://app/base`), prepended; empty for `/`.
+    base_path: String,
+    timeout: Duration,
+    client: Client<HttpConnector, UpstreamBody>,
+    /// What the pool was built from, to reuse it when a reload leaves it unchanged.
+    config: (Uri, Duration, Duration),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("cannot connect to upstream {upstream}: {source}")]
+    Connect {
+        upstream: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("upstream {upstream} did not answer within {timeout:?}")]
+    Timeout { upstream: String, timeout: Duration },
+    #[error("the request body exceeds {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("forwarding to upstream {upstream} failed: {source}")]
+    Upstream {
+        upstream: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+}
+
+impl ProxyError {
+    /// The metric label for this failure.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::Connect { .. } => "connect",
+            ProxyError::Timeout { .. } => "timeout",
+            ProxyError::BodyTooLarge { .. } => "body_too_large",
+            ProxyError::Upstream { .. } => "other",
+        }
+    }
+}
+
+impl From<ProxyError> for Problem {
+    fn from(e: ProxyError) -> Problem {
+        match e {
+            ProxyError::Connect { upstream, .. } | ProxyError::Upstream { upstream, .. } => {
+                Problem::UpstreamUnreachable { upstream }
+            }
+            ProxyError::Timeout { upstream, .. } => Problem::UpstreamTimeout { upstream },
+            ProxyError::BodyTooLarge { limit } => Problem::BodyTooLarge { limit },
+        }
+    }
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and their common non-standard kin.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+impl Upstream {
+    pub fn new(config: &UpstreamConfig) -> Upstream {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(Duration::from_secs(60)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(4096)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .set_host(false)
+            .build(connector);
+        let parts = config.url.clone().into_parts();
+        let base_path = parts
+            .path_and_query
+            .as_ref()
+            .map(|p| p.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        Upstream {
+            name: config.name.clone(),
+            scheme: parts.scheme.unwrap_or(Scheme::HTTP),
+            authority: parts.authority.expect("validated: upstream URL has a host"),
+            base_path,
+            timeout: config.timeout,
+            client,
+            config: (config.url.clone(), config.connect_timeout, config.timeout),
+        }
+    }
+
+    /// Whether this pool can serve `config` unchanged (a reload keeps it warm).
+    pub fn serves(&self, config: &UpstreamConfig) -> bool {
+        self.name == config.name && self.config == (config.url.clone(), config.connect_timeout, config.timeout)
+    }
+
+    /// Sends the request on and returns the upstream's response head as soon as it arrives.
+    pub async fn forward(
+        &self,
+        req: Request<Incoming>,
+        client: &ClientIdentity,
+        peer: IpAddr,
+        proto: &'static str,
+        max_body: u64,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let (mut parts, body) = req.into_parts();
+        let host = parts
+            .headers
+            .get(header::HOST)
+            .cloned()
+            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(h) = host {
+            parts.headers.insert(header::HOST, h);
+        }
+        set_forwarded_headers(&mut parts.headers, client, peer, proto);
+
+        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let target = if self.base_path.is_empty() {
+            PathAndQuery::try_from(path_and_query)
+        } else {
+            PathAndQuery::try_from(format!("{}{}", self.base_path, path_and_query))
+        };
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(self.scheme.clone());
+        uri.authority = Some(self.authority.clone());
+        uri.path_and_query = Some(target.unwrap_or_else(|_| PathAndQuery::from_static("/")));
+        parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
+        parts.version = Version::HTTP_11;
+
+        let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
+        let upstream_req = Request::from_parts(parts, Limited::new(body, limit));
+        let sent = tokio::time::timeout(self.timeout, self.client.request(upstream_req)).await;
+        let mut resp = match sent {
+            Err(_) => {
+                return Err(ProxyError::Timeout {
+                    upstream: self.name.clone(),
+                    timeout: self.timeout,
+                })
+            }
+            Ok(Err(e)) if caused_by_body_limit(&e) => return Err(ProxyError::BodyTooLarge { limit: max_body }),
+            Ok(Err(e)) if e.is_connect() => {
+                return Err(ProxyError::Connect {
+                    upstream: self.name.clone(),
+                    source: e,
+                })
+            }
+            Ok(Err(e)) => {
+                return Err(ProxyError::Upstream {
+                    upstream: self.name.clone(),
+                    source: e,
+                })
+            }
+            Ok(Ok(resp)) => resp,
+        };
+        strip_hop_by_hop(resp.headers_mut());
+        Ok(resp)
+    }
+}
+
+fn caused_by_body_limit(e: &(dyn StdError + 'static)) -> bool {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<LengthLimitError>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Removes hop-by-hop headers, including every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// SPEC §5: `X-Forwarded-For` is extended for a trusted peer and replaced for
+/// anyone else; `X-Real-IP` is the resolved client; `X-Forwarded-Proto` the scheme.
+/// An untrusted client's own `Forwarded` header is dropped, so no upstream
+/// can mistake it for ours.
+pub fn set_forwarded_headers(headers: &mut HeaderMap, client: &ClientIdentity, peer: IpAddr, proto: &'static str) {
+    let peer = peer.to_canonical();
+    let xff = if client.peer_trusted {
+        let existing: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if existing.is_empty() {
+            peer.to_string()
+        } else {
+            format!("{}, {peer}", existing.join(", "))
+        }
+    } else {
+        headers.remove(header::FORWARDED);
+        peer.to_string()
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&client.ip.to_string()) {
+        headers.insert(X_REAL_IP, v);
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(ip: &str, trusted: bool) -> ClientIdentity {
+        ClientIdentity {
+            ip: ip.parse().unwrap(),
+            ip_key: format!("ip:{ip}"),
+            api_key: None,
+            peer_trusted: trusted,
+            exempt: false,
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret-hop"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::HOST, HeaderValue::from_static("example"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::HOST));
+    }
+
+    #[test]
+    fn an_untrusted_peers_forwarded_for_is_replaced() {
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("6.6.6.6"));
+        h.insert(header::FORWARDED, HeaderValue::from_static("for=6.6.6.6"));
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        set_forwarded_headers(&mut h, &client("203.0.113.9", false), peer, "http");
+        assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.9");
+        assert_eq!(h[&X_REAL_IP], "203.0.113.9");
+        assert_eq!(h[&X_FORWARDED_PROTO], "http");
+        assert!(!h.contains_key(header::FORWARDED));
+    }
+
+    #[test]
+    fn a_trusted_peer_is_appended_to_the_chain() {
+        let mut h = HeaderMap::new();
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.7"));
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.2"));
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "https");
+        assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7, 10.0.0.2, 10.0.0.1");
+        assert_eq!(h[&X_REAL_IP], "198.51.100.7");
+        assert_eq!(h[&X_FORWARDED_PROTO], "https");
+    }
+}

@@ -1,0 +1,130 @@
+//! Config reload: file watch / SIGHUP / admin → parse → validate → swap, or keep the old.
+//!
+//! A new config is validated completely and its snapshot built before the
+//! swap; any error leaves the running snapshot untouched, is logged, counted
+//! and kept for `GET /config`. Requests in flight finish on the snapshot they
+//! loaded. Counters live in the store, keyed by limiter name, so a limiter
+//! that keeps its name keeps its counts.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::admin::count_reload;
+use crate::app::App;
+use crate::config::{self, Config, ConfigError};
+use crate::snapshot::Snapshot;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{0} cannot change while running; restart tollgate to apply it")]
+    RequiresRestart(&'static str),
+    #[error("the config was not read from a file, so there is nothing to reload")]
+    NoFile,
+}
+
+impl ReloadError {
+    /// One line per problem, for the admin API.
+    pub fn messages(&self) -> Vec<String> {
+        match self {
+            ReloadError::Config(e) => e
+                .problems
+                .iter()
+                .map(|p| match &e.file {
+                    Some(f) => format!("{}: {p}", f.display()),
+                    None => p.to_string(),
+                })
+                .collect(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+/// Reads the config file again and applies it; returns the new version.
+pub fn reload(app: &App) -> Result<u64, ReloadError> {
+    let result = match &app.shared.config_path {
+        None => Err(ReloadError::NoFile),
+        Some(path) => config::load_file(path)
+            .map_err(ReloadError::from)
+            .and_then(|c| apply(app, c)),
+    };
+    match &result {
+        Ok(version) => {
+            *app.shared.last_reload_error.lock() = None;
+            tracing::info!(version, "config reloaded");
+        }
+        Err(e) => {
+            *app.shared.last_reload_error.lock() = Some(e.to_string());
+            tracing::error!("config reload rejected, the running config stays:\n{e}");
+        }
+    }
+    count_reload(app, result.is_ok());
+    result
+}
+
+/// Swaps in a validated config, unless it changes what only a restart can.
+pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
+    let old = app.snapshot();
+    let was = &old.config;
+    if config.store.backend != was.store.backend {
+        return Err(ReloadError::RequiresRestart("store.backend / store.path / store.url"));
+    }
+    if config.server.listen != was.server.listen {
+        return Err(ReloadError::RequiresRestart("server.listen"));
+    }
+    if config.admin.listen != was.admin.listen {
+        return Err(ReloadError::RequiresRestart("admin.listen"));
+    }
+    if config.server.tls != was.server.tls {
+        return Err(ReloadError::RequiresRestart("server.tls"));
+    }
+    let version = old.version + 1;
+    let snapshot = Snapshot::build(config, version, Some(&old), &app.shared.metrics);
+    app.shared.snapshot.store(Arc::new(snapshot));
+    Ok(version)
+}
+
+/// Polls the config file and reloads when its content changed and then held
+/// still for one more poll. Polling the content (not mtime or inotify) works
+/// alike for in-place writes, write-and-rename, and Kubernetes ConfigMap
+/// mounts that swap a `..data` symlink.
+pub async fn watch(app: App, path: impl AsRef<Path>, every: Duration, stop: CancellationToken) {
+    let path = path.as_ref().to_path_buf();
+    let mut applied = tokio::fs::read(&path).await.ok();
+    let mut seen = applied.clone();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let now = tokio::fs::read(&path).await.ok();
+        if now.is_some() && now != applied && now == seen {
+            // Reloading the file reads it once more; if it moved again, the next poll catches it.
+            let _ = reload(&app);
+            applied = now.clone();
+        }
+        seen = now;
+    }
+}
+
+/// Reloads on every SIGHUP.
+pub async fn on_sighup(app: App, stop: CancellationToken) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; reload through the admin API or the file watch");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = hup.recv() => {
+                if got.is_none() { return; }
+                tracing::info!("SIGHUP: reloading the config");
+                let _ = reload(&app);
+            }
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! One immutable view of the running config: routes, identity rules, limiter instances, upstreams.
+//!
+//! A request loads the current snapshot once and finishes on it, so a reload
+//! can never make one request mix two configs. Everything the hot path needs
+//! is precomputed here: counters, override tables, header-ready names.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use sha2::{Digest, Sha256};
+
+use crate::config::{Action, Config, KeyPart, LimiterConfig};
+use crate::identity::{ApiKey, Client, Identity};
+use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
+use crate::metrics::{Counter, Metrics};
+use crate::proxy::Upstream;
+use crate::router::Router;
+
+pub struct Snapshot {
+    pub version: u64,
+    pub config: Arc<Config>,
+    pub identity: Identity,
+    pub router: Router,
+    pub routes: Vec<Route>,
+    pub limiters: Vec<Limiter>,
+    pub upstreams: Vec<Arc<Upstream>>,
+}
+
+pub struct Route {
+    pub name: String,
+    pub action: RouteAction,
+    /// Indexes into `Snapshot::limiters`, in the order the route lists them.
+    pub limiters: Vec<usize>,
+    pub metrics: RouteMetrics,
+}
+
+pub enum RouteAction {
+    Respond {
+        status: StatusCode,
+        body: Bytes,
+        content_type: HeaderValue,
+    },
+    /// Index into `Snapshot::upstreams`.
+    Upstream(usize),
+}
+
+pub struct RouteMetrics {
+    pub allowed: Counter,
+    pub rejected: Counter,
+    pub exempt: Counter,
+    pub store_error: Counter,
+}
+
+pub struct LimiterMetrics {
+    pub allowed: Counter,
+    pub delayed: Counter,
+    pub rejected: Counter,
+    pub would_reject: Counter,
+}
+
+pub struct Limiter {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub key: Vec<KeyPart>,
+    pub shadow: bool,
+    /// Key value (as [`Limiter::key_value`] builds it) → its own policy.
+    overrides: HashMap<String, Algorithm>,
+    pub metrics: LimiterMetrics,
+}
+
+impl Snapshot {
+    /// Builds the runtime view of `config`, reusing the upstream pools of
+    /// `previous` that the new config leaves unchanged.
+    pub fn build(config: Config, version: u64, previous: Option<&Snapshot>, metrics: &Metrics) -> Snapshot {
+        let identity = Identity::new(&config.identity);
+        let upstreams: Vec<Arc<Upstream>> = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                previous
+                    .and_then(|p| p.upstreams.iter().find(|old| old.serves(u)).cloned())
+                    .unwrap_or_else(|| Arc::new(Upstream::new(u)))
+            })
+            .collect();
+        let limiters = config
+            .limiters
+            .iter()
+            .map(|l| Limiter::new(l, &identity, metrics))
+            .collect();
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| {
+                let c = |decision: &str| metrics.counter("tollgate_requests_total", &[("route", &r.name), ("decision", decision)]);
+                Route {
+                    name: r.name.clone(),
+                    action: match &r.action {
+                        Action::Upstream(i) => RouteAction::Upstream(*i),
+                        Action::Respond { status, body, content_type } => RouteAction::Respond {
+                            status: *status,
+                            body: Bytes::from(body.clone()),
+                            content_type: HeaderValue::from_str(content_type)
+                                .unwrap_or(HeaderValue::from_static("text/plain")),
+                        },
+                    },
+                    limiters: r.limiters.clone(),
+                    metrics: RouteMetrics {
+                        allowed: c("allowed"),
+                        rejected: c("rejected"),
+                        exempt: c("exempt"),
+                        store_error: c("store_error"),
+                    },
+                }
+            })
+            .collect();
+        Snapshot {
+            version,
+            router: Router::new(&config.routes),
+            identity,
+            routes,
+            limiters,
+            upstreams,
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl Limiter {
+    fn new(config: &LimiterConfig, identity: &Identity, metrics: &Metrics) -> Limiter {
+        let overrides = config
+            .overrides
+            .iter()
+            .map(|o| (canonical_override(&config.key, &o.key, identity), config.algorithm.with_limit(o.limit)))
+            .collect();
+        let c = |result: &str| metrics.counter("tollgate_limiter_decisions_total", &[("limiter", &config.name), ("result", result)]);
+        Limiter {
+            name: config.name.clone(),
+            algorithm: config.algorithm.clone(),
+            key: config.key.clone(),
+            shadow: config.shadow,
+            overrides,
+            metrics: LimiterMetrics {
+                allowed: c("allowed"),
+                delayed: c("delayed"),
+                rejected: c("rejected"),
+                would_reject: c("would_reject"),
+            },
+        }
+    }
+
+    /// This request's key value, e.g. `ip:203.0.113.9` or `key:3f2a…|route:login`;
+    /// `None` when a part is missing (no API key, no such header): the limiter
+    /// then does not apply to the request.
+    pub fn key_value(&self, client: &Client, route: &str, headers: &HeaderMap) -> Option<String> {
+        let mut out = String::with_capacity(48);
+        for (i, part) in self.key.iter().enumerate() {
+            if i > 0 {
+                out.push('|');
+            }
+            match part {
+                KeyPart::Client => out.push_str(client.key()),
+                KeyPart::Ip => out.push_str(&client.ip_key),
+                KeyPart::ApiKey => out.push_str(&client.api_key.as_ref()?.id),
+                KeyPart::Route => {
+                    out.push_str("route:");
+                    out.push_str(route);
+                }
+                KeyPart::Global => out.push_str("global"),
+                KeyPart::Header(name) => {
+                    let v = headers.get(name)?.as_bytes();
+                    if v.is_empty() {
+                        return None;
+                    }
+                    push_header_value(&mut out, v);
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// The store key for a key value: `<limiter>:<key value>`.
+    pub fn store_key(&self, key_value: &str) -> String {
+        let mut k = String::with_capacity(self.name.len() + 1 + key_value.len());
+        k.push_str(&self.name);
+        k.push(':');
+        k.push_str(key_value);
+        k
+    }
+
+    /// The policy for this key value: its override, or the limiter's own.
+    pub fn algorithm_for(&self, key_value: &str) -> &Algorithm {
+        if self.overrides.is_empty() {
+            return &self.algorithm;
+        }
+        self.overrides.get(key_value).unwrap_or(&self.algorithm)
+    }
+
+    /// The policy in words, for problem bodies: `5 requests per 60s`.
+    pub fn describe(algorithm: &Algorithm) -> String {
+        match algorithm {
+            Algorithm::FixedWindow(p) => format!("{} requests per {}", p.limit, human(p.window)),
+            Algorithm::SlidingWindow(p) => format!("{} requests per sliding {}", p.limit, human(p.window)),
+            Algorithm::TokenBucket(p) => format!("{} requests burst, refilled at {}/s", p.capacity, rate(p.interval)),
+            Algorithm::LeakyBucket(p) => format!("{} queued requests, released at {}/s", p.capacity, rate(p.interval)),
+            Algorithm::Concurrency(p) => format!("{} requests in flight", p.max_in_flight),
+        }
+    }
+}
+
+/// Header values are tenant ids and the like: kept readable when short,
+/// hashed when long or binary so a key never grows without bound.
+fn push_header_value(out: &mut String, v: &[u8]) {
+    out.push_str("h:");
+    if v.len() <= 64 && v.iter().all(|b| b.is_ascii_graphic() && *b != b'|') {
+        out.push_str(std::str::from_utf8(v).expect("ASCII"));
+    } else {
+        let digest = Sha256::digest(v);
+        out.push_str("sha:");
+        for b in &digest[..16] {
+            out.push_str(&format!("{b:02x}"));
+        }
+    }
+}
+
+/// Writes an override's key the way requests build theirs, so a secret API
+/// key in the config is compared by hash and an IP by its canonical form.
+fn canonical_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String {
+    let values: Vec<&str> = if parts.len() > 1 { raw.split('|').collect() } else { vec![raw] };
+    if values.len() != parts.len() {
+        return raw.to_string(); // cannot match; kept so `check` output stays honest
+    }
+    let mut out = String::new();
+    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        let value = value.trim();
+        let as_ip = value.parse::<std::net::IpAddr>().ok().map(|ip| identity.ip_key(ip));
+        match part {
+            KeyPart::Client => match as_ip {
+                Some(ip_key) => out.push_str(&ip_key),
+                None => out.push_str(&ApiKey::from_secret(value).id),
+            },
+            KeyPart::Ip => out.push_str(&as_ip.unwrap_or_else(|| value.to_string())),
+            KeyPart::ApiKey => out.push_str(&ApiKey::from_secret(value).id),
+            KeyPart::Route => {
+                out.push_str("route:");
+                out.push_str(value.strip_prefix("route:").unwrap_or(value));
+            }
+            KeyPart::Global => out.push_str("global"),
+            KeyPart::Header(_) => push_header_value(&mut out, value.as_bytes()),
+        }
+    }
+    out
+}
+
+fn human(ns: Nanos) -> String {
+    if ns % NANOS_PER_SEC == 0 {
+        format!("{}s", ns / NANOS_PER_SEC)
+    } else {
+        format!("{}ms", ns / 1_000_000)
+    }
+}
+
+fn rate(interval: Nanos) -> String {
+    let r = NANOS_PER_SEC as f64 / interval.max(1) as f64;
+    let s = format!("{r:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    fn snapshot(yaml: &str) -> Snapshot {
+        Snapshot::build(parse(yaml).unwrap(), 1, None, &Metrics::default())
+    }
+
+    fn client(ip: &str, key: Option<&str>) -> Client {
+        Client {
+            ip: ip.parse().unwrap(),
+            ip_key: format!("ip:{ip}"),
+            api_key: key.map(ApiKey::from_secret),
+            peer_trusted: false,
+            exempt: false,
+        }
+    }
+
+    #[test]
+    fn composite_keys_join_their_parts_and_a_missing_part_skips_the_limiter() {
+        let s = snapshot("limiters:\n  l: { limit: 1, window: 1s, key: [api_key, route] }\n");
+        let l = &s.limiters[0];
+        let with_key = l.key_value(&client("203.0.113.9", Some("k1")), "login", &HeaderMap::new()).unwrap();
+        assert_eq!(with_key, format!("{}|route:login", ApiKey::from_secret("k1").id));
+        assert_eq!(l.key_value(&client("203.0.113.9", None), "login", &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn an_override_for_an_api_key_matches_by_hash() {
+        let s = snapshot("limiters:\n  l:\n    limit: 5\n    window: 60s\n    overrides: [{ key: premium, limit: 1000 }, { key: 203.0.113.9, limit: 7 }]\n");
+        let l = &s.limiters[0];
+        let premium = l.key_value(&client("198.51.100.1", Some("premium")), "r", &HeaderMap::new()).unwrap();
+        assert!(!premium.contains("premium"));
+        assert_eq!(l.algorithm_for(&premium), &l.algorithm.with_limit(1000));
+        let by_ip = l.key_value(&client("203.0.113.9", None), "r", &HeaderMap::new()).unwrap();
+        assert_eq!(l.algorithm_for(&by_ip), &l.algorithm.with_limit(7));
+        assert_eq!(l.algorithm_for("ip:198.51.100.2"), &l.algorithm);
+    }
+
+    #[test]
+    fn header_keys_are_readable_when_short_and_hashed_when_long() {
+        let s = snapshot("limiters:\n  l: { limit: 1, window: 1s, key: \"header:X-Tenant\" }\n");
+        let l = &s.limiters[0];
+        let mut h = HeaderMap::new();
+        h.insert("x-tenant", HeaderValue::from_static("acme"));
+        assert_eq!(l.key_value(&client("203.0.113.9", None), "r", &h).unwrap(), "h:acme");
+        h.insert("x-tenant", HeaderValue::from_str(&"x".repeat(100)).unwrap());
+        assert!(l.key_value(&client("203.0.113.9", None), "r", &h).unwrap().starts_with("h:sha:"));
+        assert_eq!(l.key_value(&client("203.0.113.9", None), "r", &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn policies_are_described_in_operator_words() {
+        let s = snapshot(include_str!("../config.example.yaml"));
+        let by_name = |n: &str| s.limiters.iter().find(|l| l.name == n).unwrap();
+        assert_eq!(Limiter::describe(&by_name("strict").algorithm), "5 requests per 60s");
+        assert_eq!(Limiter::describe(&by_name("burst").algorithm), "20 requests burst, refilled at 2/s");
+    }
+}
