@@ -96,6 +96,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stdout)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -1,0 +1,263 @@
+//! Test harness: a real tollgate on 127.0.0.1 port 0 from YAML, a stub upstream, raw HTTP helpers.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use tollgate::clock::{SharedClock, SystemClock};
+use tollgate::store::Store;
+use tollgate::{App, Listeners, RunOptions};
+
+/// A tollgate running in this process on real sockets.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub app: App,
+    pub config_path: PathBuf,
+    pub dir: tempfile::TempDir,
+    shutdown: CancellationToken,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// Rewrites `yaml` so the proxy listens on the given addresses and keeps its
+/// SQLite file in `dir` (unless the test chose a path).
+pub fn pin_yaml(yaml: &str, listen: SocketAddr, admin: SocketAddr, dir: &std::path::Path) -> String {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("test YAML parses");
+    if doc.is_null() {
+        doc = serde_yaml::Value::Mapping(Default::default());
+    }
+    let map = doc.as_mapping_mut().expect("top level is a map");
+    let section = |map: &mut serde_yaml::Mapping, name: &str| -> serde_yaml::Mapping {
+        map.get(name).and_then(|v| v.as_mapping()).cloned().unwrap_or_default()
+    };
+    let mut server = section(map, "server");
+    server.insert("listen".into(), vec![listen.to_string()].into());
+    map.insert("server".into(), server.into());
+    let mut admin_section = section(map, "admin");
+    admin_section.insert("listen".into(), admin.to_string().into());
+    map.insert("admin".into(), admin_section.into());
+    let mut store = section(map, "store");
+    if !store.contains_key("path") {
+        store.insert("path".into(), dir.join("tollgate.db").display().to_string().into());
+    }
+    map.insert("store".into(), store.into());
+    serde_yaml::to_string(&doc).expect("serializes")
+}
+
+impl Proxy {
+    pub async fn start(yaml: &str) -> Proxy {
+        Proxy::start_with_clock(yaml, Arc::new(SystemClock)).await
+    }
+
+    pub async fn start_with_clock(yaml: &str, clock: SharedClock) -> Proxy {
+        Proxy::start_in(yaml, clock, tempfile::tempdir().expect("temp dir"), None).await
+    }
+
+    /// Starts in `dir` (so a second proxy can reopen the same SQLite file);
+    /// `watch` polls the config file at that interval.
+    pub async fn start_in(yaml: &str, clock: SharedClock, dir: tempfile::TempDir, watch: Option<Duration>) -> Proxy {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, admin_addr) = (public.local_addr().unwrap(), admin.local_addr().unwrap());
+        let config_path = dir.path().join("tollgate.yaml");
+        std::fs::write(&config_path, pin_yaml(yaml, addr, admin_addr, dir.path())).unwrap();
+        let config = tollgate::config::load_file(&config_path).unwrap_or_else(|e| panic!("{e}"));
+        let store = Store::open(&config.store, &config.limiters, clock.now()).expect("store opens");
+        let app = App::new(config, store, clock, Some(config_path.clone()));
+        let shutdown = CancellationToken::new();
+        let listeners = Listeners {
+            public: vec![public],
+            admin,
+        };
+        let options = RunOptions {
+            config_path: Some(config_path.clone()),
+            watch_every: watch,
+        };
+        let handle = tokio::spawn(tollgate::run(listeners, app.clone(), options, shutdown.clone()));
+        Proxy {
+            addr,
+            admin: admin_addr,
+            app,
+            config_path,
+            dir,
+            shutdown,
+            handle: Some(handle),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.admin)
+    }
+
+    /// Rewrites the config file with `yaml` (listeners and store path pinned as at start).
+    pub fn write_config(&self, yaml: &str) {
+        std::fs::write(&self.config_path, pin_yaml(yaml, self.addr, self.admin, self.dir.path())).unwrap();
+    }
+
+    /// Starts a graceful shutdown and returns the task that finishes it.
+    pub fn begin_shutdown(&mut self) -> JoinHandle<()> {
+        self.shutdown.cancel();
+        self.handle.take().expect("not yet stopped")
+    }
+
+    /// Shuts down gracefully and returns the temp dir (with the SQLite file).
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        let h = self.begin_shutdown();
+        tokio::time::timeout(Duration::from_secs(15), h)
+            .await
+            .expect("shutdown finishes")
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// What the stub upstream saw.
+#[derive(Default)]
+pub struct Seen {
+    pub requests: AtomicUsize,
+    pub in_flight: AtomicUsize,
+    pub max_in_flight: AtomicUsize,
+    pub arrivals: Mutex<Vec<Instant>>,
+    pub last_headers: Mutex<Option<hyper::HeaderMap>>,
+}
+
+/// A real HTTP upstream on 127.0.0.1 port 0. It answers with JSON describing
+/// the request; `/slow/<ms>` waits first, `/echo` streams the body back,
+/// `/big/<bytes>` answers that many bytes.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Seen>,
+    stop: CancellationToken,
+}
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Seen::default());
+        let stop = CancellationToken::new();
+        let (s, st) = (seen.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    _ = st.cancelled() => return,
+                    a = listener.accept() => match a { Ok((s, _)) => s, Err(_) => continue },
+                };
+                let seen = s.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle_upstream(seen.clone(), req));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Upstream { addr, seen, stop }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+struct InFlight(Arc<Seen>);
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn handle_upstream(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    seen.requests.fetch_add(1, Ordering::SeqCst);
+    seen.arrivals.lock().push(Instant::now());
+    let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let _guard = InFlight(seen.clone());
+    *seen.last_headers.lock() = Some(req.headers().clone());
+    let path = req.uri().path().to_string();
+    if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse::<u64>().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(n) = path.strip_prefix("/big/").and_then(|m| m.parse::<usize>().ok()) {
+        return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
+    }
+    let method = req.method().to_string();
+    let uri = req.uri().to_string();
+    let version = format!("{:?}", req.version());
+    let headers: serde_json::Map<String, serde_json::Value> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+        .collect();
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    if path == "/echo" {
+        return Ok(Response::new(Full::new(body)));
+    }
+    let json = serde_json::json!({
+        "method": method, "uri": uri, "version": version, "headers": headers, "body_len": body.len(),
+    });
+    let mut resp = Response::new(Full::new(Bytes::from(json.to_string())));
+    resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
+    resp.headers_mut().insert("connection", "x-upstream-hop".parse().unwrap());
+    resp.headers_mut().insert("x-upstream-hop", "must-not-reach-client".parse().unwrap());
+    Ok(resp)
+}
+
+/// A client without connection reuse surprises: a fresh pool per test.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap()
+}
+
+/// Sends raw bytes and returns everything read until the server closes or `wait` passes.
+pub async fn raw(addr: SocketAddr, request: &[u8], wait: Duration) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(wait, s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status code of the first response in a raw HTTP/1.1 answer.
+pub fn status_of(raw: &str) -> u16 {
+    raw.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// A free port nobody listens on (bound then released).
+pub async fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}
