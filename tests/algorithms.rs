@@ -1,0 +1,220 @@
+//! Every algorithm end to end: leaky-bucket shaping, concurrency slots, shadow mode, overrides, keys.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{client, Proxy, Upstream};
+use tollgate::clock::ManualClock;
+
+const T0: u64 = 1_767_225_620 * 1_000_000_000;
+
+fn upstream_yaml(upstream: &Upstream, limiters: &str, route_limiters: &str) -> String {
+    format!(
+        "upstreams:\n  app: {{ url: \"{}\", timeout: 5s }}\nlimiters:\n{limiters}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app, limiters: [{route_limiters}] }}\n",
+        upstream.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaky_bucket_releases_a_burst_to_the_upstream_at_the_leak_rate() {
+    let upstream = Upstream::start().await;
+    let yaml = upstream_yaml(&upstream, "  smooth: { algorithm: leaky_bucket, capacity: 10, leak_per_second: 5, key: route }", "smooth");
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    let started = Instant::now();
+    let burst: Vec<_> = (0..6)
+        .map(|i| {
+            let (c, url) = (c.clone(), proxy.url(&format!("/b/{i}")));
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    for t in burst {
+        assert_eq!(t.await.unwrap(), 200, "queued, not rejected");
+    }
+    let mut arrivals = upstream.seen.arrivals.lock().clone();
+    arrivals.sort();
+    assert_eq!(arrivals.len(), 6);
+    for pair in arrivals.windows(2) {
+        let gap = pair[1] - pair[0];
+        // 5/s = 200 ms apart; a millisecond of timer slack.
+        assert!(gap >= Duration::from_millis(199), "released {gap:?} apart");
+    }
+    assert!(started.elapsed() >= Duration::from_millis(995), "the last of 6 leaves after 5 intervals");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_the_leaky_bucket_capacity_gets_429s() {
+    let upstream = Upstream::start().await;
+    let yaml = upstream_yaml(&upstream, "  smooth: { algorithm: leaky_bucket, capacity: 5, leak_per_second: 20, key: route }", "smooth");
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    let burst: Vec<_> = (0..10)
+        .map(|_| {
+            let (c, url) = (c.clone(), proxy.url("/x"));
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in burst {
+        statuses.push(t.await.unwrap());
+    }
+    // One goes at once, five wait, four find the queue full.
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 6, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 4, "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_whose_client_leaves_gives_its_place_back() {
+    let upstream = Upstream::start().await;
+    let yaml = upstream_yaml(&upstream, "  smooth: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 2, key: route }", "smooth");
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    assert_eq!(c.get(proxy.url("/a")).send().await.unwrap().status(), 200);
+    // B waits for its turn (500 ms) but its client gives up after 100 ms.
+    let b = tokio::time::timeout(Duration::from_millis(100), c.get(proxy.url("/b")).send()).await;
+    assert!(b.is_err(), "B was still queued");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Had B kept its place, the one-place queue would be full.
+    let r = c.get(proxy.url("/c")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(upstream.seen.requests.load(Ordering::SeqCst), 2, "B never reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_caps_requests_in_flight_and_frees_slots_when_bodies_end() {
+    let upstream = Upstream::start().await;
+    let yaml = upstream_yaml(&upstream, "  pool: { algorithm: concurrency, max_in_flight: 2, key: global }", "pool");
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let (c, url) = (c.clone(), proxy.url("/slow/400"));
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses.sort();
+    assert_eq!(statuses, vec![200, 200, 429, 429, 429]);
+    assert!(upstream.seen.max_in_flight.load(Ordering::SeqCst) <= 2);
+    // Both slots are free again once the responses were read.
+    for _ in 0..3 {
+        assert_eq!(c.get(proxy.url("/fast")).send().await.unwrap().status(), 200);
+    }
+}
+
+#[tokio::test]
+async fn a_concurrency_slot_is_freed_when_the_upstream_fails_or_the_client_leaves() {
+    let dead = common::closed_port().await;
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "upstreams:\n  dead: {{ url: \"http://{dead}\" }}\n  app: {{ url: \"{}\" }}\nlimiters:\n  one: {{ algorithm: concurrency, max_in_flight: 1, key: global }}\nroutes:\n  - {{ name: dead, match: {{ path_prefix: /dead }}, upstream: dead, limiters: [one] }}\n  - {{ name: app, match: {{ path_prefix: / }}, upstream: app, limiters: [one] }}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(c.get(proxy.url("/dead")).send().await.unwrap().status(), 502);
+    }
+    let gone = tokio::time::timeout(Duration::from_millis(100), c.get(proxy.url("/slow/1000")).send()).await;
+    assert!(gone.is_err());
+    // The abandoned request is still at the upstream; once it ends, the slot is back.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(c.get(proxy.url("/x")).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn shadow_mode_counts_and_reports_but_never_rejects() {
+    let yaml = "
+limiters:
+  trial: { limit: 1, window: 60s, mode: shadow }
+routes:
+  - { name: r, match: { path: /r }, respond: { status: 200 }, limiters: [trial] }
+";
+    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
+    let c = client();
+    for _ in 0..3 {
+        let r = c.get(proxy.url("/r")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
+    }
+    let metrics = c.get(proxy.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("tollgate_limiter_decisions_total{limiter=\"trial\",result=\"would_reject\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_override_gives_one_api_key_its_own_quota() {
+    let yaml = "
+limiters:
+  tier: { limit: 1, window: 60s, key: client, overrides: [{ key: premium-key, limit: 3 }] }
+routes:
+  - { name: r, match: { path: /r }, respond: { status: 200 }, limiters: [tier] }
+";
+    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
+    let c = client();
+    let send = |key: &'static str| c.get(proxy.url("/r")).header("x-client-key", key).send();
+    let premium: Vec<u16> = [
+        send("premium-key").await.unwrap().status().as_u16(),
+        send("premium-key").await.unwrap().status().as_u16(),
+        send("premium-key").await.unwrap().status().as_u16(),
+        send("premium-key").await.unwrap().status().as_u16(),
+    ]
+    .to_vec();
+    assert_eq!(premium, vec![200, 200, 200, 429]);
+    assert_eq!(send("basic-key").await.unwrap().status(), 200);
+    let r = send("basic-key").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-ratelimit-limit"], "1");
+}
+
+#[tokio::test]
+async fn a_limiter_keyed_on_a_missing_part_does_not_apply() {
+    let yaml = "
+limiters:
+  per_key: { limit: 1, window: 60s, key: api_key }
+  per_tenant: { limit: 1, window: 60s, key: \"header:X-Tenant\" }
+routes:
+  - { name: r, match: { path: /r }, respond: { status: 200 }, limiters: [per_key, per_tenant] }
+";
+    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
+    let c = client();
+    for _ in 0..3 {
+        let r = c.get(proxy.url("/r")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "no API key and no tenant: neither limiter applies");
+        assert!(!r.headers().contains_key("x-ratelimit-limit"));
+    }
+    assert_eq!(c.get(proxy.url("/r")).header("x-tenant", "acme").send().await.unwrap().status(), 200);
+    assert_eq!(c.get(proxy.url("/r")).header("x-tenant", "acme").send().await.unwrap().status(), 429);
+    assert_eq!(c.get(proxy.url("/r")).header("x-tenant", "other").send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn a_token_bucket_rejected_by_another_limiter_keeps_its_tokens() {
+    let yaml = "
+limiters:
+  strict: { limit: 1, window: 60s }
+  burst: { algorithm: token_bucket, capacity: 5, refill_per_second: 1 }
+routes:
+  - { name: r, match: { path: /r }, respond: { status: 200 }, limiters: [strict, burst] }
+";
+    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
+    let c = client();
+    let first = c.get(proxy.url("/r")).send().await.unwrap();
+    assert_eq!(first.headers()["ratelimit-policy"], "\"strict\";q=1;w=60, \"burst\";q=5;w=5");
+    for _ in 0..3 {
+        assert_eq!(c.get(proxy.url("/r")).send().await.unwrap().status(), 429);
+    }
+    let status: serde_json::Value =
+        serde_json::from_str(&c.get(proxy.admin_url("/status?key=127.0.0.1")).send().await.unwrap().text().await.unwrap()).unwrap();
+    let burst = status["limiters"].as_array().unwrap().iter().find(|l| l["limiter"] == "burst").unwrap().clone();
+    assert_eq!(burst["remaining"], 4, "only the admitted request paid a token: {status}");
+    let strict = status["limiters"].as_array().unwrap().iter().find(|l| l["limiter"] == "strict").unwrap().clone();
+    assert_eq!(strict["remaining"], 0);
+}
