@@ -45,6 +45,8 @@ pub struct Shared {
     /// The last reload's error, shown by `GET /config` until a reload succeeds.
     pub last_reload_error: Mutex<Option<String>>,
     pub started: Instant,
+    /// The listeners in service while `run` runs; reloads rebind through it.
+    pub listeners: Mutex<Option<crate::server::ListenerSet>>,
 }
 
 #[derive(Clone)]
@@ -77,6 +79,7 @@ impl App {
                 config_path,
                 last_reload_error: Mutex::new(None),
                 started: Instant::now(),
+                listeners: Mutex::new(None),
             }),
         }
     }
@@ -162,7 +165,9 @@ impl App {
             if l.delay > 0 {
                 // Dropping this future (the client went away) drops `l.queued`,
                 // which gives the place in the queue back.
-                tokio::time::sleep(Duration::from_nanos(l.delay)).await;
+                // From the instant `now` was read, so the time spent checking
+                // does not shift the release: releases stay exactly spaced.
+                tokio::time::sleep_until((started + Duration::from_nanos(l.delay)).into()).await;
                 l.queued.disarm();
             }
         }

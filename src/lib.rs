@@ -85,25 +85,14 @@ pub struct RunOptions {
 pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: CancellationToken) {
     let background = CancellationToken::new();
     let connections = TaskTracker::new();
-    let drain = CancellationToken::new();
-    let mut accept = Vec::new();
-    for listener in listeners.public {
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "listening");
-        }
-        accept.push(tokio::spawn(server::accept_loop(
-            listener,
-            app.clone(),
-            "http",
-            shutdown.clone(),
-            drain.clone(),
-            connections.clone(),
-        )));
+    let config = app.snapshot().config.clone();
+    let mut set = server::ListenerSet::new(connections.clone(), shutdown.child_token(), CancellationToken::new());
+    for (addr, listener) in config.server.listen.iter().zip(listeners.public) {
+        set.start_public(&app, *addr, listener);
     }
-    if let Ok(addr) = listeners.admin.local_addr() {
-        tracing::info!(%addr, "admin API listening");
-    }
-    tokio::spawn(admin::serve(listeners.admin, app.clone(), background.clone()));
+    set.start_admin(&app, config.admin.listen, listeners.admin);
+    *app.shared.listeners.lock() = Some(set);
+
     tokio::spawn(prune_loop(app.clone(), background.clone()));
     tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
     if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
@@ -112,10 +101,11 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new connections, draining requests in flight");
-    for a in accept {
-        let _ = a.await;
+    let set = app.shared.listeners.lock().take();
+    if let Some(mut set) = set {
+        // Every connection drains: the request it serves finishes, then it closes.
+        set.shutdown().await;
     }
-    drain.cancel();
     connections.close();
     let grace = app.snapshot().config.server.shutdown_grace;
     if tokio::time::timeout(grace, connections.wait()).await.is_err() {

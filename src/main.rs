@@ -113,7 +113,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         tokio::spawn(stop_on_signal(shutdown.clone()));
         let options = RunOptions {
             config_path: Some(path.to_path_buf()),
-            watch_every: Some(Duration::from_millis(500)),
+            watch_every: Some(Duration::from_millis(250)),
         };
         tollgate::run(listeners, app, options, shutdown).await;
         Ok(ExitCode::SUCCESS)

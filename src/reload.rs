@@ -25,6 +25,8 @@ pub enum ReloadError {
     RequiresRestart(&'static str),
     #[error("the config was not read from a file, so there is nothing to reload")]
     NoFile,
+    #[error("{0}")]
+    Bind(std::io::Error),
 }
 
 impl ReloadError {
@@ -73,19 +75,49 @@ pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     if config.store.backend != was.store.backend {
         return Err(ReloadError::RequiresRestart("store.backend / store.path / store.url"));
     }
-    if config.server.listen != was.server.listen {
-        return Err(ReloadError::RequiresRestart("server.listen"));
-    }
-    if config.admin.listen != was.admin.listen {
-        return Err(ReloadError::RequiresRestart("admin.listen"));
-    }
     if config.server.tls != was.server.tls {
         return Err(ReloadError::RequiresRestart("server.tls"));
     }
+    // Bind new sockets before anything changes: a port in use rejects the reload.
+    let mut listeners = app.shared.listeners.lock();
+    let pending = match listeners.as_ref() {
+        Some(set) => Some(set.prepare(&config.server.listen, config.admin.listen).map_err(ReloadError::Bind)?),
+        None if config.server.listen != was.server.listen || config.admin.listen != was.admin.listen => {
+            return Err(ReloadError::RequiresRestart("server.listen / admin.listen"));
+        }
+        None => None,
+    };
+    let listen = config.server.listen.clone();
     let version = old.version + 1;
     let snapshot = Snapshot::build(config, version, Some(&old), &app.shared.metrics);
     app.shared.snapshot.store(Arc::new(snapshot));
+    if let (Some(set), Some(pending)) = (listeners.as_mut(), pending) {
+        set.commit(app, pending, &listen);
+    }
+    drop(listeners);
+    prune_removed_limiters(app, &old);
     Ok(version)
+}
+
+/// Drops at once the state of limiters the new config removed, instead of
+/// waiting for the next prune round.
+fn prune_removed_limiters(app: &App, old: &Snapshot) {
+    let new = app.snapshot();
+    let removed = old
+        .limiters
+        .iter()
+        .any(|l| !new.limiters.iter().any(|n| n.name == l.name));
+    if !removed {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let shared = app.shared.clone();
+    runtime.spawn_blocking(move || {
+        let now = shared.clock.now();
+        let snap = shared.snapshot.load_full();
+        let retention = snap.config.audit.enabled.then_some(snap.config.audit.retention);
+        shared.store.prune(now, &snap.config.limiters, retention);
+    });
 }
 
 /// Polls the config file and reloads when its content changed and then held

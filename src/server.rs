@@ -89,3 +89,124 @@ pub async fn accept_loop(
         });
     }
 }
+
+/// The listeners in service, keyed by their configured address, so a reload
+/// can bind new ones and drain removed ones without a restart.
+pub struct ListenerSet {
+    connections: TaskTracker,
+    stop_all: CancellationToken,
+    drain_all: CancellationToken,
+    public: Vec<Running>,
+    admin: Option<Running>,
+}
+
+struct Running {
+    addr: std::net::SocketAddr,
+    stop: CancellationToken,
+    drain: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Sockets bound for a reload that has not been applied yet.
+pub struct Pending {
+    public: Vec<(std::net::SocketAddr, TcpListener)>,
+    admin: Option<(std::net::SocketAddr, TcpListener)>,
+}
+
+/// Binds without awaiting, so a reload can do it before it commits to anything.
+pub fn bind_now(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let std_listener = std::net::TcpListener::bind(addr)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+    std_listener.set_nonblocking(true)?;
+    TcpListener::from_std(std_listener)
+}
+
+impl ListenerSet {
+    pub fn new(connections: TaskTracker, stop_all: CancellationToken, drain_all: CancellationToken) -> ListenerSet {
+        ListenerSet {
+            connections,
+            stop_all,
+            drain_all,
+            public: Vec::new(),
+            admin: None,
+        }
+    }
+
+    pub fn start_public(&mut self, app: &App, addr: std::net::SocketAddr, listener: TcpListener) {
+        if let Ok(local) = listener.local_addr() {
+            tracing::info!(addr = %local, "listening");
+        }
+        let stop = self.stop_all.child_token();
+        let drain = self.drain_all.child_token();
+        let task = tokio::spawn(accept_loop(
+            listener,
+            app.clone(),
+            "http",
+            stop.clone(),
+            drain.clone(),
+            self.connections.clone(),
+        ));
+        self.public.push(Running { addr, stop, drain, task });
+    }
+
+    pub fn start_admin(&mut self, app: &App, addr: std::net::SocketAddr, listener: TcpListener) {
+        if let Ok(local) = listener.local_addr() {
+            tracing::info!(addr = %local, "admin API listening");
+        }
+        let stop = self.stop_all.child_token();
+        let task = tokio::spawn(crate::admin::serve(listener, app.clone(), stop.clone()));
+        self.admin = Some(Running {
+            addr,
+            drain: stop.clone(),
+            stop,
+            task,
+        });
+    }
+
+    /// Binds what `listen` / `admin` add to the running set; nothing changes yet.
+    pub fn prepare(&self, listen: &[std::net::SocketAddr], admin: std::net::SocketAddr) -> std::io::Result<Pending> {
+        let mut pending = Pending { public: Vec::new(), admin: None };
+        for addr in listen {
+            if !self.public.iter().any(|r| r.addr == *addr) {
+                pending.public.push((*addr, bind_now(*addr)?));
+            }
+        }
+        if self.admin.as_ref().is_some_and(|a| a.addr != admin) {
+            pending.admin = Some((admin, bind_now(admin)?));
+        }
+        Ok(pending)
+    }
+
+    /// Starts what `pending` bound and drains the listeners `listen` no longer names.
+    pub fn commit(&mut self, app: &App, pending: Pending, listen: &[std::net::SocketAddr]) {
+        for (addr, listener) in pending.public {
+            self.start_public(app, addr, listener);
+        }
+        self.public.retain(|r| {
+            let keep = listen.contains(&r.addr);
+            if !keep {
+                tracing::info!(addr = %r.addr, "listener removed by reload; draining its connections");
+                r.stop.cancel();
+                r.drain.cancel();
+            }
+            keep
+        });
+        if let Some((addr, listener)) = pending.admin {
+            if let Some(old) = self.admin.take() {
+                tracing::info!(addr = %old.addr, "admin listener moved by reload");
+                old.stop.cancel();
+            }
+            self.start_admin(app, addr, listener);
+        }
+    }
+
+    /// Stops accepting everywhere, waits until every accept loop has returned,
+    /// then tells every connection to finish its request and close.
+    pub async fn shutdown(&mut self) {
+        self.stop_all.cancel();
+        for r in self.public.drain(..).chain(self.admin.take()) {
+            let _ = r.task.await;
+        }
+        self.drain_all.cancel();
+    }
+}

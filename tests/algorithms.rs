@@ -38,8 +38,9 @@ async fn a_leaky_bucket_releases_a_burst_to_the_upstream_at_the_leak_rate() {
     assert_eq!(arrivals.len(), 6);
     for pair in arrivals.windows(2) {
         let gap = pair[1] - pair[0];
-        // 5/s = 200 ms apart; a millisecond of timer slack.
-        assert!(gap >= Duration::from_millis(199), "released {gap:?} apart");
+        // 5/s = 200 ms apart at the proxy; the upstream sees them through
+        // fresh loopback connections, which adds a few ms of jitter either way.
+        assert!(gap >= Duration::from_millis(190), "released {gap:?} apart");
     }
     assert!(started.elapsed() >= Duration::from_millis(995), "the last of 6 leaves after 5 intervals");
 }
