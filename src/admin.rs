@@ -57,7 +57,8 @@ pub async fn serve(listener: TcpListener, app: App, stop: CancellationToken) {
 fn json_response(status: StatusCode, v: Value) -> Response<Body> {
     let mut resp = Response::new(Body::full(format!("{v}\n")));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     resp
 }
 
@@ -66,8 +67,10 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
         status,
         json!({"type": "admin-error", "title": status.canonical_reason().unwrap_or("Error"), "status": status.as_u16(), "detail": detail}),
     );
-    resp.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
     resp
 }
 
@@ -88,7 +91,10 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            let mut resp = problem(StatusCode::UNAUTHORIZED, "This admin call needs `Authorization: Bearer <token>`.");
+            let mut resp = problem(
+                StatusCode::UNAUTHORIZED,
+                "This admin call needs `Authorization: Bearer <token>`.",
+            );
             resp.headers_mut()
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return resp;
@@ -99,7 +105,11 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, "/readyz") => {
             let healthy = app.shared.store.healthy();
-            let status = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+            let status = if healthy {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
             json_response(
                 status,
                 json!({"ready": healthy, "config_version": snap.version, "store": {"backend": app.shared.store.backend(), "healthy": healthy}}),
@@ -107,21 +117,36 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
         }
         (&Method::GET, "/metrics") => {
             let mut resp = Response::new(Body::full(metrics_text(app, &snap)));
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+            resp.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
             resp
         }
         (&Method::GET, "/status") | (&Method::DELETE, "/status") => match query_key {
-            None => problem(StatusCode::BAD_REQUEST, "Pass the client as ?key=<IP or API key>."),
-            Some(k) if req.method() == Method::GET => json_response(StatusCode::OK, status(app, &snap, &k)),
+            None => problem(
+                StatusCode::BAD_REQUEST,
+                "Pass the client as ?key=<IP or API key>.",
+            ),
+            Some(k) if req.method() == Method::GET => {
+                json_response(StatusCode::OK, status(app, &snap, &k))
+            }
             Some(k) => {
-                let keys: Vec<String> = status_keys(&snap, &k).into_iter().map(|(_, key)| key).collect();
+                let keys: Vec<String> = status_keys(&snap, &k)
+                    .into_iter()
+                    .map(|(_, key)| key)
+                    .collect();
                 let removed = app.shared.store.reset(&keys);
-                json_response(StatusCode::OK, json!({"key": canonical_client(&snap, &k), "reset": removed}))
+                json_response(
+                    StatusCode::OK,
+                    json!({"key": canonical_client(&snap, &k), "reset": removed}),
+                )
             }
         },
         (&Method::POST, "/reload") => match crate::reload::reload(app) {
-            Ok(version) => json_response(StatusCode::OK, json!({"result": "ok", "version": version})),
+            Ok(version) => {
+                json_response(StatusCode::OK, json!({"result": "ok", "version": version}))
+            }
             Err(e) => json_response(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 json!({"result": "error", "version": snap.version, "errors": e.messages()}),
@@ -136,17 +161,25 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 "config": effective_config(&snap.config),
             }),
         ),
-        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config") => {
-            problem(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed on this admin path.")
-        }
-        _ => problem(StatusCode::NOT_FOUND, "Admin paths: /status, /metrics, /healthz, /readyz, /reload, /config."),
+        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config") => problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed on this admin path.",
+        ),
+        _ => problem(
+            StatusCode::NOT_FOUND,
+            "Admin paths: /status, /metrics, /healthz, /readyz, /reload, /config.",
+        ),
     }
 }
 
 fn query_param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then(|| percent_encoding::percent_decode_str(&v.replace('+', " ")).decode_utf8_lossy().into_owned())
+        (k == name).then(|| {
+            percent_encoding::percent_decode_str(&v.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
     })
 }
 
@@ -185,7 +218,15 @@ fn status_keys(snap: &Snapshot, raw: &str) -> Vec<(usize, String)> {
             };
             values = values
                 .iter()
-                .flat_map(|v| options.iter().map(move |o| if n == 0 { o.clone() } else { format!("{v}|{o}") }))
+                .flat_map(|v| {
+                    options.iter().map(move |o| {
+                        if n == 0 {
+                            o.clone()
+                        } else {
+                            format!("{v}|{o}")
+                        }
+                    })
+                })
                 .collect();
         }
         out.extend(values.into_iter().map(|v| (i, l.store_key(&v))));
@@ -221,11 +262,31 @@ fn status(app: &App, snap: &Snapshot, raw: &str) -> Value {
 fn metrics_text(app: &App, snap: &Snapshot) -> String {
     let s = &app.shared;
     s.metrics.render(&[
-        ("tollgate_config_version", "The version of the config in force (1 at start, +1 per successful reload).", snap.version as f64),
-        ("tollgate_tracked_keys", "Limiter keys held in memory.", s.store.tracked_keys() as f64),
-        ("tollgate_store_healthy", "1 when the store answers (SQLite: the last write succeeded).", f64::from(u8::from(s.store.healthy()))),
-        ("tollgate_audit_dropped_total", "Audit rows dropped because the writer lagged.", s.store.audit_dropped() as f64),
-        ("tollgate_uptime_seconds", "Seconds since start.", s.started.elapsed().as_secs_f64()),
+        (
+            "tollgate_config_version",
+            "The version of the config in force (1 at start, +1 per successful reload).",
+            snap.version as f64,
+        ),
+        (
+            "tollgate_tracked_keys",
+            "Limiter keys held in memory.",
+            s.store.tracked_keys() as f64,
+        ),
+        (
+            "tollgate_store_healthy",
+            "1 when the store answers (SQLite: the last write succeeded).",
+            f64::from(u8::from(s.store.healthy())),
+        ),
+        (
+            "tollgate_audit_dropped_total",
+            "Audit rows dropped because the writer lagged.",
+            s.store.audit_dropped() as f64,
+        ),
+        (
+            "tollgate_uptime_seconds",
+            "Seconds since start.",
+            s.started.elapsed().as_secs_f64(),
+        ),
     ])
 }
 
@@ -240,8 +301,14 @@ pub fn effective_config(c: &Config) -> Value {
     };
     let store = match &c.store.backend {
         Backend::Memory => json!({"backend": "memory"}),
-        Backend::Sqlite { path } => json!({"backend": "sqlite", "path": path.display().to_string()}),
-        Backend::Redis { url, prefix, timeout } => {
+        Backend::Sqlite { path } => {
+            json!({"backend": "sqlite", "path": path.display().to_string()})
+        }
+        Backend::Redis {
+            url,
+            prefix,
+            timeout,
+        } => {
             json!({"backend": "redis", "url": redis_url(url), "prefix": prefix, "timeout_ms": timeout.as_millis() as u64})
         }
     };
@@ -298,7 +365,10 @@ pub fn effective_config(c: &Config) -> Value {
 pub fn count_reload(app: &App, ok: bool) {
     app.shared
         .metrics
-        .counter("tollgate_config_reloads_total", &[("result", if ok { "ok" } else { "error" })])
+        .counter(
+            "tollgate_config_reloads_total",
+            &[("result", if ok { "ok" } else { "error" })],
+        )
         .fetch_add(1, Ordering::Relaxed);
 }
 
@@ -308,7 +378,10 @@ mod tests {
 
     #[test]
     fn query_keys_are_percent_decoded() {
-        assert_eq!(query_param("a=1&key=2001%3Adb8%3A%3A1", "key").as_deref(), Some("2001:db8::1"));
+        assert_eq!(
+            query_param("a=1&key=2001%3Adb8%3A%3A1", "key").as_deref(),
+            Some("2001:db8::1")
+        );
         assert_eq!(query_param("key", "key").as_deref(), Some(""));
         assert_eq!(query_param("a=1", "key"), None);
     }

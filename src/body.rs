@@ -14,7 +14,10 @@ pub type Guard = Box<dyn Any + Send + Sync>;
 
 pub enum Body {
     Full(Option<Bytes>),
-    Upstream { inner: Incoming, _guard: Option<Guard> },
+    Upstream {
+        inner: Incoming,
+        _guard: Option<Guard>,
+    },
 }
 
 impl Body {
@@ -28,7 +31,10 @@ impl Body {
     }
 
     pub fn upstream(inner: Incoming, guard: Option<Guard>) -> Body {
-        Body::Upstream { inner, _guard: guard }
+        Body::Upstream {
+            inner,
+            _guard: guard,
+        }
     }
 }
 
@@ -36,7 +42,10 @@ impl http_body::Body for Body {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match &mut *self {
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Body::Upstream { inner, .. } => Pin::new(inner).poll_frame(cx),

@@ -70,9 +70,11 @@ pub struct Dur(pub Duration);
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let Text(s) = Text::deserialize(d)?;
-        humantime::parse_duration(s.trim())
-            .map(Dur)
-            .map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e} (write e.g. 500ms, 2s, 1m, 7d)")))
+        humantime::parse_duration(s.trim()).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {s:?}: {e} (write e.g. 500ms, 2s, 1m, 7d)"
+            ))
+        })
     }
 }
 
@@ -110,7 +112,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "MiB" => 1 << 20,
         "GB" => 1000 * 1000 * 1000,
         "GiB" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
     };
     n.checked_mul(factor)
         .ok_or_else(|| format!("size {s:?} is too large"))
@@ -329,8 +335,14 @@ pub struct AdminConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Backend {
     Memory,
-    Sqlite { path: PathBuf },
-    Redis { url: String, prefix: String, timeout: Duration },
+    Sqlite {
+        path: PathBuf,
+    },
+    Redis {
+        url: String,
+        prefix: String,
+        timeout: Duration,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -444,7 +456,11 @@ impl fmt::Display for ConfigProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.location, self.path.is_empty()) {
             (Some((line, col)), false) => {
-                write!(f, "line {line} column {col}: {}: {}", self.path, self.message)
+                write!(
+                    f,
+                    "line {line} column {col}: {}: {}",
+                    self.path, self.message
+                )
             }
             (Some((line, col)), true) => write!(f, "line {line} column {col}: {}", self.message),
             (None, false) => write!(f, "{}: {}", self.path, self.message),
@@ -486,13 +502,20 @@ impl ConfigError {
 
 /// Reads and validates a config file.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::single(Some(path), format!("cannot read config: {e}"), None)
-    })?;
-    parse(&text).map_err(|mut e| {
-        e.file = Some(path.to_path_buf());
-        e
-    })
+    load_file_text(path).map(|(config, _)| config)
+}
+
+/// Reads and validates a config file, returning the text it was built from.
+pub fn load_file_text(path: &Path) -> Result<(Config, String), ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::single(Some(path), format!("cannot read config: {e}"), None))?;
+    match parse(&text) {
+        Ok(config) => Ok((config, text)),
+        Err(mut e) => {
+            e.file = Some(path.to_path_buf());
+            Err(e)
+        }
+    }
 }
 
 /// Parses and validates YAML text.
@@ -573,7 +596,13 @@ impl Validator {
             .iter()
             .filter_map(|(name, l)| self.limiter(name, l))
             .collect();
-        let routes = self.routes(&raw.routes, &raw.upstreams, &upstreams, &raw.limiters, &limiters);
+        let routes = self.routes(
+            &raw.routes,
+            &raw.upstreams,
+            &upstreams,
+            &raw.limiters,
+            &limiters,
+        );
         Config {
             server,
             admin,
@@ -593,7 +622,10 @@ impl Validator {
         match s.to_socket_addrs().map(|mut it| it.next()) {
             Ok(Some(a)) => Some(a),
             _ => {
-                self.err(path, format!("invalid listen address {s:?} (write host:port, e.g. 0.0.0.0:8080)"));
+                self.err(
+                    path,
+                    format!("invalid listen address {s:?} (write host:port, e.g. 0.0.0.0:8080)"),
+                );
                 None
             }
         }
@@ -661,7 +693,10 @@ impl Validator {
                     let path = if raw.certs.is_empty() {
                         format!("server.tls.{what}")
                     } else {
-                        format!("server.tls.certs[{}].{what}", i - usize::from(raw.cert.is_some()))
+                        format!(
+                            "server.tls.certs[{}].{what}",
+                            i - usize::from(raw.cert.is_some())
+                        )
                     };
                     self.err(path, format!("cannot read {}: {e}", p.display()));
                 }
@@ -679,7 +714,9 @@ impl Validator {
         let clash = server.listen.iter().any(|p| {
             p.port() == listen.port()
                 && listen.port() != 0
-                && (p.ip() == listen.ip() || p.ip().is_unspecified() || listen.ip().is_unspecified())
+                && (p.ip() == listen.ip()
+                    || p.ip().is_unspecified()
+                    || listen.ip().is_unspecified())
         });
         if clash {
             self.err(
@@ -689,15 +726,28 @@ impl Validator {
         }
         let token = raw.token.as_ref().map(|t| t.0.clone());
         if token.as_deref() == Some("") {
-            self.err("admin.token", "an empty token would let anyone in; remove the key or set a value");
+            self.err(
+                "admin.token",
+                "an empty token would let anyone in; remove the key or set a value",
+            );
         }
         AdminConfig { listen, token }
     }
 
     fn store(&mut self, raw: &RawStore) -> StoreConfig {
-        let backend = match raw.backend.as_ref().map(|t| t.0.as_str()).unwrap_or("sqlite") {
+        let backend = match raw
+            .backend
+            .as_ref()
+            .map(|t| t.0.as_str())
+            .unwrap_or("sqlite")
+        {
             "sqlite" => Backend::Sqlite {
-                path: PathBuf::from(raw.path.as_ref().map(|t| t.0.as_str()).unwrap_or("tollgate.db")),
+                path: PathBuf::from(
+                    raw.path
+                        .as_ref()
+                        .map(|t| t.0.as_str())
+                        .unwrap_or("tollgate.db"),
+                ),
             },
             "memory" => Backend::Memory,
             "redis" => {
@@ -707,25 +757,43 @@ impl Validator {
                     .map(|t| t.0.clone())
                     .unwrap_or_else(|| "redis://127.0.0.1:6379/0".into());
                 if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                    self.err("store.url", format!("{url:?} is not a redis:// or rediss:// URL"));
+                    self.err(
+                        "store.url",
+                        format!("{url:?} is not a redis:// or rediss:// URL"),
+                    );
                 }
                 Backend::Redis {
                     url,
-                    prefix: raw.prefix.as_ref().map(|t| t.0.clone()).unwrap_or_else(|| "tollgate:".into()),
+                    prefix: raw
+                        .prefix
+                        .as_ref()
+                        .map(|t| t.0.clone())
+                        .unwrap_or_else(|| "tollgate:".into()),
                     timeout: dur(raw.timeout, Duration::from_millis(50)),
                 }
             }
             other => {
-                self.err("store.backend", format!("unknown backend {other:?} (sqlite, memory or redis)"));
+                self.err(
+                    "store.backend",
+                    format!("unknown backend {other:?} (sqlite, memory or redis)"),
+                );
                 Backend::Memory
             }
         };
-        let on_error = match raw.on_error.as_ref().map(|t| t.0.as_str()).unwrap_or("allow") {
+        let on_error = match raw
+            .on_error
+            .as_ref()
+            .map(|t| t.0.as_str())
+            .unwrap_or("allow")
+        {
             "allow" => OnError::Allow,
             "deny" => OnError::Deny,
             "local" => OnError::Local,
             other => {
-                self.err("store.on_error", format!("unknown policy {other:?} (allow, deny or local)"));
+                self.err(
+                    "store.on_error",
+                    format!("unknown policy {other:?} (allow, deny or local)"),
+                );
                 OnError::Allow
             }
         };
@@ -756,7 +824,10 @@ impl Validator {
                 match parsed {
                     Ok(n) => Some(n.trunc()),
                     Err(_) => {
-                        self.err(format!("{path}[{i}]"), format!("invalid CIDR or IP address {s:?}"));
+                        self.err(
+                            format!("{path}[{i}]"),
+                            format!("invalid CIDR or IP address {s:?}"),
+                        );
                         None
                     }
                 }
@@ -786,7 +857,10 @@ impl Validator {
         }
         for (i, k) in raw.api_keys.iter().enumerate() {
             if k.0.is_empty() {
-                self.err(format!("identity.api_keys[{i}]"), "an API key cannot be empty");
+                self.err(
+                    format!("identity.api_keys[{i}]"),
+                    "an API key cannot be empty",
+                );
             }
         }
         IdentityConfig {
@@ -810,7 +884,10 @@ impl Validator {
         match url.scheme_str() {
             Some("http") | Some("https") => {}
             _ => {
-                self.err(path, format!("{:?} must start with http:// or https://", raw.url.0));
+                self.err(
+                    path,
+                    format!("{:?} must start with http:// or https://", raw.url.0),
+                );
                 return None;
             }
         }
@@ -839,13 +916,23 @@ impl Validator {
                 "a limiter name uses only letters, digits, `_` and `-`",
             );
         }
-        let algorithm_name = raw.algorithm.as_ref().map(|t| t.0.as_str()).unwrap_or("fixed_window");
+        let algorithm_name = raw
+            .algorithm
+            .as_ref()
+            .map(|t| t.0.as_str())
+            .unwrap_or("fixed_window");
         // Which fields each algorithm takes; anything else set is an error,
         // because a stray `limit` on a token bucket would silently do nothing.
         let (needs, allowed): (&[&str], &[&str]) = match algorithm_name {
             "fixed_window" | "sliding_window" => (&["limit", "window"], &["limit", "window"]),
-            "token_bucket" => (&["capacity", "refill_per_second"], &["capacity", "refill_per_second"]),
-            "leaky_bucket" => (&["capacity", "leak_per_second"], &["capacity", "leak_per_second"]),
+            "token_bucket" => (
+                &["capacity", "refill_per_second"],
+                &["capacity", "refill_per_second"],
+            ),
+            "leaky_bucket" => (
+                &["capacity", "leak_per_second"],
+                &["capacity", "leak_per_second"],
+            ),
             "concurrency" => (&["max_in_flight"], &["max_in_flight"]),
             other => {
                 self.err(
@@ -865,10 +952,16 @@ impl Validator {
         ];
         for (field, is_set) in present {
             if is_set && !allowed.contains(&field) {
-                self.err(at(field), format!("`{field}` does not apply to {algorithm_name}"));
+                self.err(
+                    at(field),
+                    format!("`{field}` does not apply to {algorithm_name}"),
+                );
             }
             if !is_set && needs.contains(&field) {
-                self.err(format!("limiters.{name}"), format!("{algorithm_name} needs `{field}`"));
+                self.err(
+                    format!("limiters.{name}"),
+                    format!("{algorithm_name} needs `{field}`"),
+                );
             }
         }
         let positive = |v: &mut Self, field: &str, n: Option<u64>| -> u64 {
@@ -928,7 +1021,11 @@ impl Validator {
                 }
                 let mut parts = Vec::new();
                 for (i, s) in items.iter().enumerate() {
-                    let path = if many { format!("limiters.{name}.key[{i}]") } else { at("key") };
+                    let path = if many {
+                        format!("limiters.{name}.key[{i}]")
+                    } else {
+                        at("key")
+                    };
                     if let Some(p) = self.key_part(&path, s) {
                         if parts.contains(&p) {
                             self.err(path, format!("key part {s:?} is listed twice"));
@@ -943,17 +1040,26 @@ impl Validator {
             "enforce" => false,
             "shadow" => true,
             other => {
-                self.err(at("mode"), format!("unknown mode {other:?} (enforce or shadow)"));
+                self.err(
+                    at("mode"),
+                    format!("unknown mode {other:?} (enforce or shadow)"),
+                );
                 false
             }
         };
         let mut seen = HashSet::new();
         for (i, o) in raw.overrides.iter().enumerate() {
             if !seen.insert(&o.key.0) {
-                self.err(format!("limiters.{name}.overrides[{i}].key"), "this key already has an override");
+                self.err(
+                    format!("limiters.{name}.overrides[{i}].key"),
+                    "this key already has an override",
+                );
             }
             if o.limit == 0 && !matches!(algorithm, Algorithm::LeakyBucket(_)) {
-                self.err(format!("limiters.{name}.overrides[{i}].limit"), "must be at least 1");
+                self.err(
+                    format!("limiters.{name}.overrides[{i}].limit"),
+                    "must be at least 1",
+                );
             }
         }
         if self.problems.len() > before {
@@ -1003,16 +1109,25 @@ impl Validator {
         raw_limiters: &BTreeMap<String, RawLimiter>,
         limiters: &[LimiterConfig],
     ) -> Vec<RouteConfig> {
-        let upstream_index: HashMap<&str, usize> =
-            upstreams.iter().enumerate().map(|(i, u)| (u.name.as_str(), i)).collect();
-        let limiter_index: HashMap<&str, usize> =
-            limiters.iter().enumerate().map(|(i, l)| (l.name.as_str(), i)).collect();
+        let upstream_index: HashMap<&str, usize> = upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (u.name.as_str(), i))
+            .collect();
+        let limiter_index: HashMap<&str, usize> = limiters
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.name.as_str(), i))
+            .collect();
         let mut names = HashSet::new();
         let mut out = Vec::new();
         for (i, r) in raw.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
             if !names.insert(r.name.0.as_str()) {
-                self.err(at("name"), format!("route name {:?} is used twice", r.name.0));
+                self.err(
+                    at("name"),
+                    format!("route name {:?} is used twice", r.name.0),
+                );
             }
             if r.name.0.is_empty() {
                 self.err(at("name"), "a route needs a name");
@@ -1021,7 +1136,10 @@ impl Validator {
             for (field, value) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
                 if let Some(v) = value {
                     if !v.0.starts_with('/') {
-                        self.err(at(&format!("match.{field}")), format!("{:?} must start with /", v.0));
+                        self.err(
+                            at(&format!("match.{field}")),
+                            format!("{:?} must start with /", v.0),
+                        );
                     }
                 }
             }
@@ -1031,11 +1149,16 @@ impl Validator {
             let methods = m.methods.as_ref().map(|ms| {
                 ms.iter()
                     .enumerate()
-                    .filter_map(|(j, t)| match Method::from_bytes(t.0.to_ascii_uppercase().as_bytes()) {
-                        Ok(m) => Some(m),
-                        Err(_) => {
-                            self.err(at(&format!("match.methods[{j}]")), format!("invalid method {:?}", t.0));
-                            None
+                    .filter_map(|(j, t)| {
+                        match Method::from_bytes(t.0.to_ascii_uppercase().as_bytes()) {
+                            Ok(m) => Some(m),
+                            Err(_) => {
+                                self.err(
+                                    at(&format!("match.methods[{j}]")),
+                                    format!("invalid method {:?}", t.0),
+                                );
+                                None
+                            }
                         }
                     })
                     .collect::<Vec<_>>()
@@ -1061,16 +1184,25 @@ impl Validator {
                             .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
                     }),
                     Err(_) => {
-                        self.err(at("respond.status"), format!("invalid status {}", resp.status));
+                        self.err(
+                            at("respond.status"),
+                            format!("invalid status {}", resp.status),
+                        );
                         None
                     }
                 },
                 (Some(_), Some(_)) => {
-                    self.err(at("upstream"), "a route has `upstream` or `respond`, not both");
+                    self.err(
+                        at("upstream"),
+                        "a route has `upstream` or `respond`, not both",
+                    );
                     None
                 }
                 (None, None) => {
-                    self.err(format!("routes[{i}]"), "a route needs `upstream` or `respond`");
+                    self.err(
+                        format!("routes[{i}]"),
+                        "a route needs `upstream` or `respond`",
+                    );
                     None
                 }
             };
@@ -1079,12 +1211,18 @@ impl Validator {
                 match limiter_index.get(l.0.as_str()) {
                     Some(&idx) => {
                         if route_limiters.contains(&idx) {
-                            self.err(at(&format!("limiters[{j}]")), format!("limiter {:?} is listed twice", l.0));
+                            self.err(
+                                at(&format!("limiters[{j}]")),
+                                format!("limiter {:?} is listed twice", l.0),
+                            );
                         }
                         route_limiters.push(idx)
                     }
                     None if raw_limiters.contains_key(&l.0) => {} // already reported
-                    None => self.err(at(&format!("limiters[{j}]")), format!("no limiter named {:?}", l.0)),
+                    None => self.err(
+                        at(&format!("limiters[{j}]")),
+                        format!("no limiter named {:?}", l.0),
+                    ),
                 }
             }
             if let Some(action) = action {
@@ -1251,8 +1389,16 @@ mod tests {
         let yaml = "routes:\n  - name: a\n    match: { path: /a }\n    upstream: nowhere\n    limiters: [missing]\n";
         let errs = problems(yaml);
         assert_eq!(errs.len(), 2, "{errs:?}");
-        assert!(errs.iter().any(|e| e.contains("line 4") && e.contains("no upstream named \"nowhere\"")), "{errs:?}");
-        assert!(errs.iter().any(|e| e.contains("line 5") && e.contains("no limiter named \"missing\"")), "{errs:?}");
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("line 4") && e.contains("no upstream named \"nowhere\"")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("line 5") && e.contains("no limiter named \"missing\"")),
+            "{errs:?}"
+        );
     }
 
     #[test]
@@ -1261,13 +1407,18 @@ mod tests {
         let errs = problems(yaml);
         assert!(errs.len() >= 4, "{errs:?}");
         assert!(errs.iter().any(|e| e.contains("invalid CIDR")));
-        assert!(errs.iter().any(|e| e.contains("fixed_window needs `window`")));
+        assert!(errs
+            .iter()
+            .any(|e| e.contains("fixed_window needs `window`")));
     }
 
     #[test]
     fn fields_that_do_not_apply_to_the_algorithm_are_errors() {
         let errs = problems("limiters:\n  a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1, limit: 3 }\n");
-        assert!(errs[0].contains("`limit` does not apply to token_bucket"), "{errs:?}");
+        assert!(
+            errs[0].contains("`limit` does not apply to token_bucket"),
+            "{errs:?}"
+        );
     }
 
     #[test]
@@ -1279,7 +1430,10 @@ mod tests {
         let err = expand_env("${TOLLGATE_SURELY_UNSET}", |_| None).unwrap_err();
         assert!(err.contains("TOLLGATE_SURELY_UNSET"));
         let errs = problems("admin:\n  token: ${TOLLGATE_TEST_SURELY_UNSET_VAR}\n");
-        assert!(errs[0].contains("TOLLGATE_TEST_SURELY_UNSET_VAR is not set"), "{errs:?}");
+        assert!(
+            errs[0].contains("TOLLGATE_TEST_SURELY_UNSET_VAR is not set"),
+            "{errs:?}"
+        );
     }
 
     #[test]
@@ -1295,8 +1449,13 @@ mod tests {
 
     #[test]
     fn the_admin_api_cannot_share_the_public_port() {
-        let errs = problems("server: { listen: \"0.0.0.0:8080\" }\nadmin: { listen: \"127.0.0.1:8080\" }\n");
-        assert!(errs[0].contains("admin API must never be on the public port"), "{errs:?}");
+        let errs = problems(
+            "server: { listen: \"0.0.0.0:8080\" }\nadmin: { listen: \"127.0.0.1:8080\" }\n",
+        );
+        assert!(
+            errs[0].contains("admin API must never be on the public port"),
+            "{errs:?}"
+        );
     }
 
     #[test]

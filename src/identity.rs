@@ -212,12 +212,14 @@ fn forwarded_for(value: &str) -> Vec<Option<IpAddr>> {
     value
         .split(',')
         .map(|element| {
-            element.split(';').find_map(|pair| {
-                let (k, v) = pair.split_once('=')?;
-                k.trim().eq_ignore_ascii_case("for").then(|| parse_node(v))
-            })
-            // An element without `for=` says nothing we can trust.
-            .flatten()
+            element
+                .split(';')
+                .find_map(|pair| {
+                    let (k, v) = pair.split_once('=')?;
+                    k.trim().eq_ignore_ascii_case("for").then(|| parse_node(v))
+                })
+                // An element without `for=` says nothing we can trust.
+                .flatten()
         })
         .collect()
 }
@@ -253,7 +255,10 @@ mod tests {
     fn a_spoofed_forwarded_for_from_an_untrusted_peer_is_ignored() {
         let id = identity(&["10.0.0.0/8"]);
         let c = id
-            .resolve(peer("203.0.113.9"), &headers(&[("x-forwarded-for", "1.1.1.1")]))
+            .resolve(
+                peer("203.0.113.9"),
+                &headers(&[("x-forwarded-for", "1.1.1.1")]),
+            )
             .unwrap();
         assert_eq!(c.ip_key, "ip:203.0.113.9");
         assert!(!c.peer_trusted);
@@ -264,21 +269,33 @@ mod tests {
         let id = identity(&["10.0.0.0/8"]);
         let h = headers(&[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.0.0.2")]);
         let c = id.resolve(peer("10.0.0.1"), &h).unwrap();
-        assert_eq!(c.ip_key, "ip:198.51.100.7", "the client cannot choose 6.6.6.6");
+        assert_eq!(
+            c.ip_key, "ip:198.51.100.7",
+            "the client cannot choose 6.6.6.6"
+        );
     }
 
     #[test]
     fn several_forwarded_for_headers_read_as_one_list() {
         let id = identity(&["10.0.0.0/8"]);
-        let h = headers(&[("x-forwarded-for", "6.6.6.6"), ("x-forwarded-for", "198.51.100.7:5555")]);
-        assert_eq!(id.resolve(peer("10.0.0.1"), &h).unwrap().ip_key, "ip:198.51.100.7");
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "198.51.100.7:5555"),
+        ]);
+        assert_eq!(
+            id.resolve(peer("10.0.0.1"), &h).unwrap().ip_key,
+            "ip:198.51.100.7"
+        );
     }
 
     #[test]
     fn garbage_in_a_trusted_chain_stops_at_the_hop_that_wrote_it() {
         let id = identity(&["10.0.0.0/8"]);
         let h = headers(&[("x-forwarded-for", "6.6.6.6, nonsense, 10.0.0.2")]);
-        assert_eq!(id.resolve(peer("10.0.0.1"), &h).unwrap().ip_key, "ip:10.0.0.2");
+        assert_eq!(
+            id.resolve(peer("10.0.0.1"), &h).unwrap().ip_key,
+            "ip:10.0.0.2"
+        );
     }
 
     #[test]
@@ -297,11 +314,17 @@ mod tests {
     #[test]
     fn ipv6_clients_are_grouped_by_prefix_and_mapped_ipv4_is_ipv4() {
         let id = identity(&[]);
-        let a = id.resolve(peer("2001:db8:1:2::5"), &HeaderMap::new()).unwrap();
-        let b = id.resolve(peer("2001:db8:1:2:ffff::9"), &HeaderMap::new()).unwrap();
+        let a = id
+            .resolve(peer("2001:db8:1:2::5"), &HeaderMap::new())
+            .unwrap();
+        let b = id
+            .resolve(peer("2001:db8:1:2:ffff::9"), &HeaderMap::new())
+            .unwrap();
         assert_eq!(a.ip_key, "ip:2001:db8:1:2::/64");
         assert_eq!(a.ip_key, b.ip_key);
-        let m = id.resolve(peer("::ffff:203.0.113.9"), &HeaderMap::new()).unwrap();
+        let m = id
+            .resolve(peer("::ffff:203.0.113.9"), &HeaderMap::new())
+            .unwrap();
         assert_eq!(m.ip_key, "ip:203.0.113.9");
     }
 
@@ -309,7 +332,10 @@ mod tests {
     fn api_keys_are_hashed_and_shown_shortened() {
         let id = identity(&[]);
         let c = id
-            .resolve(peer("203.0.113.9"), &headers(&[("x-client-key", "s3cret-key")]))
+            .resolve(
+                peer("203.0.113.9"),
+                &headers(&[("x-client-key", "s3cret-key")]),
+            )
             .unwrap();
         let key = c.api_key.clone().unwrap();
         assert!(!key.id.contains("s3cret"));

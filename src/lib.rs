@@ -62,7 +62,10 @@ impl Listeners {
     }
 
     pub fn public_addrs(&self) -> Vec<SocketAddr> {
-        self.public.iter().filter_map(|l| l.local_addr().ok()).collect()
+        self.public
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
     }
 }
 
@@ -86,7 +89,11 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     let background = CancellationToken::new();
     let connections = TaskTracker::new();
     let config = app.snapshot().config.clone();
-    let mut set = server::ListenerSet::new(connections.clone(), shutdown.child_token(), CancellationToken::new());
+    let mut set = server::ListenerSet::new(
+        connections.clone(),
+        shutdown.child_token(),
+        CancellationToken::new(),
+    );
     for (addr, listener) in config.server.listen.iter().zip(listeners.public) {
         set.start_public(&app, *addr, listener);
     }
@@ -108,8 +115,15 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     }
     connections.close();
     let grace = app.snapshot().config.server.shutdown_grace;
-    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
-        tracing::warn!(?grace, remaining = connections.len(), "grace period over; closing the remaining connections");
+    if tokio::time::timeout(grace, connections.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            remaining = connections.len(),
+            "grace period over; closing the remaining connections"
+        );
     }
     background.cancel();
     let store = app.shared.clone();
@@ -127,11 +141,17 @@ async fn prune_loop(app: App, stop: CancellationToken) {
         }
         let snap = app.snapshot();
         let now = app.shared.clock.now();
-        let retention = snap.config.audit.enabled.then_some(snap.config.audit.retention);
+        let retention = snap
+            .config
+            .audit
+            .enabled
+            .then_some(snap.config.audit.retention);
         let shared = app.shared.clone();
-        let removed = tokio::task::spawn_blocking(move || shared.store.prune(now, &snap.config.limiters, retention))
-            .await
-            .unwrap_or(0);
+        let removed = tokio::task::spawn_blocking(move || {
+            shared.store.prune(now, &snap.config.limiters, retention)
+        })
+        .await
+        .unwrap_or(0);
         tracing::debug!(removed, "pruned expired limiter state");
     }
 }

@@ -15,7 +15,11 @@ use tollgate::store::Store;
 use tollgate::{App, Listeners, RunOptions};
 
 #[derive(Parser)]
-#[command(name = "tollgate", version, about = "A reverse proxy with built-in, durable rate limiting")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A reverse proxy with built-in, durable rate limiting"
+)]
 struct Cli {
     /// Config file (default: ./tollgate.yaml, else $TOLLGATE_CONFIG).
     #[arg(long, global = true)]
@@ -48,7 +52,9 @@ fn config_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     }
     match std::env::var_os("TOLLGATE_CONFIG") {
         Some(p) => Ok(PathBuf::from(p)),
-        None => anyhow::bail!("no config: pass --config PATH, create ./tollgate.yaml, or set TOLLGATE_CONFIG"),
+        None => anyhow::bail!(
+            "no config: pass --config PATH, create ./tollgate.yaml, or set TOLLGATE_CONFIG"
+        ),
     }
 }
 
@@ -93,7 +99,8 @@ fn check(path: &Path) -> ExitCode {
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stdout)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
@@ -106,7 +113,8 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let store = Store::open(&config.store, &config.limiters, clock.now()).context("cannot open the store")?;
+        let store = Store::open(&config.store, &config.limiters, clock.now())
+            .context("cannot open the store")?;
         let listeners = Listeners::bind(&config).await?;
         let app = App::new(config, store, clock, Some(path.to_path_buf()));
         let shutdown = CancellationToken::new();
@@ -122,7 +130,10 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
 
 async fn stop_on_signal(shutdown: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot listen for SIGTERM/SIGINT");
         return;
     };
@@ -147,20 +158,32 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
             format!("http://{addr}/healthz")
         }
     };
-    let rest = url.strip_prefix("http://").context("healthcheck URLs start with http://")?;
-    let (authority, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
+    let rest = url
+        .strip_prefix("http://")
+        .context("healthcheck URLs start with http://")?;
+    let (authority, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(a, p)| (a, format!("/{p}")));
     let addr = std::net::ToSocketAddrs::to_socket_addrs(authority)
         .with_context(|| format!("cannot resolve {authority}"))?
         .next()
         .with_context(|| format!("no address for {authority}"))?;
     let timeout = Duration::from_secs(3);
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("cannot connect to {addr}"))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("cannot connect to {addr}"))?;
     stream.set_read_timeout(Some(timeout))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut head = [0u8; 64];
     let n = stream.read(&mut head)?;
     let line = String::from_utf8_lossy(&head[..n]);
     let healthy = line.starts_with("HTTP/1.1 200");
     println!("{}", line.lines().next().unwrap_or("no answer"));
-    Ok(if healthy { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -63,14 +63,19 @@ impl Metrics {
             }
         }
         for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
         }
         out
     }
 }
 
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -80,12 +85,21 @@ mod tests {
     #[test]
     fn the_same_name_and_labels_share_one_counter_across_snapshots() {
         let m = Metrics::default();
-        let a = m.counter("tollgate_requests_total", &[("route", "ping"), ("decision", "allowed")]);
-        let b = m.counter("tollgate_requests_total", &[("route", "ping"), ("decision", "allowed")]);
+        let a = m.counter(
+            "tollgate_requests_total",
+            &[("route", "ping"), ("decision", "allowed")],
+        );
+        let b = m.counter(
+            "tollgate_requests_total",
+            &[("route", "ping"), ("decision", "allowed")],
+        );
         inc(&a);
         inc(&b);
         let text = m.render(&[("tollgate_tracked_keys", "Keys.", 3.0)]);
-        assert!(text.contains("tollgate_requests_total{route=\"ping\",decision=\"allowed\"} 2"), "{text}");
+        assert!(
+            text.contains("tollgate_requests_total{route=\"ping\",decision=\"allowed\"} 2"),
+            "{text}"
+        );
         assert!(text.contains("# TYPE tollgate_requests_total counter"));
         assert!(text.contains("tollgate_tracked_keys 3"));
     }

@@ -41,7 +41,7 @@ pub enum Problem {
     UnknownApiKey(String),
     NoRoute,
     BodyTooLarge { limit: u64 },
-    RateLimited(Denial),
+    RateLimited(Box<Denial>),
     UpstreamUnreachable { upstream: String },
     StoreUnavailable,
     UpstreamTimeout { upstream: String },
@@ -67,12 +67,20 @@ impl Problem {
         let mut retry_after = None;
         let body = match self {
             Problem::BadRequest(detail) => base("bad-request", title, status, &detail),
-            Problem::UnknownApiKey(short) => {
-                base("unknown-api-key", title, status, &format!("The API key '{short}' is not known."))
-            }
+            Problem::UnknownApiKey(short) => base(
+                "unknown-api-key",
+                title,
+                status,
+                &format!("The API key '{short}' is not known."),
+            ),
             Problem::NoRoute => base("no-route", title, status, "No route matches this request."),
             Problem::BodyTooLarge { limit } => {
-                let mut v = base("body-too-large", title, status, &format!("The request body exceeds {limit} bytes."));
+                let mut v = base(
+                    "body-too-large",
+                    title,
+                    status,
+                    &format!("The request body exceeds {limit} bytes."),
+                );
                 v["max_request_body"] = json!(limit);
                 v
             }
@@ -115,10 +123,13 @@ impl Problem {
         };
         let mut resp = Response::new(Body::full(body.to_string()));
         *resp.status_mut() = status;
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        resp.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         if let Some(secs) = retry_after {
-            resp.headers_mut().insert(RETRY_AFTER, HeaderValue::from(secs));
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }
@@ -131,10 +142,12 @@ fn base(kind: &str, title: &str, status: StatusCode, detail: &str) -> Value {
 /// Sets `X-RateLimit-*` from the limiter with the fewest remaining, and the
 /// IETF `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10).
 pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], now: Nanos) {
-    let Some(tightest) = views
-        .iter()
-        .min_by(|a, b| a.quota.remaining.cmp(&b.quota.remaining).then(b.quota.reset_after.cmp(&a.quota.reset_after)))
-    else {
+    let Some(tightest) = views.iter().min_by(|a, b| {
+        a.quota
+            .remaining
+            .cmp(&b.quota.remaining)
+            .then(b.quota.reset_after.cmp(&a.quota.reset_after))
+    }) else {
         return;
     };
     let q = tightest.quota;
@@ -156,7 +169,12 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], 
     if let Ok(v) = HeaderValue::from_str(&policy) {
         headers.insert("ratelimit-policy", v);
     }
-    let current = format!("\"{}\";r={};t={}", tightest.name, q.remaining, ceil_secs(q.reset_after));
+    let current = format!(
+        "\"{}\";r={};t={}",
+        tightest.name,
+        q.remaining,
+        ceil_secs(q.reset_after)
+    );
     if let Ok(v) = HeaderValue::from_str(&current) {
         headers.insert("ratelimit", v);
     }
@@ -170,7 +188,12 @@ mod tests {
     const S: Nanos = NANOS_PER_SEC;
 
     fn quota(limit: u64, remaining: u64, reset: u64) -> Quota {
-        Quota { limit, window: Some(60 * S), remaining, reset_after: reset * S }
+        Quota {
+            limit,
+            window: Some(60 * S),
+            remaining,
+            reset_after: reset * S,
+        }
     }
 
     #[test]
@@ -179,26 +202,38 @@ mod tests {
         let now = 1_767_225_620 * S;
         set_rate_limit_headers(
             &mut h,
-            &[LimitView { name: "strict", quota: quota(5, 2, 40) }, LimitView { name: "global", quota: quota(100, 97, 40) }],
+            &[
+                LimitView {
+                    name: "strict",
+                    quota: quota(5, 2, 40),
+                },
+                LimitView {
+                    name: "global",
+                    quota: quota(100, 97, 40),
+                },
+            ],
             now,
         );
         assert_eq!(h["x-ratelimit-limit"], "5");
         assert_eq!(h["x-ratelimit-remaining"], "2");
         assert_eq!(h["x-ratelimit-reset"], "1767225660");
-        assert_eq!(h["ratelimit-policy"], "\"strict\";q=5;w=60, \"global\";q=100;w=60");
+        assert_eq!(
+            h["ratelimit-policy"],
+            "\"strict\";q=5;w=60, \"global\";q=100;w=60"
+        );
         assert_eq!(h["ratelimit"], "\"strict\";r=2;t=40");
     }
 
     #[tokio::test]
     async fn a_rate_limited_answer_is_problem_json_with_retry_after() {
-        let resp = Problem::RateLimited(Denial {
+        let resp = Problem::RateLimited(Box::new(Denial {
             limiter: "strict".into(),
             quota: quota(5, 0, 40),
             policy: "5 requests per 60s".into(),
             retry_after: 39 * S + 1,
             violated: vec!["strict".into()],
             key: "ip:203.0.113.9".into(),
-        })
+        }))
         .into_response();
         assert_eq!(resp.status(), 429);
         assert_eq!(resp.headers()[RETRY_AFTER], "40");
@@ -206,7 +241,10 @@ mod tests {
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["type"], "rate-limit-exceeded");
-        assert_eq!(v["detail"], "Rate limit of 5 requests per 60s exceeded for key 'ip:203.0.113.9'.");
+        assert_eq!(
+            v["detail"],
+            "Rate limit of 5 requests per 60s exceeded for key 'ip:203.0.113.9'."
+        );
         assert_eq!(v["window_seconds"], 60);
         assert_eq!(v["retry_after"], 40);
         assert_eq!(v["violated-policies"], json!(["strict"]));
@@ -214,14 +252,14 @@ mod tests {
 
     #[test]
     fn retry_after_is_never_zero() {
-        let resp = Problem::RateLimited(Denial {
+        let resp = Problem::RateLimited(Box::new(Denial {
             limiter: "l".into(),
             quota: quota(1, 0, 0),
             policy: String::new(),
             retry_after: 1,
             violated: vec![],
             key: String::new(),
-        })
+        }))
         .into_response();
         assert_eq!(resp.headers()[RETRY_AFTER], "1");
     }

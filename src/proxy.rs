@@ -125,7 +125,8 @@ impl Upstream {
 
     /// Whether this pool can serve `config` unchanged (a reload keeps it warm).
     pub fn serves(&self, config: &UpstreamConfig) -> bool {
-        self.name == config.name && self.config == (config.url.clone(), config.connect_timeout, config.timeout)
+        self.name == config.name
+            && self.config == (config.url.clone(), config.connect_timeout, config.timeout)
     }
 
     /// Sends the request on and returns the upstream's response head as soon as it arrives.
@@ -138,11 +139,12 @@ impl Upstream {
         max_body: u64,
     ) -> Result<Response<Incoming>, ProxyError> {
         let (mut parts, body) = req.into_parts();
-        let host = parts
-            .headers
-            .get(header::HOST)
-            .cloned()
-            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        let host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
         strip_hop_by_hop(&mut parts.headers);
         if let Some(h) = host {
             parts.headers.insert(header::HOST, h);
@@ -172,7 +174,9 @@ impl Upstream {
                     timeout: self.timeout,
                 })
             }
-            Ok(Err(e)) if caused_by_body_limit(&e) => return Err(ProxyError::BodyTooLarge { limit: max_body }),
+            Ok(Err(e)) if caused_by_body_limit(&e) => {
+                return Err(ProxyError::BodyTooLarge { limit: max_body })
+            }
             Ok(Err(e)) if e.is_connect() => {
                 return Err(ProxyError::Connect {
                     upstream: self.name.clone(),
@@ -221,7 +225,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// anyone else; `X-Real-IP` is the resolved client; `X-Forwarded-Proto` the scheme.
 /// An untrusted client's own `Forwarded` header is dropped, so no upstream
 /// can mistake it for ours.
-pub fn set_forwarded_headers(headers: &mut HeaderMap, client: &ClientIdentity, peer: IpAddr, proto: &'static str) {
+pub fn set_forwarded_headers(
+    headers: &mut HeaderMap,
+    client: &ClientIdentity,
+    peer: IpAddr,
+    proto: &'static str,
+) {
     let peer = peer.to_canonical();
     let xff = if client.peer_trusted {
         let existing: Vec<&str> = headers
@@ -264,10 +273,16 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret-hop"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert(header::HOST, HeaderValue::from_static("example"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);

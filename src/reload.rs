@@ -50,9 +50,13 @@ impl ReloadError {
 pub fn reload(app: &App) -> Result<u64, ReloadError> {
     let result = match &app.shared.config_path {
         None => Err(ReloadError::NoFile),
-        Some(path) => config::load_file(path)
+        Some(path) => config::load_file_text(path)
             .map_err(ReloadError::from)
-            .and_then(|c| apply(app, c)),
+            .and_then(|(c, text)| {
+                let version = apply(app, c)?;
+                *app.shared.config_text.lock() = Some(text);
+                Ok(version)
+            }),
     };
     match &result {
         Ok(version) => {
@@ -73,7 +77,9 @@ pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     let old = app.snapshot();
     let was = &old.config;
     if config.store.backend != was.store.backend {
-        return Err(ReloadError::RequiresRestart("store.backend / store.path / store.url"));
+        return Err(ReloadError::RequiresRestart(
+            "store.backend / store.path / store.url",
+        ));
     }
     if config.server.tls != was.server.tls {
         return Err(ReloadError::RequiresRestart("server.tls"));
@@ -81,8 +87,13 @@ pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     // Bind new sockets before anything changes: a port in use rejects the reload.
     let mut listeners = app.shared.listeners.lock();
     let pending = match listeners.as_ref() {
-        Some(set) => Some(set.prepare(&config.server.listen, config.admin.listen).map_err(ReloadError::Bind)?),
-        None if config.server.listen != was.server.listen || config.admin.listen != was.admin.listen => {
+        Some(set) => Some(
+            set.prepare(&config.server.listen, config.admin.listen)
+                .map_err(ReloadError::Bind)?,
+        ),
+        None if config.server.listen != was.server.listen
+            || config.admin.listen != was.admin.listen =>
+        {
             return Err(ReloadError::RequiresRestart("server.listen / admin.listen"));
         }
         None => None,
@@ -110,34 +121,52 @@ fn prune_removed_limiters(app: &App, old: &Snapshot) {
     if !removed {
         return;
     }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
     let shared = app.shared.clone();
     runtime.spawn_blocking(move || {
         let now = shared.clock.now();
         let snap = shared.snapshot.load_full();
-        let retention = snap.config.audit.enabled.then_some(snap.config.audit.retention);
+        let retention = snap
+            .config
+            .audit
+            .enabled
+            .then_some(snap.config.audit.retention);
         shared.store.prune(now, &snap.config.limiters, retention);
     });
 }
 
-/// Polls the config file and reloads when its content changed and then held
-/// still for one more poll. Polling the content (not mtime or inotify) works
-/// alike for in-place writes, write-and-rename, and Kubernetes ConfigMap
-/// mounts that swap a `..data` symlink.
+/// Polls the config file and reloads when its content differs from what
+/// the running config was built from and held still for one more poll.
+/// Polling the content (not mtime or inotify) works alike for in-place
+/// writes, write-and-rename, and Kubernetes ConfigMap mounts that swap a
+/// `..data` symlink. A rejected edit is tried once, not on every poll.
 pub async fn watch(app: App, path: impl AsRef<Path>, every: Duration, stop: CancellationToken) {
     let path = path.as_ref().to_path_buf();
-    let mut applied = tokio::fs::read(&path).await.ok();
-    let mut seen = applied.clone();
+    let mut attempted = app
+        .shared
+        .config_text
+        .lock()
+        .clone()
+        .map(String::into_bytes);
+    let mut seen = attempted.clone();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
         let now = tokio::fs::read(&path).await.ok();
-        if now.is_some() && now != applied && now == seen {
-            // Reloading the file reads it once more; if it moved again, the next poll catches it.
+        let in_force = app
+            .shared
+            .config_text
+            .lock()
+            .clone()
+            .map(String::into_bytes);
+        if now.is_some() && now != in_force && now != attempted && now == seen {
+            // Reloading reads the file once more; if it moved again, the next poll catches it.
             let _ = reload(&app);
-            applied = now.clone();
+            attempted = now.clone();
         }
         seen = now;
     }

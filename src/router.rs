@@ -40,7 +40,9 @@ impl Router {
     /// The index of the first route that matches, if any.
     /// `path` must already be normalized; `host` is lowercase without port.
     pub fn find(&self, method: &Method, host: Option<&str>, path: &str) -> Option<usize> {
-        self.routes.iter().position(|m| m.matches(method, host, path))
+        self.routes
+            .iter()
+            .position(|m| m.matches(method, host, path))
     }
 }
 
@@ -153,7 +155,17 @@ mod tests {
 
     #[test]
     fn every_spelling_of_login_normalizes_to_login() {
-        for p in ["/login", "//login", "/./login", "/%6Cogin", "/%6cogin", "/login/", "/x/../login", "/%2E/login", "///login//"] {
+        for p in [
+            "/login",
+            "//login",
+            "/./login",
+            "/%6Cogin",
+            "/%6cogin",
+            "/login/",
+            "/x/../login",
+            "/%2E/login",
+            "///login//",
+        ] {
             assert_eq!(normalize(p), "/login", "{p}");
         }
     }
@@ -167,7 +179,11 @@ mod tests {
         assert_eq!(normalize("/%zz"), "/%zz");
     }
 
-    fn route(path: Option<&str>, prefix: Option<&str>, methods: Option<Vec<Method>>) -> RouteConfig {
+    fn route(
+        path: Option<&str>,
+        prefix: Option<&str>,
+        methods: Option<Vec<Method>>,
+    ) -> RouteConfig {
         RouteConfig {
             name: "r".into(),
             path: path.map(Into::into),
@@ -202,7 +218,10 @@ mod tests {
         let mut rc = route(None, Some("/"), None);
         rc.host = Some("api.example".into());
         let r = Router::new(&[rc]);
-        let req = http::Request::get("/").header("host", "API.example:8443").body(()).unwrap();
+        let req = http::Request::get("/")
+            .header("host", "API.example:8443")
+            .body(())
+            .unwrap();
         let host = request_host(&req);
         assert_eq!(host.as_deref(), Some("api.example"));
         assert_eq!(r.find(&Method::GET, host.as_deref(), "/"), Some(0));

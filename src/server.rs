@@ -122,7 +122,11 @@ pub fn bind_now(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 impl ListenerSet {
-    pub fn new(connections: TaskTracker, stop_all: CancellationToken, drain_all: CancellationToken) -> ListenerSet {
+    pub fn new(
+        connections: TaskTracker,
+        stop_all: CancellationToken,
+        drain_all: CancellationToken,
+    ) -> ListenerSet {
         ListenerSet {
             connections,
             stop_all,
@@ -146,7 +150,12 @@ impl ListenerSet {
             drain.clone(),
             self.connections.clone(),
         ));
-        self.public.push(Running { addr, stop, drain, task });
+        self.public.push(Running {
+            addr,
+            stop,
+            drain,
+            task,
+        });
     }
 
     pub fn start_admin(&mut self, app: &App, addr: std::net::SocketAddr, listener: TcpListener) {
@@ -164,8 +173,15 @@ impl ListenerSet {
     }
 
     /// Binds what `listen` / `admin` add to the running set; nothing changes yet.
-    pub fn prepare(&self, listen: &[std::net::SocketAddr], admin: std::net::SocketAddr) -> std::io::Result<Pending> {
-        let mut pending = Pending { public: Vec::new(), admin: None };
+    pub fn prepare(
+        &self,
+        listen: &[std::net::SocketAddr],
+        admin: std::net::SocketAddr,
+    ) -> std::io::Result<Pending> {
+        let mut pending = Pending {
+            public: Vec::new(),
+            admin: None,
+        };
         for addr in listen {
             if !self.public.iter().any(|r| r.addr == *addr) {
                 pending.public.push((*addr, bind_now(*addr)?));

@@ -73,7 +73,12 @@ pub struct Limiter {
 impl Snapshot {
     /// Builds the runtime view of `config`, reusing the upstream pools of
     /// `previous` that the new config leaves unchanged.
-    pub fn build(config: Config, version: u64, previous: Option<&Snapshot>, metrics: &Metrics) -> Snapshot {
+    pub fn build(
+        config: Config,
+        version: u64,
+        previous: Option<&Snapshot>,
+        metrics: &Metrics,
+    ) -> Snapshot {
         let identity = Identity::new(&config.identity);
         let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
@@ -93,12 +98,21 @@ impl Snapshot {
             .routes
             .iter()
             .map(|r| {
-                let c = |decision: &str| metrics.counter("tollgate_requests_total", &[("route", &r.name), ("decision", decision)]);
+                let c = |decision: &str| {
+                    metrics.counter(
+                        "tollgate_requests_total",
+                        &[("route", &r.name), ("decision", decision)],
+                    )
+                };
                 Route {
                     name: r.name.clone(),
                     action: match &r.action {
                         Action::Upstream(i) => RouteAction::Upstream(*i),
-                        Action::Respond { status, body, content_type } => RouteAction::Respond {
+                        Action::Respond {
+                            status,
+                            body,
+                            content_type,
+                        } => RouteAction::Respond {
                             status: *status,
                             body: Bytes::from(body.clone()),
                             content_type: HeaderValue::from_str(content_type)
@@ -132,9 +146,19 @@ impl Limiter {
         let overrides = config
             .overrides
             .iter()
-            .map(|o| (canonical_override(&config.key, &o.key, identity), config.algorithm.with_limit(o.limit)))
+            .map(|o| {
+                (
+                    canonical_override(&config.key, &o.key, identity),
+                    config.algorithm.with_limit(o.limit),
+                )
+            })
             .collect();
-        let c = |result: &str| metrics.counter("tollgate_limiter_decisions_total", &[("limiter", &config.name), ("result", result)]);
+        let c = |result: &str| {
+            metrics.counter(
+                "tollgate_limiter_decisions_total",
+                &[("limiter", &config.name), ("result", result)],
+            )
+        };
         Limiter {
             name: config.name.clone(),
             algorithm: config.algorithm.clone(),
@@ -201,9 +225,19 @@ impl Limiter {
     pub fn describe(algorithm: &Algorithm) -> String {
         match algorithm {
             Algorithm::FixedWindow(p) => format!("{} requests per {}", p.limit, human(p.window)),
-            Algorithm::SlidingWindow(p) => format!("{} requests per sliding {}", p.limit, human(p.window)),
-            Algorithm::TokenBucket(p) => format!("{} requests burst, refilled at {}/s", p.capacity, rate(p.interval)),
-            Algorithm::LeakyBucket(p) => format!("{} queued requests, released at {}/s", p.capacity, rate(p.interval)),
+            Algorithm::SlidingWindow(p) => {
+                format!("{} requests per sliding {}", p.limit, human(p.window))
+            }
+            Algorithm::TokenBucket(p) => format!(
+                "{} requests burst, refilled at {}/s",
+                p.capacity,
+                rate(p.interval)
+            ),
+            Algorithm::LeakyBucket(p) => format!(
+                "{} queued requests, released at {}/s",
+                p.capacity,
+                rate(p.interval)
+            ),
             Algorithm::Concurrency(p) => format!("{} requests in flight", p.max_in_flight),
         }
     }
@@ -227,7 +261,11 @@ fn push_header_value(out: &mut String, v: &[u8]) {
 /// Writes an override's key the way requests build theirs, so a secret API
 /// key in the config is compared by hash and an IP by its canonical form.
 fn canonical_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String {
-    let values: Vec<&str> = if parts.len() > 1 { raw.split('|').collect() } else { vec![raw] };
+    let values: Vec<&str> = if parts.len() > 1 {
+        raw.split('|').collect()
+    } else {
+        vec![raw]
+    };
     if values.len() != parts.len() {
         return raw.to_string(); // cannot match; kept so `check` output stays honest
     }
@@ -237,7 +275,10 @@ fn canonical_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> Stri
             out.push('|');
         }
         let value = value.trim();
-        let as_ip = value.parse::<std::net::IpAddr>().ok().map(|ip| identity.ip_key(ip));
+        let as_ip = value
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| identity.ip_key(ip));
         match part {
             KeyPart::Client => match as_ip {
                 Some(ip_key) => out.push_str(&ip_key),
@@ -257,7 +298,7 @@ fn canonical_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> Stri
 }
 
 fn human(ns: Nanos) -> String {
-    if ns % NANOS_PER_SEC == 0 {
+    if ns.is_multiple_of(NANOS_PER_SEC) {
         format!("{}s", ns / NANOS_PER_SEC)
     } else {
         format!("{}ms", ns / 1_000_000)
@@ -293,19 +334,39 @@ mod tests {
     fn composite_keys_join_their_parts_and_a_missing_part_skips_the_limiter() {
         let s = snapshot("limiters:\n  l: { limit: 1, window: 1s, key: [api_key, route] }\n");
         let l = &s.limiters[0];
-        let with_key = l.key_value(&client("203.0.113.9", Some("k1")), "login", &HeaderMap::new()).unwrap();
-        assert_eq!(with_key, format!("{}|route:login", ApiKey::from_secret("k1").id));
-        assert_eq!(l.key_value(&client("203.0.113.9", None), "login", &HeaderMap::new()), None);
+        let with_key = l
+            .key_value(
+                &client("203.0.113.9", Some("k1")),
+                "login",
+                &HeaderMap::new(),
+            )
+            .unwrap();
+        assert_eq!(
+            with_key,
+            format!("{}|route:login", ApiKey::from_secret("k1").id)
+        );
+        assert_eq!(
+            l.key_value(&client("203.0.113.9", None), "login", &HeaderMap::new()),
+            None
+        );
     }
 
     #[test]
     fn an_override_for_an_api_key_matches_by_hash() {
         let s = snapshot("limiters:\n  l:\n    limit: 5\n    window: 60s\n    overrides: [{ key: premium, limit: 1000 }, { key: 203.0.113.9, limit: 7 }]\n");
         let l = &s.limiters[0];
-        let premium = l.key_value(&client("198.51.100.1", Some("premium")), "r", &HeaderMap::new()).unwrap();
+        let premium = l
+            .key_value(
+                &client("198.51.100.1", Some("premium")),
+                "r",
+                &HeaderMap::new(),
+            )
+            .unwrap();
         assert!(!premium.contains("premium"));
         assert_eq!(l.algorithm_for(&premium), &l.algorithm.with_limit(1000));
-        let by_ip = l.key_value(&client("203.0.113.9", None), "r", &HeaderMap::new()).unwrap();
+        let by_ip = l
+            .key_value(&client("203.0.113.9", None), "r", &HeaderMap::new())
+            .unwrap();
         assert_eq!(l.algorithm_for(&by_ip), &l.algorithm.with_limit(7));
         assert_eq!(l.algorithm_for("ip:198.51.100.2"), &l.algorithm);
     }
@@ -316,17 +377,32 @@ mod tests {
         let l = &s.limiters[0];
         let mut h = HeaderMap::new();
         h.insert("x-tenant", HeaderValue::from_static("acme"));
-        assert_eq!(l.key_value(&client("203.0.113.9", None), "r", &h).unwrap(), "h:acme");
+        assert_eq!(
+            l.key_value(&client("203.0.113.9", None), "r", &h).unwrap(),
+            "h:acme"
+        );
         h.insert("x-tenant", HeaderValue::from_str(&"x".repeat(100)).unwrap());
-        assert!(l.key_value(&client("203.0.113.9", None), "r", &h).unwrap().starts_with("h:sha:"));
-        assert_eq!(l.key_value(&client("203.0.113.9", None), "r", &HeaderMap::new()), None);
+        assert!(l
+            .key_value(&client("203.0.113.9", None), "r", &h)
+            .unwrap()
+            .starts_with("h:sha:"));
+        assert_eq!(
+            l.key_value(&client("203.0.113.9", None), "r", &HeaderMap::new()),
+            None
+        );
     }
 
     #[test]
     fn policies_are_described_in_operator_words() {
         let s = snapshot(include_str!("../config.example.yaml"));
         let by_name = |n: &str| s.limiters.iter().find(|l| l.name == n).unwrap();
-        assert_eq!(Limiter::describe(&by_name("strict").algorithm), "5 requests per 60s");
-        assert_eq!(Limiter::describe(&by_name("burst").algorithm), "20 requests burst, refilled at 2/s");
+        assert_eq!(
+            Limiter::describe(&by_name("strict").algorithm),
+            "5 requests per 60s"
+        );
+        assert_eq!(
+            Limiter::describe(&by_name("burst").algorithm),
+            "20 requests burst, refilled at 2/s"
+        );
     }
 }

@@ -20,7 +20,11 @@ fn upstream_yaml(upstream: &Upstream, limiters: &str, route_limiters: &str) -> S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaky_bucket_releases_a_burst_to_the_upstream_at_the_leak_rate() {
     let upstream = Upstream::start().await;
-    let yaml = upstream_yaml(&upstream, "  smooth: { algorithm: leaky_bucket, capacity: 10, leak_per_second: 5, key: route }", "smooth");
+    let yaml = upstream_yaml(
+        &upstream,
+        "  smooth: { algorithm: leaky_bucket, capacity: 10, leak_per_second: 5, key: route }",
+        "smooth",
+    );
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     let started = Instant::now();
@@ -42,13 +46,20 @@ async fn a_leaky_bucket_releases_a_burst_to_the_upstream_at_the_leak_rate() {
         // fresh loopback connections, which adds a few ms of jitter either way.
         assert!(gap >= Duration::from_millis(190), "released {gap:?} apart");
     }
-    assert!(started.elapsed() >= Duration::from_millis(995), "the last of 6 leaves after 5 intervals");
+    assert!(
+        started.elapsed() >= Duration::from_millis(995),
+        "the last of 6 leaves after 5 intervals"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_the_leaky_bucket_capacity_gets_429s() {
     let upstream = Upstream::start().await;
-    let yaml = upstream_yaml(&upstream, "  smooth: { algorithm: leaky_bucket, capacity: 5, leak_per_second: 20, key: route }", "smooth");
+    let yaml = upstream_yaml(
+        &upstream,
+        "  smooth: { algorithm: leaky_bucket, capacity: 5, leak_per_second: 20, key: route }",
+        "smooth",
+    );
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     let burst: Vec<_> = (0..10)
@@ -62,14 +73,26 @@ async fn a_burst_beyond_the_leaky_bucket_capacity_gets_429s() {
         statuses.push(t.await.unwrap());
     }
     // One goes at once, five wait, four find the queue full.
-    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 6, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 4, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        6,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        4,
+        "{statuses:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_request_whose_client_leaves_gives_its_place_back() {
     let upstream = Upstream::start().await;
-    let yaml = upstream_yaml(&upstream, "  smooth: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 2, key: route }", "smooth");
+    let yaml = upstream_yaml(
+        &upstream,
+        "  smooth: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 2, key: route }",
+        "smooth",
+    );
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     assert_eq!(c.get(proxy.url("/a")).send().await.unwrap().status(), 200);
@@ -80,13 +103,21 @@ async fn a_queued_request_whose_client_leaves_gives_its_place_back() {
     // Had B kept its place, the one-place queue would be full.
     let r = c.get(proxy.url("/c")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(upstream.seen.requests.load(Ordering::SeqCst), 2, "B never reached the upstream");
+    assert_eq!(
+        upstream.seen.requests.load(Ordering::SeqCst),
+        2,
+        "B never reached the upstream"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_caps_requests_in_flight_and_frees_slots_when_bodies_end() {
     let upstream = Upstream::start().await;
-    let yaml = upstream_yaml(&upstream, "  pool: { algorithm: concurrency, max_in_flight: 2, key: global }", "pool");
+    let yaml = upstream_yaml(
+        &upstream,
+        "  pool: { algorithm: concurrency, max_in_flight: 2, key: global }",
+        "pool",
+    );
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     let tasks: Vec<_> = (0..5)
@@ -104,7 +135,10 @@ async fn concurrency_caps_requests_in_flight_and_frees_slots_when_bodies_end() {
     assert!(upstream.seen.max_in_flight.load(Ordering::SeqCst) <= 2);
     // Both slots are free again once the responses were read.
     for _ in 0..3 {
-        assert_eq!(c.get(proxy.url("/fast")).send().await.unwrap().status(), 200);
+        assert_eq!(
+            c.get(proxy.url("/fast")).send().await.unwrap().status(),
+            200
+        );
     }
 }
 
@@ -119,9 +153,16 @@ async fn a_concurrency_slot_is_freed_when_the_upstream_fails_or_the_client_leave
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     for _ in 0..3 {
-        assert_eq!(c.get(proxy.url("/dead")).send().await.unwrap().status(), 502);
+        assert_eq!(
+            c.get(proxy.url("/dead")).send().await.unwrap().status(),
+            502
+        );
     }
-    let gone = tokio::time::timeout(Duration::from_millis(100), c.get(proxy.url("/slow/1000")).send()).await;
+    let gone = tokio::time::timeout(
+        Duration::from_millis(100),
+        c.get(proxy.url("/slow/1000")).send(),
+    )
+    .await;
     assert!(gone.is_err());
     // The abandoned request is still at the upstream; once it ends, the slot is back.
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -143,9 +184,18 @@ routes:
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
     }
-    let metrics = c.get(proxy.admin_url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = c
+        .get(proxy.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
-        metrics.contains("tollgate_limiter_decisions_total{limiter=\"trial\",result=\"would_reject\"} 2"),
+        metrics.contains(
+            "tollgate_limiter_decisions_total{limiter=\"trial\",result=\"would_reject\"} 2"
+        ),
         "{metrics}"
     );
 }
@@ -188,12 +238,40 @@ routes:
     let c = client();
     for _ in 0..3 {
         let r = c.get(proxy.url("/r")).send().await.unwrap();
-        assert_eq!(r.status(), 200, "no API key and no tenant: neither limiter applies");
+        assert_eq!(
+            r.status(),
+            200,
+            "no API key and no tenant: neither limiter applies"
+        );
         assert!(!r.headers().contains_key("x-ratelimit-limit"));
     }
-    assert_eq!(c.get(proxy.url("/r")).header("x-tenant", "acme").send().await.unwrap().status(), 200);
-    assert_eq!(c.get(proxy.url("/r")).header("x-tenant", "acme").send().await.unwrap().status(), 429);
-    assert_eq!(c.get(proxy.url("/r")).header("x-tenant", "other").send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(proxy.url("/r"))
+            .header("x-tenant", "acme")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.get(proxy.url("/r"))
+            .header("x-tenant", "acme")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        429
+    );
+    assert_eq!(
+        c.get(proxy.url("/r"))
+            .header("x-tenant", "other")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[tokio::test]
@@ -208,14 +286,40 @@ routes:
     let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
     let c = client();
     let first = c.get(proxy.url("/r")).send().await.unwrap();
-    assert_eq!(first.headers()["ratelimit-policy"], "\"strict\";q=1;w=60, \"burst\";q=5;w=5");
+    assert_eq!(
+        first.headers()["ratelimit-policy"],
+        "\"strict\";q=1;w=60, \"burst\";q=5;w=5"
+    );
     for _ in 0..3 {
         assert_eq!(c.get(proxy.url("/r")).send().await.unwrap().status(), 429);
     }
-    let status: serde_json::Value =
-        serde_json::from_str(&c.get(proxy.admin_url("/status?key=127.0.0.1")).send().await.unwrap().text().await.unwrap()).unwrap();
-    let burst = status["limiters"].as_array().unwrap().iter().find(|l| l["limiter"] == "burst").unwrap().clone();
-    assert_eq!(burst["remaining"], 4, "only the admitted request paid a token: {status}");
-    let strict = status["limiters"].as_array().unwrap().iter().find(|l| l["limiter"] == "strict").unwrap().clone();
+    let status: serde_json::Value = serde_json::from_str(
+        &c.get(proxy.admin_url("/status?key=127.0.0.1"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let burst = status["limiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limiter"] == "burst")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        burst["remaining"], 4,
+        "only the admitted request paid a token: {status}"
+    );
+    let strict = status["limiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limiter"] == "strict")
+        .unwrap()
+        .clone();
     assert_eq!(strict["remaining"], 0);
 }

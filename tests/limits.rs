@@ -30,10 +30,16 @@ async fn the_sixth_ping_in_a_window_is_a_429_with_headers_and_problem_body() {
         let r = c.get(proxy.url("/ping")).send().await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-ratelimit-limit"], "5");
-        assert_eq!(r.headers()["x-ratelimit-remaining"], (5 - i).to_string().as_str());
+        assert_eq!(
+            r.headers()["x-ratelimit-remaining"],
+            (5 - i).to_string().as_str()
+        );
         assert_eq!(r.headers()["x-ratelimit-reset"], "1767225660");
         assert_eq!(r.headers()["ratelimit-policy"], "\"strict\";q=5;w=60");
-        assert_eq!(r.headers()["ratelimit"], format!("\"strict\";r={};t=40", 5 - i).as_str());
+        assert_eq!(
+            r.headers()["ratelimit"],
+            format!("\"strict\";r={};t=40", 5 - i).as_str()
+        );
         assert_eq!(r.text().await.unwrap(), "pong\n");
     }
     let r = c.get(proxy.url("/ping")).send().await.unwrap();
@@ -54,9 +60,15 @@ async fn the_sixth_ping_in_a_window_is_a_429_with_headers_and_problem_body() {
 
     // The next window starts exactly at the minute.
     clock.advance(Duration::from_secs(39));
-    assert_eq!(c.get(proxy.url("/ping")).send().await.unwrap().status(), 429);
+    assert_eq!(
+        c.get(proxy.url("/ping")).send().await.unwrap().status(),
+        429
+    );
     clock.advance(Duration::from_secs(1));
-    assert_eq!(c.get(proxy.url("/ping")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(proxy.url("/ping")).send().await.unwrap().status(),
+        200
+    );
 }
 
 #[tokio::test]
@@ -68,7 +80,11 @@ async fn a_429_keeps_the_connection_open() {
     }
     let answer = common::raw(proxy.addr, &req, Duration::from_millis(500)).await;
     assert_eq!(answer.matches("HTTP/1.1 200").count(), 5, "{answer}");
-    assert_eq!(answer.matches("HTTP/1.1 429").count(), 2, "both 429s came on the same connection");
+    assert_eq!(
+        answer.matches("HTTP/1.1 429").count(),
+        2,
+        "both 429s came on the same connection"
+    );
 }
 
 async fn exactly_limit_admitted_under_concurrency(store: &str) {
@@ -121,8 +137,15 @@ routes:
     let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
     let c = client();
     let a = c.get(proxy.url("/a")).send().await.unwrap();
-    assert_eq!(a.headers()["x-ratelimit-limit"], "3", "global has fewer left than strict");
-    assert_eq!(a.headers()["ratelimit-policy"], "\"strict\";q=10;w=60, \"global\";q=3;w=60");
+    assert_eq!(
+        a.headers()["x-ratelimit-limit"],
+        "3",
+        "global has fewer left than strict"
+    );
+    assert_eq!(
+        a.headers()["ratelimit-policy"],
+        "\"strict\";q=10;w=60, \"global\";q=3;w=60"
+    );
     assert_eq!(c.get(proxy.url("/b")).send().await.unwrap().status(), 200);
     assert_eq!(c.get(proxy.url("/b")).send().await.unwrap().status(), 200);
     let denied = c.get(proxy.url("/a")).send().await.unwrap();
@@ -141,7 +164,14 @@ routes:
   - { name: other, match: { path_prefix: / }, respond: { status: 204 } }
 ";
     let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
-    let spellings = ["/login", "//login", "/./login", "/%6Cogin", "/login/", "/x/../login"];
+    let spellings = [
+        "/login",
+        "//login",
+        "/./login",
+        "/%6Cogin",
+        "/login/",
+        "/x/../login",
+    ];
     let mut statuses = Vec::new();
     for p in spellings {
         let raw = common::raw(
@@ -192,7 +222,10 @@ routes:
     assert_eq!(r.headers()["retry-after"], "3580");
     let body = r.json_text().await;
     assert_eq!(body["limiter"], "hour");
-    assert_eq!(body["violated-policies"], serde_json::json!(["minute", "hour"]));
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["minute", "hour"])
+    );
 }
 
 trait JsonText {

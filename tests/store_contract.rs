@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
 use tollgate::limiter::{
-    concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket, sliding_window::SlidingWindow,
-    token_bucket::TokenBucket, Algorithm, Nanos, Verdict, NANOS_PER_SEC as S,
+    concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
+    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, Verdict,
+    NANOS_PER_SEC as S,
 };
 use tollgate::store::{Check, Store};
 
@@ -16,11 +17,38 @@ const T0: Nanos = 1_767_225_602 * S;
 
 fn algorithms() -> Vec<(&'static str, Algorithm)> {
     vec![
-        ("fixed", Algorithm::FixedWindow(FixedWindow { limit: 3, window: 10 * S })),
-        ("sliding", Algorithm::SlidingWindow(SlidingWindow { limit: 3, window: 10 * S })),
-        ("token", Algorithm::TokenBucket(TokenBucket { capacity: 3, interval: S })),
-        ("leaky", Algorithm::LeakyBucket(LeakyBucket { capacity: 2, interval: S })),
-        ("conc", Algorithm::Concurrency(Concurrency { max_in_flight: 2 })),
+        (
+            "fixed",
+            Algorithm::FixedWindow(FixedWindow {
+                limit: 3,
+                window: 10 * S,
+            }),
+        ),
+        (
+            "sliding",
+            Algorithm::SlidingWindow(SlidingWindow {
+                limit: 3,
+                window: 10 * S,
+            }),
+        ),
+        (
+            "token",
+            Algorithm::TokenBucket(TokenBucket {
+                capacity: 3,
+                interval: S,
+            }),
+        ),
+        (
+            "leaky",
+            Algorithm::LeakyBucket(LeakyBucket {
+                capacity: 2,
+                interval: S,
+            }),
+        ),
+        (
+            "conc",
+            Algorithm::Concurrency(Concurrency { max_in_flight: 2 }),
+        ),
     ]
 }
 
@@ -40,7 +68,9 @@ fn limiters() -> Vec<LimiterConfig> {
 fn open(kind: &str, dir: &Path) -> Store {
     let backend = match kind {
         "memory" => Backend::Memory,
-        _ => Backend::Sqlite { path: dir.join("contract.db") },
+        _ => Backend::Sqlite {
+            path: dir.join("contract.db"),
+        },
     };
     let config = StoreConfig {
         backend,
@@ -52,20 +82,38 @@ fn open(kind: &str, dir: &Path) -> Store {
 }
 
 fn algorithm(name: &str) -> Algorithm {
-    algorithms().into_iter().find(|(n, _)| *n == name).unwrap().1
+    algorithms()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .unwrap()
+        .1
 }
 
 async fn hit(store: &Store, name: &str, now: Nanos) -> Verdict {
     let a = algorithm(name);
     let key = format!("{name}:ip:203.0.113.9");
-    store.check(&[Check { key: &key, algorithm: &a, shadow: false }], now).await.unwrap()[0].verdict
+    store
+        .check(
+            &[Check {
+                key: &key,
+                algorithm: &a,
+                shadow: false,
+            }],
+            now,
+        )
+        .await
+        .unwrap()[0]
+        .verdict
 }
 
 async fn fixed_window_contract(store: &Store) {
     for _ in 0..3 {
         assert_eq!(hit(store, "fixed", T0).await, Verdict::Allow);
     }
-    assert_eq!(hit(store, "fixed", T0).await, Verdict::Deny { retry_after: 8 * S });
+    assert_eq!(
+        hit(store, "fixed", T0).await,
+        Verdict::Deny { retry_after: 8 * S }
+    );
     assert!(hit(store, "fixed", T0 + 8 * S - 1).await.is_deny());
     assert_eq!(hit(store, "fixed", T0 + 8 * S).await, Verdict::Allow);
 }
@@ -74,7 +122,10 @@ async fn sliding_window_contract(store: &Store) {
     for i in 0..3 {
         assert_eq!(hit(store, "sliding", T0 + i * S).await, Verdict::Allow);
     }
-    assert_eq!(hit(store, "sliding", T0 + 3 * S).await, Verdict::Deny { retry_after: 7 * S });
+    assert_eq!(
+        hit(store, "sliding", T0 + 3 * S).await,
+        Verdict::Deny { retry_after: 7 * S }
+    );
     assert!(hit(store, "sliding", T0 + 10 * S - 1).await.is_deny());
     assert_eq!(hit(store, "sliding", T0 + 10 * S).await, Verdict::Allow);
 }
@@ -83,7 +134,10 @@ async fn token_bucket_contract(store: &Store) {
     for _ in 0..3 {
         assert_eq!(hit(store, "token", T0).await, Verdict::Allow);
     }
-    assert_eq!(hit(store, "token", T0).await, Verdict::Deny { retry_after: S });
+    assert_eq!(
+        hit(store, "token", T0).await,
+        Verdict::Deny { retry_after: S }
+    );
     assert!(hit(store, "token", T0 + S - 1).await.is_deny());
     assert_eq!(hit(store, "token", T0 + S).await, Verdict::Allow);
 }
@@ -92,7 +146,10 @@ async fn leaky_bucket_contract(store: &Store) {
     assert_eq!(hit(store, "leaky", T0).await, Verdict::Allow);
     assert_eq!(hit(store, "leaky", T0).await, Verdict::Delay(S));
     assert_eq!(hit(store, "leaky", T0).await, Verdict::Delay(2 * S));
-    assert_eq!(hit(store, "leaky", T0).await, Verdict::Deny { retry_after: S });
+    assert_eq!(
+        hit(store, "leaky", T0).await,
+        Verdict::Deny { retry_after: S }
+    );
     assert!(hit(store, "leaky", T0 + S - 1).await.is_deny());
     assert_eq!(hit(store, "leaky", T0 + S).await, Verdict::Delay(2 * S));
 }
@@ -169,7 +226,10 @@ async fn sqlite_state_of_every_persisted_algorithm_survives_a_reopen() {
         .map(|n| store.peek(&format!("{n}:ip:203.0.113.9"), &algorithm(n), T0))
         .collect();
     assert_eq!(before, after);
-    assert!(before.iter().all(|q| q.remaining < q.limit), "every limiter had counted something: {before:?}");
+    assert!(
+        before.iter().all(|q| q.remaining < q.limit),
+        "every limiter had counted something: {before:?}"
+    );
 }
 
 #[tokio::test]
@@ -179,5 +239,10 @@ async fn a_memory_store_forgets_on_reopen() {
     hit(&store, "fixed", T0).await;
     drop(store);
     let store = open("memory", dir.path());
-    assert_eq!(store.peek("fixed:ip:203.0.113.9", &algorithm("fixed"), T0).remaining, 3);
+    assert_eq!(
+        store
+            .peek("fixed:ip:203.0.113.9", &algorithm("fixed"), T0)
+            .remaining,
+        3
+    );
 }

@@ -219,7 +219,14 @@ fn mark(e: &mut Entry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
 }
 
 impl Shard {
-    fn record(&mut self, key: &str, algorithm: &Algorithm, now: Nanos, admitted: bool, track: bool) -> Quota {
+    fn record(
+        &mut self,
+        key: &str,
+        algorithm: &Algorithm,
+        now: Nanos,
+        admitted: bool,
+        track: bool,
+    ) -> Quota {
         let Shard { map, changed } = self;
         let e = match map.get_mut(key) {
             Some(e) => e,
@@ -251,7 +258,10 @@ mod tests {
     use crate::limiter::NANOS_PER_SEC as S;
 
     fn fixed(limit: u64) -> Algorithm {
-        Algorithm::FixedWindow(FixedWindow { limit, window: 60 * S })
+        Algorithm::FixedWindow(FixedWindow {
+            limit,
+            window: 60 * S,
+        })
     }
 
     #[test]
@@ -261,15 +271,26 @@ mod tests {
         let now = 6_000 * S;
         let checks = |_: ()| {
             vec![
-                Check { key: "strict:ip:a", algorithm: &strict, shadow: false },
-                Check { key: "global:ip:a", algorithm: &global, shadow: false },
+                Check {
+                    key: "strict:ip:a",
+                    algorithm: &strict,
+                    shadow: false,
+                },
+                Check {
+                    key: "global:ip:a",
+                    algorithm: &global,
+                    shadow: false,
+                },
             ]
         };
         let first = table.check(&checks(()), now);
         assert!(first.iter().all(|o| o.verdict == Verdict::Allow));
         let second = table.check(&checks(()), now);
         assert!(second[0].verdict.is_deny());
-        assert_eq!(second[1].quota.remaining, 98, "fixed windows count attempts");
+        assert_eq!(
+            second[1].quota.remaining, 98,
+            "fixed windows count attempts"
+        );
     }
 
     #[test]
@@ -277,7 +298,11 @@ mod tests {
         let table = Table::new(false);
         let a = fixed(1);
         let now = 6_000 * S;
-        let shadow = [Check { key: "s:ip:a", algorithm: &a, shadow: true }];
+        let shadow = [Check {
+            key: "s:ip:a",
+            algorithm: &a,
+            shadow: true,
+        }];
         table.check(&shadow, now);
         let second = table.check(&shadow, now);
         assert!(second[0].verdict.is_deny());
@@ -290,10 +315,20 @@ mod tests {
         let now = 6_000 * S;
         let five = fixed(5);
         for _ in 0..3 {
-            table.check(&[Check { key: "l:k", algorithm: &five, shadow: false }], now);
+            table.check(
+                &[Check {
+                    key: "l:k",
+                    algorithm: &five,
+                    shadow: false,
+                }],
+                now,
+            );
         }
         assert_eq!(table.peek("l:k", &fixed(2), now).remaining, 0);
-        let longer = Algorithm::FixedWindow(FixedWindow { limit: 5, window: 120 * S });
+        let longer = Algorithm::FixedWindow(FixedWindow {
+            limit: 5,
+            window: 120 * S,
+        });
         assert_eq!(table.peek("l:k", &longer, now).remaining, 5);
     }
 
@@ -302,7 +337,14 @@ mod tests {
         let table = Table::new(true);
         let a = fixed(5);
         for _ in 0..3 {
-            table.check(&[Check { key: "l:k", algorithm: &a, shadow: false }], 60 * S);
+            table.check(
+                &[Check {
+                    key: "l:k",
+                    algorithm: &a,
+                    shadow: false,
+                }],
+                60 * S,
+            );
         }
         let changes = table.take_changes();
         assert_eq!(changes.len(), 1);

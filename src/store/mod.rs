@@ -64,12 +64,22 @@ impl Store {
     }
 
     /// Opens the configured backend and loads the live state it persisted.
-    pub fn open(config: &StoreConfig, limiters: &[LimiterConfig], now: Nanos) -> Result<Store, StoreError> {
+    pub fn open(
+        config: &StoreConfig,
+        limiters: &[LimiterConfig],
+        now: Nanos,
+    ) -> Result<Store, StoreError> {
         match &config.backend {
             Backend::Memory => Ok(Store::memory()),
             Backend::Sqlite { path } => {
                 let table = Arc::new(memory::Table::new(true));
-                let sqlite = sqlite::Sqlite::open(path, table.clone(), config.flush_interval, limiters, now)?;
+                let sqlite = sqlite::Sqlite::open(
+                    path,
+                    table.clone(),
+                    config.flush_interval,
+                    limiters,
+                    now,
+                )?;
                 Ok(Store {
                     table,
                     sqlite: Some(sqlite),
@@ -85,7 +95,11 @@ impl Store {
     }
 
     /// Checks and records every limiter of one request atomically.
-    pub async fn check(&self, checks: &[Check<'_>], now: Nanos) -> Result<Vec<Outcome>, StoreError> {
+    pub async fn check(
+        &self,
+        checks: &[Check<'_>],
+        now: Nanos,
+    ) -> Result<Vec<Outcome>, StoreError> {
         Ok(self.table.check(checks, now))
     }
 
@@ -105,8 +119,14 @@ impl Store {
     }
 
     /// Drops expired state and the state of limiters that no longer exist.
-    pub fn prune(&self, now: Nanos, limiters: &[LimiterConfig], audit_retention: Option<std::time::Duration>) -> usize {
-        let live: std::collections::HashSet<&str> = limiters.iter().map(|l| l.name.as_str()).collect();
+    pub fn prune(
+        &self,
+        now: Nanos,
+        limiters: &[LimiterConfig],
+        audit_retention: Option<std::time::Duration>,
+    ) -> usize {
+        let live: std::collections::HashSet<&str> =
+            limiters.iter().map(|l| l.name.as_str()).collect();
         let removed = self.table.remove_where(|key, expires_at| {
             let limiter = key.split(':').next().unwrap_or("");
             expires_at <= now || !live.contains(limiter)

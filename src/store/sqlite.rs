@@ -105,9 +105,12 @@ impl Sqlite {
             source,
         };
         let conn = Connection::open(path).map_err(open_err)?;
-        conn.busy_timeout(Duration::from_secs(5)).map_err(open_err)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(open_err)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(open_err)?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(open_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open_err)?;
         conn.execute_batch(SCHEMA).map_err(open_err)?;
         load(&conn, &table, limiters, now).map_err(open_err)?;
 
@@ -145,7 +148,12 @@ impl Sqlite {
     }
 
     pub fn healthy(&self) -> bool {
-        self.healthy.load(Ordering::Relaxed) && self.thread.lock().as_ref().is_some_and(|t| !t.is_finished())
+        self.healthy.load(Ordering::Relaxed)
+            && self
+                .thread
+                .lock()
+                .as_ref()
+                .is_some_and(|t| !t.is_finished())
     }
 
     pub fn prune(&self, now: Nanos, limiters: &[LimiterConfig], audit_retention: Option<Duration>) {
@@ -286,9 +294,15 @@ impl Writer {
                 params![live],
             )?;
         }
-        tx.execute("DELETE FROM limiter_state WHERE expires_at <= ?1", params![plan.now as i64])?;
+        tx.execute(
+            "DELETE FROM limiter_state WHERE expires_at <= ?1",
+            params![plan.now as i64],
+        )?;
         if let Some(cutoff) = plan.audit_cutoff {
-            tx.execute("DELETE FROM api_calls WHERE time < ?1", params![iso8601(cutoff / NANOS_PER_SEC)])?;
+            tx.execute(
+                "DELETE FROM api_calls WHERE time < ?1",
+                params![iso8601(cutoff / NANOS_PER_SEC)],
+            )?;
         }
         tx.commit()
     }
@@ -306,7 +320,8 @@ fn write(conn: &mut Connection, changes: &[Change], audit: &[AuditRow]) -> rusql
              ON CONFLICT (key) DO UPDATE SET algorithm = excluded.algorithm, shape = excluded.shape,
                  state = excluded.state, expires_at = excluded.expires_at",
         )?;
-        let mut delete_windows = tx.prepare_cached("DELETE FROM rate_limit_windows WHERE key = ?1")?;
+        let mut delete_windows =
+            tx.prepare_cached("DELETE FROM rate_limit_windows WHERE key = ?1")?;
         let mut delete_state = tx.prepare_cached("DELETE FROM limiter_state WHERE key = ?1")?;
         for c in changes {
             let key: &str = &c.key;
@@ -316,14 +331,24 @@ fn write(conn: &mut Connection, changes: &[Change], audit: &[AuditRow]) -> rusql
                     delete_state.execute([key])?;
                 }
                 Some((State::FixedWindow(w), _, _)) => {
-                    upsert_window.execute(params![key, iso8601(w.window_start / NANOS_PER_SEC), w.count as i64])?;
+                    upsert_window.execute(params![
+                        key,
+                        iso8601(w.window_start / NANOS_PER_SEC),
+                        w.count as i64
+                    ])?;
                 }
                 // Nothing is in flight after a restart.
                 Some((State::Concurrency(_), _, _)) => {}
                 Some((state, shape, expires_at)) => {
                     let (algorithm, blob) = encode(state);
                     let shape = shape.map(|s| format!("{s:?}")).unwrap_or_default();
-                    upsert_state.execute(params![key, algorithm, shape, blob, *expires_at as i64])?;
+                    upsert_state.execute(params![
+                        key,
+                        algorithm,
+                        shape,
+                        blob,
+                        *expires_at as i64
+                    ])?;
                 }
             }
         }
@@ -365,7 +390,7 @@ fn encode(state: &State) -> (&'static str, Vec<u8>) {
 }
 
 fn decode(algorithm: &Algorithm, blob: &[u8]) -> Option<State> {
-    if blob.len() % 8 != 0 {
+    if !blob.len().is_multiple_of(8) {
         return None;
     }
     let words: Vec<u64> = blob
@@ -376,7 +401,9 @@ fn decode(algorithm: &Algorithm, blob: &[u8]) -> Option<State> {
         Algorithm::SlidingWindow(_) => State::SlidingWindow(sliding_window::State {
             admitted: words.into_iter().collect(),
         }),
-        Algorithm::TokenBucket(_) => State::TokenBucket(token_bucket::State { tat: *words.first()? }),
+        Algorithm::TokenBucket(_) => State::TokenBucket(token_bucket::State {
+            tat: *words.first()?,
+        }),
         Algorithm::LeakyBucket(_) => State::LeakyBucket(leaky_bucket::State {
             next_free: *words.first()?,
         }),
@@ -385,8 +412,16 @@ fn decode(algorithm: &Algorithm, blob: &[u8]) -> Option<State> {
 }
 
 /// Loads every live window and state row whose limiter still exists with the same shape.
-fn load(conn: &Connection, table: &Table, limiters: &[LimiterConfig], now: Nanos) -> rusqlite::Result<()> {
-    let by_name: HashMap<&str, &Algorithm> = limiters.iter().map(|l| (l.name.as_str(), &l.algorithm)).collect();
+fn load(
+    conn: &Connection,
+    table: &Table,
+    limiters: &[LimiterConfig],
+    now: Nanos,
+) -> rusqlite::Result<()> {
+    let by_name: HashMap<&str, &Algorithm> = limiters
+        .iter()
+        .map(|l| (l.name.as_str(), &l.algorithm))
+        .collect();
     let limiter_of = |key: &str| by_name.get(key.split(':').next().unwrap_or("")).copied();
 
     let mut latest: HashMap<String, (Nanos, u64)> = HashMap::new();
@@ -407,7 +442,10 @@ fn load(conn: &Connection, table: &Table, limiters: &[LimiterConfig], now: Nanos
     let mut loaded = 0usize;
     for (key, (window_start, count)) in latest {
         if let Some(algorithm @ Algorithm::FixedWindow(_)) = limiter_of(&key) {
-            let state = State::FixedWindow(crate::limiter::fixed_window::State { window_start, count });
+            let state = State::FixedWindow(crate::limiter::fixed_window::State {
+                window_start,
+                count,
+            });
             let expires_at = algorithm.expires_at(&state);
             if expires_at > now {
                 // The window start itself tells whether it is still current,
@@ -417,7 +455,9 @@ fn load(conn: &Connection, table: &Table, limiters: &[LimiterConfig], now: Nanos
             }
         }
     }
-    let mut stmt = conn.prepare("SELECT key, algorithm, shape, state, expires_at FROM limiter_state WHERE expires_at > ?1")?;
+    let mut stmt = conn.prepare(
+        "SELECT key, algorithm, shape, state, expires_at FROM limiter_state WHERE expires_at > ?1",
+    )?;
     let mut rows = stmt.query([now as i64])?;
     while let Some(row) = rows.next()? {
         let key: String = row.get(0)?;
@@ -425,7 +465,9 @@ fn load(conn: &Connection, table: &Table, limiters: &[LimiterConfig], now: Nanos
         let shape: String = row.get(2)?;
         let blob: Vec<u8> = row.get(3)?;
         let expires_at: i64 = row.get(4)?;
-        let Some(algorithm) = limiter_of(&key) else { continue };
+        let Some(algorithm) = limiter_of(&key) else {
+            continue;
+        };
         if algorithm.name() != name || format!("{:?}", algorithm.shape()) != shape {
             continue; // the limiter changed while we were down: start afresh
         }
@@ -437,7 +479,11 @@ fn load(conn: &Connection, table: &Table, limiters: &[LimiterConfig], now: Nanos
     let calls: Option<i64> = conn
         .query_row("SELECT count(*) FROM api_calls", [], |r| r.get(0))
         .optional()?;
-    tracing::info!(keys = loaded, audit_rows = calls.unwrap_or(0), "loaded live limiter state from SQLite");
+    tracing::info!(
+        keys = loaded,
+        audit_rows = calls.unwrap_or(0),
+        "loaded live limiter state from SQLite"
+    );
     Ok(())
 }
 
@@ -463,18 +509,42 @@ mod tests {
     fn counts_survive_a_reopen_in_the_spec_table() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.db");
-        let strict = Algorithm::FixedWindow(FixedWindow { limit: 5, window: 60 * NANOS_PER_SEC });
-        let burst = Algorithm::TokenBucket(TokenBucket { capacity: 3, interval: NANOS_PER_SEC });
-        let limiters = [limiter("strict", strict.clone()), limiter("burst", burst.clone())];
+        let strict = Algorithm::FixedWindow(FixedWindow {
+            limit: 5,
+            window: 60 * NANOS_PER_SEC,
+        });
+        let burst = Algorithm::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval: NANOS_PER_SEC,
+        });
+        let limiters = [
+            limiter("strict", strict.clone()),
+            limiter("burst", burst.clone()),
+        ];
         let now = 1_767_225_620 * NANOS_PER_SEC;
         {
             let table = Arc::new(Table::new(true));
-            let db = Sqlite::open(&path, table.clone(), Duration::from_secs(3600), &limiters, now).unwrap();
+            let db = Sqlite::open(
+                &path,
+                table.clone(),
+                Duration::from_secs(3600),
+                &limiters,
+                now,
+            )
+            .unwrap();
             for _ in 0..6 {
                 table.check(
                     &[
-                        Check { key: "strict:ip:203.0.113.9", algorithm: &strict, shadow: false },
-                        Check { key: "burst:ip:203.0.113.9", algorithm: &burst, shadow: true },
+                        Check {
+                            key: "strict:ip:203.0.113.9",
+                            algorithm: &strict,
+                            shadow: false,
+                        },
+                        Check {
+                            key: "burst:ip:203.0.113.9",
+                            algorithm: &burst,
+                            shadow: true,
+                        },
                     ],
                     now,
                 );
@@ -488,8 +558,18 @@ mod tests {
         assert_eq!((start.as_str(), count), ("2026-01-01T00:00:00Z", 6));
 
         let table = Arc::new(Table::new(true));
-        let _db = Sqlite::open(&path, table.clone(), Duration::from_secs(3600), &limiters, now).unwrap();
-        assert_eq!(table.peek("strict:ip:203.0.113.9", &strict, now).remaining, 0);
+        let _db = Sqlite::open(
+            &path,
+            table.clone(),
+            Duration::from_secs(3600),
+            &limiters,
+            now,
+        )
+        .unwrap();
+        assert_eq!(
+            table.peek("strict:ip:203.0.113.9", &strict, now).remaining,
+            0
+        );
         assert_eq!(table.peek("burst:ip:203.0.113.9", &burst, now).remaining, 0);
     }
 }

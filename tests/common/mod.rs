@@ -37,14 +37,22 @@ pub struct Proxy {
 
 /// Rewrites `yaml` so the proxy listens on the given addresses and keeps its
 /// SQLite file in `dir` (unless the test chose a path).
-pub fn pin_yaml(yaml: &str, listen: SocketAddr, admin: SocketAddr, dir: &std::path::Path) -> String {
+pub fn pin_yaml(
+    yaml: &str,
+    listen: SocketAddr,
+    admin: SocketAddr,
+    dir: &std::path::Path,
+) -> String {
     let mut doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("test YAML parses");
     if doc.is_null() {
         doc = serde_yaml::Value::Mapping(Default::default());
     }
     let map = doc.as_mapping_mut().expect("top level is a map");
     let section = |map: &mut serde_yaml::Mapping, name: &str| -> serde_yaml::Mapping {
-        map.get(name).and_then(|v| v.as_mapping()).cloned().unwrap_or_default()
+        map.get(name)
+            .and_then(|v| v.as_mapping())
+            .cloned()
+            .unwrap_or_default()
     };
     let mut server = section(map, "server");
     server.insert("listen".into(), vec![listen.to_string()].into());
@@ -54,7 +62,10 @@ pub fn pin_yaml(yaml: &str, listen: SocketAddr, admin: SocketAddr, dir: &std::pa
     map.insert("admin".into(), admin_section.into());
     let mut store = section(map, "store");
     if !store.contains_key("path") {
-        store.insert("path".into(), dir.join("tollgate.db").display().to_string().into());
+        store.insert(
+            "path".into(),
+            dir.join("tollgate.db").display().to_string().into(),
+        );
     }
     map.insert("store".into(), store.into());
     serde_yaml::to_string(&doc).expect("serializes")
@@ -71,8 +82,21 @@ impl Proxy {
 
     /// Starts in `dir` (so a second proxy can reopen the same SQLite file);
     /// `watch` polls the config file at that interval.
-    pub async fn start_in(yaml: &str, clock: SharedClock, dir: tempfile::TempDir, watch: Option<Duration>) -> Proxy {
+    pub async fn start_in(
+        yaml: &str,
+        clock: SharedClock,
+        dir: tempfile::TempDir,
+        watch: Option<Duration>,
+    ) -> Proxy {
         let _ = rustls::crypto::ring::default_provider().install_default();
+        // Logs show up with a failing test's output (`TOLLGATE_LOG=debug` for more).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_test_writer()
+            .try_init();
         let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, admin_addr) = (public.local_addr().unwrap(), admin.local_addr().unwrap());
@@ -90,7 +114,12 @@ impl Proxy {
             config_path: Some(config_path.clone()),
             watch_every: watch,
         };
-        let handle = tokio::spawn(tollgate::run(listeners, app.clone(), options, shutdown.clone()));
+        let handle = tokio::spawn(tollgate::run(
+            listeners,
+            app.clone(),
+            options,
+            shutdown.clone(),
+        ));
         Proxy {
             addr,
             admin: admin_addr,
@@ -112,7 +141,11 @@ impl Proxy {
 
     /// Rewrites the config file with `yaml` (listeners and store path pinned as at start).
     pub fn write_config(&self, yaml: &str) {
-        std::fs::write(&self.config_path, pin_yaml(yaml, self.addr, self.admin, self.dir.path())).unwrap();
+        std::fs::write(
+            &self.config_path,
+            pin_yaml(yaml, self.addr, self.admin, self.dir.path()),
+        )
+        .unwrap();
     }
 
     /// Starts a graceful shutdown and returns the task that finishes it.
@@ -201,7 +234,10 @@ impl Drop for InFlight {
     }
 }
 
-async fn handle_upstream(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle_upstream(
+    seen: Arc<Seen>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     seen.requests.fetch_add(1, Ordering::SeqCst);
     seen.arrivals.lock().push(Instant::now());
     let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -209,10 +245,16 @@ async fn handle_upstream(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Resp
     let _guard = InFlight(seen.clone());
     *seen.last_headers.lock() = Some(req.headers().clone());
     let path = req.uri().path().to_string();
-    if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse::<u64>().ok()) {
+    if let Some(ms) = path
+        .strip_prefix("/slow/")
+        .and_then(|m| m.parse::<u64>().ok())
+    {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
-    if let Some(n) = path.strip_prefix("/big/").and_then(|m| m.parse::<usize>().ok()) {
+    if let Some(n) = path
+        .strip_prefix("/big/")
+        .and_then(|m| m.parse::<usize>().ok())
+    {
         return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
     }
     let method = req.method().to_string();
@@ -223,7 +265,12 @@ async fn handle_upstream(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Resp
         .iter()
         .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
         .collect();
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     if path == "/echo" {
         return Ok(Response::new(Full::new(body)));
     }
@@ -231,15 +278,21 @@ async fn handle_upstream(seen: Arc<Seen>, req: Request<Incoming>) -> Result<Resp
         "method": method, "uri": uri, "version": version, "headers": headers, "body_len": body.len(),
     });
     let mut resp = Response::new(Full::new(Bytes::from(json.to_string())));
-    resp.headers_mut().insert("content-type", "application/json".parse().unwrap());
-    resp.headers_mut().insert("connection", "x-upstream-hop".parse().unwrap());
-    resp.headers_mut().insert("x-upstream-hop", "must-not-reach-client".parse().unwrap());
+    resp.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    resp.headers_mut()
+        .insert("connection", "x-upstream-hop".parse().unwrap());
+    resp.headers_mut()
+        .insert("x-upstream-hop", "must-not-reach-client".parse().unwrap());
     Ok(resp)
 }
 
 /// A client without connection reuse surprises: a fresh pool per test.
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().pool_max_idle_per_host(64).build().unwrap()
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap()
 }
 
 /// Sends raw bytes and returns everything read until the server closes or `wait` passes.
@@ -253,11 +306,227 @@ pub async fn raw(addr: SocketAddr, request: &[u8], wait: Duration) -> String {
 
 /// The status code of the first response in a raw HTTP/1.1 answer.
 pub fn status_of(raw: &str) -> u16 {
-    raw.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A free port nobody listens on (bound then released).
 pub async fn closed_port() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     l.local_addr().unwrap()
+}
+
+// ------------------------------------------------------------ the real binary
+
+/// An address on 127.0.0.1 that was free a moment ago (bound, read, released).
+pub fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// One HTTP/1.1 answer read by [`http`].
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub head: String,
+    pub body: String,
+}
+
+impl Reply {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// One blocking HTTP/1.1 request on a fresh connection (for tests that drive
+/// a child process without a runtime). Fails if nothing listens or answers in 5 s.
+pub fn http(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(5);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("no HTTP head in {text:?}"),
+        )
+    })?;
+    let mut reply = Reply {
+        status: status_of(head),
+        head: head.to_string(),
+        body: body.to_string(),
+    };
+    if reply
+        .header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+    {
+        reply.body = dechunk(body);
+    }
+    Ok(reply)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// The path of the `tollgate` binary cargo built for these tests.
+pub const BINARY: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// A `tollgate serve` child process on free ports, its output in a log file.
+pub struct Process {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Process {
+    /// Writes `yaml` (listeners pinned to free ports, SQLite file in `dir`
+    /// unless it names one) to `dir/tollgate.yaml`, runs `tollgate serve
+    /// --config` on it and waits until `/healthz` answers.
+    pub fn serve(yaml: &str, dir: &std::path::Path) -> Process {
+        let (addr, admin) = (free_addr(), free_addr());
+        let config = dir.join("tollgate.yaml");
+        std::fs::write(&config, pin_yaml(yaml, addr, admin, dir)).unwrap();
+        let mut cmd = std::process::Command::new(BINARY);
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .current_dir(dir);
+        Process::spawn(cmd, addr, admin, dir)
+    }
+
+    /// Starts `cmd` (which must serve on `addr` / `admin`) with its output in
+    /// a fresh log file in `dir`, and waits until it is healthy.
+    pub fn spawn(
+        mut cmd: std::process::Command,
+        addr: SocketAddr,
+        admin: SocketAddr,
+        dir: &std::path::Path,
+    ) -> Process {
+        static RUNS: AtomicUsize = AtomicUsize::new(0);
+        let log = dir.join(format!(
+            "tollgate-{}.log",
+            RUNS.fetch_add(1, Ordering::SeqCst)
+        ));
+        let out = std::fs::File::create(&log).unwrap();
+        cmd.stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .env("TOLLGATE_LOG", "info");
+        let child = cmd.spawn().expect("the tollgate binary starts");
+        let mut p = Process {
+            child,
+            addr,
+            admin,
+            log,
+        };
+        p.wait_healthy();
+        p
+    }
+
+    pub fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = http(self.admin, "GET", "/healthz") {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("tollgate exited early with {status}:\n{}", self.output());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tollgate never became healthy:\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends a signal by name (`TERM`, `KILL`, `HUP`) with kill(1).
+    pub fn signal(&self, name: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill(1) runs")
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("tollgate did not exit within {limit:?}:\n{}", self.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// With the real clock: if less than `room` is left in the current window of
+/// length `window` (aligned to the Unix epoch), sleeps into the next one, so
+/// a scenario that takes less than `room` never straddles two windows.
+pub fn wait_for_window_room(window: Duration, room: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = Duration::from_nanos((now.as_nanos() % window.as_nanos()) as u64);
+    let left = window - into;
+    if left < room {
+        std::thread::sleep(left + Duration::from_millis(100));
+    }
+}
+
+/// The Unix start (s) of the current window of length `window`, with the real clock.
+pub fn window_start_now(window: Duration) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    now - now % window.as_secs()
 }

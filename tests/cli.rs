@@ -1,0 +1,275 @@
+//! The `tollgate` binary's command line: --version, check, config discovery, healthcheck.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{free_addr, Process, Proxy, BINARY};
+
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml");
+
+fn tollgate(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BINARY);
+    cmd.args(args).env_remove("TOLLGATE_CONFIG");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> (i32, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().expect("the tollgate binary runs");
+    (
+        status.code().expect("exited, not killed"),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+/// Runs `tollgate check --config <file with yaml>`.
+fn check(yaml: &str) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    run(tollgate(&["check", "--config", path.to_str().unwrap()]).current_dir(dir.path()))
+}
+
+/// The error lines of a failed check (each starts with the file name).
+fn error_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| {
+            l.trim_start()
+                .starts_with(|c: char| c == '/' || c.is_alphanumeric())
+                && l.contains(": line ")
+        })
+        .collect()
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    let (code, out, _) = run(&mut tollgate(&["--version"]));
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.trim(),
+        format!("tollgate {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn check_accepts_the_example_config_and_prints_a_summary() {
+    let (code, out, err) = run(&mut tollgate(&["check", "--config", EXAMPLE]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("config.example.yaml: ok"), "{out}");
+    for part in [
+        "3 route(s)",
+        "4 limiter(s)",
+        "1 upstream(s)",
+        "admin on 127.0.0.1:9901",
+    ] {
+        assert!(out.contains(part), "{part:?} missing from {out}");
+    }
+}
+
+#[test]
+fn check_reports_a_missing_limiter_with_its_line_and_column() {
+    let (code, out, err) = check(
+        "limiters:
+  strict: { limit: 5, window: 60s }
+routes:
+  - name: ping
+    match: { path: /ping }
+    respond: { status: 200 }
+    limiters: [strict, missing]
+",
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(err.contains("bad.yaml: 1 error"), "{err}");
+    assert!(
+        err.contains("line 7 column 24") && err.contains("no limiter named \"missing\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_reports_a_misspelt_key_with_its_line_and_column() {
+    let (code, _, err) = check("limiters:\n  strict: { limt: 5, window: 60s }\n");
+    assert_eq!(code, 1);
+    assert!(err.contains("line 2 column 13"), "{err}");
+    assert!(err.contains("unknown field `limt`"), "{err}");
+    assert!(
+        err.contains("`limit`"),
+        "the message offers the right spelling: {err}"
+    );
+}
+
+#[test]
+fn check_names_an_unset_environment_variable() {
+    let var = "TOLLGATE_TEST_SURELY_UNSET_VAR";
+    let (code, _, err) = {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.yaml");
+        std::fs::write(&path, format!("admin:\n  token: ${{{var}}}\n")).unwrap();
+        run(tollgate(&["check", "--config", path.to_str().unwrap()]).env_remove(var))
+    };
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("environment variable {var} is not set")),
+        "{err}"
+    );
+    assert!(err.contains("line 2"), "{err}");
+
+    // The same file passes once the variable is set.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ok.yaml");
+    std::fs::write(&path, format!("admin:\n  token: ${{{var}}}\n")).unwrap();
+    let (code, out, err) =
+        run(tollgate(&["check", "--config", path.to_str().unwrap()]).env(var, "t0ken"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains("t0ken"),
+        "the summary does not print secrets: {out}"
+    );
+}
+
+#[test]
+fn check_prints_every_semantic_error_not_just_the_first() {
+    let (code, _, err) = check(
+        "server:
+  listen: \"127.0.0.1:70000\"
+limiters:
+  strict: { limit: 0, window: 60s }
+  odd: { algorithm: sideways, limit: 1, window: 1s }
+routes:
+  - { name: a, match: { path: /a }, upstream: nowhere, limiters: [strict, missing] }
+  - { name: b, match: { path: /b }, respond: { status: 200 }, limiters: [nope] }
+",
+    );
+    assert_eq!(code, 1);
+    let lines = error_lines(&err);
+    assert!(
+        lines.len() >= 6,
+        "expected every error, got {}:\n{err}",
+        lines.len()
+    );
+    assert!(
+        err.contains(&format!("bad.yaml: {} errors", lines.len())),
+        "the count matches: {err}"
+    );
+    for (line, what) in [
+        ("line 2", "server.listen"),
+        ("line 4", "limiters.strict"),
+        ("line 5", "sideways"),
+        ("line 7", "no upstream named \"nowhere\""),
+        ("line 7", "no limiter named \"missing\""),
+        ("line 8", "no limiter named \"nope\""),
+    ] {
+        assert!(
+            lines.iter().any(|l| l.contains(line) && l.contains(what)),
+            "no {what:?} at {line} in:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn serve_without_any_config_fails_with_a_clear_message() {
+    let empty = tempfile::tempdir().unwrap();
+    let mut cmd = tollgate(&["serve"]);
+    cmd.current_dir(empty.path());
+    let (code, _, err) = run(&mut cmd);
+    assert_ne!(code, 0);
+    assert!(err.contains("no config"), "{err}");
+    assert!(
+        err.contains("--config")
+            && err.contains("tollgate.yaml")
+            && err.contains("TOLLGATE_CONFIG"),
+        "{err}"
+    );
+    // No default SQLite file was created next to nothing.
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn serve_uses_tollgate_config_when_there_is_no_local_file() {
+    let cwd = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let (addr, admin) = (free_addr(), free_addr());
+    let config = elsewhere.path().join("from-env.yaml");
+    let yaml = "routes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200, body: \"from env\" } }\n";
+    std::fs::write(
+        &config,
+        common::pin_yaml(yaml, addr, admin, elsewhere.path()),
+    )
+    .unwrap();
+    let mut cmd = Command::new(BINARY);
+    cmd.arg("serve")
+        .current_dir(cwd.path())
+        .env("TOLLGATE_CONFIG", &config);
+    let mut p = Process::spawn(cmd, addr, admin, elsewhere.path());
+    let r = common::http(addr, "GET", "/ping").unwrap();
+    assert_eq!((r.status, r.body.as_str()), (200, "from env"));
+    let shown = common::http(admin, "GET", "/config").unwrap().json();
+    assert_eq!(Path::new(shown["path"].as_str().unwrap()), config);
+    p.signal("TERM");
+    assert!(
+        p.wait_exit(Duration::from_secs(15)).success(),
+        "{}",
+        p.output()
+    );
+}
+
+#[test]
+fn a_local_tollgate_yaml_comes_before_tollgate_config() {
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(
+        cwd.path().join("tollgate.yaml"),
+        "limiters: { a: { limit: 1, window: 1s } }\n",
+    )
+    .unwrap();
+    let other = cwd.path().join("other.yaml");
+    std::fs::write(
+        &other,
+        "limiters: { a: { limit: 1, window: 1s }, b: { limit: 1, window: 1s } }\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(BINARY);
+    cmd.arg("check")
+        .current_dir(cwd.path())
+        .env("TOLLGATE_CONFIG", &other);
+    let (code, out, err) = run(&mut cmd);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("tollgate.yaml: ok") && out.contains("1 limiter(s)"),
+        "{out}"
+    );
+
+    std::fs::remove_file(cwd.path().join("tollgate.yaml")).unwrap();
+    let (code, out, err) = run(&mut cmd);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("other.yaml: ok") && out.contains("2 limiter(s)"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_exits_0_against_a_running_proxy_and_non_zero_against_a_closed_port() {
+    let proxy = Proxy::start("").await;
+    let up = format!("http://{}/healthz", proxy.admin);
+    let down = format!("http://{}/healthz", common::closed_port().await);
+    let probe = |url: String| {
+        tokio::task::spawn_blocking(move || run(&mut tollgate(&["healthcheck", "--url", &url])))
+    };
+    let (code, out, err) = probe(up).await.unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let (code, _, err) = probe(down).await.unwrap();
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot connect"), "{err}");
+    // A reachable server that is not healthy fails too: the public port has no /healthz route.
+    let (code, out, _) = probe(proxy.url("/healthz")).await.unwrap();
+    assert_ne!(code, 0, "{out}");
+}

@@ -1,0 +1,374 @@
+//! Hot reload: every trigger applies, a bad config never does, traffic never notices, counters stay.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{client, pin_yaml, Proxy, Upstream};
+use tollgate::clock::{ManualClock, SystemClock};
+
+const T0: u64 = 1_767_225_620 * 1_000_000_000;
+
+fn ping(limit: u32) -> String {
+    format!(
+        "limiters:\n  strict: {{ limit: {limit}, window: 60s }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [strict] }}\n"
+    )
+}
+
+async fn status(c: &reqwest::Client, url: &str) -> u16 {
+    c.get(url).send().await.unwrap().status().as_u16()
+}
+
+/// Exhausts a limit of 1, lets `change` rewrite the config to a limit of
+/// 1000, and returns how long it took until a request was admitted again.
+/// (Fixed windows count every attempt, the polling ones too, so the new limit
+/// must leave room for them.)
+async fn limit_raised_by(proxy: &Proxy, change: impl FnOnce()) -> Duration {
+    let c = client();
+    assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
+    assert_eq!(status(&c, &proxy.url("/ping")).await, 429);
+    let edited = Instant::now();
+    change();
+    while edited.elapsed() < Duration::from_secs(2) {
+        if status(&c, &proxy.url("/ping")).await == 200 {
+            return edited.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the new limit was not enforced within 2 s");
+}
+
+async fn watched(yaml: &str) -> Proxy {
+    let dir = tempfile::tempdir().unwrap();
+    Proxy::start_in(
+        yaml,
+        ManualClock::at(T0),
+        dir,
+        Some(Duration::from_millis(250)),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn editing_the_file_in_place_applies_the_new_limit_within_two_seconds() {
+    let proxy = watched(&ping(1)).await;
+    let took = limit_raised_by(&proxy, || proxy.write_config(&ping(1000))).await;
+    eprintln!("reload latency (in-place write, 250 ms poll): {took:?}");
+    assert_eq!(proxy.app.snapshot().version, 2);
+}
+
+#[tokio::test]
+async fn writing_a_temp_file_and_renaming_it_applies_the_new_limit() {
+    let proxy = watched(&ping(1)).await;
+    limit_raised_by(&proxy, || {
+        let tmp = proxy.dir.path().join(".tollgate.yaml.swp");
+        std::fs::write(
+            &tmp,
+            pin_yaml(&ping(1000), proxy.addr, proxy.admin, proxy.dir.path()),
+        )
+        .unwrap();
+        std::fs::rename(&tmp, &proxy.config_path).unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_configmap_style_symlink_swap_applies_the_new_limit() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    std::fs::create_dir(root.join("..v1")).unwrap();
+    symlink("..v1", root.join("..data")).unwrap();
+    symlink("..data/tollgate.yaml", root.join("tollgate.yaml")).unwrap();
+    let proxy = Proxy::start_in(
+        &ping(1),
+        ManualClock::at(T0),
+        dir,
+        Some(Duration::from_millis(250)),
+    )
+    .await;
+    assert!(
+        root.join("..v1/tollgate.yaml").exists(),
+        "the harness wrote through the symlinks"
+    );
+    limit_raised_by(&proxy, || {
+        std::fs::create_dir(root.join("..v2")).unwrap();
+        std::fs::write(
+            root.join("..v2/tollgate.yaml"),
+            pin_yaml(&ping(1000), proxy.addr, proxy.admin, &root),
+        )
+        .unwrap();
+        symlink("..v2", root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    })
+    .await;
+}
+
+/// Posts `/reload` and returns (HTTP status, JSON body).
+async fn post_reload(proxy: &Proxy) -> (u16, serde_json::Value) {
+    let r = client()
+        .post(proxy.admin_url("/reload"))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (
+        status,
+        serde_json::from_str(&r.text().await.unwrap()).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving() {
+    let proxy = Proxy::start_with_clock(&ping(1), ManualClock::at(T0)).await;
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_addr = busy.local_addr().unwrap();
+    let db = proxy.dir.path().join("tollgate.db");
+    let pinned = |yaml: &str| pin_yaml(yaml, proxy.addr, proxy.admin, proxy.dir.path());
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("yaml syntax", "limiters: [\n".into(), "line"),
+        ("unknown key", pinned("limiters:\n  strict: { limt: 5, window: 60s }\n"), "unknown field `limt`"),
+        ("missing limiter", pinned("routes:\n  - { name: p, match: { path: /ping }, respond: { status: 200 }, limiters: [nope] }\n"), "no limiter named \"nope\""),
+        ("missing upstream", pinned("routes:\n  - { name: p, match: { path: /ping }, upstream: nowhere }\n"), "no upstream named \"nowhere\""),
+        ("bad CIDR", pinned("identity: { trusted_proxies: [10.0.0.0/33] }\n"), "invalid CIDR"),
+        ("unreadable TLS file", pinned("server: { tls: { cert: /nonexistent/cert.pem, key: /nonexistent/key.pem } }\n"), "cannot read /nonexistent/cert.pem"),
+        (
+            "port in use",
+            format!(
+                "server: {{ listen: [\"{}\", \"{busy_addr}\"] }}\nadmin: {{ listen: \"{}\" }}\nstore: {{ path: \"{}\" }}\n{}",
+                proxy.addr,
+                proxy.admin,
+                db.display(),
+                ping(5)
+            ),
+            "cannot listen on",
+        ),
+        (
+            "store backend change",
+            pinned(&format!("store: {{ backend: memory }}\n{}", ping(5))),
+            "restart",
+        ),
+    ];
+    let c = client();
+    assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
+    for (what, text, expected) in cases {
+        std::fs::write(&proxy.config_path, text).unwrap();
+        let (code, body) = post_reload(&proxy).await;
+        assert_eq!(code, 422, "{what}: {body}");
+        let errors: Vec<&str> = body["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        let errors = errors.join("\n");
+        assert!(
+            errors.contains(expected),
+            "{what}: expected {expected:?} in {errors}"
+        );
+        assert_eq!(
+            status(&c, &proxy.url("/ping")).await,
+            429,
+            "{what}: the old limit of 1 still holds"
+        );
+        let config: serde_json::Value = serde_json::from_str(
+            &c.get(proxy.admin_url("/config"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(config["version"], 1, "{what}");
+        assert!(config["last_reload_error"].is_string(), "{what}: {config}");
+    }
+    let metrics = c
+        .get(proxy.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tollgate_config_reloads_total{result=\"error\"} 8"),
+        "{metrics}"
+    );
+    drop(busy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_reloads_under_load_drop_no_request_and_mix_no_configs() {
+    let config = |body: &str| {
+        format!(
+            "limiters:\n  roomy: {{ limit: 1000000, window: 60s }}\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, respond: {{ status: 200, body: \"{body}\" }}, limiters: [roomy] }}\n"
+        )
+    };
+    let proxy = Arc::new(Proxy::start_with_clock(&config("A"), Arc::new(SystemClock)).await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (proxy, stop, served) = (proxy.clone(), stop.clone(), served.clone());
+            tokio::spawn(async move {
+                let c = client();
+                let mut bad = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match c.get(proxy.url("/x")).send().await {
+                        Ok(r) => {
+                            let code = r.status().as_u16();
+                            let body = r.text().await.unwrap_or_default();
+                            if code != 200 || !(body == "A" || body == "B") {
+                                bad.push(format!("{code} {body:?}"));
+                            }
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => bad.push(format!("connection error: {e}")),
+                    }
+                }
+                bad
+            })
+        })
+        .collect();
+    for i in 0..50 {
+        proxy.write_config(&config(if i % 2 == 0 { "B" } else { "A" }));
+        let (code, body) = post_reload(&proxy).await;
+        assert_eq!(code, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let bad = c.await.unwrap();
+        assert!(bad.is_empty(), "{bad:?}");
+    }
+    assert_eq!(proxy.app.snapshot().version, 51);
+    assert!(
+        served.load(Ordering::Relaxed) > 100,
+        "the clients really were hammering"
+    );
+}
+
+#[tokio::test]
+async fn a_request_in_flight_at_the_upstream_during_a_reload_completes() {
+    let upstream = Upstream::start().await;
+    let yaml = |limit: u32| {
+        format!(
+            "upstreams:\n  app: {{ url: \"{}\" }}\nlimiters:\n  l: {{ limit: {limit}, window: 60s }}\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, upstream: app, limiters: [l] }}\n",
+            upstream.url()
+        )
+    };
+    let proxy = Proxy::start_with_clock(&yaml(10), ManualClock::at(T0)).await;
+    let url = proxy.url("/slow/800");
+    let in_flight =
+        tokio::spawn(async move { client().get(url).send().await.unwrap().status().as_u16() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.write_config(&yaml(20));
+    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(in_flight.await.unwrap(), 200);
+}
+
+#[tokio::test]
+async fn a_lowered_limit_applies_to_the_current_count_and_a_new_window_starts_afresh() {
+    let proxy = Proxy::start_with_clock(&ping(5), ManualClock::at(T0)).await;
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
+    }
+    proxy.write_config(&ping(2));
+    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(
+        status(&c, &proxy.url("/ping")).await,
+        429,
+        "3 used of a new limit of 2"
+    );
+    proxy.write_config("limiters:\n  strict: { limit: 2, window: 120s }\nroutes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200 }, limiters: [strict] }\n");
+    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(
+        status(&c, &proxy.url("/ping")).await,
+        200,
+        "a changed window starts afresh"
+    );
+}
+
+#[tokio::test]
+async fn a_removed_limiter_loses_its_state_in_memory_and_on_disk() {
+    let proxy = Proxy::start_with_clock(&ping(5), ManualClock::at(T0)).await;
+    let c = client();
+    assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
+    assert_eq!(proxy.app.shared.store.table().keys_of("strict").len(), 1);
+    proxy.write_config(
+        "routes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200 } }\n",
+    );
+    assert_eq!(post_reload(&proxy).await.0, 200);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !proxy.app.shared.store.table().keys_of("strict").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "strict's keys are still in memory"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.app.shared.store.flush().unwrap();
+    let conn = rusqlite::Connection::open(proxy.dir.path().join("tollgate.db")).unwrap();
+    let rows: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM rate_limit_windows WHERE key LIKE 'strict:%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+#[tokio::test]
+async fn listeners_follow_the_config_without_a_restart() {
+    let proxy = Proxy::start_with_clock(&ping(100), ManualClock::at(T0)).await;
+    let extra = common::closed_port().await;
+    let admin2 = common::closed_port().await;
+    let db = proxy.dir.path().join("tollgate.db");
+    let write = |listen: String, admin: std::net::SocketAddr| {
+        std::fs::write(
+            &proxy.config_path,
+            format!("server: {{ listen: [{listen}] }}\nadmin: {{ listen: \"{admin}\" }}\nstore: {{ path: \"{}\" }}\n{}", db.display(), ping(100)),
+        )
+        .unwrap();
+    };
+    let c = client();
+    write(format!("\"{}\", \"{extra}\"", proxy.addr), proxy.admin);
+    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(
+        status(&c, &format!("http://{extra}/ping")).await,
+        200,
+        "the added listener serves"
+    );
+    assert_eq!(
+        status(&c, &proxy.url("/ping")).await,
+        200,
+        "the old one still does"
+    );
+
+    write(format!("\"{}\"", proxy.addr), admin2);
+    assert_eq!(post_reload(&proxy).await.0, 200);
+    let fresh = client();
+    assert!(
+        fresh
+            .get(format!("http://{extra}/ping"))
+            .send()
+            .await
+            .is_err(),
+        "the removed listener is closed"
+    );
+    assert_eq!(
+        status(&fresh, &format!("http://{admin2}/healthz")).await,
+        200,
+        "the admin API moved"
+    );
+    assert!(
+        fresh.get(proxy.admin_url("/healthz")).send().await.is_err(),
+        "the old admin address is closed"
+    );
+}

@@ -1,0 +1,224 @@
+//! Shutdown: in-flight requests finish, new connections are refused, and counters survive
+//! SIGTERM (all of them) and `kill -9` (all but the last flush interval).
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{http, window_start_now, Process, Proxy, Upstream};
+
+fn forward_to(upstream: &Upstream, grace: &str) -> String {
+    format!(
+        "server: {{ shutdown_grace: {grace} }}\nupstreams:\n  app: {{ url: \"{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\n",
+        upstream.url()
+    )
+}
+
+/// Polls until the public port refuses connections, at most `limit`.
+async fn refused_within(addr: std::net::SocketAddr, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_finishes_while_new_connections_are_refused() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(&forward_to(&upstream, "5s")).await;
+    let c = common::client();
+    let url = proxy.url("/slow/1500");
+    let in_flight = tokio::spawn(async move {
+        let r = c.get(url).send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.seen.in_flight.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let started = Instant::now();
+    let run = proxy.begin_shutdown();
+    assert!(
+        refused_within(proxy.addr, Duration::from_millis(500)).await,
+        "the listener still accepts after shutdown began"
+    );
+    assert!(
+        !in_flight.is_finished(),
+        "the slow request is still being served while new connections are refused"
+    );
+
+    let (status, body) = tokio::time::timeout(Duration::from_secs(5), in_flight)
+        .await
+        .expect("the in-flight request ends")
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("/slow/1500"), "{body}");
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run returns within shutdown_grace")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "run waited for the request, not for the whole grace: {took:?}"
+    );
+    assert_eq!(upstream.seen.requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_returns_within_shutdown_grace_when_a_request_outlasts_it() {
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(&forward_to(&upstream, "500ms")).await;
+    let c = common::client();
+    let url = proxy.url("/slow/10000");
+    let stuck = tokio::spawn(async move { c.get(url).send().await.map(|r| r.status().as_u16()) });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.seen.in_flight.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let started = Instant::now();
+    let run = proxy.begin_shutdown();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run returns")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(450),
+        "it waited for the grace first: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(2000),
+        "it did not wait beyond the grace: {took:?}"
+    );
+    stuck.abort();
+}
+
+/// One fixed window of an hour, so a scenario of a few seconds stays inside it.
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn five_per_hour(flush: &str) -> String {
+    format!(
+        "store: {{ flush_interval: {flush} }}\nlimiters:\n  five: {{ limit: 5, window: 3600s }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [five] }}\n"
+    )
+}
+
+fn ping(p: &Process) -> u16 {
+    http(p.addr, "GET", "/ping").unwrap().status
+}
+
+/// `five`'s remaining count for 127.0.0.1, from the admin API.
+fn remaining(p: &Process) -> u64 {
+    let status = http(p.admin, "GET", "/status?key=127.0.0.1")
+        .unwrap()
+        .json();
+    let five = status["limiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limiter"] == "five")
+        .cloned();
+    five.and_then(|l| l["remaining"].as_u64())
+        .unwrap_or_else(|| panic!("no remaining for five in {status}"))
+}
+
+#[test]
+fn counters_survive_sigterm_and_a_restart() {
+    common::wait_for_window_room(HOUR, Duration::from_secs(60));
+    let window = window_start_now(HOUR);
+    let dir = tempfile::tempdir().unwrap();
+    // An hour-long flush interval: only the shutdown path can have written the counters.
+    let yaml = five_per_hour("1h");
+
+    let mut first = Process::serve(&yaml, dir.path());
+    for expected_remaining in ["4", "3", "2"] {
+        let r = http(first.addr, "GET", "/ping").unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-ratelimit-remaining"), Some(expected_remaining));
+    }
+    first.signal("TERM");
+    let status = first.wait_exit(Duration::from_secs(15));
+    assert!(
+        status.success(),
+        "SIGTERM exits 0, got {status}:\n{}",
+        first.output()
+    );
+    assert!(first.output().contains("stopped"), "{}", first.output());
+
+    let second = Process::serve(&yaml, dir.path());
+    assert_eq!(
+        remaining(&second),
+        2,
+        "the restarted proxy knows the 3 requests"
+    );
+    assert_eq!(ping(&second), 200);
+    assert_eq!(ping(&second), 200);
+    assert_eq!(ping(&second), 429);
+    assert_eq!(remaining(&second), 0);
+    assert_eq!(
+        window_start_now(HOUR),
+        window,
+        "the scenario stayed in one window"
+    );
+}
+
+#[test]
+fn kill_9_loses_at_most_the_last_flush_interval() {
+    common::wait_for_window_room(HOUR, Duration::from_secs(60));
+    let window = window_start_now(HOUR);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = five_per_hour("100ms").replace("limit: 5", "limit: 100");
+    const N: u64 = 7;
+
+    let mut first = Process::serve(&yaml, dir.path());
+    for _ in 0..N {
+        assert_eq!(ping(&first), 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    first.signal("KILL");
+    let status = first.wait_exit(Duration::from_secs(5));
+    assert!(!status.success(), "killed, not exited: {status}");
+
+    let conn = rusqlite::Connection::open(dir.path().join("tollgate.db")).unwrap();
+    let (start, count): (String, u64) = conn
+        .query_row(
+            "SELECT window_start, count FROM rate_limit_windows WHERE key = 'five:ip:127.0.0.1'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("the counter row was flushed before the kill");
+    assert_eq!(
+        count, N,
+        "every request older than one flush interval is on disk"
+    );
+    assert_eq!(start, tollgate::clock::iso8601(window));
+    drop(conn);
+
+    let second = Process::serve(&yaml, dir.path());
+    assert_eq!(remaining(&second), 100 - N);
+    let r = http(second.addr, "GET", "/ping").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some((100 - N - 1).to_string().as_str())
+    );
+    assert_eq!(
+        window_start_now(HOUR),
+        window,
+        "the scenario stayed in one window"
+    );
+}
