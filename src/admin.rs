@@ -128,19 +128,22 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 StatusCode::BAD_REQUEST,
                 "Pass the client as ?key=<IP or API key>.",
             ),
-            Some(k) if req.method() == Method::GET => {
-                json_response(StatusCode::OK, status(app, &snap, &k))
-            }
+            Some(k) if req.method() == Method::GET => match status(app, &snap, &k).await {
+                Ok(v) => json_response(StatusCode::OK, v),
+                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+            },
             Some(k) => {
                 let keys: Vec<String> = status_keys(&snap, &k)
                     .into_iter()
                     .map(|(_, key)| key)
                     .collect();
-                let removed = app.shared.store.reset(&keys);
-                json_response(
-                    StatusCode::OK,
-                    json!({"key": canonical_client(&snap, &k), "reset": removed}),
-                )
+                match app.shared.store.reset(&keys).await {
+                    Ok(removed) => json_response(
+                        StatusCode::OK,
+                        json!({"key": canonical_client(&snap, &k), "reset": removed}),
+                    ),
+                    Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+                }
             }
         },
         (&Method::POST, "/reload") => match crate::reload::reload(app) {
@@ -234,16 +237,16 @@ fn status_keys(snap: &Snapshot, raw: &str) -> Vec<(usize, String)> {
     out
 }
 
-fn status(app: &App, snap: &Snapshot, raw: &str) -> Value {
+/// Every limiter's state for one client; fails when the store does not answer.
+async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::store::StoreError> {
     let now = app.shared.clock.now();
-    let limiters: Vec<Value> = status_keys(snap, raw)
-        .into_iter()
-        .map(|(i, key)| {
-            let l = &snap.limiters[i];
-            let value = &key[l.name.len() + 1..];
-            let algorithm = l.algorithm_for(value);
-            let q = app.shared.store.peek(&key, algorithm, now);
-            json!({
+    let mut limiters: Vec<Value> = Vec::new();
+    for (i, key) in status_keys(snap, raw) {
+        let l = &snap.limiters[i];
+        let value = &key[l.name.len() + 1..];
+        let algorithm = l.algorithm_for(value);
+        let q = app.shared.store.peek(&key, algorithm, now).await?;
+        limiters.push(json!({
                 "limiter": l.name,
                 "algorithm": algorithm.name(),
                 "mode": if l.shadow { "shadow" } else { "enforce" },
@@ -253,10 +256,9 @@ fn status(app: &App, snap: &Snapshot, raw: &str) -> Value {
                 "window_seconds": q.window.map(ceil_secs),
                 "reset_after_seconds": ceil_secs(q.reset_after),
                 "reset": (now + q.reset_after).div_ceil(NANOS_PER_SEC),
-            })
-        })
-        .collect();
-    json!({"key": canonical_client(snap, raw), "limiters": limiters})
+        }));
+    }
+    Ok(json!({"key": canonical_client(snap, raw), "limiters": limiters}))
 }
 
 fn metrics_text(app: &App, snap: &Snapshot) -> String {
@@ -274,7 +276,7 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
         ),
         (
             "tollgate_store_healthy",
-            "1 when the store answers (SQLite: the last write succeeded).",
+            "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
             f64::from(u8::from(s.store.healthy())),
         ),
         (
@@ -315,7 +317,11 @@ pub fn effective_config(c: &Config) -> Value {
     json!({
         "server": {
             "listen": c.server.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-            "tls": c.server.tls.as_ref().map(|t| t.certs.iter().map(|x| json!({"cert": x.cert.display().to_string(), "key": x.key.display().to_string(), "hosts": x.hosts})).collect::<Vec<_>>()),
+            "tls": c.server.tls.as_ref().map(|t| json!({
+                "certs": t.certs.iter().map(|x| json!({"cert": x.cert.display().to_string(), "key": x.key.display().to_string(), "hosts": x.hosts})).collect::<Vec<_>>(),
+                "listen": t.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "redirect_plain": t.redirect_plain,
+            })),
             "request_header_timeout_ms": c.server.request_header_timeout.as_millis() as u64,
             "max_request_body": c.server.max_request_body,
             "shutdown_grace_ms": c.server.shutdown_grace.as_millis() as u64,

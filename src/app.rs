@@ -49,6 +49,8 @@ pub struct Shared {
     pub started: Instant,
     /// The listeners in service while `run` runs; reloads rebind through it.
     pub listeners: Mutex<Option<crate::server::ListenerSet>>,
+    /// TLS termination; reloads swap its certificates.
+    pub tls: crate::tls::Terminator,
 }
 
 #[derive(Clone)]
@@ -66,6 +68,8 @@ struct Limits {
     queued: Release,
     /// Concurrency slots to free when the response is done.
     slots: Release,
+    /// The store's clock at the decision (Redis' for a fleet): headers count from it.
+    at: Nanos,
 }
 
 impl App {
@@ -76,6 +80,7 @@ impl App {
         config_path: Option<PathBuf>,
     ) -> App {
         let metrics = Metrics::default();
+        let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let config_text = config_path
             .as_ref()
@@ -91,6 +96,7 @@ impl App {
                 last_reload_error: Mutex::new(None),
                 started: Instant::now(),
                 listeners: Mutex::new(None),
+                tls,
             }),
         }
     }
@@ -138,24 +144,11 @@ impl App {
         } else if !route.limiters.is_empty() {
             match self.limit(snap, route, &client, req.headers(), now).await {
                 Ok(l) => limits = Some(l),
-                Err(e) => {
-                    inc(&route.metrics.store_error);
-                    let policy = snap.config.store.on_error;
-                    self.shared
-                        .metrics
-                        .counter(
-                            "tollgate_store_errors_total",
-                            &[
-                                ("backend", self.shared.store.backend()),
-                                ("policy", on_error_name(policy)),
-                            ],
-                        )
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(error = %e, ?policy, "store failed; applying on_error");
-                    if policy == OnError::Deny {
-                        return Err(Problem::StoreUnavailable);
-                    }
+                // `limit` counted it (and answered from the local table for `local`).
+                Err(_) if snap.config.store.on_error == OnError::Deny => {
+                    return Err(Problem::StoreUnavailable);
                 }
+                Err(_) => {}
             }
         }
         let headers_of = |limits: &Option<Limits>, resp: &mut Response<Body>| {
@@ -168,7 +161,7 @@ impl App {
                         quota: o.quota,
                     })
                     .collect();
-                set_rate_limit_headers(resp.headers_mut(), &views, now);
+                set_rate_limit_headers(resp.headers_mut(), &views, l.at);
             }
         };
 
@@ -286,7 +279,18 @@ impl App {
                 }
             })
             .collect();
-        let outcomes = self.shared.store.check(&checks, now).await?;
+        let outcomes = match self.shared.store.check(&checks, now).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                let policy = snap.config.store.on_error;
+                self.store_failed(route, &e, policy);
+                if policy != OnError::Local {
+                    return Err(e);
+                }
+                self.shared.store.check_local(&checks, now)
+            }
+        };
+        let at = outcomes.first().map_or(now, |o| o.at);
 
         let mut denial: Option<Denial> = None;
         let mut delay = 0;
@@ -340,7 +344,26 @@ impl App {
             delay,
             queued,
             slots,
+            at,
         })
+    }
+
+    /// Counts a failed store call and the `on_error` decision it leads to.
+    fn store_failed(&self, route: &Route, e: &crate::store::StoreError, policy: OnError) {
+        inc(&route.metrics.store_error);
+        let metrics = &self.shared.metrics;
+        let labels = [
+            ("backend", self.shared.store.backend()),
+            ("policy", on_error_name(policy)),
+        ];
+        inc(&metrics.counter("tollgate_store_errors_total", &labels));
+        inc(&metrics.counter("tollgate_store_fallback_total", &labels[1..]));
+        if matches!(e, crate::store::StoreError::CircuitOpen) {
+            // The breaker logged when it opened; one line per request would flood.
+            tracing::debug!(error = %e, ?policy, "store skipped; applying on_error");
+        } else {
+            tracing::warn!(error = %e, ?policy, "store failed; applying on_error");
+        }
     }
 }
 

@@ -10,16 +10,19 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
 use ipnet::IpNet;
+use rustls::pki_types::CertificateDer;
 use serde::{Deserialize, Deserializer};
 
 use crate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
     sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, NANOS_PER_SEC,
 };
+use crate::tls::CertSet;
 
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
@@ -176,6 +179,10 @@ pub struct RawTls {
     pub key: Option<Text>,
     #[serde(default)]
     pub certs: Vec<RawCert>,
+    /// TLS addresses; when given, `server.listen` stays plain HTTP.
+    pub listen: Option<OneOrMany>,
+    /// Plain listeners answer 308 to `https://` (needs `listen`).
+    pub redirect_plain: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -233,6 +240,9 @@ pub struct RawUpstream {
     pub url: Text,
     pub connect_timeout: Option<Dur>,
     pub timeout: Option<Dur>,
+    /// PEM CA bundle that verifies an https:// upstream instead of the system roots.
+    pub ca: Option<Text>,
+    pub insecure_skip_verify: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -316,6 +326,60 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TlsConfig {
     pub certs: Vec<CertConfig>,
+    /// The pairs, read and checked when the config was validated.
+    pub loaded: Arc<CertSet>,
+    /// TLS addresses; empty = every `server.listen` address serves TLS.
+    pub listen: Vec<SocketAddr>,
+    /// Plain listeners answer 308 to https:// (only with `listen`).
+    pub redirect_plain: bool,
+}
+
+/// What a public listener serves (see [`crate::tls`] for the choice of shape).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serve {
+    Http,
+    Https,
+    /// Plain HTTP that answers 308 to the https:// listener on this port.
+    RedirectToHttps {
+        port: u16,
+    },
+}
+
+impl ServerConfig {
+    /// Every public listener and what it serves: `server.listen`, then `server.tls.listen`.
+    pub fn public(&self) -> Vec<(SocketAddr, Serve)> {
+        let plain = self.plain_serves();
+        let tls = self.tls.iter().flat_map(|t| &t.listen);
+        self.listen
+            .iter()
+            .map(|a| (*a, plain))
+            .chain(tls.map(|a| (*a, Serve::Https)))
+            .collect()
+    }
+
+    /// What the listener configured at `addr` serves, if this config still has it.
+    /// Asked once per accepted connection, so it does not allocate.
+    pub fn serve_at(&self, addr: SocketAddr) -> Option<Serve> {
+        if self.listen.contains(&addr) {
+            return Some(self.plain_serves());
+        }
+        self.tls
+            .as_ref()
+            .filter(|t| t.listen.contains(&addr))
+            .map(|_| Serve::Https)
+    }
+
+    /// What the `server.listen` addresses serve.
+    fn plain_serves(&self) -> Serve {
+        match &self.tls {
+            None => Serve::Http,
+            Some(t) => match t.listen.first() {
+                None => Serve::Https,
+                Some(first) if t.redirect_plain => Serve::RedirectToHttps { port: first.port() },
+                Some(_) => Serve::Http,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -382,6 +446,22 @@ pub struct UpstreamConfig {
     pub url: Uri,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// How an https:// upstream's certificate is verified (unused for http://).
+    pub tls: UpstreamTls,
+}
+
+/// Trust for an https:// upstream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpstreamTls {
+    /// The operating system's CA certificates (rustls-native-certs).
+    SystemRoots,
+    /// Only the CA certificates of this file (`ca:`), read when the config was validated.
+    Ca {
+        path: PathBuf,
+        certs: Vec<CertificateDer<'static>>,
+    },
+    /// `insecure_skip_verify: true`: any certificate is accepted, with a warning at every load.
+    InsecureSkipVerify,
 }
 
 /// One part of a limiter's key (SPEC §2 `key`).
@@ -654,7 +734,7 @@ impl Validator {
                     .collect()
             }
         };
-        let tls = raw.tls.as_ref().and_then(|t| self.tls(t));
+        let tls = raw.tls.as_ref().and_then(|t| self.tls(t, &listen));
         let max_request_body = raw.max_request_body.map(|s| s.0).unwrap_or(10 << 20);
         ServerConfig {
             listen,
@@ -665,44 +745,102 @@ impl Validator {
         }
     }
 
-    fn tls(&mut self, raw: &RawTls) -> Option<TlsConfig> {
+    fn tls(&mut self, raw: &RawTls, plain: &[SocketAddr]) -> Option<TlsConfig> {
         let mut certs = Vec::new();
+        // The YAML path of each pair, for errors.
+        let mut paths = Vec::new();
         match (&raw.cert, &raw.key) {
-            (Some(c), Some(k)) => certs.push(CertConfig {
-                cert: PathBuf::from(&c.0),
-                key: PathBuf::from(&k.0),
-                hosts: Vec::new(),
-            }),
+            (Some(c), Some(k)) => {
+                certs.push(CertConfig {
+                    cert: PathBuf::from(&c.0),
+                    key: PathBuf::from(&k.0),
+                    hosts: Vec::new(),
+                });
+                paths.push("server.tls".to_string());
+            }
             (None, None) => {}
             _ => self.err("server.tls", "`cert` and `key` go together"),
         }
-        for c in &raw.certs {
+        for (i, c) in raw.certs.iter().enumerate() {
             certs.push(CertConfig {
                 cert: PathBuf::from(&c.cert.0),
                 key: PathBuf::from(&c.key.0),
                 hosts: c.hosts.iter().map(|h| h.0.to_ascii_lowercase()).collect(),
             });
+            paths.push(format!("server.tls.certs[{i}]"));
         }
         if certs.is_empty() {
             self.err("server.tls", "needs `cert` and `key`, or `certs`");
             return None;
         }
-        for (i, c) in certs.iter().enumerate() {
-            for (what, p) in [("cert", &c.cert), ("key", &c.key)] {
-                if let Err(e) = std::fs::File::open(p) {
-                    let path = if raw.certs.is_empty() {
-                        format!("server.tls.{what}")
-                    } else {
-                        format!(
-                            "server.tls.certs[{}].{what}",
-                            i - usize::from(raw.cert.is_some())
-                        )
-                    };
-                    self.err(path, format!("cannot read {}: {e}", p.display()));
-                }
+        let mut broken = false;
+        for (c, path) in certs.iter().zip(&paths) {
+            // One pair at a time, so every broken pair is reported with its own YAML path.
+            if let Err(e) = CertSet::load(std::slice::from_ref(c)) {
+                let field = match &e {
+                    crate::tls::TlsError::Read { path: p, .. } if *p == c.cert => "cert",
+                    crate::tls::TlsError::NoCertificate { .. }
+                    | crate::tls::TlsError::Certificate { .. } => "cert",
+                    crate::tls::TlsError::Pem { path: p, .. } if *p == c.cert => "cert",
+                    _ => "key",
+                };
+                self.err(format!("{path}.{field}"), e.to_string());
+                broken = true;
             }
         }
-        Some(TlsConfig { certs })
+        let listen: Vec<SocketAddr> = match &raw.listen {
+            None => Vec::new(),
+            Some(l) => {
+                let many = matches!(l, OneOrMany::Many(_));
+                let items = l.items();
+                if items.is_empty() {
+                    self.err(
+                        "server.tls.listen",
+                        "an empty list would serve no TLS; remove the key to serve TLS on server.listen",
+                    );
+                }
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let path = if many {
+                            format!("server.tls.listen[{i}]")
+                        } else {
+                            "server.tls.listen".into()
+                        };
+                        let addr = self.socket_addr(&path, s)?;
+                        if plain.contains(&addr) {
+                            self.err(path, format!("{addr} is also in server.listen"));
+                        }
+                        Some(addr)
+                    })
+                    .collect()
+            }
+        };
+        let redirect_plain = raw.redirect_plain.unwrap_or(false);
+        if redirect_plain && raw.listen.is_none() {
+            self.err(
+                "server.tls.redirect_plain",
+                "needs server.tls.listen: without it every server.listen address already serves TLS",
+            );
+        }
+        if broken {
+            return None;
+        }
+        let loaded = match CertSet::load(&certs) {
+            Ok(set) => Arc::new(set),
+            Err(e) => {
+                // A file changed between the two reads; the next reload sees it settled.
+                self.err("server.tls", e.to_string());
+                return None;
+            }
+        };
+        Some(TlsConfig {
+            certs,
+            loaded,
+            listen,
+            redirect_plain,
+        })
     }
 
     fn admin(&mut self, raw: &RawAdmin, server: &ServerConfig) -> AdminConfig {
@@ -711,7 +849,7 @@ impl Validator {
             None => Some("127.0.0.1:9901".parse().expect("literal address")),
         }
         .unwrap_or_else(|| "127.0.0.1:9901".parse().expect("literal address"));
-        let clash = server.listen.iter().any(|p| {
+        let clash = server.public().iter().any(|(p, _)| {
             p.port() == listen.port()
                 && listen.port() != 0
                 && (p.ip() == listen.ip()
@@ -899,11 +1037,49 @@ impl Validator {
             self.err(path, "an upstream URL cannot carry a query string");
             return None;
         }
+        let https = url.scheme_str() == Some("https");
+        let insecure = raw.insecure_skip_verify.unwrap_or(false);
+        let tls = match (&raw.ca, insecure) {
+            (_, true) if !https => {
+                self.err(
+                    format!("upstreams.{name}.insecure_skip_verify"),
+                    "applies to https:// upstreams only",
+                );
+                return None;
+            }
+            (Some(_), _) if !https => {
+                self.err(
+                    format!("upstreams.{name}.ca"),
+                    "applies to https:// upstreams only",
+                );
+                return None;
+            }
+            (Some(_), true) => {
+                self.err(
+                    format!("upstreams.{name}"),
+                    "`ca` and `insecure_skip_verify` contradict each other; keep one",
+                );
+                return None;
+            }
+            (Some(ca), false) => match crate::tls::load_ca(Path::new(&ca.0)) {
+                Ok(certs) => UpstreamTls::Ca {
+                    path: PathBuf::from(&ca.0),
+                    certs,
+                },
+                Err(e) => {
+                    self.err(format!("upstreams.{name}.ca"), e.to_string());
+                    return None;
+                }
+            },
+            (None, true) => UpstreamTls::InsecureSkipVerify,
+            (None, false) => UpstreamTls::SystemRoots,
+        };
         Some(UpstreamConfig {
             name: name.to_string(),
             url,
             connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
             timeout: dur(raw.timeout, Duration::from_secs(30)),
+            tls,
         })
     }
 
@@ -1463,5 +1639,109 @@ mod tests {
         let errs = problems("server:\n  listen: [\"0.0.0.0:8080\"\nadmin: {}\n");
         assert_eq!(errs.len(), 1);
         assert!(errs[0].starts_with("line "), "{errs:?}");
+    }
+
+    /// A self-signed pair in `dir`, as (cert, key) paths.
+    fn tls_pair(dir: &Path, name: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![format!("{name}.test")])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (c, k) = (
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c.display().to_string(), k.display().to_string())
+    }
+
+    #[test]
+    fn tls_listener_options_are_checked_with_their_locations() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = tls_pair(dir.path(), "a");
+        let (_, other_key) = tls_pair(dir.path(), "b");
+        let table: [(String, &str); 4] = [
+            (
+                format!("server:\n  tls: {{ cert: {cert}, key: {key}, redirect_plain: true }}\n"),
+                "server.tls.redirect_plain: needs server.tls.listen",
+            ),
+            (
+                format!("server:\n  listen: [\"127.0.0.1:8080\"]\n  tls: {{ cert: {cert}, key: {key}, listen: [\"127.0.0.1:8080\"] }}\n"),
+                "server.tls.listen[0]: 127.0.0.1:8080 is also in server.listen",
+            ),
+            (
+                format!("server:\n  tls: {{ cert: {cert}, key: {other_key} }}\n"),
+                "server.tls.key: ",
+            ),
+            (
+                format!("server:\n  tls:\n    certs:\n      - {{ cert: {cert}, key: {key} }}\n      - {{ cert: {cert}, key: /nonexistent.key }}\n"),
+                "server.tls.certs[1].key: cannot read /nonexistent.key",
+            ),
+        ];
+        for (yaml, expected) in table {
+            let errs = problems(&yaml);
+            assert!(
+                errs.iter().any(|e| e.contains(expected)),
+                "{expected:?} not in {errs:?}"
+            );
+        }
+        let errs = problems(&format!(
+            "server:\n  tls: {{ cert: {cert}, key: {other_key} }}\n"
+        ));
+        assert!(
+            errs[0].contains("does not match the certificate"),
+            "{errs:?}"
+        );
+    }
+
+    #[test]
+    fn tls_listen_keeps_server_listen_plain_and_redirect_targets_the_first_tls_port() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = tls_pair(dir.path(), "a");
+        let c = parse(&format!(
+            "server:\n  listen: [\"127.0.0.1:8080\"]\n  tls: {{ cert: {cert}, key: {key} }}\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.server.public(),
+            vec![("127.0.0.1:8080".parse().unwrap(), Serve::Https)]
+        );
+        let c = parse(&format!("server:\n  listen: [\"127.0.0.1:8080\"]\n  tls: {{ cert: {cert}, key: {key}, listen: [\"127.0.0.1:8443\"], redirect_plain: true }}\n")).unwrap();
+        assert_eq!(
+            c.server.public(),
+            vec![
+                (
+                    "127.0.0.1:8080".parse().unwrap(),
+                    Serve::RedirectToHttps { port: 8443 }
+                ),
+                ("127.0.0.1:8443".parse().unwrap(), Serve::Https),
+            ]
+        );
+    }
+
+    #[test]
+    fn upstream_tls_options_apply_to_https_only_and_a_ca_must_hold_certificates() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = tls_pair(dir.path(), "ca");
+        let table: [(String, &str); 4] = [
+            (format!("upstreams:\n  app: {{ url: \"http://a\", ca: {cert} }}\n"), "upstreams.app.ca: applies to https:// upstreams only"),
+            ("upstreams:\n  app: { url: \"http://a\", insecure_skip_verify: true }\n".to_string(), "upstreams.app.insecure_skip_verify: applies to https://"),
+            (format!("upstreams:\n  app: {{ url: \"https://a\", ca: {key} }}\n"), "no PEM certificate in it"),
+            (format!("upstreams:\n  app: {{ url: \"https://a\", ca: {cert}, insecure_skip_verify: true }}\n"), "contradict"),
+        ];
+        for (yaml, expected) in table {
+            let errs = problems(&yaml);
+            assert!(
+                errs.iter().any(|e| e.contains(expected)),
+                "{expected:?} not in {errs:?}"
+            );
+        }
+        let c = parse(&format!(
+            "upstreams:\n  app: {{ url: \"https://a\", ca: {cert} }}\n"
+        ))
+        .unwrap();
+        assert!(matches!(&c.upstreams[0].tls, UpstreamTls::Ca { certs, .. } if certs.len() == 1));
     }
 }

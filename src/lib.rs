@@ -5,11 +5,12 @@
 //! A request reads top to bottom through these modules:
 //!
 //! - [`server`]: accept loops, HTTP/1.1 + HTTP/2, slow-client limits, graceful drain;
+//! - [`tls`]: rustls termination (SNI, ALPN, certificate rotation) and https:// upstreams;
 //! - [`app`]: the request lifecycle, on one [`snapshot::Snapshot`];
 //! - [`identity`]: who the client is (API key hash, or real IP behind trusted proxies);
 //! - [`router`]: which route, on the normalized path;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`];
-//! - [`store`]: where their state lives (memory, SQLite write-behind);
+//! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
 //! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
 //!
 //! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
@@ -30,6 +31,8 @@ pub mod router;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod tls;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +47,7 @@ pub use config::Config;
 
 /// The sockets tollgate serves on, bound before `run` so tests can bind port 0.
 pub struct Listeners {
+    /// In the order of [`config::ServerConfig::public`]: `server.listen`, then `server.tls.listen`.
     pub public: Vec<TcpListener>,
     pub admin: TcpListener,
 }
@@ -52,8 +56,8 @@ impl Listeners {
     /// Binds every address the config names.
     pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
         let mut public = Vec::new();
-        for addr in &config.server.listen {
-            public.push(bind(*addr).await?);
+        for (addr, _) in config.server.public() {
+            public.push(bind(addr).await?);
         }
         Ok(Listeners {
             public,
@@ -94,9 +98,10 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         shutdown.child_token(),
         CancellationToken::new(),
     );
-    for (addr, listener) in config.server.listen.iter().zip(listeners.public) {
-        set.start_public(&app, *addr, listener);
+    for ((addr, _), listener) in config.server.public().into_iter().zip(listeners.public) {
+        set.start_public(&app, addr, listener);
     }
+    proxy::warn_insecure_upstreams(&config.upstreams);
     set.start_admin(&app, config.admin.listen, listeners.admin);
     *app.shared.listeners.lock() = Some(set);
 

@@ -80,7 +80,7 @@ fn check(path: &Path) -> ExitCode {
             println!(
                 "{}: ok: {} listener(s), {} route(s), {} limiter(s), {} upstream(s), store {:?}, admin on {}",
                 path.display(),
-                c.server.listen.len(),
+                c.server.public().len(),
                 c.routes.len(),
                 c.limiters.len(),
                 c.upstreams.len(),
@@ -107,10 +107,19 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = match std::env::var("TG_EXPERIMENT").as_deref() {
+        Ok("current") => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Ok("one") => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+    .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let store = Store::open(&config.store, &config.limiters, clock.now())

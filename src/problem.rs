@@ -85,19 +85,30 @@ impl Problem {
                 v
             }
             Problem::RateLimited(d) => {
+                // The hot reject path: one struct serialized straight into
+                // the body buffer, no intermediate JSON tree.
                 let secs = ceil_secs(d.retry_after).max(1);
-                retry_after = Some(secs);
-                json!({
-                    "type": "rate-limit-exceeded",
-                    "title": title,
-                    "status": status.as_u16(),
-                    "detail": format!("Rate limit of {} exceeded for key '{}'.", d.policy, d.key),
-                    "limiter": d.limiter,
-                    "limit": d.quota.limit,
-                    "window_seconds": d.quota.window.map(ceil_secs),
-                    "retry_after": secs,
-                    "violated-policies": d.violated,
-                })
+                let body = RateLimitedBody {
+                    kind: "rate-limit-exceeded",
+                    title,
+                    status: status.as_u16(),
+                    detail: format!("Rate limit of {} exceeded for key '{}'.", d.policy, d.key),
+                    limiter: &d.limiter,
+                    limit: d.quota.limit,
+                    window_seconds: d.quota.window.map(ceil_secs),
+                    retry_after: secs,
+                    violated: &d.violated,
+                };
+                let mut resp =
+                    Response::new(Body::full(serde_json::to_vec(&body).unwrap_or_default()));
+                *resp.status_mut() = status;
+                let h = resp.headers_mut();
+                h.insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static("application/problem+json"),
+                );
+                h.insert(RETRY_AFTER, HeaderValue::from(secs));
+                return resp;
             }
             Problem::UpstreamUnreachable { upstream } => base(
                 "upstream-unreachable",
@@ -133,6 +144,21 @@ impl Problem {
         }
         resp
     }
+}
+
+#[derive(serde::Serialize)]
+struct RateLimitedBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'a str,
+    status: u16,
+    detail: String,
+    limiter: &'a str,
+    limit: u64,
+    window_seconds: Option<u64>,
+    retry_after: u64,
+    #[serde(rename = "violated-policies")]
+    violated: &'a [String],
 }
 
 fn base(kind: &str, title: &str, status: StatusCode, detail: &str) -> Value {

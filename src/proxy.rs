@@ -9,11 +9,12 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, UpstreamTls};
 use crate::identity::Client as ClientIdentity;
 use crate::problem::Problem;
 
@@ -28,9 +29,9 @@ pub struct Upstream {
     /// A path the upstream URL carries (`http://app/base`), prepended; empty for `/`.
     base_path: String,
     timeout: Duration,
-    client: Client<HttpConnector, UpstreamBody>,
+    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
     /// What the pool was built from, to reuse it when a reload leaves it unchanged.
-    config: (Uri, Duration, Duration),
+    config: (Uri, Duration, Duration, UpstreamTls),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +100,22 @@ impl Upstream {
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
         connector.set_keepalive(Some(Duration::from_secs(60)));
+        // The TLS layer takes https:// URLs; http:// ones pass through untouched.
+        connector.enforce_http(false);
+        let tls = if config.url.scheme() == Some(&Scheme::HTTPS) {
+            crate::tls::upstream_client_config(&config.tls)
+        } else {
+            // Never used: a plain upstream's pool is never asked for https://.
+            crate::tls::upstream_client_config(&UpstreamTls::Ca {
+                path: Default::default(),
+                certs: Vec::new(),
+            })
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(4096)
@@ -119,14 +136,21 @@ impl Upstream {
             base_path,
             timeout: config.timeout,
             client,
-            config: (config.url.clone(), config.connect_timeout, config.timeout),
+            config: (
+                config.url.clone(),
+                config.connect_timeout,
+                config.timeout,
+                config.tls.clone(),
+            ),
         }
     }
 
     /// Whether this pool can serve `config` unchanged (a reload keeps it warm).
     pub fn serves(&self, config: &UpstreamConfig) -> bool {
         self.name == config.name
-            && self.config == (config.url.clone(), config.connect_timeout, config.timeout)
+            && self.config.0 == config.url
+            && (self.config.1, self.config.2) == (config.connect_timeout, config.timeout)
+            && self.config.3 == config.tls
     }
 
     /// Sends the request on and returns the upstream's response head as soon as it arrives.
@@ -193,6 +217,21 @@ impl Upstream {
         };
         strip_hop_by_hop(resp.headers_mut());
         Ok(resp)
+    }
+}
+
+/// Warns, loudly, about every upstream whose certificate is not verified;
+/// called when tollgate starts and on every reload, so the setting is never forgotten.
+pub fn warn_insecure_upstreams(upstreams: &[UpstreamConfig]) {
+    for u in upstreams {
+        if u.tls == UpstreamTls::InsecureSkipVerify {
+            tracing::warn!(
+                upstream = %u.name,
+                url = %u.url,
+                "INSECURE: insecure_skip_verify is set; this upstream's TLS certificate is NOT verified, \
+                 so anyone on the network path can impersonate it and read or change its traffic"
+            );
+        }
     }
 }
 

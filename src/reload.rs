@@ -72,7 +72,7 @@ pub fn reload(app: &App) -> Result<u64, ReloadError> {
     result
 }
 
-/// Swaps in a validated config, unless it changes what only a restart can.
+/// Swaps in a validated config (with its TLS certificates), unless it changes what only a restart can.
 pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     let old = app.snapshot();
     let was = &old.config;
@@ -81,26 +81,41 @@ pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
             "store.backend / store.path / store.url",
         ));
     }
-    if config.server.tls != was.server.tls {
-        return Err(ReloadError::RequiresRestart("server.tls"));
-    }
+    // Every public address, plain or TLS: what each serves is read from the
+    // snapshot per connection, so only added or removed addresses rebind.
+    let listen: Vec<std::net::SocketAddr> =
+        config.server.public().into_iter().map(|(a, _)| a).collect();
+    let was_listen: Vec<std::net::SocketAddr> =
+        was.server.public().into_iter().map(|(a, _)| a).collect();
     // Bind new sockets before anything changes: a port in use rejects the reload.
     let mut listeners = app.shared.listeners.lock();
     let pending = match listeners.as_ref() {
         Some(set) => Some(
-            set.prepare(&config.server.listen, config.admin.listen)
+            set.prepare(&listen, config.admin.listen)
                 .map_err(ReloadError::Bind)?,
         ),
-        None if config.server.listen != was.server.listen
-            || config.admin.listen != was.admin.listen =>
-        {
-            return Err(ReloadError::RequiresRestart("server.listen / admin.listen"));
+        None if listen != was_listen || config.admin.listen != was.admin.listen => {
+            return Err(ReloadError::RequiresRestart(
+                "server.listen / server.tls.listen / admin.listen",
+            ));
         }
         None => None,
     };
-    let listen = config.server.listen.clone();
+    // The certificates were read and checked with the config; from here on nothing can fail.
+    let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
+    crate::proxy::warn_insecure_upstreams(&config.upstreams);
     let version = old.version + 1;
     let snapshot = Snapshot::build(config, version, Some(&old), &app.shared.metrics);
+    // Certificates first: a connection accepted as TLS under the new snapshot
+    // finds the new pairs. Open connections keep the session they have.
+    if app.shared.tls.install(certs.clone()) {
+        match &certs {
+            Some(c) => {
+                tracing::info!(certificates = ?c, "TLS certificates rotated; new handshakes use them")
+            }
+            None => tracing::info!("TLS turned off"),
+        }
+    }
     app.shared.snapshot.store(Arc::new(snapshot));
     if let (Some(set), Some(pending)) = (listeners.as_mut(), pending) {
         set.commit(app, pending, &listen);
@@ -137,39 +152,55 @@ fn prune_removed_limiters(app: &App, old: &Snapshot) {
     });
 }
 
-/// Polls the config file and reloads when its content differs from what
-/// the running config was built from and held still for one more poll.
-/// Polling the content (not mtime or inotify) works alike for in-place
-/// writes, write-and-rename, and Kubernetes ConfigMap mounts that swap a
-/// `..data` symlink. A rejected edit is tried once, not on every poll.
+/// Polls the config file and the TLS certificate and key files it names,
+/// and reloads when their content differs from what the running config was
+/// built from and held still for one more poll. Polling the content (not
+/// mtime or inotify) works alike for in-place writes, write-and-rename,
+/// Kubernetes ConfigMap mounts that swap a `..data` symlink, and certbot's
+/// `live/` symlinks moving to new files in `archive/`. The extra poll also
+/// lets an ACME client finish writing the certificate *and* the key before
+/// the pair is checked. A rejected edit is tried once, not on every poll.
 pub async fn watch(app: App, path: impl AsRef<Path>, every: Duration, stop: CancellationToken) {
     let path = path.as_ref().to_path_buf();
-    let mut attempted = app
-        .shared
-        .config_text
-        .lock()
-        .clone()
-        .map(String::into_bytes);
+    let in_force = |app: &App| {
+        let text = app
+            .shared
+            .config_text
+            .lock()
+            .clone()
+            .map(String::into_bytes);
+        (text, app.shared.tls.digest())
+    };
+    let mut attempted = in_force(&app);
     let mut seen = attempted.clone();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let now = tokio::fs::read(&path).await.ok();
-        let in_force = app
-            .shared
-            .config_text
-            .lock()
-            .clone()
-            .map(String::into_bytes);
-        if now.is_some() && now != in_force && now != attempted && now == seen {
-            // Reloading reads the file once more; if it moved again, the next poll catches it.
+        let now = (
+            tokio::fs::read(&path).await.ok(),
+            tls_files_digest(&app).await,
+        );
+        if now.0.is_some() && now != in_force(&app) && now != attempted && now == seen {
+            // Reloading reads the files once more; if they moved again, the next poll catches it.
             let _ = reload(&app);
             attempted = now.clone();
         }
         seen = now;
     }
+}
+
+/// The digest of the certificate and key files the running config names, as they are on disk now.
+async fn tls_files_digest(app: &App) -> Option<crate::tls::FilesDigest> {
+    let snap = app.snapshot();
+    let tls = snap.config.server.tls.as_ref()?;
+    let mut contents = Vec::with_capacity(tls.certs.len() * 2);
+    for pair in &tls.certs {
+        contents.push(tokio::fs::read(&pair.cert).await.ok());
+        contents.push(tokio::fs::read(&pair.key).await.ok());
+    }
+    crate::tls::digest_of(&contents)
 }
 
 /// Reloads on every SIGHUP.

@@ -28,8 +28,8 @@ impl Router {
             routes: routes
                 .iter()
                 .map(|r| Matcher {
-                    path: r.path.as_deref().map(normalize),
-                    prefix: r.path_prefix.as_deref().map(normalize),
+                    path: r.path.as_deref().map(|p| normalize(p).into_owned()),
+                    prefix: r.path_prefix.as_deref().map(|p| normalize(p).into_owned()),
                     methods: r.methods.clone(),
                     host: r.host.clone(),
                 })
@@ -93,7 +93,11 @@ pub fn request_host<B>(req: &http::Request<B>) -> Option<String> {
 /// Decodes percent-escapes of unreserved characters, collapses repeated
 /// slashes, resolves `.` and `..`, and drops a trailing slash.
 /// Reserved escapes such as `%2F` stay encoded: they name another resource.
-pub fn normalize(path: &str) -> String {
+/// Most paths are already normal and come back borrowed, without a copy.
+pub fn normalize(path: &str) -> std::borrow::Cow<'_, str> {
+    if is_normal(path) {
+        return path.into();
+    }
     let decoded = decode_unreserved(path);
     let mut segments: Vec<&str> = Vec::new();
     for seg in decoded.split('/') {
@@ -113,7 +117,21 @@ pub fn normalize(path: &str) -> String {
     if out.is_empty() {
         out.push('/');
     }
-    out
+    out.into()
+}
+
+/// Starts with `/`, has no escape, no empty, `.` or `..` segment, no trailing `/`.
+fn is_normal(path: &str) -> bool {
+    let b = path.as_bytes();
+    if b == b"/" {
+        return true;
+    }
+    if b.first() != Some(&b'/') || b.last() == Some(&b'/') || b.contains(&b'%') {
+        return false;
+    }
+    path[1..]
+        .split('/')
+        .all(|seg| !matches!(seg, "" | "." | ".."))
 }
 
 fn decode_unreserved(path: &str) -> std::borrow::Cow<'_, str> {
@@ -168,6 +186,17 @@ mod tests {
         ] {
             assert_eq!(normalize(p), "/login", "{p}");
         }
+    }
+
+    #[test]
+    fn normal_paths_are_borrowed_not_copied() {
+        assert!(matches!(
+            normalize("/api/v1/users"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert!(matches!(normalize("/"), std::borrow::Cow::Borrowed(_)));
+        assert!(matches!(normalize("/a/./b"), std::borrow::Cow::Owned(_)));
+        assert_eq!(normalize("/a.b/..c/c.."), "/a.b/..c/c..");
     }
 
     #[test]

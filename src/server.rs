@@ -1,4 +1,4 @@
-//! Accept loops and connections: HTTP/1.1 and HTTP/2 (hyper-util auto), slow-client limits, graceful drain.
+//! Accept loops and connections: plain or TLS, HTTP/1.1 and HTTP/2 (hyper-util auto), slow-client limits, graceful drain.
 //!
 //! Connections are spawned on a [`TaskTracker`] and told to finish by a
 //! [`CancellationToken`]: on shutdown every listener stops accepting, every
@@ -6,6 +6,7 @@
 //! waits for the tracker with the configured grace.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use hyper::service::service_fn;
@@ -16,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{App, ConnInfo};
+use crate::config::Serve;
+use crate::problem::Problem;
 
 /// Request heads larger than this get 431 (hyper answers it while parsing).
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
@@ -39,15 +42,23 @@ pub fn connection_builder(request_header_timeout: Duration) -> auto::Builder<Tok
 }
 
 /// Accepts connections until `stop` is cancelled; each runs on `connections`
-/// and drains when `drain` is cancelled.
+/// and drains when `drain` is cancelled. `addr` is the listener's configured
+/// address: what it serves (plain, TLS, redirect) is read from the snapshot
+/// for each connection, so a reload can change it without rebinding.
 pub async fn accept_loop(
     listener: TcpListener,
     app: App,
-    proto: &'static str,
+    addr: SocketAddr,
     stop: CancellationToken,
     drain: CancellationToken,
     connections: TaskTracker,
 ) {
+    let mut serve = app
+        .snapshot()
+        .config
+        .server
+        .serve_at(addr)
+        .unwrap_or(Serve::Http);
     loop {
         let accepted = tokio::select! {
             biased;
@@ -64,29 +75,112 @@ pub async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let timeout = app.snapshot().config.server.request_header_timeout;
-        let conn_info = ConnInfo { peer, proto };
+        let snap = app.snapshot();
+        // A listener a reload is removing keeps what it served until it stops.
+        serve = snap.config.server.serve_at(addr).unwrap_or(serve);
+        let timeout = snap.config.server.request_header_timeout;
+        drop(snap);
         let app = app.clone();
         let drain = drain.clone();
         connections.spawn(async move {
-            let service = service_fn(move |req| {
-                let app = app.clone();
-                async move { Ok::<_, Infallible>(app.handle(req, conn_info).await) }
-            });
-            let builder = connection_builder(timeout);
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = drain.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
+            match serve {
+                Serve::Http => {
+                    let conn = ConnInfo {
+                        peer,
+                        proto: "http",
+                    };
+                    serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                Serve::RedirectToHttps { port } => {
+                    let conn = ConnInfo {
+                        peer,
+                        proto: "http",
+                    };
+                    let io = TokioIo::new(stream);
+                    serve_connection(io, app, conn, Some(port), timeout, drain).await
+                }
+                Serve::Https => {
+                    let acceptor = app.shared.tls.acceptor();
+                    // The handshake gets the same budget as a request head: a
+                    // client that opens a socket and says nothing is cut off.
+                    let handshake = tokio::select! {
+                        r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
+                        _ = drain.cancelled() => return,
+                    };
+                    let stream = match handshake {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            handshake_failed(&app, "error");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
+                            handshake_failed(&app, "timeout");
+                            return;
+                        }
+                    };
+                    let conn = ConnInfo {
+                        peer,
+                        proto: "https",
+                    };
+                    serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
+                }
             }
         });
+    }
+}
+
+fn handshake_failed(app: &App, reason: &'static str) {
+    app.shared
+        .metrics
+        .counter(
+            "tollgate_tls_handshake_failures_total",
+            &[("reason", reason)],
+        )
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Serves HTTP/1.1 or HTTP/2 on one connection until it closes or drains;
+/// with `redirect_to`, every request but an ACME challenge gets 308 to https on that port.
+async fn serve_connection<I>(
+    io: TokioIo<I>,
+    app: App,
+    conn_info: ConnInfo,
+    redirect_to: Option<u16>,
+    timeout: Duration,
+    drain: CancellationToken,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = conn_info.peer;
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let app = app.clone();
+        async move {
+            if let Some(port) = redirect_to {
+                if !req.uri().path().starts_with(crate::tls::ACME_CHALLENGE) {
+                    let resp = crate::tls::https_redirect(&req, port).unwrap_or_else(|| {
+                        Problem::BadRequest("A redirect to https needs a valid Host header.".into())
+                            .into_response()
+                    });
+                    return Ok::<_, Infallible>(resp);
+                }
+            }
+            Ok::<_, Infallible>(app.handle(req, conn_info).await)
+        }
+    });
+    let builder = connection_builder(timeout);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = drain.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }
 
@@ -138,14 +232,15 @@ impl ListenerSet {
 
     pub fn start_public(&mut self, app: &App, addr: std::net::SocketAddr, listener: TcpListener) {
         if let Ok(local) = listener.local_addr() {
-            tracing::info!(addr = %local, "listening");
+            let serves = app.snapshot().config.server.serve_at(addr);
+            tracing::info!(addr = %local, ?serves, "listening");
         }
         let stop = self.stop_all.child_token();
         let drain = self.drain_all.child_token();
         let task = tokio::spawn(accept_loop(
             listener,
             app.clone(),
-            "http",
+            addr,
             stop.clone(),
             drain.clone(),
             self.connections.clone(),

@@ -323,3 +323,46 @@ routes:
         .clone();
     assert_eq!(strict["remaining"], 0);
 }
+
+#[tokio::test]
+async fn the_readme_multi_dimension_example_applies_all_four_limits() {
+    let upstream = Upstream::start().await;
+    let yaml = include_str!("../docs/examples/multi-dimension.yaml")
+        .replace("http://127.0.0.1:9000", &upstream.url());
+    let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(T0)).await;
+    let c = client();
+    let keyed = c
+        .get(proxy.url("/api/x"))
+        .header("x-client-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        keyed.headers()["ratelimit-policy"],
+        "\"per_ip\";q=100;w=60, \"per_key\";q=200;w=60, \"per_route\";q=1000;w=1, \"global\";q=10000;w=1"
+    );
+    assert_eq!(
+        keyed.headers()["x-ratelimit-remaining"],
+        "99",
+        "per_ip is the tightest"
+    );
+    let anonymous = c.get(proxy.url("/api/x")).send().await.unwrap();
+    assert_eq!(
+        anonymous.headers()["ratelimit-policy"],
+        "\"per_ip\";q=100;w=60, \"per_route\";q=1000;w=1, \"global\";q=10000;w=1"
+    );
+    for _ in 0..98 {
+        assert_eq!(
+            c.get(proxy.url("/api/x")).send().await.unwrap().status(),
+            200
+        );
+    }
+    let limited = c
+        .get(proxy.url("/api/x"))
+        .header("x-client-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(limited.status(), 429);
+    assert_eq!(limited.headers()["x-ratelimit-limit"], "100");
+}

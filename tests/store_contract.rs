@@ -1,6 +1,8 @@
 //! One contract, every store: each algorithm accepts up to its quota, rejects the next with an
 //! exact Retry-After, and recovers at the exact instant; SQLite state survives a reopen.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -214,17 +216,11 @@ async fn sqlite_state_of_every_persisted_algorithm_survives_a_reopen() {
                 hit(&store, name, T0).await;
             }
         }
-        before = ["fixed", "sliding", "token", "leaky"]
-            .iter()
-            .map(|n| store.peek(&format!("{n}:ip:203.0.113.9"), &algorithm(n), T0))
-            .collect();
+        before = peek_all(&store).await;
         store.shutdown();
     }
     let store = open("sqlite", dir.path());
-    let after: Vec<_> = ["fixed", "sliding", "token", "leaky"]
-        .iter()
-        .map(|n| store.peek(&format!("{n}:ip:203.0.113.9"), &algorithm(n), T0))
-        .collect();
+    let after = peek_all(&store).await;
     assert_eq!(before, after);
     assert!(
         before.iter().all(|q| q.remaining < q.limit),
@@ -242,7 +238,385 @@ async fn a_memory_store_forgets_on_reopen() {
     assert_eq!(
         store
             .peek("fixed:ip:203.0.113.9", &algorithm("fixed"), T0)
+            .await
+            .unwrap()
             .remaining,
         3
     );
+}
+
+async fn peek_all(store: &Store) -> Vec<tollgate::limiter::Quota> {
+    let mut out = Vec::new();
+    for n in ["fixed", "sliding", "token", "leaky"] {
+        let key = format!("{n}:ip:203.0.113.9");
+        out.push(store.peek(&key, &algorithm(n), T0).await.unwrap());
+    }
+    out
+}
+
+// ------------------------------------------------------------------ Redis
+
+/// Redis decides on its own clock (`TIME`), which a test cannot drive, so the
+/// contract runs there on short real windows, and every answer is compared
+/// with the in-memory table fed the same checks at the instant Redis reports
+/// (`Outcome::at`): the Lua port must give exactly the Rust arithmetic's answers.
+mod redis {
+    use std::time::Instant;
+
+    use super::common::redis_server::RedisServer;
+    use super::common::wait_for_window_room;
+    use super::*;
+    use tollgate::store::memory::Table;
+    use tollgate::store::Outcome;
+
+    const MS: Nanos = 1_000_000;
+
+    /// The contract's algorithms with windows short enough to wait for.
+    fn fast(name: &str) -> Algorithm {
+        match name {
+            "fixed" => Algorithm::FixedWindow(FixedWindow {
+                limit: 3,
+                window: S,
+            }),
+            "sliding" => Algorithm::SlidingWindow(SlidingWindow {
+                limit: 3,
+                window: S,
+            }),
+            "token" => Algorithm::TokenBucket(TokenBucket {
+                capacity: 3,
+                interval: 300 * MS,
+            }),
+            "leaky" => Algorithm::LeakyBucket(LeakyBucket {
+                capacity: 2,
+                interval: 300 * MS,
+            }),
+            "one" => Algorithm::FixedWindow(FixedWindow {
+                limit: 1,
+                window: 60 * S,
+            }),
+            _ => algorithm(name),
+        }
+    }
+
+    fn open_redis(server: &RedisServer, timeout: Duration) -> Store {
+        let config = StoreConfig {
+            backend: Backend::Redis {
+                url: server.url(),
+                prefix: "contract:".into(),
+                timeout,
+            },
+            on_error: OnError::Deny,
+            prune_interval: Duration::from_secs(60),
+            flush_interval: Duration::from_millis(50),
+        };
+        Store::open(&config, &limiters(), T0).expect("store opens")
+    }
+
+    fn key(name: &str) -> String {
+        format!("{name}:ip:203.0.113.9")
+    }
+
+    /// The Redis store and its model, the in-memory table.
+    struct Twin {
+        _server: RedisServer,
+        store: Store,
+        model: Table,
+    }
+
+    impl Twin {
+        fn start() -> Twin {
+            let server = RedisServer::start();
+            let store = open_redis(&server, Duration::from_millis(500));
+            Twin {
+                _server: server,
+                store,
+                model: Table::new(false),
+            }
+        }
+
+        /// One request through the limiters `(name, shadow)`, in one store call.
+        async fn request(&self, limiters: &[(&str, bool)]) -> Vec<Outcome> {
+            let algorithms: Vec<Algorithm> = limiters.iter().map(|(n, _)| fast(n)).collect();
+            let keys: Vec<String> = limiters.iter().map(|(n, _)| key(n)).collect();
+            let checks: Vec<Check<'_>> = limiters
+                .iter()
+                .zip(&algorithms)
+                .zip(&keys)
+                .map(|(((_, shadow), algorithm), key)| Check {
+                    key,
+                    algorithm,
+                    shadow: *shadow,
+                })
+                .collect();
+            let got = self.store.check(&checks, T0).await.expect("Redis answers");
+            let want = self.model.check(&checks, got[0].at);
+            assert_eq!(got, want, "Redis and the Rust arithmetic disagree");
+            got
+        }
+
+        async fn hit(&self, name: &str) -> Verdict {
+            self.request(&[(name, false)]).await[0].verdict
+        }
+
+        async fn remaining(&self, name: &str) -> u64 {
+            let q = self.store.peek(&key(name), &fast(name), T0).await;
+            q.expect("Redis answers").remaining
+        }
+
+        /// Releases are sent in the background: waits until Redis shows one more free.
+        async fn wait_remaining(&self, name: &str, at_least: u64) {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while self.remaining(name).await < at_least {
+                assert!(Instant::now() < deadline, "the release never reached Redis");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+
+    fn retry_after(v: Verdict) -> Duration {
+        match v {
+            Verdict::Deny { retry_after } => Duration::from_nanos(retry_after),
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fixed_window_allows_its_limit_and_recovers_at_the_window_end() {
+        let twin = Twin::start();
+        wait_for_window_room(Duration::from_secs(1), Duration::from_millis(400));
+        for _ in 0..3 {
+            assert_eq!(twin.hit("fixed").await, Verdict::Allow);
+        }
+        let denied = twin.request(&[("fixed", false)]).await[0];
+        let window = S;
+        assert_eq!(
+            denied.verdict,
+            Verdict::Deny {
+                retry_after: window - denied.at % window
+            },
+            "Retry-After is the time to the window's end on Redis' clock"
+        );
+        tokio::time::sleep(retry_after(denied.verdict)).await;
+        assert_eq!(twin.hit("fixed").await, Verdict::Allow);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sliding_window_recovers_when_the_oldest_admission_leaves() {
+        let twin = Twin::start();
+        let first = twin.request(&[("sliding", false)]).await[0];
+        assert_eq!(first.verdict, Verdict::Allow);
+        for _ in 0..2 {
+            assert_eq!(twin.hit("sliding").await, Verdict::Allow);
+        }
+        let denied = twin.request(&[("sliding", false)]).await[0];
+        assert_eq!(
+            denied.verdict,
+            Verdict::Deny {
+                retry_after: first.at + S - denied.at
+            }
+        );
+        tokio::time::sleep(retry_after(denied.verdict)).await;
+        assert_eq!(twin.hit("sliding").await, Verdict::Allow);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_bucket_refills_one_token_per_interval() {
+        let twin = Twin::start();
+        for _ in 0..3 {
+            assert_eq!(twin.hit("token").await, Verdict::Allow);
+        }
+        let denied = twin.hit("token").await;
+        assert!(retry_after(denied) <= Duration::from_millis(300));
+        tokio::time::sleep(retry_after(denied)).await;
+        assert_eq!(twin.hit("token").await, Verdict::Allow);
+        assert!(
+            twin.hit("token").await.is_deny(),
+            "one token came back, not two"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn leaky_bucket_queues_up_to_capacity_then_rejects() {
+        let twin = Twin::start();
+        assert_eq!(twin.hit("leaky").await, Verdict::Allow);
+        assert!(matches!(twin.hit("leaky").await, Verdict::Delay(d) if d <= 300 * MS));
+        assert!(
+            matches!(twin.hit("leaky").await, Verdict::Delay(d) if d > 300 * MS && d <= 600 * MS)
+        );
+        let denied = twin.hit("leaky").await;
+        tokio::time::sleep(retry_after(denied)).await;
+        assert!(matches!(twin.hit("leaky").await, Verdict::Delay(_)));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_queued_request_that_leaves_gives_its_place_back() {
+        let twin = Twin::start();
+        twin.hit("leaky").await;
+        twin.hit("leaky").await;
+        let Verdict::Delay(last) = twin.hit("leaky").await else {
+            panic!("the third request waits")
+        };
+        assert_eq!(twin.remaining("leaky").await, 0);
+        // As the app does: the ticket is the check's `now` plus the delay.
+        twin.store
+            .release(&key("leaky"), &fast("leaky"), T0 + last, T0);
+        twin.wait_remaining("leaky", 1).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrency_frees_a_slot_on_release() {
+        let twin = Twin::start();
+        assert_eq!(twin.hit("conc").await, Verdict::Allow);
+        assert_eq!(twin.hit("conc").await, Verdict::Allow);
+        assert!(twin.hit("conc").await.is_deny());
+        twin.store.release(&key("conc"), &fast("conc"), T0, T0 + S);
+        twin.model.release(&key("conc"), &fast("conc"), T0, T0 + S);
+        twin.wait_remaining("conc", 1).await;
+        assert_eq!(twin.hit("conc").await, Verdict::Allow);
+        assert!(twin.hit("conc").await.is_deny());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refusal_by_one_limiter_is_counted_by_a_fixed_window_but_costs_no_token() {
+        let twin = Twin::start();
+        wait_for_window_room(Duration::from_secs(60), Duration::from_secs(2));
+        let both = [("one", false), ("token", false)];
+        twin.request(&both).await;
+        let second = twin.request(&both).await;
+        assert!(second[0].verdict.is_deny());
+        assert_eq!(second[0].quota.remaining, 0);
+        assert_eq!(
+            second[1].quota.remaining, 2,
+            "the refused request took no token"
+        );
+        // A shadow limiter reports its denial but lets the request through.
+        let shadowed = twin.request(&[("one", true), ("token", false)]).await;
+        assert!(shadowed[0].verdict.is_deny());
+        assert_eq!(shadowed[1].quota.remaining, 1, "admitted: it took a token");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_carry_the_prefix_and_hash_tag_and_expire_on_their_own() {
+        let twin = Twin::start();
+        wait_for_window_room(Duration::from_secs(1), Duration::from_millis(300));
+        for name in ["fixed", "sliding", "token", "leaky", "conc"] {
+            twin.hit(name).await;
+            let redis_key = format!("contract:{{contract}}{}", key(name));
+            let ttl = twin
+                ._server
+                .command(&["PTTL", &redis_key])
+                .unwrap_or_default();
+            let ms: i64 = ttl.trim_start_matches(':').parse().unwrap_or(-3);
+            let most = match name {
+                "fixed" => 2_000,
+                "sliding" => 1_000,
+                "token" | "leaky" => 300,
+                _ => 600_000,
+            };
+            assert!(
+                ms > 0 && ms <= most,
+                "{redis_key}: PTTL {ttl}, expected 1..={most}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn peek_counts_nothing_and_reset_forgets_the_key() {
+        let twin = Twin::start();
+        twin.hit("sliding").await;
+        twin.hit("sliding").await;
+        assert_eq!(twin.remaining("sliding").await, 1);
+        assert_eq!(
+            twin.remaining("sliding").await,
+            1,
+            "peeking counted nothing"
+        );
+        let removed = twin.store.reset(&[key("sliding"), key("token")]).await;
+        assert_eq!(removed.unwrap(), 1);
+        assert_eq!(twin.remaining("sliding").await, 3);
+    }
+
+    async fn hit_once(store: &Store) -> Result<Outcome, tollgate::store::StoreError> {
+        let a = fast("fixed");
+        let k = key("fixed");
+        let checks = [Check {
+            key: &k,
+            algorithm: &a,
+            shadow: false,
+        }];
+        store.check(&checks, T0).await.map(|o| o[0])
+    }
+
+    async fn wait_healthy(store: &Store, healthy: bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while store.healthy() != healthy {
+            assert!(
+                Instant::now() < deadline,
+                "the store never became healthy={healthy}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_opened_while_redis_is_down_starts_and_recovers_when_redis_comes_up() {
+        let mut server = RedisServer::unstarted();
+        let started = Instant::now();
+        let store = open_redis(&server, Duration::from_millis(50));
+        assert!(
+            started.elapsed() < Duration::from_millis(200),
+            "opening never waits for Redis"
+        );
+        let call = Instant::now();
+        assert!(hit_once(&store).await.is_err());
+        assert!(
+            call.elapsed() < Duration::from_millis(300),
+            "a failed call decides within the timeout"
+        );
+        wait_healthy(&store, false).await;
+        assert!(matches!(
+            hit_once(&store).await,
+            Err(tollgate::store::StoreError::CircuitOpen)
+        ));
+        server.restart();
+        wait_healthy(&store, true).await;
+        assert_eq!(
+            hit_once(&store).await.expect("Redis answers").verdict,
+            Verdict::Allow
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_frozen_redis_costs_at_most_the_timeout_then_the_breaker_skips_it() {
+        let server = RedisServer::start();
+        let timeout = Duration::from_millis(100);
+        let store = open_redis(&server, timeout);
+        hit_once(&store).await.expect("Redis answers");
+        server.freeze();
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            let call = Instant::now();
+            assert!(hit_once(&store).await.is_err());
+            waits.push(call.elapsed());
+        }
+        server.thaw();
+        assert!(
+            waits
+                .iter()
+                .all(|w| *w < timeout + Duration::from_millis(100)),
+            "{waits:?}"
+        );
+        assert!(
+            waits[0] >= timeout,
+            "the first call waited for the frozen Redis: {waits:?}"
+        );
+        assert!(
+            waits[3] < Duration::from_millis(10) && waits[4] < Duration::from_millis(10),
+            "after {} failures the breaker answers at once: {waits:?}",
+            tollgate::store::redis::BREAKER_THRESHOLD
+        );
+        assert!(!store.healthy());
+        wait_healthy(&store, true).await;
+        hit_once(&store).await.expect("Redis answers again");
+    }
 }

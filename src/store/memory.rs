@@ -96,7 +96,11 @@ impl Table {
             .map(|((c, &s), verdict)| {
                 let shard = &mut *guards[guard_of(s)].1;
                 let quota = shard.record(c.key, c.algorithm, now, admitted, track);
-                Outcome { verdict, quota }
+                Outcome {
+                    verdict,
+                    quota,
+                    at: now,
+                }
             })
             .collect()
     }

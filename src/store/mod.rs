@@ -1,11 +1,15 @@
 //! Where limiter state lives: the atomic check-and-update of every limiter of one request.
 //!
-//! Every backend keeps exact live counters in the in-process [`memory::Table`];
+//! Every local backend keeps exact live counters in the in-process [`memory::Table`];
 //! the SQLite backend adds a writer thread that persists what changed in
 //! batches, so the request path never waits on the disk. A clean shutdown
 //! persists every count; a `kill -9` loses at most one `flush_interval`.
+//! The [`redis`] backend shares counters across a fleet; its table only
+//! serves `on_error: local` while Redis is unreachable.
 
+pub mod breaker;
 pub mod memory;
+pub mod redis;
 pub mod sqlite;
 
 use std::path::PathBuf;
@@ -31,6 +35,10 @@ pub struct Check<'a> {
 pub struct Outcome {
     pub verdict: Verdict,
     pub quota: Quota,
+    /// The instant (Unix ns) the store decided at, on its own clock: the
+    /// proxy's for local stores, the Redis server's for Redis. Headers count
+    /// from it, so every proxy of a fleet announces the same reset time.
+    pub at: Nanos,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,11 +53,24 @@ pub enum StoreError {
     Unsupported(&'static str),
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
+    #[error("Redis failed: {0}")]
+    Redis(#[source] ::redis::RedisError),
+    #[error("Redis did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("Redis is skipped for a moment after repeated failures (circuit breaker open)")]
+    CircuitOpen,
+    #[error("a window or rate of {0} ns is too long for the Redis store (at most ~52 days)")]
+    TooLong(Nanos),
+    #[error("Redis answered with {0} values, not what the script returns")]
+    BadReply(usize),
+    #[error("the Redis store must be opened inside the async runtime")]
+    NoRuntime,
 }
 
 pub struct Store {
     table: Arc<memory::Table>,
     sqlite: Option<sqlite::Sqlite>,
+    redis: Option<self::redis::Redis>,
     backend: &'static str,
 }
 
@@ -59,6 +80,7 @@ impl Store {
         Store {
             table: Arc::new(memory::Table::new(false)),
             sqlite: None,
+            redis: None,
             backend: "memory",
         }
     }
@@ -83,10 +105,20 @@ impl Store {
                 Ok(Store {
                     table,
                     sqlite: Some(sqlite),
+                    redis: None,
                     backend: "sqlite",
                 })
             }
-            Backend::Redis { .. } => Err(StoreError::Unsupported("redis")),
+            Backend::Redis {
+                url,
+                prefix,
+                timeout,
+            } => Ok(Store {
+                table: Arc::new(memory::Table::new(false)),
+                sqlite: None,
+                redis: Some(self::redis::Redis::open(url, prefix, *timeout)?),
+                backend: "redis",
+            }),
         }
     }
 
@@ -100,22 +132,51 @@ impl Store {
         checks: &[Check<'_>],
         now: Nanos,
     ) -> Result<Vec<Outcome>, StoreError> {
-        Ok(self.table.check(checks, now))
+        match &self.redis {
+            Some(r) => r.check(checks, now).await,
+            None => Ok(self.table.check(checks, now)),
+        }
+    }
+
+    /// `on_error: local`: checks against this instance's own table while the
+    /// shared store is unreachable, so limits still hold approximately.
+    pub fn check_local(&self, checks: &[Check<'_>], now: Nanos) -> Vec<Outcome> {
+        let outcomes = self.table.check(checks, now);
+        if let Some(r) = &self.redis {
+            r.note_local(checks, &outcomes, now);
+        }
+        outcomes
     }
 
     /// The quota of one key now, without counting.
-    pub fn peek(&self, key: &str, algorithm: &Algorithm, now: Nanos) -> Quota {
-        self.table.peek(key, algorithm, now)
+    pub async fn peek(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        now: Nanos,
+    ) -> Result<Quota, StoreError> {
+        match &self.redis {
+            Some(r) => r.peek(key, algorithm).await,
+            None => Ok(self.table.peek(key, algorithm, now)),
+        }
     }
 
     /// An admitted request finished, or left while it was still queued.
+    /// Never waits: the Redis backend sends it from a spawned task.
     pub fn release(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
-        self.table.release(key, algorithm, ticket, now);
+        match &self.redis {
+            Some(r) => r.release(&self.table, key, algorithm, ticket, now),
+            None => self.table.release(key, algorithm, ticket, now),
+        }
     }
 
     /// Forgets these keys everywhere (admin `DELETE /status`); returns how many existed.
-    pub fn reset(&self, keys: &[String]) -> usize {
-        self.table.remove_where(|k, _| keys.iter().any(|x| x == k))
+    pub async fn reset(&self, keys: &[String]) -> Result<usize, StoreError> {
+        let local = self.table.remove_where(|k, _| keys.iter().any(|x| x == k));
+        match &self.redis {
+            Some(r) => r.reset(keys).await,
+            None => Ok(local),
+        }
     }
 
     /// Drops expired state and the state of limiters that no longer exist.
@@ -134,6 +195,9 @@ impl Store {
         if let Some(s) = &self.sqlite {
             s.prune(now, limiters, audit_retention);
         }
+        if let Some(r) = &self.redis {
+            r.sweep(now);
+        }
         removed
     }
 
@@ -148,9 +212,11 @@ impl Store {
         self.sqlite.as_ref().map_or(0, |s| s.audit_dropped())
     }
 
-    /// Whether the store answers: for SQLite, whether the last write succeeded.
+    /// Whether the store answers: for SQLite, whether the last write
+    /// succeeded; for Redis, whether its circuit breaker is closed.
     pub fn healthy(&self) -> bool {
         self.sqlite.as_ref().is_none_or(|s| s.healthy())
+            && self.redis.as_ref().is_none_or(|r| r.healthy())
     }
 
     /// Waits until everything counted so far is on disk.

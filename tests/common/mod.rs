@@ -1,6 +1,8 @@
 //! Test harness: a real tollgate on 127.0.0.1 port 0 from YAML, a stub upstream, raw HTTP helpers.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,9 +26,13 @@ use tollgate::clock::{SharedClock, SystemClock};
 use tollgate::store::Store;
 use tollgate::{App, Listeners, RunOptions};
 
+pub mod certs;
+
 /// A tollgate running in this process on real sockets.
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The TLS listener, when the YAML has `server.tls.listen` (pinned like `addr`).
+    pub tls_addr: Option<SocketAddr>,
     pub admin: SocketAddr,
     pub app: App,
     pub config_path: PathBuf,
@@ -71,6 +77,23 @@ pub fn pin_yaml(
     serde_yaml::to_string(&doc).expect("serializes")
 }
 
+/// Whether `yaml` asks for TLS listeners of their own (`server.tls.listen`).
+fn wants_tls_listener(yaml: &str) -> bool {
+    let doc: serde_yaml::Value = serde_yaml::from_str(yaml).expect("test YAML parses");
+    doc.get("server")
+        .and_then(|s| s.get("tls"))
+        .and_then(|t| t.get("listen"))
+        .is_some()
+}
+
+/// Points `server.tls.listen` at `tls`, when there is one.
+fn pin_tls_listen(yaml: String, tls: Option<SocketAddr>) -> String {
+    let Some(tls) = tls else { return yaml };
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("pinned YAML parses");
+    doc["server"]["tls"]["listen"] = vec![tls.to_string()].into();
+    serde_yaml::to_string(&doc).expect("serializes")
+}
+
 impl Proxy {
     pub async fn start(yaml: &str) -> Proxy {
         Proxy::start_with_clock(yaml, Arc::new(SystemClock)).await
@@ -100,16 +123,21 @@ impl Proxy {
         let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (addr, admin_addr) = (public.local_addr().unwrap(), admin.local_addr().unwrap());
+        let mut public = vec![public];
+        let mut tls_addr = None;
+        if wants_tls_listener(yaml) {
+            let tls = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tls_addr = Some(tls.local_addr().unwrap());
+            public.push(tls);
+        }
         let config_path = dir.path().join("tollgate.yaml");
-        std::fs::write(&config_path, pin_yaml(yaml, addr, admin_addr, dir.path())).unwrap();
+        let pinned = pin_tls_listen(pin_yaml(yaml, addr, admin_addr, dir.path()), tls_addr);
+        std::fs::write(&config_path, pinned).unwrap();
         let config = tollgate::config::load_file(&config_path).unwrap_or_else(|e| panic!("{e}"));
         let store = Store::open(&config.store, &config.limiters, clock.now()).expect("store opens");
         let app = App::new(config, store, clock, Some(config_path.clone()));
         let shutdown = CancellationToken::new();
-        let listeners = Listeners {
-            public: vec![public],
-            admin,
-        };
+        let listeners = Listeners { public, admin };
         let options = RunOptions {
             config_path: Some(config_path.clone()),
             watch_every: watch,
@@ -122,6 +150,7 @@ impl Proxy {
         ));
         Proxy {
             addr,
+            tls_addr,
             admin: admin_addr,
             app,
             config_path,
@@ -141,11 +170,8 @@ impl Proxy {
 
     /// Rewrites the config file with `yaml` (listeners and store path pinned as at start).
     pub fn write_config(&self, yaml: &str) {
-        std::fs::write(
-            &self.config_path,
-            pin_yaml(yaml, self.addr, self.admin, self.dir.path()),
-        )
-        .unwrap();
+        let pinned = pin_yaml(yaml, self.addr, self.admin, self.dir.path());
+        std::fs::write(&self.config_path, pin_tls_listen(pinned, self.tls_addr)).unwrap();
     }
 
     /// Starts a graceful shutdown and returns the task that finishes it.

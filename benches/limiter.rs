@@ -1,0 +1,155 @@
+//! Micro-benchmark: the cost of one limiter decision, per algorithm and store.
+//!
+//! `cargo bench --bench limiter` measures (medians of 5 runs); under
+//! `cargo test --all-targets` it runs once with a handful of iterations as a
+//! smoke test, so CI proves it still works without timing anything.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
+use tollgate::limiter::{
+    concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
+    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, NANOS_PER_SEC,
+};
+use tollgate::store::{Check, Store};
+
+const T0: u64 = 1_767_225_600 * NANOS_PER_SEC;
+
+fn algorithms() -> Vec<(&'static str, Algorithm)> {
+    // Quotas large enough that every decision is an admission (the allow path).
+    vec![
+        (
+            "fixed_window",
+            Algorithm::FixedWindow(FixedWindow {
+                limit: u64::MAX / 2,
+                window: 3600 * NANOS_PER_SEC,
+            }),
+        ),
+        (
+            "sliding_window",
+            Algorithm::SlidingWindow(SlidingWindow {
+                limit: 64,
+                window: 1_000,
+            }),
+        ),
+        (
+            "token_bucket",
+            Algorithm::TokenBucket(TokenBucket {
+                capacity: 1 << 40,
+                interval: 1,
+            }),
+        ),
+        (
+            "leaky_bucket",
+            Algorithm::LeakyBucket(LeakyBucket {
+                capacity: 1 << 40,
+                interval: 1,
+            }),
+        ),
+        (
+            "concurrency",
+            Algorithm::Concurrency(Concurrency {
+                max_in_flight: u64::MAX / 2,
+            }),
+        ),
+    ]
+}
+
+fn open(backend: Backend) -> Store {
+    let limiters: Vec<LimiterConfig> = algorithms()
+        .into_iter()
+        .map(|(name, algorithm)| LimiterConfig {
+            name: name.into(),
+            algorithm,
+            key: vec![KeyPart::Client],
+            shadow: false,
+            overrides: vec![],
+        })
+        .collect();
+    let config = StoreConfig {
+        backend,
+        on_error: OnError::Allow,
+        prune_interval: Duration::from_secs(60),
+        flush_interval: Duration::from_millis(100),
+    };
+    Store::open(&config, &limiters, T0).expect("store opens")
+}
+
+/// Nanoseconds per decision over `iters` decisions cycling through `keys`.
+async fn measure(
+    store: &Store,
+    name: &str,
+    algorithm: &Algorithm,
+    keys: &[String],
+    iters: usize,
+) -> f64 {
+    let started = Instant::now();
+    for i in 0..iters {
+        let key = &keys[i % keys.len()];
+        let check = [Check {
+            key,
+            algorithm,
+            shadow: false,
+        }];
+        let out = store
+            .check(&check, T0 + i as u64 * 1_000)
+            .await
+            .expect("local stores never fail");
+        black_box(out);
+        if name == "concurrency" {
+            store.release(key, algorithm, T0, T0);
+        }
+    }
+    started.elapsed().as_nanos() as f64 / iters as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (iters, runs) = if full { (1_000_000, 5) } else { (1_000, 1) };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    println!(
+        "{:<8} {:<15} {:>12} {:>16}",
+        "store", "algorithm", "hot key ns", "100k keys ns"
+    );
+    for (store_name, backend) in [
+        ("memory", Backend::Memory),
+        (
+            "sqlite",
+            Backend::Sqlite {
+                path: dir.path().join("bench.db"),
+            },
+        ),
+    ] {
+        let store = open(backend);
+        for (name, algorithm) in algorithms() {
+            let hot = vec![format!("{name}:ip:203.0.113.9")];
+            let spread: Vec<String> = (0..100_000)
+                .map(|i| format!("{name}:ip:10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+                .collect();
+            let (h, s) = runtime.block_on(async {
+                let mut h = Vec::new();
+                let mut s = Vec::new();
+                for _ in 0..runs {
+                    h.push(measure(&store, name, &algorithm, &hot, iters).await);
+                    s.push(measure(&store, name, &algorithm, &spread, iters).await);
+                }
+                (median(h), median(s))
+            });
+            println!("{store_name:<8} {name:<15} {h:>12.0} {s:>16.0}");
+        }
+        store.shutdown();
+    }
+    if !full {
+        println!("(smoke run: `cargo bench --bench limiter` measures)");
+    }
+}

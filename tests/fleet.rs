@@ -1,0 +1,229 @@
+//! A fleet on one Redis: tollgates share every limit exactly, survive Redis going away under each
+//! `on_error` policy without waiting longer than the timeout, and agree despite skewed clocks.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::{http, wait_for_window_room, Process, Proxy, Reply};
+use tollgate::clock::ManualClock;
+use tollgate::limiter::NANOS_PER_SEC as S;
+
+fn fleet_yaml(redis: &RedisServer, on_error: &str, limiters: &str, routes: &str) -> String {
+    format!(
+        "store: {{ backend: redis, url: \"{}\", prefix: \"fleet:\", timeout: 50ms, on_error: {on_error} }}\nlimiters:\n{limiters}routes:\n{routes}",
+        redis.url()
+    )
+}
+
+fn get(p: &Process, path: &str) -> Reply {
+    http(p.addr, "GET", path).unwrap_or_else(|e| panic!("{path}: {e}\n{}", p.output()))
+}
+
+/// Sends `total` requests from `total` threads at once, alternating between
+/// the proxies; returns how many got 200.
+fn concurrent(fleet: &[&Process], path: &str, total: usize) -> usize {
+    let ok = Arc::new(AtomicUsize::new(0));
+    let addrs: Vec<_> = fleet.iter().map(|p| p.addr).collect();
+    let start = Arc::new(std::sync::Barrier::new(total));
+    let threads: Vec<_> = (0..total)
+        .map(|i| {
+            let (ok, start, addr, path) = (
+                ok.clone(),
+                start.clone(),
+                addrs[i % addrs.len()],
+                path.to_string(),
+            );
+            std::thread::spawn(move || {
+                start.wait();
+                let r = http(addr, "GET", &path).expect("the proxy answers");
+                assert!(
+                    matches!(r.status, 200 | 429),
+                    "unexpected {}: {}",
+                    r.status,
+                    r.body
+                );
+                if r.status == 200 {
+                    ok.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("request thread");
+    }
+    ok.load(Ordering::SeqCst)
+}
+
+#[test]
+fn two_tollgates_on_one_redis_admit_exactly_the_limit_in_total() {
+    let redis = RedisServer::start();
+    let yaml = fleet_yaml(
+        &redis,
+        "deny",
+        "  five: { algorithm: fixed_window, limit: 5, window: 60s, key: global }\n  fifty: { algorithm: sliding_window, limit: 50, window: 60s, key: global }\n",
+        "  - { name: five, match: { path: /five }, respond: { status: 200, body: ok }, limiters: [five] }\n  - { name: fifty, match: { path: /fifty }, respond: { status: 200, body: ok }, limiters: [fifty] }\n",
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Process::serve(&yaml, dir_a.path());
+    let b = Process::serve(&yaml, dir_b.path());
+    wait_for_window_room(Duration::from_secs(60), Duration::from_secs(15));
+
+    assert_eq!(
+        concurrent(&[&a, &b], "/five", 40),
+        5,
+        "5/60s across the fleet"
+    );
+    assert_eq!(
+        concurrent(&[&a, &b], "/fifty", 200),
+        50,
+        "50/60s under 200 concurrent requests"
+    );
+    let denied = get(&b, "/five");
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+}
+
+/// Two proxies with one policy: shared counting, Redis dies, then comes back.
+fn outage(on_error: &str, while_down: impl Fn(&[Reply])) {
+    let mut redis = RedisServer::start();
+    let yaml = fleet_yaml(
+        &redis,
+        on_error,
+        "  three: { algorithm: sliding_window, limit: 3, window: 60s, key: global }\n",
+        "  - { name: all, match: { path_prefix: / }, respond: { status: 200, body: ok }, limiters: [three] }\n",
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Process::serve(&yaml, dir_a.path());
+    let b = Process::serve(&yaml, dir_b.path());
+    let shared = |label: &str| {
+        let got: Vec<u16> = [&a, &b, &a, &b]
+            .iter()
+            .map(|p| get(p, "/").status)
+            .collect();
+        assert_eq!(
+            got,
+            [200, 200, 200, 429],
+            "{label}: one limit for both proxies"
+        );
+    };
+    shared("before the outage");
+
+    redis.stop();
+    let mut replies = Vec::new();
+    for _ in 0..6 {
+        let started = Instant::now();
+        replies.push(get(&a, "/"));
+        let waited = started.elapsed();
+        assert!(
+            waited < Duration::from_millis(50 + 250),
+            "{on_error}: a request waited {waited:?} with a 50ms store timeout"
+        );
+    }
+    while_down(&replies);
+    assert_eq!(http(a.admin, "GET", "/readyz").unwrap().status, 503);
+    let metrics = http(a.admin, "GET", "/metrics").unwrap().body;
+    assert!(
+        metrics.contains(&format!(
+            "tollgate_store_fallback_total{{policy=\"{on_error}\"}} 6"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tollgate_store_errors_total{backend=\"redis\""));
+
+    redis.restart();
+    for p in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while http(p.admin, "GET", "/readyz").unwrap().status != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "never ready again:\n{}",
+                p.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    shared("after Redis restarted (empty), without restarting tollgate");
+}
+
+#[test]
+fn with_on_error_allow_requests_pass_while_redis_is_down() {
+    outage("allow", |replies| {
+        assert!(replies.iter().all(|r| r.status == 200), "{replies:?}");
+    });
+}
+
+#[test]
+fn with_on_error_deny_requests_get_503_problem_json_while_redis_is_down() {
+    outage("deny", |replies| {
+        for r in replies {
+            assert_eq!(r.status, 503, "{r:?}");
+            assert_eq!(r.header("content-type"), Some("application/problem+json"));
+            assert!(r
+                .header("retry-after")
+                .is_some_and(|v| v.parse::<u64>().unwrap() >= 1));
+            assert_eq!(r.json()["type"], "store-unavailable");
+        }
+    });
+}
+
+#[test]
+fn with_on_error_local_each_proxy_applies_the_limit_itself_while_redis_is_down() {
+    outage("local", |replies| {
+        let statuses: Vec<u16> = replies.iter().map(|r| r.status).collect();
+        assert_eq!(
+            statuses,
+            [200, 200, 200, 429, 429, 429],
+            "the local limit of 3 holds"
+        );
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxies_whose_clocks_are_hours_apart_share_one_window() {
+    let redis = RedisServer::start();
+    let yaml = fleet_yaml(
+        &redis,
+        "deny",
+        "  three: { algorithm: fixed_window, limit: 3, window: 60s, key: global }\n",
+        "  - { name: all, match: { path_prefix: / }, respond: { status: 200, body: ok }, limiters: [three] }\n",
+    );
+    let t0 = 1_767_225_600 * S;
+    let early = Proxy::start_with_clock(&yaml, ManualClock::at(t0)).await;
+    let late = Proxy::start_with_clock(&yaml, ManualClock::at(t0 + 5 * 3600 * S)).await;
+    tokio::task::spawn_blocking(|| {
+        wait_for_window_room(Duration::from_secs(60), Duration::from_secs(5))
+    })
+    .await
+    .unwrap();
+    let c = common::client();
+    let mut statuses = Vec::new();
+    let mut resets = Vec::new();
+    for p in [&early, &late, &early, &late] {
+        let r = c.get(p.url("/")).send().await.unwrap();
+        statuses.push(r.status().as_u16());
+        resets.push(
+            r.headers()["x-ratelimit-reset"]
+                .to_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429], "one window for both clocks");
+    assert!(
+        resets.windows(2).all(|w| w[0] == w[1]),
+        "both announce the reset on Redis' clock: {resets:?}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let reset: u64 = resets[0].parse().unwrap();
+    assert!(
+        reset > now && reset <= now + 60,
+        "reset {reset} is within a minute of now ({now})"
+    );
+}

@@ -1,0 +1,184 @@
+//! A real PHP backend (`php -S`, php-cli) behind tollgate: what `$_SERVER` says about the client, and that limits stop requests before PHP.
+
+mod common;
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::certs::{self, Ca, Session};
+use common::{raw, status_of, Proxy};
+use tollgate::clock::SystemClock;
+
+/// The app docker-compose.yml serves: it prints the `$_SERVER` fields as JSON.
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docker/compose/app/index.php");
+
+/// `php -S 127.0.0.1:0` serving [`SCRIPT`]; every request it gets is a line in `hits`.
+struct Php {
+    addr: SocketAddr,
+    hits: PathBuf,
+    child: std::process::Child,
+}
+
+impl Php {
+    fn start(dir: &Path) -> Php {
+        let hits = dir.join("php-hits.log");
+        let spawned = std::process::Command::new("php")
+            .args(["-S", "127.0.0.1:0", SCRIPT])
+            .env("TOLLGATE_TEST_HITS", &hits)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "php is not installed: these tests need php-cli (.ci/test installs it; or apt-get install php-cli)"
+            ),
+            Err(e) => panic!("cannot start php -S: {e}"),
+        };
+        // php prints "Development Server (http://127.0.0.1:PORT) started" on stderr;
+        // the thread keeps draining stderr so php never blocks on a full pipe.
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if let Some(addr) = line
+                    .split("(http://")
+                    .nth(1)
+                    .and_then(|rest| rest.split(')').next())
+                    .and_then(|a| a.parse::<SocketAddr>().ok())
+                {
+                    let _ = tx.send(addr);
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("php -S did not report its address"));
+        Php { addr, hits, child }
+    }
+
+    /// How many requests reached PHP.
+    fn hits(&self) -> usize {
+        std::fs::read_to_string(&self.hits)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Php {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"))
+}
+
+/// The JSON object in a raw HTTP/1.1 answer (whatever the transfer coding around it).
+fn body_of(answer: &str) -> &str {
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    match (body.find('{'), body.rfind('}')) {
+        (Some(start), Some(end)) => &body[start..=end],
+        _ => body,
+    }
+}
+
+#[tokio::test]
+async fn php_sees_the_client_over_https_and_never_a_spoofed_forwarded_for_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let php = Php::start(dir.path());
+    let ca = Ca::new("test CA");
+    let (cert, key) = ca.issue(&["shop.test"]).write(dir.path(), "shop");
+    let yaml = format!(
+        "server:\n  tls: {{ cert: \"{}\", key: \"{}\" }}\nupstreams:\n  php: {{ url: \"http://{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
+        cert.display(),
+        key.display(),
+        php.addr
+    );
+    let proxy = Proxy::start_in(&yaml, Arc::new(SystemClock), dir, None).await;
+    let stream = certs::handshake(proxy.addr, "shop.test", ca.client(&[b"h2"]))
+        .await
+        .unwrap();
+    let mut session = Session::start(stream).await;
+    let spoof = [
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-real-ip", "6.6.6.6"),
+        ("x-forwarded-proto", "http"),
+    ];
+    let r = session.get("shop.test", "/index.php?a=1", &spoof).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let server = r.json();
+    assert_eq!(server["REMOTE_ADDR"], "127.0.0.1", "PHP's peer is tollgate");
+    assert_eq!(server["HTTP_X_REAL_IP"], "127.0.0.1");
+    assert_eq!(server["HTTP_X_FORWARDED_FOR"], "127.0.0.1");
+    assert_eq!(server["HTTP_X_FORWARDED_PROTO"], "https");
+    assert_eq!(server["HTTP_HOST"], "shop.test");
+    assert_eq!(server["REQUEST_URI"], "/index.php?a=1");
+    assert_eq!(php.hits(), 1);
+}
+
+#[tokio::test]
+async fn behind_a_trusted_load_balancer_php_gets_the_real_client_and_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let php = Php::start(dir.path());
+    let yaml = format!(
+        "identity: {{ trusted_proxies: [\"127.0.0.1/32\"] }}\nupstreams:\n  php: {{ url: \"http://{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
+        php.addr
+    );
+    let proxy = Proxy::start_in(&yaml, Arc::new(SystemClock), dir, None).await;
+    let answer = raw(
+        proxy.addr,
+        b"GET / HTTP/1.1\r\nHost: shop.test\r\nX-Forwarded-For: 6.6.6.6, 198.51.100.7\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+    let server = json(body_of(&answer));
+    // The load balancer (127.0.0.1, trusted) says its client was 198.51.100.7;
+    // 6.6.6.6 is what that client claimed and nobody vouches for.
+    assert_eq!(server["HTTP_X_REAL_IP"], "198.51.100.7");
+    assert_eq!(
+        server["HTTP_X_FORWARDED_FOR"],
+        "6.6.6.6, 198.51.100.7, 127.0.0.1"
+    );
+    assert_eq!(server["HTTP_X_FORWARDED_PROTO"], "http");
+}
+
+#[tokio::test]
+async fn the_limit_answers_429_itself_and_php_never_sees_those_requests() {
+    common::wait_for_window_room(Duration::from_secs(60), Duration::from_secs(10));
+    let dir = tempfile::tempdir().unwrap();
+    let php = Php::start(dir.path());
+    let yaml = format!(
+        "upstreams:\n  php: {{ url: \"http://{}\" }}\nlimiters:\n  strict: {{ algorithm: fixed_window, limit: 3, window: 60s, key: client }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php, limiters: [strict] }}\n",
+        php.addr
+    );
+    let proxy = Proxy::start_in(&yaml, Arc::new(SystemClock), dir, None).await;
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let answer = raw(
+            proxy.addr,
+            b"GET /login HTTP/1.1\r\nHost: shop.test\r\nX-Forwarded-For: 10.9.9.9\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(5),
+        )
+        .await;
+        statuses.push(status_of(&answer));
+        if status_of(&answer) == 429 {
+            let lower = answer.to_ascii_lowercase();
+            assert!(
+                lower.contains("content-type: application/problem+json"),
+                "{answer}"
+            );
+            assert!(lower.contains("retry-after:"), "{answer}");
+        }
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    assert_eq!(php.hits(), 3, "the rejected requests never reached PHP");
+}
