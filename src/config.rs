@@ -170,6 +170,15 @@ pub struct RawServer {
     pub request_header_timeout: Option<Dur>,
     pub max_request_body: Option<Size>,
     pub shutdown_grace: Option<Dur>,
+    pub workers: Option<RawWorkers>,
+}
+
+/// `auto` (one per core) or a number of worker threads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawWorkers {
+    Count(u64),
+    Auto(Text),
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -321,6 +330,8 @@ pub struct ServerConfig {
     pub request_header_timeout: Duration,
     pub max_request_body: u64,
     pub shutdown_grace: Duration,
+    /// Worker threads serving connections (each a single-threaded runtime).
+    pub workers: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -742,6 +753,23 @@ impl Validator {
             request_header_timeout: dur(raw.request_header_timeout, Duration::from_secs(10)),
             max_request_body,
             shutdown_grace: dur(raw.shutdown_grace, Duration::from_secs(10)),
+            workers: self.workers(&raw.workers),
+        }
+    }
+
+    fn workers(&mut self, raw: &Option<RawWorkers>) -> usize {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        match raw {
+            None => cores,
+            Some(RawWorkers::Auto(t)) if t.0 == "auto" => cores,
+            Some(RawWorkers::Count(n)) if (1..=1024).contains(n) => *n as usize,
+            Some(_) => {
+                self.err(
+                    "server.workers",
+                    "must be `auto` or a number from 1 to 1024",
+                );
+                1
+            }
         }
     }
 

@@ -85,6 +85,8 @@ pub struct RunOptions {
     pub config_path: Option<PathBuf>,
     /// How often the config file is polled; `None` = no file watch.
     pub watch_every: Option<Duration>,
+    /// Worker runtimes to serve connections on; `None` = the calling runtime.
+    pub workers: Option<std::sync::Arc<workers::Workers>>,
 }
 
 /// Serves until `shutdown` is cancelled, then stops accepting, lets requests
@@ -97,6 +99,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         connections.clone(),
         shutdown.child_token(),
         CancellationToken::new(),
+        options.workers.clone(),
     );
     for ((addr, _), listener) in config.server.public().into_iter().zip(listeners.public) {
         set.start_public(&app, addr, listener);

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::config;
 use tollgate::store::Store;
+use tollgate::workers::Workers;
 use tollgate::{App, Listeners, RunOptions};
 
 #[derive(Parser)]
@@ -107,19 +108,15 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let runtime = match std::env::var("TG_EXPERIMENT").as_deref() {
-        Ok("current") => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        Ok("one") => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build(),
-        _ => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-    }
-    .context("cannot start the async runtime")?;
+    // Connections are served by one single-threaded runtime per worker
+    // (see `tollgate::workers`); this one accepts, runs the admin API,
+    // reloads and background work.
+    let workers =
+        Arc::new(Workers::start(config.server.workers).context("cannot start the worker threads")?);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let store = Store::open(&config.store, &config.limiters, clock.now())
@@ -131,6 +128,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         let options = RunOptions {
             config_path: Some(path.to_path_buf()),
             watch_every: Some(Duration::from_millis(250)),
+            workers: Some(workers),
         };
         tollgate::run(listeners, app, options, shutdown).await;
         Ok(ExitCode::SUCCESS)

@@ -29,7 +29,9 @@ pub struct Upstream {
     /// A path the upstream URL carries (`http://app/base`), prepended; empty for `/`.
     base_path: String,
     timeout: Duration,
-    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+    /// One pool per worker thread (index 0 for everything else), so a
+    /// request never uses a connection whose task lives on another thread.
+    clients: Vec<Client<HttpsConnector<HttpConnector>, UpstreamBody>>,
     /// What the pool was built from, to reuse it when a reload leaves it unchanged.
     config: (Uri, Duration, Duration, UpstreamTls),
 }
@@ -116,13 +118,17 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(4096)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .set_host(false)
-            .build(connector);
+        let clients = (0..=crate::workers::count())
+            .map(|_| {
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .pool_max_idle_per_host(4096)
+                    .pool_timer(TokioTimer::new())
+                    .timer(TokioTimer::new())
+                    .set_host(false)
+                    .build(connector.clone())
+            })
+            .collect();
         let parts = config.url.clone().into_parts();
         let base_path = parts
             .path_and_query
@@ -135,7 +141,7 @@ impl Upstream {
             authority: parts.authority.expect("validated: upstream URL has a host"),
             base_path,
             timeout: config.timeout,
-            client,
+            clients,
             config: (
                 config.url.clone(),
                 config.connect_timeout,
@@ -143,6 +149,12 @@ impl Upstream {
                 config.tls.clone(),
             ),
         }
+    }
+
+    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, UpstreamBody> {
+        self.clients
+            .get(crate::workers::current())
+            .unwrap_or(&self.clients[0])
     }
 
     /// Whether this pool can serve `config` unchanged (a reload keeps it warm).
@@ -190,7 +202,7 @@ impl Upstream {
 
         let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
         let upstream_req = Request::from_parts(parts, Limited::new(body, limit));
-        let sent = tokio::time::timeout(self.timeout, self.client.request(upstream_req)).await;
+        let sent = tokio::time::timeout(self.timeout, self.client().request(upstream_req)).await;
         let mut resp = match sent {
             Err(_) => {
                 return Err(ProxyError::Timeout {

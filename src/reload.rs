@@ -76,6 +76,9 @@ pub fn reload(app: &App) -> Result<u64, ReloadError> {
 pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     let old = app.snapshot();
     let was = &old.config;
+    if config.server.workers != was.server.workers {
+        return Err(ReloadError::RequiresRestart("server.workers"));
+    }
     if config.store.backend != was.store.backend {
         return Err(ReloadError::RequiresRestart(
             "store.backend / store.path / store.url",

@@ -12,13 +12,16 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{App, ConnInfo};
 use crate::config::Serve;
 use crate::problem::Problem;
+use crate::workers::Workers;
 
 /// Request heads larger than this get 431 (hyper answers it while parsing).
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
@@ -52,6 +55,7 @@ pub async fn accept_loop(
     stop: CancellationToken,
     drain: CancellationToken,
     connections: TaskTracker,
+    workers: Option<Arc<Workers>>,
 ) {
     let mut serve = app
         .snapshot()
@@ -82,52 +86,82 @@ pub async fn accept_loop(
         drop(snap);
         let app = app.clone();
         let drain = drain.clone();
-        connections.spawn(async move {
-            match serve {
-                Serve::Http => {
-                    let conn = ConnInfo {
-                        peer,
-                        proto: "http",
-                    };
-                    serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
+        match &workers {
+            // Hand the socket to a worker runtime; it is registered with that
+            // worker's reactor there, and never changes threads again.
+            Some(workers) => match stream.into_std() {
+                Ok(std_stream) => {
+                    connections.spawn_on(
+                        async move {
+                            match TcpStream::from_std(std_stream) {
+                                Ok(stream) => serve_accepted(stream, peer, serve, app, timeout, drain).await,
+                                Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
+                            }
+                        },
+                        workers.pick(),
+                    );
                 }
-                Serve::RedirectToHttps { port } => {
-                    let conn = ConnInfo {
-                        peer,
-                        proto: "http",
-                    };
-                    let io = TokioIo::new(stream);
-                    serve_connection(io, app, conn, Some(port), timeout, drain).await
-                }
-                Serve::Https => {
-                    let acceptor = app.shared.tls.acceptor();
-                    // The handshake gets the same budget as a request head: a
-                    // client that opens a socket and says nothing is cut off.
-                    let handshake = tokio::select! {
-                        r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
-                        _ = drain.cancelled() => return,
-                    };
-                    let stream = match handshake {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            handshake_failed(&app, "error");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
-                            handshake_failed(&app, "timeout");
-                            return;
-                        }
-                    };
-                    let conn = ConnInfo {
-                        peer,
-                        proto: "https",
-                    };
-                    serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
-                }
+                Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
+            },
+            None => {
+                connections.spawn(serve_accepted(stream, peer, serve, app, timeout, drain));
             }
-        });
+        }
+    }
+}
+
+/// Serves one accepted connection as its listener says: plain, TLS, or redirect.
+async fn serve_accepted(
+    stream: TcpStream,
+    peer: SocketAddr,
+    serve: Serve,
+    app: App,
+    timeout: Duration,
+    drain: CancellationToken,
+) {
+    match serve {
+        Serve::Http => {
+            let conn = ConnInfo {
+                peer,
+                proto: "http",
+            };
+            serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
+        }
+        Serve::RedirectToHttps { port } => {
+            let conn = ConnInfo {
+                peer,
+                proto: "http",
+            };
+            let io = TokioIo::new(stream);
+            serve_connection(io, app, conn, Some(port), timeout, drain).await
+        }
+        Serve::Https => {
+            let acceptor = app.shared.tls.acceptor();
+            // The handshake gets the same budget as a request head: a
+            // client that opens a socket and says nothing is cut off.
+            let handshake = tokio::select! {
+                r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
+                _ = drain.cancelled() => return,
+            };
+            let stream = match handshake {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    handshake_failed(&app, "error");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
+                    handshake_failed(&app, "timeout");
+                    return;
+                }
+            };
+            let conn = ConnInfo {
+                peer,
+                proto: "https",
+            };
+            serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
+        }
     }
 }
 
@@ -192,6 +226,8 @@ pub struct ListenerSet {
     drain_all: CancellationToken,
     public: Vec<Running>,
     admin: Option<Running>,
+    /// Worker runtimes connections are handed to; `None` = this runtime.
+    workers: Option<Arc<Workers>>,
 }
 
 struct Running {
@@ -220,6 +256,7 @@ impl ListenerSet {
         connections: TaskTracker,
         stop_all: CancellationToken,
         drain_all: CancellationToken,
+        workers: Option<Arc<Workers>>,
     ) -> ListenerSet {
         ListenerSet {
             connections,
@@ -227,6 +264,7 @@ impl ListenerSet {
             drain_all,
             public: Vec::new(),
             admin: None,
+            workers,
         }
     }
 
@@ -244,6 +282,7 @@ impl ListenerSet {
             stop.clone(),
             drain.clone(),
             self.connections.clone(),
+            self.workers.clone(),
         ));
         self.public.push(Running {
             addr,

@@ -96,6 +96,14 @@ impl Workers {
     }
 }
 
+impl std::fmt::Debug for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workers")
+            .field("threads", &self.handles.len())
+            .finish()
+    }
+}
+
 impl Drop for Workers {
     fn drop(&mut self) {
         for stop in self.stops.drain(..) {

@@ -141,6 +141,7 @@ impl Proxy {
         let options = RunOptions {
             config_path: Some(config_path.clone()),
             watch_every: watch,
+            workers: None,
         };
         let handle = tokio::spawn(tollgate::run(
             listeners,
