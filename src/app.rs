@@ -198,7 +198,7 @@ impl App {
             }
             RouteAction::Upstream(u) => {
                 let upstream = &snap.upstreams[*u];
-                let method = req.method().to_string();
+                let method = req.method().clone();
                 let req_path = req.uri().path().to_string();
                 let result = upstream
                     .forward(req, &client, conn.peer.ip(), conn.proto, max_body)
@@ -229,7 +229,7 @@ impl App {
                         client: client.display().to_string(),
                         method,
                         path: req_path,
-                        route: route.name.clone(),
+                        route: route.label.clone(),
                         status: resp.status().as_u16(),
                         duration: started.elapsed(),
                     });
@@ -252,19 +252,16 @@ impl App {
     ) -> Result<Limits, crate::store::StoreError> {
         struct Applied {
             limiter: usize,
-            key_value: String,
             store_key: String,
         }
         let applied: Vec<Applied> = route
             .limiters
             .iter()
             .filter_map(|&i| {
-                let l = &snap.limiters[i];
-                let key_value = l.key_value(client, &route.name, headers)?;
+                let store_key = snap.limiters[i].request_key(client, &route.name, headers)?;
                 Some(Applied {
                     limiter: i,
-                    store_key: l.store_key(&key_value),
-                    key_value,
+                    store_key,
                 })
             })
             .collect();
@@ -274,7 +271,7 @@ impl App {
                 let l = &snap.limiters[a.limiter];
                 Check {
                     key: &a.store_key,
-                    algorithm: l.algorithm_for(&a.key_value),
+                    algorithm: l.algorithm_for(l.value_of(&a.store_key)),
                     shadow: l.shadow,
                 }
             })
@@ -294,8 +291,8 @@ impl App {
 
         let mut denial: Option<Denial> = None;
         let mut delay = 0;
-        let mut queued = Release::new(self, snap, true);
-        let mut slots = Release::new(self, snap, false);
+        let mut queued = Release::new(true);
+        let mut slots = Release::new(false);
         let admitted = !outcomes
             .iter()
             .zip(&checks)
@@ -329,13 +326,13 @@ impl App {
                     inc(&l.metrics.delayed);
                     delay = delay.max(wait);
                     if admitted {
-                        queued.push(a.limiter, &a.key_value, &a.store_key, now + wait);
+                        queued.push(self, snap, a.limiter, &a.store_key, now + wait);
                     }
                 }
                 Verdict::Allow => inc(&l.metrics.allowed),
             }
             if admitted && matches!(c.algorithm, crate::limiter::Algorithm::Concurrency(_)) {
-                slots.push(a.limiter, &a.key_value, &a.store_key, now);
+                slots.push(self, snap, a.limiter, &a.store_key, now);
             }
         }
         Ok(Limits {
@@ -396,31 +393,38 @@ fn check_framing(headers: &HeaderMap, max_body: u64) -> Result<(), Problem> {
 
 /// Gives limiter places back when dropped: queued leaky-bucket places (only
 /// if the request left before its turn) or concurrency slots (always).
+/// Empty (and free: no handle is cloned) unless a place was taken.
 #[derive(Default)]
 pub struct Release {
     app: Option<App>,
     snap: Option<Arc<Snapshot>>,
     only_before_ticket: bool,
-    items: Vec<(usize, String, String, Nanos)>,
+    items: Vec<(usize, String, Nanos)>,
 }
 
 impl Release {
-    fn new(app: &App, snap: &Arc<Snapshot>, only_before_ticket: bool) -> Release {
+    fn new(only_before_ticket: bool) -> Release {
         Release {
-            app: Some(app.clone()),
-            snap: Some(snap.clone()),
+            app: None,
+            snap: None,
             only_before_ticket,
             items: Vec::new(),
         }
     }
 
-    fn push(&mut self, limiter: usize, key_value: &str, store_key: &str, ticket: Nanos) {
-        self.items.push((
-            limiter,
-            key_value.to_string(),
-            store_key.to_string(),
-            ticket,
-        ));
+    fn push(
+        &mut self,
+        app: &App,
+        snap: &Arc<Snapshot>,
+        limiter: usize,
+        store_key: &str,
+        ticket: Nanos,
+    ) {
+        if self.app.is_none() {
+            self.app = Some(app.clone());
+            self.snap = Some(snap.clone());
+        }
+        self.items.push((limiter, store_key.to_string(), ticket));
     }
 
     fn is_empty(&self) -> bool {
@@ -442,11 +446,12 @@ impl Drop for Release {
             return;
         }
         let now = app.shared.clock.now();
-        for (limiter, key_value, store_key, ticket) in self.items.drain(..) {
+        for (limiter, store_key, ticket) in self.items.drain(..) {
             if self.only_before_ticket && now >= ticket {
                 continue;
             }
-            let algorithm = snap.limiters[limiter].algorithm_for(&key_value);
+            let l = &snap.limiters[limiter];
+            let algorithm = l.algorithm_for(l.value_of(&store_key));
             app.shared.store.release(&store_key, algorithm, ticket, now);
         }
     }

@@ -30,6 +30,8 @@ pub struct Snapshot {
 
 pub struct Route {
     pub name: String,
+    /// The name again, shared, for audit rows.
+    pub label: Arc<str>,
     pub action: RouteAction,
     /// Indexes into `Snapshot::limiters`, in the order the route lists them.
     pub limiters: Vec<usize>,
@@ -106,6 +108,7 @@ impl Snapshot {
                 };
                 Route {
                     name: r.name.clone(),
+                    label: Arc::from(r.name.as_str()),
                     action: match &r.action {
                         Action::Upstream(i) => RouteAction::Upstream(*i),
                         Action::Respond {
@@ -179,6 +182,32 @@ impl Limiter {
     /// then does not apply to the request.
     pub fn key_value(&self, client: &Client, route: &str, headers: &HeaderMap) -> Option<String> {
         let mut out = String::with_capacity(48);
+        self.push_key_value(&mut out, client, route, headers)?;
+        Some(out)
+    }
+
+    /// The store key of this request, `<limiter>:<key value>`, built in one
+    /// allocation; [`Limiter::value_of`] gives the key value back as a slice.
+    pub fn request_key(&self, client: &Client, route: &str, headers: &HeaderMap) -> Option<String> {
+        let mut out = String::with_capacity(self.name.len() + 48);
+        out.push_str(&self.name);
+        out.push(':');
+        self.push_key_value(&mut out, client, route, headers)?;
+        Some(out)
+    }
+
+    /// The key value part of a store key this limiter built.
+    pub fn value_of<'k>(&self, store_key: &'k str) -> &'k str {
+        &store_key[self.name.len() + 1..]
+    }
+
+    fn push_key_value(
+        &self,
+        out: &mut String,
+        client: &Client,
+        route: &str,
+        headers: &HeaderMap,
+    ) -> Option<()> {
         for (i, part) in self.key.iter().enumerate() {
             if i > 0 {
                 out.push('|');
@@ -197,11 +226,11 @@ impl Limiter {
                     if v.is_empty() {
                         return None;
                     }
-                    push_header_value(&mut out, v);
+                    push_header_value(out, v);
                 }
             }
         }
-        Some(out)
+        Some(())
     }
 
     /// The store key for a key value: `<limiter>:<key value>`.

@@ -273,3 +273,15 @@ async fn healthcheck_exits_0_against_a_running_proxy_and_non_zero_against_a_clos
     let (code, out, _) = probe(proxy.url("/healthz")).await.unwrap();
     assert_ne!(code, 0, "{out}");
 }
+
+#[test]
+fn check_never_prints_a_redis_password() {
+    let (code, out, err) =
+        check("store: { backend: redis, url: \"redis://:hunter2@127.0.0.1:6379/0\" }\n");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("redis"), "{out}");
+    assert!(
+        !out.contains("hunter2") && !err.contains("hunter2"),
+        "{out}{err}"
+    );
+}

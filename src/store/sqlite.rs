@@ -63,9 +63,9 @@ const AUDIT_QUEUE: usize = 65_536;
 pub struct AuditRow {
     pub time: Nanos,
     pub client: String,
-    pub method: String,
+    pub method: http::Method,
     pub path: String,
-    pub route: String,
+    pub route: std::sync::Arc<str>,
     pub status: u16,
     pub duration: Duration,
 }
@@ -352,23 +352,67 @@ fn write(conn: &mut Connection, changes: &[Change], audit: &[AuditRow]) -> rusql
                 }
             }
         }
-        let mut insert_call = tx.prepare_cached(
-            "INSERT INTO api_calls (time, client, method, path, route, status, duration_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?;
-        for r in audit {
-            insert_call.execute(params![
-                iso8601(r.time / NANOS_PER_SEC),
-                r.client,
-                r.method,
-                r.path,
-                r.route,
-                r.status,
-                r.duration.as_secs_f64() * 1000.0
-            ])?;
+        // Many rows per statement: the per-statement cost, not the row,
+        // dominates an insert, and the audit log sees every forwarded request.
+        let mut times = TimeCache::default();
+        let mut chunks = audit.chunks_exact(AUDIT_ROWS_PER_INSERT);
+        let mut insert_many = tx.prepare_cached(&insert_calls_sql(AUDIT_ROWS_PER_INSERT))?;
+        for chunk in &mut chunks {
+            let values = audit_values(chunk, &mut times);
+            insert_many.execute(rusqlite::params_from_iter(
+                values.iter().map(|v| v as &dyn rusqlite::ToSql),
+            ))?;
+        }
+        let mut insert_one = tx.prepare_cached(&insert_calls_sql(1))?;
+        for row in chunks.remainder() {
+            let values = audit_values(std::slice::from_ref(row), &mut times);
+            insert_one.execute(rusqlite::params_from_iter(
+                values.iter().map(|v| v as &dyn rusqlite::ToSql),
+            ))?;
         }
     }
     tx.commit()
+}
+
+const AUDIT_ROWS_PER_INSERT: usize = 64;
+
+fn insert_calls_sql(rows: usize) -> String {
+    let group = "(?, ?, ?, ?, ?, ?, ?)";
+    let groups = vec![group; rows].join(", ");
+    format!("INSERT INTO api_calls (time, client, method, path, route, status, duration_ms) VALUES {groups}")
+}
+
+/// Formats each second once, not once per row.
+#[derive(Default)]
+struct TimeCache {
+    secs: u64,
+    text: std::rc::Rc<str>,
+}
+
+impl TimeCache {
+    fn iso(&mut self, ns: Nanos) -> std::rc::Rc<str> {
+        let secs = ns / NANOS_PER_SEC;
+        if self.text.is_empty() || secs != self.secs {
+            self.secs = secs;
+            self.text = iso8601(secs).into();
+        }
+        self.text.clone()
+    }
+}
+
+fn audit_values(rows: &[AuditRow], times: &mut TimeCache) -> Vec<rusqlite::types::Value> {
+    use rusqlite::types::Value;
+    let mut v = Vec::with_capacity(rows.len() * 7);
+    for r in rows {
+        v.push(Value::Text(times.iso(r.time).to_string()));
+        v.push(Value::Text(r.client.clone()));
+        v.push(Value::Text(r.method.as_str().to_string()));
+        v.push(Value::Text(r.path.clone()));
+        v.push(Value::Text(r.route.to_string()));
+        v.push(Value::Integer(i64::from(r.status)));
+        v.push(Value::Real(r.duration.as_secs_f64() * 1000.0));
+    }
+    v
 }
 
 fn encode(state: &State) -> (&'static str, Vec<u8>) {
