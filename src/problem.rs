@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use serde_json::{json, Value};
 
@@ -165,6 +165,13 @@ fn base(kind: &str, title: &str, status: StatusCode, detail: &str) -> Value {
     json!({ "type": kind, "title": title, "status": status.as_u16(), "detail": detail })
 }
 
+// Named once: a `&str` key would be parsed into a header name on every response.
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
 /// Sets `X-RateLimit-*` from the limiter with the fewest remaining, and the
 /// IETF `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10).
 pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], now: Nanos) {
@@ -178,9 +185,9 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], 
     };
     let q = tightest.quota;
     let reset_at = (now + q.reset_after).div_ceil(NANOS_PER_SEC);
-    headers.insert("x-ratelimit-limit", HeaderValue::from(q.limit));
-    headers.insert("x-ratelimit-remaining", HeaderValue::from(q.remaining));
-    headers.insert("x-ratelimit-reset", HeaderValue::from(reset_at));
+    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(q.limit));
+    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(q.remaining));
+    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_at));
 
     let mut policy = String::with_capacity(32 * views.len());
     for (i, v) in views.iter().enumerate() {
@@ -193,7 +200,7 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], 
         }
     }
     if let Ok(v) = HeaderValue::from_str(&policy) {
-        headers.insert("ratelimit-policy", v);
+        headers.insert(RATELIMIT_POLICY, v);
     }
     let current = format!(
         "\"{}\";r={};t={}",
@@ -202,7 +209,7 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], 
         ceil_secs(q.reset_after)
     );
     if let Ok(v) = HeaderValue::from_str(&current) {
-        headers.insert("ratelimit", v);
+        headers.insert(RATELIMIT, v);
     }
 }
 

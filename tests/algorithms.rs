@@ -62,16 +62,7 @@ async fn a_burst_beyond_the_leaky_bucket_capacity_gets_429s() {
     );
     let proxy = Proxy::start(&yaml).await;
     let c = client();
-    let burst: Vec<_> = (0..10)
-        .map(|_| {
-            let (c, url) = (c.clone(), proxy.url("/x"));
-            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for t in burst {
-        statuses.push(t.await.unwrap());
-    }
+    let statuses = common::burst(&c, &proxy.url("/x"), 10).await;
     // One goes at once, five wait, four find the queue full.
     assert_eq!(
         statuses.iter().filter(|s| **s == 200).count(),
@@ -120,16 +111,7 @@ async fn concurrency_caps_requests_in_flight_and_frees_slots_when_bodies_end() {
     );
     let proxy = Proxy::start(&yaml).await;
     let c = client();
-    let tasks: Vec<_> = (0..5)
-        .map(|_| {
-            let (c, url) = (c.clone(), proxy.url("/slow/400"));
-            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.push(t.await.unwrap());
-    }
+    let mut statuses = common::burst(&c, &proxy.url("/slow/400"), 5).await;
     statuses.sort();
     assert_eq!(statuses, vec![200, 200, 429, 429, 429]);
     assert!(upstream.seen.max_in_flight.load(Ordering::SeqCst) <= 2);
@@ -293,16 +275,8 @@ routes:
     for _ in 0..3 {
         assert_eq!(c.get(proxy.url("/r")).send().await.unwrap().status(), 429);
     }
-    let status: serde_json::Value = serde_json::from_str(
-        &c.get(proxy.admin_url("/status?key=127.0.0.1"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-    )
-    .unwrap();
+    let status: serde_json::Value =
+        common::get_json(&c, &proxy.admin_url("/status?key=127.0.0.1")).await;
     let burst = status["limiters"]
         .as_array()
         .unwrap()

@@ -173,16 +173,7 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
             429,
             "{what}: the old limit of 1 still holds"
         );
-        let config: serde_json::Value = serde_json::from_str(
-            &c.get(proxy.admin_url("/config"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        )
-        .unwrap();
+        let config: serde_json::Value = common::get_json(&c, &proxy.admin_url("/config")).await;
         assert_eq!(config["version"], 1, "{what}");
         assert!(config["last_reload_error"].is_string(), "{what}: {config}");
     }

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -58,6 +58,11 @@ CREATE INDEX IF NOT EXISTS api_calls_time ON api_calls (time);
 /// rather than ever making a request wait.
 const AUDIT_QUEUE: usize = 65_536;
 
+/// Rows wait here until the writer's next flush. A buffer, not a channel:
+/// a channel send wakes the sleeping writer thread for every row, and on a
+/// busy proxy those wake-ups cost more than the inserts.
+type AuditBuffer = Arc<Mutex<Vec<AuditRow>>>;
+
 /// One forwarded request, for the `api_calls` table.
 #[derive(Debug, Clone)]
 pub struct AuditRow {
@@ -71,7 +76,6 @@ pub struct AuditRow {
 }
 
 enum Msg {
-    Audit(AuditRow),
     Flush(SyncSender<Result<(), String>>),
     Prune(PrunePlan),
     Shutdown(SyncSender<()>),
@@ -89,6 +93,7 @@ pub struct Sqlite {
     thread: Mutex<Option<JoinHandle<()>>>,
     healthy: Arc<AtomicBool>,
     audit_dropped: AtomicU64,
+    audit_buffer: AuditBuffer,
 }
 
 impl Sqlite {
@@ -114,13 +119,15 @@ impl Sqlite {
         conn.execute_batch(SCHEMA).map_err(open_err)?;
         load(&conn, &table, limiters, now).map_err(open_err)?;
 
-        let (tx, rx) = mpsc::sync_channel(AUDIT_QUEUE);
+        let (tx, rx) = mpsc::sync_channel(64);
+        let audit_buffer = AuditBuffer::default();
         let healthy = Arc::new(AtomicBool::new(true));
         let writer = Writer {
             conn,
             table,
             healthy: healthy.clone(),
             audit: Vec::new(),
+            audit_buffer: audit_buffer.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("tollgate-sqlite".into())
@@ -131,15 +138,17 @@ impl Sqlite {
             thread: Mutex::new(Some(thread)),
             healthy,
             audit_dropped: AtomicU64::new(0),
+            audit_buffer,
         })
     }
 
     pub fn audit(&self, row: AuditRow) {
-        match self.tx.try_send(Msg::Audit(row)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.audit_dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        let mut buffer = self.audit_buffer.lock();
+        if buffer.len() < AUDIT_QUEUE {
+            buffer.push(row);
+        } else {
+            drop(buffer);
+            self.audit_dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -208,6 +217,7 @@ struct Writer {
     table: Arc<Table>,
     healthy: Arc<AtomicBool>,
     audit: Vec<AuditRow>,
+    audit_buffer: AuditBuffer,
 }
 
 impl Writer {
@@ -216,10 +226,6 @@ impl Writer {
         loop {
             let wait = next_flush.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
-                Ok(Msg::Audit(row)) => {
-                    self.audit.push(row);
-                    continue;
-                }
                 Ok(Msg::Flush(ack)) => {
                     let _ = ack.send(self.flush());
                 }
@@ -231,9 +237,6 @@ impl Writer {
                 }
                 Ok(Msg::Shutdown(ack)) => {
                     // Rows already queued belong to requests that were served.
-                    while let Ok(Msg::Audit(row)) = rx.try_recv() {
-                        self.audit.push(row);
-                    }
                     let _ = self.flush();
                     let _ = ack.send(());
                     return;
@@ -252,6 +255,14 @@ impl Writer {
 
     fn flush(&mut self) -> Result<(), String> {
         let changes = self.table.take_changes();
+        {
+            let mut buffer = self.audit_buffer.lock();
+            if self.audit.is_empty() {
+                std::mem::swap(&mut self.audit, &mut *buffer);
+            } else {
+                self.audit.append(&mut buffer);
+            }
+        }
         if changes.is_empty() && self.audit.is_empty() {
             return Ok(());
         }

@@ -557,3 +557,24 @@ pub fn window_start_now(window: Duration) -> u64 {
         .as_secs();
     now - now % window.as_secs()
 }
+
+/// Sends `n` GETs to `url` at once and returns their statuses, in completion order.
+pub async fn burst(c: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.to_string());
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(n);
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
+/// GETs `url` and parses the body as JSON, whatever the status.
+pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
+    let text = c.get(url).send().await.unwrap().text().await.unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
