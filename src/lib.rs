@@ -108,7 +108,11 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     set.start_admin(&app, config.admin.listen, listeners.admin);
     *app.shared.listeners.lock() = Some(set);
 
-    tokio::spawn(prune_loop(app.clone(), background.clone()));
+    tokio::spawn(prune_loop(
+        app.clone(),
+        options.workers.clone(),
+        background.clone(),
+    ));
     tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
     if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
         tokio::spawn(reload::watch(app.clone(), path, every, background.clone()));
@@ -140,7 +144,11 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
 }
 
 /// Removes expired limiter state, state of removed limiters, and old audit rows.
-async fn prune_loop(app: App, stop: CancellationToken) {
+async fn prune_loop(
+    app: App,
+    workers: Option<std::sync::Arc<workers::Workers>>,
+    stop: CancellationToken,
+) {
     loop {
         let every = app.snapshot().config.store.prune_interval;
         tokio::select! {
@@ -156,10 +164,18 @@ async fn prune_loop(app: App, stop: CancellationToken) {
             .then_some(snap.config.audit.retention);
         let shared = app.shared.clone();
         let removed = tokio::task::spawn_blocking(move || {
-            shared.store.prune(now, &snap.config.limiters, retention)
+            let removed = shared.store.prune(now, &snap.config.limiters, retention);
+            workers::release_memory();
+            removed
         })
         .await
         .unwrap_or(0);
+        if removed > 0 {
+            if let Some(w) = &workers {
+                w.release_memory();
+            }
+            workers::release_memory();
+        }
         tracing::debug!(removed, "pruned expired limiter state");
     }
 }

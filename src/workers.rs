@@ -31,6 +31,16 @@ pub fn count() -> usize {
     COUNT.load(Ordering::Relaxed)
 }
 
+/// Hands this thread's freed memory back to the OS. mimalloc (the binary's
+/// allocator) keeps freed pages in per-thread free lists, and memory one
+/// thread frees that another allocated is only reclaimed when the owner
+/// collects; after a wave of client keys expired, every worker must.
+pub fn release_memory() {
+    // SAFETY: mi_collect only walks this thread's own heap; it is a no-op
+    // when mimalloc is not the allocator in use (it then owns nothing).
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
+
 pub struct Workers {
     handles: Vec<Handle>,
     next: AtomicUsize,
@@ -85,6 +95,13 @@ impl Workers {
     pub fn pick(&self) -> &Handle {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
         &self.handles[i]
+    }
+
+    /// Runs [`release_memory`] on every worker thread.
+    pub fn release_memory(&self) {
+        for h in &self.handles {
+            h.spawn(async { release_memory() });
+        }
     }
 
     pub fn len(&self) -> usize {

@@ -158,7 +158,15 @@ impl Table {
     }
 
     /// Forgets every key for which `doomed` says so; returns how many.
-    pub fn remove_where(&self, mut doomed: impl FnMut(&str, Nanos) -> bool) -> usize {
+    /// With `persist`, the writer also deletes them from the file (a reset);
+    /// without, only memory forgets (expiry: the writer prunes the file by
+    /// time on its own, and a million one-off clients expiring at once must
+    /// not turn into a million queued deletions).
+    pub fn remove_where(
+        &self,
+        persist: bool,
+        mut doomed: impl FnMut(&str, Nanos) -> bool,
+    ) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
@@ -167,7 +175,7 @@ impl Table {
                 let gone = doomed(k, e.expires_at);
                 if gone {
                     removed += 1;
-                    if self.track_changes {
+                    if self.track_changes && persist {
                         changed.push(k.clone());
                     }
                 }
@@ -368,7 +376,7 @@ mod tests {
         let changes = table.take_changes();
         assert_eq!(changes.len(), 1);
         assert!(table.take_changes().is_empty());
-        table.remove_where(|_, _| true);
+        table.remove_where(true, |_, _| true);
         let gone = table.take_changes();
         assert_eq!(gone.len(), 1);
         assert!(gone[0].state.is_none());

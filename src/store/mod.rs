@@ -172,7 +172,9 @@ impl Store {
 
     /// Forgets these keys everywhere (admin `DELETE /status`); returns how many existed.
     pub async fn reset(&self, keys: &[String]) -> Result<usize, StoreError> {
-        let local = self.table.remove_where(|k, _| keys.iter().any(|x| x == k));
+        let local = self
+            .table
+            .remove_where(true, |k, _| keys.iter().any(|x| x == k));
         match &self.redis {
             Some(r) => r.reset(keys).await,
             None => Ok(local),
@@ -188,7 +190,7 @@ impl Store {
     ) -> usize {
         let live: std::collections::HashSet<&str> =
             limiters.iter().map(|l| l.name.as_str()).collect();
-        let removed = self.table.remove_where(|key, expires_at| {
+        let removed = self.table.remove_where(false, |key, expires_at| {
             let limiter = key.split(':').next().unwrap_or("");
             expires_at <= now || !live.contains(limiter)
         });
