@@ -74,6 +74,9 @@ pub fn reload(app: &App) -> Result<u64, ReloadError> {
 
 /// Swaps in a validated config (with its TLS certificates), unless it changes what only a restart can.
 pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
+    // Held to the end: two reloads (the watch and an admin call) never
+    // interleave, so versions stay sequential and listeners consistent.
+    let mut listeners = app.shared.listeners.lock();
     let old = app.snapshot();
     let was = &old.config;
     if config.server.workers != was.server.workers {
@@ -91,7 +94,6 @@ pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     let was_listen: Vec<std::net::SocketAddr> =
         was.server.public().into_iter().map(|(a, _)| a).collect();
     // Bind new sockets before anything changes: a port in use rejects the reload.
-    let mut listeners = app.shared.listeners.lock();
     let pending = match listeners.as_ref() {
         Some(set) => Some(
             set.prepare(&listen, config.admin.listen)

@@ -93,7 +93,9 @@ pub enum Algorithm {
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
     FixedWindow(fixed_window::State),
-    SlidingWindow(sliding_window::State),
+    /// Boxed: its log is the one variable-size state, and every other key
+    /// of a table should not pay for its header.
+    SlidingWindow(Box<sliding_window::State>),
     TokenBucket(token_bucket::State),
     LeakyBucket(leaky_bucket::State),
     Concurrency(concurrency::State),
@@ -121,6 +123,25 @@ macro_rules! dispatch {
             _ => $mismatch,
         }
     };
+}
+
+impl Shape {
+    /// A small stable digest of the shape (FNV-1a), never 0: what the
+    /// in-memory table and the SQLite file keep instead of the whole shape.
+    pub fn fingerprint(self) -> u32 {
+        let (tag, value): (u8, u64) = match self {
+            Shape::FixedWindow { window } => (1, window),
+            Shape::SlidingWindow { window } => (2, window),
+            Shape::TokenBucket { interval } => (3, interval),
+            Shape::LeakyBucket { interval } => (4, interval),
+            Shape::Concurrency => (5, 0),
+        };
+        let mut h: u32 = 0x811c_9dc5;
+        for b in std::iter::once(tag).chain(value.to_le_bytes()) {
+            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        h.max(1)
+    }
 }
 
 impl Algorithm {
@@ -205,4 +226,36 @@ impl Algorithm {
 /// Whole seconds, rounded up: headers never promise a reset earlier than true.
 pub fn ceil_secs(ns: Nanos) -> u64 {
     ns.div_ceil(NANOS_PER_SEC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_fingerprints_are_stable_and_tell_shapes_apart() {
+        let a = Shape::FixedWindow {
+            window: 60 * NANOS_PER_SEC,
+        };
+        assert_eq!(a.fingerprint(), a.fingerprint());
+        assert_ne!(
+            a.fingerprint(),
+            Shape::FixedWindow {
+                window: 120 * NANOS_PER_SEC
+            }
+            .fingerprint()
+        );
+        assert_ne!(
+            a.fingerprint(),
+            Shape::SlidingWindow {
+                window: 60 * NANOS_PER_SEC
+            }
+            .fingerprint()
+        );
+        assert_ne!(Shape::Concurrency.fingerprint(), 0, "0 means unknown");
+        // Stored in SQLite files: the digest must not change between builds
+        // (FNV-1a of the tag byte and the little-endian parameter).
+        assert_eq!(a.fingerprint(), 0x8e4e_208e);
+        assert_eq!(Shape::Concurrency.fingerprint(), 0x2279_bd40);
+    }
 }

@@ -14,7 +14,7 @@ use std::hash::{Hash, Hasher};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Check, Outcome};
-use crate::limiter::{Algorithm, Nanos, Quota, Shape, State, Verdict};
+use crate::limiter::{Algorithm, Nanos, Quota, State, Verdict};
 
 const SHARDS: usize = 64;
 
@@ -35,8 +35,10 @@ struct Shard {
 #[derive(Debug, Clone)]
 struct Entry {
     state: State,
-    /// The shape the state was built under; `None` = loaded without one (kept).
-    shape: Option<Shape>,
+    /// The fingerprint of the shape the state was built under; 0 = loaded
+    /// without one (kept). A fingerprint, not the shape: at a million keys
+    /// every byte of an entry is a megabyte.
+    shape: u32,
     expires_at: Nanos,
     changed: bool,
 }
@@ -45,7 +47,8 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct Change {
     pub key: Box<str>,
-    pub state: Option<(State, Option<Shape>, Nanos)>,
+    /// The state, its shape fingerprint and when it expires.
+    pub state: Option<(State, u32, Nanos)>,
 }
 
 fn shard_of(key: &str) -> usize {
@@ -144,7 +147,7 @@ impl Table {
     }
 
     /// Puts loaded state in place (start-up), without marking it changed.
-    pub fn load(&self, key: &str, state: State, shape: Option<Shape>, expires_at: Nanos) {
+    pub fn load(&self, key: &str, state: State, shape: u32, expires_at: Nanos) {
         let mut shard = self.shards[shard_of(key)].lock();
         shard.map.insert(
             key.into(),
@@ -235,7 +238,7 @@ impl Table {
 /// State built under another shape (a reload changed the window or the
 /// algorithm) no longer means anything: the limiter starts afresh for the key.
 fn usable(e: &Entry, algorithm: &Algorithm) -> bool {
-    algorithm.fits(&e.state) && e.shape.is_none_or(|s| s == algorithm.shape())
+    algorithm.fits(&e.state) && (e.shape == 0 || e.shape == algorithm.shape().fingerprint())
 }
 
 fn mark(e: &mut Entry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
@@ -260,7 +263,7 @@ impl Shard {
             None => match map.entry(key.into()) {
                 MapEntry::Vacant(v) => v.insert(Entry {
                     state: algorithm.fresh_state(),
-                    shape: Some(algorithm.shape()),
+                    shape: algorithm.shape().fingerprint(),
                     expires_at: 0,
                     changed: false,
                 }),
@@ -270,7 +273,7 @@ impl Shard {
         if !usable(e, algorithm) {
             e.state = algorithm.fresh_state();
         }
-        e.shape = Some(algorithm.shape());
+        e.shape = algorithm.shape().fingerprint();
         algorithm.record(&mut e.state, now, admitted);
         e.expires_at = algorithm.expires_at(&e.state);
         mark(e, key, changed, track);

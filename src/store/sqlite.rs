@@ -37,7 +37,7 @@ CREATE INDEX IF NOT EXISTS rate_limit_windows_key_window ON rate_limit_windows (
 CREATE TABLE IF NOT EXISTS limiter_state (
     key        TEXT    NOT NULL PRIMARY KEY,
     algorithm  TEXT    NOT NULL,
-    shape      TEXT    NOT NULL, -- the window or rate the state was built under
+    shape      TEXT    NOT NULL, -- fingerprint of the window or rate the state was built under
     state      BLOB    NOT NULL, -- little-endian u64 nanosecond values
     expires_at INTEGER NOT NULL  -- Unix ns
 );
@@ -352,7 +352,7 @@ fn write(conn: &mut Connection, changes: &[Change], audit: &[AuditRow]) -> rusql
                 Some((State::Concurrency(_), _, _)) => {}
                 Some((state, shape, expires_at)) => {
                     let (algorithm, blob) = encode(state);
-                    let shape = shape.map(|s| format!("{s:?}")).unwrap_or_default();
+                    let shape = shape.to_string();
                     upsert_state.execute(params![
                         key,
                         algorithm,
@@ -453,9 +453,9 @@ fn decode(algorithm: &Algorithm, blob: &[u8]) -> Option<State> {
         .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
         .collect();
     Some(match algorithm {
-        Algorithm::SlidingWindow(_) => State::SlidingWindow(sliding_window::State {
+        Algorithm::SlidingWindow(_) => State::SlidingWindow(Box::new(sliding_window::State {
             admitted: words.into_iter().collect(),
-        }),
+        })),
         Algorithm::TokenBucket(_) => State::TokenBucket(token_bucket::State {
             tat: *words.first()?,
         }),
@@ -505,7 +505,7 @@ fn load(
             if expires_at > now {
                 // The window start itself tells whether it is still current,
                 // so no shape is needed: a changed window simply won't match.
-                table.load(&key, state, None, expires_at);
+                table.load(&key, state, 0, expires_at);
                 loaded += 1;
             }
         }
@@ -523,11 +523,12 @@ fn load(
         let Some(algorithm) = limiter_of(&key) else {
             continue;
         };
-        if algorithm.name() != name || format!("{:?}", algorithm.shape()) != shape {
+        let fingerprint = algorithm.shape().fingerprint();
+        if algorithm.name() != name || fingerprint.to_string() != shape {
             continue; // the limiter changed while we were down: start afresh
         }
         if let Some(state) = decode(algorithm, &blob) {
-            table.load(&key, state, Some(algorithm.shape()), expires_at as Nanos);
+            table.load(&key, state, fingerprint, expires_at as Nanos);
             loaded += 1;
         }
     }
