@@ -4,7 +4,8 @@
 //!
 //! A request reads top to bottom through these modules:
 //!
-//! - [`server`]: accept loops, HTTP/1.1 + HTTP/2, slow-client limits, graceful drain;
+//! - [`server`]: accept loops, HTTP/1.1 + HTTP/2, slow-client limits, graceful drain,
+//!   handing each connection to one of the [`workers`] (a single-threaded runtime per core);
 //! - [`tls`]: rustls termination (SNI, ALPN, certificate rotation) and https:// upstreams;
 //! - [`app`]: the request lifecycle, on one [`snapshot::Snapshot`];
 //! - [`identity`]: who the client is (API key hash, or real IP behind trusted proxies);
@@ -14,7 +15,8 @@
 //! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
 //!
 //! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
-//! (validate, then swap, or keep the old), [`admin`] and [`metrics`].
+//! (validate, then swap, or keep the old), [`admin`], [`metrics`], and
+//! [`body`] (the response body: our own bytes or the upstream's, streamed).
 
 pub mod admin;
 pub mod app;
