@@ -204,11 +204,19 @@ impl App {
                     .forward(req, &client, conn.peer.ip(), conn.proto, max_body)
                     .await;
                 let resp = match result {
-                    Ok(resp) => {
-                        let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
-                        let guard = slots
-                            .filter(|s| !s.is_empty())
-                            .map(|s| Box::new(s) as crate::body::Guard);
+                    Ok((resp, connection)) => {
+                        // Both live exactly as long as the body: the slot is
+                        // freed and the connection recycled when it is done.
+                        let slots = limits
+                            .as_mut()
+                            .map(|l| std::mem::take(&mut l.slots))
+                            .filter(|s| !s.is_empty());
+                        let guard: Option<crate::body::Guard> = match (slots, connection) {
+                            (None, None) => None,
+                            (Some(s), None) => Some(Box::new(s)),
+                            (None, Some(c)) => Some(c),
+                            (Some(s), Some(c)) => Some(Box::new((s, c))),
+                        };
                         resp.map(|b| Body::upstream(b, guard))
                     }
                     Err(e) => {

@@ -26,6 +26,7 @@ pub mod config;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;
+pub mod pool;
 pub mod problem;
 pub mod proxy;
 pub mod reload;

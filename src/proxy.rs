@@ -29,9 +29,12 @@ pub struct Upstream {
     /// A path the upstream URL carries (`http://app/base`), prepended; empty for `/`.
     base_path: String,
     timeout: Duration,
-    /// One pool per worker thread (index 0 for everything else), so a
-    /// request never uses a connection whose task lives on another thread.
+    /// https:// upstreams: one hyper-util pool per worker thread (index 0 for
+    /// everything else), so a request never uses a connection whose task
+    /// lives on another thread. Empty for http:// upstreams.
     clients: Vec<Client<HttpsConnector<HttpConnector>, UpstreamBody>>,
+    /// http:// upstreams: idle connections per worker (see `pool`).
+    plain: Option<std::sync::Arc<crate::pool::Pool>>,
     /// What the pool was built from, to reuse it when a reload leaves it unchanged.
     config: (Uri, Duration, Duration, UpstreamTls),
 }
@@ -54,6 +57,12 @@ pub enum ProxyError {
         #[source]
         source: hyper_util::client::legacy::Error,
     },
+    #[error("forwarding to upstream {upstream} failed: {source}")]
+    Plain {
+        upstream: String,
+        #[source]
+        source: crate::pool::PoolError,
+    },
 }
 
 impl ProxyError {
@@ -64,6 +73,10 @@ impl ProxyError {
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::BodyTooLarge { .. } => "body_too_large",
             ProxyError::Upstream { .. } => "other",
+            ProxyError::Plain { source, .. } => match source {
+                crate::pool::PoolError::Exchange(_) => "other",
+                _ => "connect",
+            },
         }
     }
 }
@@ -71,9 +84,9 @@ impl ProxyError {
 impl From<ProxyError> for Problem {
     fn from(e: ProxyError) -> Problem {
         match e {
-            ProxyError::Connect { upstream, .. } | ProxyError::Upstream { upstream, .. } => {
-                Problem::UpstreamUnreachable { upstream }
-            }
+            ProxyError::Connect { upstream, .. }
+            | ProxyError::Upstream { upstream, .. }
+            | ProxyError::Plain { upstream, .. } => Problem::UpstreamUnreachable { upstream },
             ProxyError::Timeout { upstream, .. } => Problem::UpstreamTimeout { upstream },
             ProxyError::BodyTooLarge { limit } => Problem::BodyTooLarge { limit },
         }
@@ -118,7 +131,9 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector);
+        let https = config.url.scheme() == Some(&Scheme::HTTPS);
         let clients = (0..=crate::workers::count())
+            .filter(|_| https)
             .map(|_| {
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(90))
@@ -135,13 +150,16 @@ impl Upstream {
             .as_ref()
             .map(|p| p.path().trim_end_matches('/').to_string())
             .unwrap_or_default();
+        let authority = parts.authority.expect("validated: upstream URL has a host");
         Upstream {
             name: config.name.clone(),
             scheme: parts.scheme.unwrap_or(Scheme::HTTP),
-            authority: parts.authority.expect("validated: upstream URL has a host"),
+            authority: authority.clone(),
             base_path,
             timeout: config.timeout,
             clients,
+            plain: (!https)
+                .then(|| crate::pool::Pool::new(authority.clone(), config.connect_timeout)),
             config: (
                 config.url.clone(),
                 config.connect_timeout,
@@ -173,7 +191,7 @@ impl Upstream {
         peer: IpAddr,
         proto: &'static str,
         max_body: u64,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), ProxyError> {
         let (mut parts, body) = req.into_parts();
         let host = parts.headers.get(header::HOST).cloned().or_else(|| {
             parts
@@ -193,14 +211,39 @@ impl Upstream {
         } else {
             PathAndQuery::try_from(format!("{}{}", self.base_path, path_and_query))
         };
+        let target = target.unwrap_or_else(|_| PathAndQuery::from_static("/"));
+        parts.version = Version::HTTP_11;
+        let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
+
+        if let Some(pool) = &self.plain {
+            // A connection of our own: the request line is in origin form.
+            parts.uri = Uri::from(target);
+            let upstream_req = Request::from_parts(parts, Limited::new(body, limit));
+            let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req)).await;
+            return match sent {
+                Err(_) => Err(ProxyError::Timeout {
+                    upstream: self.name.clone(),
+                    timeout: self.timeout,
+                }),
+                Ok(Err(crate::pool::PoolError::Exchange(e))) if caused_by_body_limit(&e) => {
+                    Err(ProxyError::BodyTooLarge { limit: max_body })
+                }
+                Ok(Err(source)) => Err(ProxyError::Plain {
+                    upstream: self.name.clone(),
+                    source,
+                }),
+                Ok(Ok((mut resp, back))) => {
+                    strip_hop_by_hop(resp.headers_mut());
+                    Ok((resp, Some(Box::new(back) as crate::body::Guard)))
+                }
+            };
+        }
+
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(self.scheme.clone());
         uri.authority = Some(self.authority.clone());
-        uri.path_and_query = Some(target.unwrap_or_else(|_| PathAndQuery::from_static("/")));
+        uri.path_and_query = Some(target);
         parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
-        parts.version = Version::HTTP_11;
-
-        let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
         let upstream_req = Request::from_parts(parts, Limited::new(body, limit));
         let sent = tokio::time::timeout(self.timeout, self.client().request(upstream_req)).await;
         let mut resp = match sent {
@@ -228,7 +271,7 @@ impl Upstream {
             Ok(Ok(resp)) => resp,
         };
         strip_hop_by_hop(resp.headers_mut());
-        Ok(resp)
+        Ok((resp, None))
     }
 }
 
