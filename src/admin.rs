@@ -329,7 +329,7 @@ pub fn effective_config(c: &Config) -> Value {
         "admin": {"listen": c.admin.listen.to_string(), "token": c.admin.token.as_ref().map(|_| "[redacted]")},
         "store": store,
         "store_policy": {
-            "on_error": format!("{:?}", c.store.on_error).to_lowercase(),
+            "on_error": c.store.on_error.as_str(),
             "prune_interval_ms": c.store.prune_interval.as_millis() as u64,
             "flush_interval_ms": c.store.flush_interval.as_millis() as u64,
         },
@@ -345,15 +345,8 @@ pub fn effective_config(c: &Config) -> Value {
         "limiters": c.limiters.iter().map(|l| json!({
             "name": l.name,
             "algorithm": l.algorithm.name(),
-            "policy": crate::snapshot::Limiter::describe(&l.algorithm),
-            "key": l.key.iter().map(|k| match k {
-                KeyPart::Client => "client".to_string(),
-                KeyPart::Ip => "ip".into(),
-                KeyPart::ApiKey => "api_key".into(),
-                KeyPart::Route => "route".into(),
-                KeyPart::Global => "global".into(),
-                KeyPart::Header(h) => format!("header:{h}"),
-            }).collect::<Vec<_>>(),
+            "policy": crate::snapshot::Limiter::describe_policy(&l.algorithm),
+            "key": l.key.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "mode": if l.shadow { "shadow" } else { "enforce" },
             // Override keys may be API keys: shown the way logs show keys.
             "overrides": l.overrides.iter().map(|o| json!({"key": if o.key.parse::<std::net::IpAddr>().is_ok() { o.key.clone() } else { ApiKey::from_secret(&o.key).short }, "limit": o.limit})).collect::<Vec<_>>(),

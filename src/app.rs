@@ -130,7 +130,12 @@ impl App {
             |crate::identity::IdentityError::UnknownApiKey(short)| Problem::UnknownApiKey(short),
         )?;
         let path = normalize(req.uri().path());
-        let host = request_host(&req);
+        // Building the host string is only worth it when a route asks for one.
+        let host = if snap.router.uses_host() {
+            request_host(&req)
+        } else {
+            None
+        };
         let index = snap
             .router
             .find(req.method(), host.as_deref(), &path)
@@ -198,8 +203,11 @@ impl App {
             }
             RouteAction::Upstream(u) => {
                 let upstream = &snap.upstreams[*u];
-                let method = req.method().clone();
-                let req_path = req.uri().path().to_string();
+                let audit = snap
+                    .config
+                    .audit
+                    .enabled
+                    .then(|| (req.method().clone(), req.uri().path().to_string()));
                 let result = upstream
                     .forward(req, &client, conn.peer.ip(), conn.proto, max_body)
                     .await;
@@ -231,13 +239,13 @@ impl App {
                         Problem::from(e).into_response()
                     }
                 };
-                if snap.config.audit.enabled {
+                if let Some((method, req_path)) = audit {
                     self.shared.store.audit(AuditRow {
                         time: now,
                         client: client.display().to_string(),
                         method,
                         path: req_path,
-                        route: route.label.clone(),
+                        route: route.name.clone(),
                         status: resp.status().as_u16(),
                         duration: started.elapsed(),
                     });
@@ -317,7 +325,7 @@ impl App {
                     let d = denial.get_or_insert_with(|| Denial {
                         limiter: l.name.clone(),
                         quota: o.quota,
-                        policy: crate::snapshot::Limiter::describe(c.algorithm),
+                        policy: l.describe(c.algorithm),
                         retry_after,
                         violated: Vec::new(),
                         key: client.display().to_string(),
@@ -325,7 +333,7 @@ impl App {
                     if retry_after > d.retry_after {
                         d.limiter = l.name.clone();
                         d.quota = o.quota;
-                        d.policy = crate::snapshot::Limiter::describe(c.algorithm);
+                        d.policy = l.describe(c.algorithm);
                         d.retry_after = retry_after;
                     }
                     d.violated.push(l.name.clone());
@@ -359,7 +367,7 @@ impl App {
         let metrics = &self.shared.metrics;
         let labels = [
             ("backend", self.shared.store.backend()),
-            ("policy", on_error_name(policy)),
+            ("policy", policy.as_str()),
         ];
         inc(&metrics.counter("tollgate_store_errors_total", &labels));
         inc(&metrics.counter("tollgate_store_fallback_total", &labels[1..]));
@@ -369,14 +377,6 @@ impl App {
         } else {
             tracing::warn!(error = %e, ?policy, "store failed; applying on_error");
         }
-    }
-}
-
-fn on_error_name(p: OnError) -> &'static str {
-    match p {
-        OnError::Allow => "allow",
-        OnError::Deny => "deny",
-        OnError::Local => "local",
     }
 }
 

@@ -427,6 +427,17 @@ pub enum OnError {
     Local,
 }
 
+impl OnError {
+    /// The config spelling, also used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Allow => "allow",
+            OnError::Deny => "deny",
+            OnError::Local => "local",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     pub backend: Backend,
@@ -484,6 +495,20 @@ pub enum KeyPart {
     Route,
     Global,
     Header(HeaderName),
+}
+
+impl fmt::Display for KeyPart {
+    /// The config spelling (what `key:` accepts).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::Client => f.write_str("client"),
+            KeyPart::Ip => f.write_str("ip"),
+            KeyPart::ApiKey => f.write_str("api_key"),
+            KeyPart::Route => f.write_str("route"),
+            KeyPart::Global => f.write_str("global"),
+            KeyPart::Header(h) => write!(f, "header:{h}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -37,7 +37,6 @@ pub mod store;
 pub mod tls;
 pub mod workers;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -60,26 +59,13 @@ impl Listeners {
     pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
         let mut public = Vec::new();
         for (addr, _) in config.server.public() {
-            public.push(bind(addr).await?);
+            public.push(server::bind_now(addr)?);
         }
         Ok(Listeners {
             public,
-            admin: bind(config.admin.listen).await?,
+            admin: server::bind_now(config.admin.listen)?,
         })
     }
-
-    pub fn public_addrs(&self) -> Vec<SocketAddr> {
-        self.public
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect()
-    }
-}
-
-async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
 }
 
 /// Options of one `run` that are not config: where reloads read from.

@@ -26,7 +26,7 @@ pub struct Denial {
     pub limiter: String,
     pub quota: Quota,
     /// A human description of the policy, e.g. `5 requests per 60s`.
-    pub policy: String,
+    pub policy: std::sync::Arc<str>,
     pub retry_after: Nanos,
     /// Every limiter that rejected.
     pub violated: Vec<String>,
@@ -288,7 +288,7 @@ mod tests {
         let resp = Problem::RateLimited(Box::new(Denial {
             limiter: "l".into(),
             quota: quota(1, 0, 0),
-            policy: String::new(),
+            policy: "".into(),
             retry_after: 1,
             violated: vec![],
             key: String::new(),

@@ -12,6 +12,8 @@ use crate::config::RouteConfig;
 #[derive(Debug)]
 pub struct Router {
     routes: Vec<Matcher>,
+    /// Whether any route matches on `host`.
+    uses_host: bool,
 }
 
 #[derive(Debug)]
@@ -25,6 +27,7 @@ struct Matcher {
 impl Router {
     pub fn new(routes: &[RouteConfig]) -> Router {
         Router {
+            uses_host: routes.iter().any(|r| r.host.is_some()),
             routes: routes
                 .iter()
                 .map(|r| Matcher {
@@ -35,6 +38,11 @@ impl Router {
                 })
                 .collect(),
         }
+    }
+
+    /// Whether any route matches on the host (else it need not be looked up).
+    pub fn uses_host(&self) -> bool {
+        self.uses_host
     }
 
     /// The index of the first route that matches, if any.

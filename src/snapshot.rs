@@ -29,9 +29,8 @@ pub struct Snapshot {
 }
 
 pub struct Route {
-    pub name: String,
-    /// The name again, shared, for audit rows.
-    pub label: Arc<str>,
+    /// Shared, so an audit row takes it without a copy.
+    pub name: Arc<str>,
     pub action: RouteAction,
     /// Indexes into `Snapshot::limiters`, in the order the route lists them.
     pub limiters: Vec<usize>,
@@ -67,8 +66,10 @@ pub struct Limiter {
     pub algorithm: Algorithm,
     pub key: Vec<KeyPart>,
     pub shadow: bool,
-    /// Key value (as [`Limiter::key_value`] builds it) → its own policy.
+    /// Key value (as [`Limiter::request_key`] builds it) → its own policy.
     overrides: HashMap<String, Algorithm>,
+    /// [`Limiter::describe`] of `algorithm`, written once: a 429 only clones it.
+    policy: Arc<str>,
     pub metrics: LimiterMetrics,
 }
 
@@ -107,8 +108,7 @@ impl Snapshot {
                     )
                 };
                 Route {
-                    name: r.name.clone(),
-                    label: Arc::from(r.name.as_str()),
+                    name: Arc::from(r.name.as_str()),
                     action: match &r.action {
                         Action::Upstream(i) => RouteAction::Upstream(*i),
                         Action::Respond {
@@ -168,6 +168,7 @@ impl Limiter {
             key: config.key.clone(),
             shadow: config.shadow,
             overrides,
+            policy: Limiter::describe_policy(&config.algorithm).into(),
             metrics: LimiterMetrics {
                 allowed: c("allowed"),
                 delayed: c("delayed"),
@@ -177,17 +178,11 @@ impl Limiter {
         }
     }
 
-    /// This request's key value, e.g. `ip:203.0.113.9` or `key:3f2a…|route:login`;
-    /// `None` when a part is missing (no API key, no such header): the limiter
-    /// then does not apply to the request.
-    pub fn key_value(&self, client: &Client, route: &str, headers: &HeaderMap) -> Option<String> {
-        let mut out = String::with_capacity(48);
-        self.push_key_value(&mut out, client, route, headers)?;
-        Some(out)
-    }
-
     /// The store key of this request, `<limiter>:<key value>`, built in one
-    /// allocation; [`Limiter::value_of`] gives the key value back as a slice.
+    /// allocation; [`Limiter::value_of`] gives the key value back as a slice,
+    /// e.g. `ip:203.0.113.9` or `key:3f2a…|route:login`. `None` when a part
+    /// is missing (no API key, no such header): the limiter then does not
+    /// apply to the request.
     pub fn request_key(&self, client: &Client, route: &str, headers: &HeaderMap) -> Option<String> {
         let mut out = String::with_capacity(self.name.len() + 48);
         out.push_str(&self.name);
@@ -250,8 +245,18 @@ impl Limiter {
         self.overrides.get(key_value).unwrap_or(&self.algorithm)
     }
 
+    /// [`Limiter::describe_policy`] of `algorithm`, from the cache when it is
+    /// this limiter's own (not an override's).
+    pub fn describe(&self, algorithm: &Algorithm) -> Arc<str> {
+        if std::ptr::eq(algorithm, &self.algorithm) {
+            self.policy.clone()
+        } else {
+            Limiter::describe_policy(algorithm).into()
+        }
+    }
+
     /// The policy in words, for problem bodies: `5 requests per 60s`.
-    pub fn describe(algorithm: &Algorithm) -> String {
+    pub fn describe_policy(algorithm: &Algorithm) -> String {
         match algorithm {
             Algorithm::FixedWindow(p) => format!("{} requests per {}", p.limit, human(p.window)),
             Algorithm::SlidingWindow(p) => {
@@ -345,6 +350,18 @@ mod tests {
     use super::*;
     use crate::config::parse;
 
+    impl Limiter {
+        fn key_value_for_test(
+            &self,
+            client: &Client,
+            route: &str,
+            headers: &HeaderMap,
+        ) -> Option<String> {
+            let key = self.request_key(client, route, headers)?;
+            Some(self.value_of(&key).to_string())
+        }
+    }
+
     fn snapshot(yaml: &str) -> Snapshot {
         Snapshot::build(parse(yaml).unwrap(), 1, None, &Metrics::default())
     }
@@ -364,7 +381,7 @@ mod tests {
         let s = snapshot("limiters:\n  l: { limit: 1, window: 1s, key: [api_key, route] }\n");
         let l = &s.limiters[0];
         let with_key = l
-            .key_value(
+            .key_value_for_test(
                 &client("203.0.113.9", Some("k1")),
                 "login",
                 &HeaderMap::new(),
@@ -375,7 +392,7 @@ mod tests {
             format!("{}|route:login", ApiKey::from_secret("k1").id)
         );
         assert_eq!(
-            l.key_value(&client("203.0.113.9", None), "login", &HeaderMap::new()),
+            l.key_value_for_test(&client("203.0.113.9", None), "login", &HeaderMap::new()),
             None
         );
     }
@@ -385,7 +402,7 @@ mod tests {
         let s = snapshot("limiters:\n  l:\n    limit: 5\n    window: 60s\n    overrides: [{ key: premium, limit: 1000 }, { key: 203.0.113.9, limit: 7 }]\n");
         let l = &s.limiters[0];
         let premium = l
-            .key_value(
+            .key_value_for_test(
                 &client("198.51.100.1", Some("premium")),
                 "r",
                 &HeaderMap::new(),
@@ -394,7 +411,7 @@ mod tests {
         assert!(!premium.contains("premium"));
         assert_eq!(l.algorithm_for(&premium), &l.algorithm.with_limit(1000));
         let by_ip = l
-            .key_value(&client("203.0.113.9", None), "r", &HeaderMap::new())
+            .key_value_for_test(&client("203.0.113.9", None), "r", &HeaderMap::new())
             .unwrap();
         assert_eq!(l.algorithm_for(&by_ip), &l.algorithm.with_limit(7));
         assert_eq!(l.algorithm_for("ip:198.51.100.2"), &l.algorithm);
@@ -407,16 +424,17 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-tenant", HeaderValue::from_static("acme"));
         assert_eq!(
-            l.key_value(&client("203.0.113.9", None), "r", &h).unwrap(),
+            l.key_value_for_test(&client("203.0.113.9", None), "r", &h)
+                .unwrap(),
             "h:acme"
         );
         h.insert("x-tenant", HeaderValue::from_str(&"x".repeat(100)).unwrap());
         assert!(l
-            .key_value(&client("203.0.113.9", None), "r", &h)
+            .key_value_for_test(&client("203.0.113.9", None), "r", &h)
             .unwrap()
             .starts_with("h:sha:"));
         assert_eq!(
-            l.key_value(&client("203.0.113.9", None), "r", &HeaderMap::new()),
+            l.key_value_for_test(&client("203.0.113.9", None), "r", &HeaderMap::new()),
             None
         );
     }
@@ -426,12 +444,42 @@ mod tests {
         let s = snapshot(include_str!("../config.example.yaml"));
         let by_name = |n: &str| s.limiters.iter().find(|l| l.name == n).unwrap();
         assert_eq!(
-            Limiter::describe(&by_name("strict").algorithm),
+            Limiter::describe_policy(&by_name("strict").algorithm),
             "5 requests per 60s"
         );
         assert_eq!(
-            Limiter::describe(&by_name("burst").algorithm),
+            Limiter::describe_policy(&by_name("burst").algorithm),
             "20 requests burst, refilled at 2/s"
+        );
+    }
+
+    #[test]
+    fn a_reload_keeps_the_pool_of_an_unchanged_upstream_and_renews_a_changed_one() {
+        let yaml = |b: &str| {
+            format!(
+                "upstreams:\n  a: {{ url: \"http://127.0.0.1:9000\" }}\n  b: {{ url: \"{b}\" }}\n"
+            )
+        };
+        let metrics = Metrics::default();
+        let old = Snapshot::build(
+            parse(&yaml("http://127.0.0.1:9001")).unwrap(),
+            1,
+            None,
+            &metrics,
+        );
+        let new = Snapshot::build(
+            parse(&yaml("http://127.0.0.1:9002")).unwrap(),
+            2,
+            Some(&old),
+            &metrics,
+        );
+        assert!(
+            Arc::ptr_eq(&old.upstreams[0], &new.upstreams[0]),
+            "a: unchanged, pool kept warm"
+        );
+        assert!(
+            !Arc::ptr_eq(&old.upstreams[1], &new.upstreams[1]),
+            "b: new URL, new pool"
         );
     }
 }

@@ -36,12 +36,7 @@ routes:
 }
 
 async fn ping(c: &reqwest::Client, proxy: &Proxy) -> u16 {
-    c.get(proxy.url("/ping"))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    common::status(c, &proxy.url("/ping"), &[]).await
 }
 
 async fn json(r: reqwest::Response) -> serde_json::Value {

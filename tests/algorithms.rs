@@ -31,7 +31,7 @@ async fn a_leaky_bucket_releases_a_burst_to_the_upstream_at_the_leak_rate() {
     let burst: Vec<_> = (0..6)
         .map(|i| {
             let (c, url) = (c.clone(), proxy.url(&format!("/b/{i}")));
-            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+            tokio::spawn(async move { common::status(&c, &url, &[]).await })
         })
         .collect();
     for t in burst {
@@ -86,7 +86,7 @@ async fn a_queued_request_whose_client_leaves_gives_its_place_back() {
     );
     let proxy = Proxy::start(&yaml).await;
     let c = client();
-    assert_eq!(c.get(proxy.url("/a")).send().await.unwrap().status(), 200);
+    assert_eq!(common::status(&c, &proxy.url("/a"), &[]).await, 200);
     // B waits for its turn (500 ms) but its client gives up after 100 ms.
     let b = tokio::time::timeout(Duration::from_millis(100), c.get(proxy.url("/b")).send()).await;
     assert!(b.is_err(), "B was still queued");
@@ -117,10 +117,7 @@ async fn concurrency_caps_requests_in_flight_and_frees_slots_when_bodies_end() {
     assert!(upstream.seen.max_in_flight.load(Ordering::SeqCst) <= 2);
     // Both slots are free again once the responses were read.
     for _ in 0..3 {
-        assert_eq!(
-            c.get(proxy.url("/fast")).send().await.unwrap().status(),
-            200
-        );
+        assert_eq!(common::status(&c, &proxy.url("/fast"), &[]).await, 200);
     }
 }
 
@@ -135,10 +132,7 @@ async fn a_concurrency_slot_is_freed_when_the_upstream_fails_or_the_client_leave
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     for _ in 0..3 {
-        assert_eq!(
-            c.get(proxy.url("/dead")).send().await.unwrap().status(),
-            502
-        );
+        assert_eq!(common::status(&c, &proxy.url("/dead"), &[]).await, 502);
     }
     let gone = tokio::time::timeout(
         Duration::from_millis(100),
@@ -148,7 +142,7 @@ async fn a_concurrency_slot_is_freed_when_the_upstream_fails_or_the_client_leave
     assert!(gone.is_err());
     // The abandoned request is still at the upstream; once it ends, the slot is back.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(c.get(proxy.url("/x")).send().await.unwrap().status(), 200);
+    assert_eq!(common::status(&c, &proxy.url("/x"), &[]).await, 200);
 }
 
 #[tokio::test]
@@ -228,30 +222,15 @@ routes:
         assert!(!r.headers().contains_key("x-ratelimit-limit"));
     }
     assert_eq!(
-        c.get(proxy.url("/r"))
-            .header("x-tenant", "acme")
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        common::status(&c, &proxy.url("/r"), &[("x-tenant", "acme")]).await,
         200
     );
     assert_eq!(
-        c.get(proxy.url("/r"))
-            .header("x-tenant", "acme")
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        common::status(&c, &proxy.url("/r"), &[("x-tenant", "acme")]).await,
         429
     );
     assert_eq!(
-        c.get(proxy.url("/r"))
-            .header("x-tenant", "other")
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        common::status(&c, &proxy.url("/r"), &[("x-tenant", "other")]).await,
         200
     );
 }
@@ -273,7 +252,7 @@ routes:
         "\"strict\";q=1;w=60, \"burst\";q=5;w=5"
     );
     for _ in 0..3 {
-        assert_eq!(c.get(proxy.url("/r")).send().await.unwrap().status(), 429);
+        assert_eq!(common::status(&c, &proxy.url("/r"), &[]).await, 429);
     }
     let status: serde_json::Value =
         common::get_json(&c, &proxy.admin_url("/status?key=127.0.0.1")).await;
@@ -326,10 +305,7 @@ async fn the_readme_multi_dimension_example_applies_all_four_limits() {
         "\"per_ip\";q=100;w=60, \"per_route\";q=1000;w=1, \"global\";q=10000;w=1"
     );
     for _ in 0..98 {
-        assert_eq!(
-            c.get(proxy.url("/api/x")).send().await.unwrap().status(),
-            200
-        );
+        assert_eq!(common::status(&c, &proxy.url("/api/x"), &[]).await, 200);
     }
     let limited = c
         .get(proxy.url("/api/x"))

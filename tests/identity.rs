@@ -232,45 +232,41 @@ async fn a_429_shows_the_api_key_shortened_and_admin_status_finds_its_counters_b
     assert_eq!(status("127.0.0.1").await["limiters"][0]["remaining"], 1);
 }
 
+/// With `identity`, `first` and `same` share one quota (shown as `key`), `other` does not.
+async fn assert_grouped(identity: &str, first: &str, same: &str, key: &str, other: &str) {
+    let proxy = Proxy::start_with_clock(&one_per_minute("ip", identity), ManualClock::at(T0)).await;
+    assert_eq!(get(&proxy, &[("x-forwarded-for", first)]).await.0, 200);
+    let (status, body) = get(&proxy, &[("x-forwarded-for", same)]).await;
+    assert_eq!(status, 429, "{first} and {same} share a quota");
+    assert!(detail(&body).contains(&format!("'{key}'")), "{body}");
+    assert_eq!(
+        get(&proxy, &[("x-forwarded-for", other)]).await.0,
+        200,
+        "{other} has its own"
+    );
+}
+
 #[tokio::test]
 async fn ipv6_clients_behind_a_trusted_proxy_share_a_quota_per_64() {
-    let proxy = Proxy::start_with_clock(&one_per_minute("ip", TRUSTED), ManualClock::at(T0)).await;
-    assert_eq!(
-        get(&proxy, &[("x-forwarded-for", "2001:db8:1:2::5")])
-            .await
-            .0,
-        200
-    );
-    let (status, body) = get(&proxy, &[("x-forwarded-for", "2001:db8:1:2::9")]).await;
-    assert_eq!(status, 429, "same /64");
-    assert!(detail(&body).contains("'ip:2001:db8:1:2::/64'"), "{body}");
-    assert_eq!(
-        get(&proxy, &[("x-forwarded-for", "2001:db8:1:3::1")])
-            .await
-            .0,
-        200,
-        "another /64"
-    );
+    assert_grouped(
+        TRUSTED,
+        "2001:db8:1:2::5",
+        "2001:db8:1:2::9",
+        "ip:2001:db8:1:2::/64",
+        "2001:db8:1:3::1",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn the_ipv6_prefix_setting_decides_which_addresses_share_a_quota() {
     let identity = "{ trusted_proxies: [127.0.0.0/8], ipv6_prefix: 56 }";
-    let proxy = Proxy::start_with_clock(&one_per_minute("ip", identity), ManualClock::at(T0)).await;
-    assert_eq!(
-        get(&proxy, &[("x-forwarded-for", "2001:db8:1:2::5")])
-            .await
-            .0,
-        200
-    );
-    let (status, body) = get(&proxy, &[("x-forwarded-for", "2001:db8:1:3::1")]).await;
-    assert_eq!(status, 429, "2001:db8:1:2:: and 2001:db8:1:3:: are one /56");
-    assert!(detail(&body).contains("'ip:2001:db8:1::/56'"), "{body}");
-    assert_eq!(
-        get(&proxy, &[("x-forwarded-for", "2001:db8:1:100::1")])
-            .await
-            .0,
-        200,
-        "another /56"
-    );
+    assert_grouped(
+        identity,
+        "2001:db8:1:2::5",
+        "2001:db8:1:3::1",
+        "ip:2001:db8:1::/56",
+        "2001:db8:1:100::1",
+    )
+    .await;
 }

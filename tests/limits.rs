@@ -60,15 +60,9 @@ async fn the_sixth_ping_in_a_window_is_a_429_with_headers_and_problem_body() {
 
     // The next window starts exactly at the minute.
     clock.advance(Duration::from_secs(39));
-    assert_eq!(
-        c.get(proxy.url("/ping")).send().await.unwrap().status(),
-        429
-    );
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 429);
     clock.advance(Duration::from_secs(1));
-    assert_eq!(
-        c.get(proxy.url("/ping")).send().await.unwrap().status(),
-        200
-    );
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
 }
 
 #[tokio::test]
@@ -98,7 +92,7 @@ async fn exactly_limit_admitted_under_concurrency(store: &str) {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let (c, url) = (c.clone(), proxy.url(&format!("/r/{i}")));
-            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+            tokio::spawn(async move { common::status(&c, &url, &[]).await })
         })
         .collect();
     let mut ok = 0;
@@ -146,8 +140,8 @@ routes:
         a.headers()["ratelimit-policy"],
         "\"strict\";q=10;w=60, \"global\";q=3;w=60"
     );
-    assert_eq!(c.get(proxy.url("/b")).send().await.unwrap().status(), 200);
-    assert_eq!(c.get(proxy.url("/b")).send().await.unwrap().status(), 200);
+    assert_eq!(common::status(&c, &proxy.url("/b"), &[]).await, 200);
+    assert_eq!(common::status(&c, &proxy.url("/b"), &[]).await, 200);
     let denied = c.get(proxy.url("/a")).send().await.unwrap();
     assert_eq!(denied.status(), 429);
     let body: serde_json::Value = denied.json_text().await;
@@ -215,7 +209,7 @@ routes:
     let clock = ManualClock::at(T0);
     let proxy = Proxy::start_with_clock(yaml, clock).await;
     let c = client();
-    assert_eq!(c.get(proxy.url("/r")).send().await.unwrap().status(), 200);
+    assert_eq!(common::status(&c, &proxy.url("/r"), &[]).await, 200);
     let r = c.get(proxy.url("/r")).send().await.unwrap();
     assert_eq!(r.status(), 429);
     // T0 is 20 s into its minute and into its hour.

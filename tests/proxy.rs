@@ -458,10 +458,7 @@ async fn a_request_no_route_matches_is_a_404_problem() {
     )
     .await;
     assert_eq!(upstream.seen.requests.load(Ordering::SeqCst), 0);
-    assert_eq!(
-        c.get(proxy.url("/api/yes")).send().await.unwrap().status(),
-        200
-    );
+    assert_eq!(common::status(&c, &proxy.url("/api/yes"), &[]).await, 200);
 }
 
 #[tokio::test]
@@ -521,10 +518,7 @@ async fn every_forwarded_request_gets_one_audit_row_and_api_keys_appear_only_has
     );
     let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(T0)).await;
     let c = client();
-    assert_eq!(
-        c.get(proxy.url("/api/a")).send().await.unwrap().status(),
-        200
-    );
+    assert_eq!(common::status(&c, &proxy.url("/api/a"), &[]).await, 200);
     assert_eq!(
         c.post(proxy.url("/api/b"))
             .body("x")
@@ -535,7 +529,7 @@ async fn every_forwarded_request_gets_one_audit_row_and_api_keys_appear_only_has
         200
     );
     assert_eq!(
-        c.get(proxy.url("/ping")).send().await.unwrap().status(),
+        common::status(&c, &proxy.url("/ping"), &[]).await,
         200,
         "answered locally"
     );

@@ -17,22 +17,18 @@ fn ping(limit: u32) -> String {
     )
 }
 
-async fn status(c: &reqwest::Client, url: &str) -> u16 {
-    c.get(url).send().await.unwrap().status().as_u16()
-}
-
 /// Exhausts a limit of 1, lets `change` rewrite the config to a limit of
 /// 1000, and returns how long it took until a request was admitted again.
 /// (Fixed windows count every attempt, the polling ones too, so the new limit
 /// must leave room for them.)
 async fn limit_raised_by(proxy: &Proxy, change: impl FnOnce()) -> Duration {
     let c = client();
-    assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
-    assert_eq!(status(&c, &proxy.url("/ping")).await, 429);
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 429);
     let edited = Instant::now();
     change();
     while edited.elapsed() < Duration::from_secs(2) {
-        if status(&c, &proxy.url("/ping")).await == 200 {
+        if common::status(&c, &proxy.url("/ping"), &[]).await == 200 {
             return edited.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -152,7 +148,7 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
         ),
     ];
     let c = client();
-    assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     for (what, text, expected) in cases {
         std::fs::write(&proxy.config_path, text).unwrap();
         let (code, body) = post_reload(&proxy).await;
@@ -169,7 +165,7 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
             "{what}: expected {expected:?} in {errors}"
         );
         assert_eq!(
-            status(&c, &proxy.url("/ping")).await,
+            common::status(&c, &proxy.url("/ping"), &[]).await,
             429,
             "{what}: the old limit of 1 still holds"
         );
@@ -256,7 +252,7 @@ async fn a_request_in_flight_at_the_upstream_during_a_reload_completes() {
     let url = proxy.url("/slow/800");
     let in_flight =
         tokio::spawn(async move { client().get(url).send().await.unwrap().status().as_u16() });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    upstream.seen.wait_for_in_flight().await;
     proxy.write_config(&yaml(20));
     assert_eq!(post_reload(&proxy).await.0, 200);
     assert_eq!(in_flight.await.unwrap(), 200);
@@ -267,19 +263,19 @@ async fn a_lowered_limit_applies_to_the_current_count_and_a_new_window_starts_af
     let proxy = Proxy::start_with_clock(&ping(5), ManualClock::at(T0)).await;
     let c = client();
     for _ in 0..3 {
-        assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
+        assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     }
     proxy.write_config(&ping(2));
     assert_eq!(post_reload(&proxy).await.0, 200);
     assert_eq!(
-        status(&c, &proxy.url("/ping")).await,
+        common::status(&c, &proxy.url("/ping"), &[]).await,
         429,
         "3 used of a new limit of 2"
     );
     proxy.write_config("limiters:\n  strict: { limit: 2, window: 120s }\nroutes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200 }, limiters: [strict] }\n");
     assert_eq!(post_reload(&proxy).await.0, 200);
     assert_eq!(
-        status(&c, &proxy.url("/ping")).await,
+        common::status(&c, &proxy.url("/ping"), &[]).await,
         200,
         "a changed window starts afresh"
     );
@@ -289,7 +285,7 @@ async fn a_lowered_limit_applies_to_the_current_count_and_a_new_window_starts_af
 async fn a_removed_limiter_loses_its_state_in_memory_and_on_disk() {
     let proxy = Proxy::start_with_clock(&ping(5), ManualClock::at(T0)).await;
     let c = client();
-    assert_eq!(status(&c, &proxy.url("/ping")).await, 200);
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     assert_eq!(proxy.app.shared.store.table().keys_of("strict").len(), 1);
     proxy.write_config(
         "routes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200 } }\n",
@@ -332,12 +328,12 @@ async fn listeners_follow_the_config_without_a_restart() {
     write(format!("\"{}\", \"{extra}\"", proxy.addr), proxy.admin);
     assert_eq!(post_reload(&proxy).await.0, 200);
     assert_eq!(
-        status(&c, &format!("http://{extra}/ping")).await,
+        common::status(&c, &format!("http://{extra}/ping"), &[]).await,
         200,
         "the added listener serves"
     );
     assert_eq!(
-        status(&c, &proxy.url("/ping")).await,
+        common::status(&c, &proxy.url("/ping"), &[]).await,
         200,
         "the old one still does"
     );
@@ -354,7 +350,7 @@ async fn listeners_follow_the_config_without_a_restart() {
         "the removed listener is closed"
     );
     assert_eq!(
-        status(&fresh, &format!("http://{admin2}/healthz")).await,
+        common::status(&fresh, &format!("http://{admin2}/healthz"), &[]).await,
         200,
         "the admin API moved"
     );

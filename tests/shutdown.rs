@@ -37,14 +37,7 @@ async fn a_request_in_flight_finishes_while_new_connections_are_refused() {
         let r = c.get(url).send().await.unwrap();
         (r.status().as_u16(), r.text().await.unwrap())
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.seen.in_flight.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the request never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    upstream.seen.wait_for_in_flight().await;
 
     let started = Instant::now();
     let run = proxy.begin_shutdown();
@@ -82,14 +75,7 @@ async fn run_returns_within_shutdown_grace_when_a_request_outlasts_it() {
     let c = common::client();
     let url = proxy.url("/slow/10000");
     let stuck = tokio::spawn(async move { c.get(url).send().await.map(|r| r.status().as_u16()) });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while upstream.seen.in_flight.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the request never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    upstream.seen.wait_for_in_flight().await;
     let started = Instant::now();
     let run = proxy.begin_shutdown();
     tokio::time::timeout(Duration::from_secs(5), run)

@@ -21,14 +21,8 @@ async fn sighup_reloads_the_config_in_the_same_process() {
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).unwrap();
     let proxy = Proxy::start_with_clock(&ping(1), ManualClock::at(T0)).await;
     let c = client();
-    assert_eq!(
-        c.get(proxy.url("/ping")).send().await.unwrap().status(),
-        200
-    );
-    assert_eq!(
-        c.get(proxy.url("/ping")).send().await.unwrap().status(),
-        429
-    );
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 429);
     proxy.write_config(&ping(1000));
     let pid = std::process::id();
     let sent = std::process::Command::new("kill")
@@ -38,7 +32,7 @@ async fn sighup_reloads_the_config_in_the_same_process() {
     assert!(sent.success());
     assert!(hup.recv().await.is_some());
     let deadline = Instant::now() + Duration::from_secs(2);
-    while c.get(proxy.url("/ping")).send().await.unwrap().status() != 200 {
+    while common::status(&c, &proxy.url("/ping"), &[]).await != 200 {
         assert!(
             Instant::now() < deadline,
             "SIGHUP did not apply the new limit within 2 s"

@@ -125,6 +125,19 @@ macro_rules! dispatch {
     };
 }
 
+impl State {
+    /// The algorithm this state belongs to, as [`Algorithm::name`] spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::FixedWindow(_) => "fixed_window",
+            State::SlidingWindow(_) => "sliding_window",
+            State::TokenBucket(_) => "token_bucket",
+            State::LeakyBucket(_) => "leaky_bucket",
+            State::Concurrency(_) => "concurrency",
+        }
+    }
+}
+
 impl Shape {
     /// A small stable digest of the shape (FNV-1a), never 0: what the
     /// in-memory table and the SQLite file keep instead of the whole shape.

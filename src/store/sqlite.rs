@@ -434,13 +434,7 @@ fn encode(state: &State) -> (&'static str, Vec<u8>) {
         State::FixedWindow(s) => vec![s.window_start, s.count],
         State::Concurrency(s) => vec![s.in_flight],
     };
-    let name = match state {
-        State::SlidingWindow(_) => "sliding_window",
-        State::TokenBucket(_) => "token_bucket",
-        State::LeakyBucket(_) => "leaky_bucket",
-        State::FixedWindow(_) => "fixed_window",
-        State::Concurrency(_) => "concurrency",
-    };
+    let name = state.name();
     (name, words.iter().flat_map(|w| w.to_le_bytes()).collect())
 }
 
@@ -578,7 +572,7 @@ mod tests {
             limiter("burst", burst.clone()),
         ];
         let now = 1_767_225_620 * NANOS_PER_SEC;
-        {
+        let open = || {
             let table = Arc::new(Table::new(true));
             let db = Sqlite::open(
                 &path,
@@ -588,6 +582,10 @@ mod tests {
                 now,
             )
             .unwrap();
+            (table, db)
+        };
+        {
+            let (table, db) = open();
             for _ in 0..6 {
                 table.check(
                     &[
@@ -613,19 +611,48 @@ mod tests {
             .unwrap();
         assert_eq!((start.as_str(), count), ("2026-01-01T00:00:00Z", 6));
 
-        let table = Arc::new(Table::new(true));
-        let _db = Sqlite::open(
-            &path,
-            table.clone(),
-            Duration::from_secs(3600),
-            &limiters,
-            now,
-        )
-        .unwrap();
+        let (table, _db) = open();
         assert_eq!(
             table.peek("strict:ip:203.0.113.9", &strict, now).remaining,
             0
         );
         assert_eq!(table.peek("burst:ip:203.0.113.9", &burst, now).remaining, 0);
+    }
+
+    #[test]
+    fn audit_rows_beyond_the_queue_are_dropped_and_counted_never_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let table = Arc::new(Table::new(true));
+        // A flush interval of an hour: nothing drains the buffer meanwhile.
+        let db = Sqlite::open(
+            &dir.path().join("a.db"),
+            table,
+            Duration::from_secs(3600),
+            &[],
+            0,
+        )
+        .unwrap();
+        let row = AuditRow {
+            time: 0,
+            client: "ip:203.0.113.9".into(),
+            method: http::Method::GET,
+            path: "/".into(),
+            route: "r".into(),
+            status: 200,
+            duration: Duration::ZERO,
+        };
+        for _ in 0..AUDIT_QUEUE + 3 {
+            db.audit(row.clone());
+        }
+        assert_eq!(db.audit_dropped(), 3);
+        db.flush().unwrap();
+        let conn = Connection::open(dir.path().join("a.db")).unwrap();
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM api_calls", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            rows, AUDIT_QUEUE as i64,
+            "the queued rows all reached the file"
+        );
     }
 }

@@ -209,6 +209,20 @@ pub struct Seen {
     pub last_headers: Mutex<Option<hyper::HeaderMap>>,
 }
 
+impl Seen {
+    /// Waits (at most 5 s) until a request is being served by the upstream.
+    pub async fn wait_for_in_flight(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.in_flight.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the request never reached the upstream"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
 /// A real HTTP upstream on 127.0.0.1 port 0. It answers with JSON describing
 /// the request; `/slow/<ms>` waits first, `/echo` streams the body back,
 /// `/big/<bytes>` answers that many bytes.
@@ -577,4 +591,13 @@ pub async fn burst(c: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
 pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
     let text = c.get(url).send().await.unwrap().text().await.unwrap();
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// GETs `url` with `headers` and returns the status code.
+pub async fn status(c: &reqwest::Client, url: &str, headers: &[(&str, &str)]) -> u16 {
+    let mut req = c.get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap().status().as_u16()
 }
