@@ -336,7 +336,8 @@ pub fn effective_config(c: &Config) -> Value {
         "audit": {"enabled": c.audit.enabled, "retention_s": c.audit.retention.as_secs()},
         "identity": {
             "api_key_header": c.identity.api_key_header.as_str(),
-            "api_keys": c.identity.api_keys.iter().map(|k| ApiKey::from_secret(k).short).collect::<Vec<_>>(),
+            "api_keys": c.identity.api_keys.iter().map(|k| ApiKey::from_entry(k).short).collect::<Vec<_>>(),
+            "api_keys_file": c.identity.api_keys_file.as_ref().map(|(p, _)| p.display().to_string()),
             "trusted_proxies": c.identity.trusted_proxies.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
             "ipv6_prefix": c.identity.ipv6_prefix,
             "exempt": c.identity.exempt.iter().map(|n| n.to_string()).collect::<Vec<_>>(),

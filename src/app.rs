@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 use crate::body::Body;
 use crate::clock::SharedClock;
 use crate::config::{Config, OnError};
-use crate::identity::Client;
+use crate::identity::{Client, IdentityError};
 use crate::limiter::{Nanos, Verdict};
 use crate::metrics::{inc, Metrics};
 use crate::problem::{set_rate_limit_headers, Denial, LimitView, Problem};
@@ -32,6 +32,8 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// `http` or `https`, for `X-Forwarded-Proto`.
     pub proto: &'static str,
+    /// The local port the client connected to, for `X-Forwarded-Port`.
+    pub port: u16,
 }
 
 /// The state every part of the process shares.
@@ -126,9 +128,19 @@ impl App {
     ) -> Result<Response<Body>, Problem> {
         let max_body = snap.config.server.max_request_body;
         check_framing(req.headers(), max_body)?;
-        let client = snap.identity.resolve(conn.peer, req.headers()).map_err(
-            |crate::identity::IdentityError::UnknownApiKey(short)| Problem::UnknownApiKey(short),
-        )?;
+        let client = snap
+            .identity
+            .resolve(conn.peer, req.headers(), now)
+            .map_err(|e| match e {
+                IdentityError::UnknownApiKey(short) => Problem::UnknownApiKey(short),
+                IdentityError::TooManyUnknownKeys {
+                    ip_key,
+                    retry_after,
+                } => Problem::TooManyUnknownKeys {
+                    ip_key,
+                    retry_after,
+                },
+            })?;
         let path = normalize(req.uri().path());
         // Building the host string is only worth it when a route asks for one.
         let host = if snap.router.uses_host() {
@@ -138,7 +150,7 @@ impl App {
         };
         let index = snap
             .router
-            .find(req.method(), host.as_deref(), &path)
+            .find(req.method(), host.as_deref(), &path, req.uri().query())
             .ok_or(Problem::NoRoute)?;
         let route = &snap.routes[index];
 
@@ -209,7 +221,7 @@ impl App {
                     .enabled
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
                 let result = upstream
-                    .forward(req, &client, conn.peer.ip(), conn.proto, max_body)
+                    .forward(req, &client, conn.peer.ip(), conn.proto, conn.port, max_body)
                     .await;
                 let resp = match result {
                     Ok((resp, connection)) => {

@@ -236,11 +236,22 @@ pub struct RawIdentity {
     pub api_key_header: Option<Text>,
     #[serde(default)]
     pub api_keys: Vec<Text>,
+    /// One key per line (plain or `sha256:<hex>`), read with the config.
+    pub api_keys_file: Option<Text>,
+    /// How many unknown keys one IP may try per window before its 401s become 429s.
+    pub unknown_keys: Option<RawUnknownKeys>,
     #[serde(default)]
     pub trusted_proxies: Vec<Text>,
     pub ipv6_prefix: Option<u8>,
     #[serde(default)]
     pub exempt: Vec<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUnknownKeys {
+    pub limit: Option<u64>,
+    pub window: Option<Dur>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -298,6 +309,8 @@ pub struct RawMatch {
     pub path_prefix: Option<Text>,
     pub methods: Option<Vec<Text>>,
     pub host: Option<Text>,
+    /// Query parameters that must all be present with these values.
+    pub query: Option<BTreeMap<String, Text>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -313,6 +326,9 @@ pub struct RawRespond {
 
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Problems that do not stop the config from running, with their YAML paths
+    /// (e.g. a route every limiter of which keys on values the client chooses).
+    pub warnings: Vec<ConfigProblem>,
     pub server: ServerConfig,
     pub admin: AdminConfig,
     pub store: StoreConfig,
@@ -456,7 +472,13 @@ pub struct AuditConfig {
 #[derive(Debug, Clone)]
 pub struct IdentityConfig {
     pub api_key_header: HeaderName,
-    pub api_keys: Vec<String>,
+    /// `identity.api_keys`, then the lines of `identity.api_keys_file`.
+    pub api_keys: Vec<ApiKeyEntry>,
+    /// The key file and its content as read with this config (the file watch compares it).
+    pub api_keys_file: Option<(PathBuf, Arc<[u8]>)>,
+    /// Unknown keys one IP may present per `unknown_key_window` before 429s.
+    pub unknown_key_limit: u64,
+    pub unknown_key_window: Duration,
     pub trusted_proxies: Vec<IpNet>,
     pub ipv6_prefix: u8,
     pub exempt: Vec<IpNet>,
@@ -470,6 +492,42 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// How an https:// upstream's certificate is verified (unused for http://).
     pub tls: UpstreamTls,
+}
+
+/// One configured API key: the secret itself, or its SHA-256 (`sha256:<hex>`)
+/// so the config need not hold the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiKeyEntry {
+    Plain(String),
+    Sha256([u8; 32]),
+}
+
+impl ApiKeyEntry {
+    /// Parses one entry: `sha256:` followed by 64 hex digits, or a plain key.
+    pub fn parse(s: &str) -> Result<ApiKeyEntry, String> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err("an API key cannot be empty".into());
+        }
+        let Some(hex) = s.strip_prefix("sha256:") else {
+            return Ok(ApiKeyEntry::Plain(s.to_string()));
+        };
+        let digits: Vec<u8> = hex
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| {
+                std::str::from_utf8(pair)
+                    .ok()
+                    .filter(|p| p.len() == 2)
+                    .and_then(|p| u8::from_str_radix(p, 16).ok())
+            })
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        let digest: [u8; 32] = digits.try_into().map_err(|_| {
+            "`sha256:` must be followed by the 64 hex digits of the key's SHA-256 (e.g. `printf %s KEY | sha256sum`)".to_string()
+        })?;
+        Ok(ApiKeyEntry::Sha256(digest))
+    }
 }
 
 /// Trust for an https:// upstream.
@@ -495,6 +553,27 @@ pub enum KeyPart {
     Route,
     Global,
     Header(HeaderName),
+}
+
+impl KeyPart {
+    /// Whether a client can pick this part's value freely (and so get a
+    /// fresh counter per value): a header always; an API key unless keys are
+    /// verified against `identity.api_keys` / `api_keys_file`.
+    pub fn chosen_by_client(&self, keys_verified: bool) -> bool {
+        match self {
+            KeyPart::Header(_) => true,
+            KeyPart::ApiKey => !keys_verified,
+            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global => false,
+        }
+    }
+}
+
+impl IdentityConfig {
+    /// Whether API keys are verified (a list or a key file is configured).
+    /// Without one, a key header identifies nobody.
+    pub fn has_key_source(&self) -> bool {
+        !self.api_keys.is_empty() || self.api_keys_file.is_some()
+    }
 }
 
 impl fmt::Display for KeyPart {
@@ -534,6 +613,8 @@ pub struct RouteConfig {
     pub path_prefix: Option<String>,
     pub methods: Option<Vec<Method>>,
     pub host: Option<String>,
+    /// `match.query`: (name, value) pairs, compared with what PHP decodes.
+    pub query: Vec<(String, String)>,
     pub action: Action,
     /// Indexes into `Config::limiters`.
     pub limiters: Vec<usize>,
@@ -601,6 +682,16 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl Config {
+    /// Logs every warning (at start and after each reload): a config that
+    /// runs but leaves a limit open must not go unnoticed.
+    pub fn log_warnings(&self) {
+        for w in &self.warnings {
+            tracing::warn!(warning = %w, "config warning");
+        }
+    }
+}
+
 impl ConfigError {
     fn single(file: Option<&Path>, message: String, location: Option<(usize, usize)>) -> Self {
         ConfigError {
@@ -646,26 +737,63 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     };
     let mut v = Validator {
         problems: Vec::new(),
+        warnings: Vec::new(),
     };
-    let config = v.config(&raw);
+    let mut config = v.config(&raw);
     if v.problems.is_empty() {
-        Ok(config)
-    } else {
-        let index = locate::Index::build(text);
-        let problems = v
-            .problems
-            .into_iter()
+        read_key_file(&mut config.identity, &mut v);
+    }
+    let index = locate::Index::build(text);
+    let locate = |list: Vec<(String, String)>| -> Vec<ConfigProblem> {
+        list.into_iter()
             .map(|(path, message)| ConfigProblem {
                 location: index.find(&path),
                 path,
                 message,
             })
-            .collect();
+            .collect()
+    };
+    if v.problems.is_empty() {
+        config.warnings = locate(v.warnings);
+        Ok(config)
+    } else {
         Err(ConfigError {
             file: None,
-            problems,
+            problems: locate(v.problems),
         })
     }
+}
+
+/// Reads `identity.api_keys_file` (the one file the identity section names):
+/// one key per line, plain or `sha256:<hex>`; blank lines and `#` comments
+/// are skipped. Its content is kept so the file watch can tell when it changes.
+fn read_key_file(identity: &mut IdentityConfig, v: &mut Validator) {
+    let Some((path, _)) = identity.api_keys_file.clone() else {
+        return;
+    };
+    let at = "identity.api_keys_file";
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) => {
+            v.err(at, format!("cannot read {}: {e}", path.display()));
+            return;
+        }
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        v.err(at, format!("{} is not UTF-8 text", path.display()));
+        return;
+    };
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match ApiKeyEntry::parse(line) {
+            Ok(entry) => identity.api_keys.push(entry),
+            Err(e) => v.err(at, format!("{} line {}: {e}", path.display(), n + 1)),
+        }
+    }
+    identity.api_keys_file = Some((path, Arc::from(bytes)));
 }
 
 /// serde_yaml appends " at line L column C" itself; we print the location up front.
@@ -678,6 +806,7 @@ fn clean_serde_message(msg: &str) -> String {
 
 struct Validator {
     problems: Vec<(String, String)>,
+    warnings: Vec<(String, String)>,
 }
 
 fn dur(d: Option<Dur>, default: Duration) -> Duration {
@@ -719,7 +848,9 @@ impl Validator {
             &raw.limiters,
             &limiters,
         );
+        self.warn_walkable_routes(&raw.routes, &routes, &limiters, identity.has_key_source());
         Config {
+            warnings: Vec::new(),
             server,
             admin,
             store,
@@ -728,6 +859,39 @@ impl Validator {
             upstreams,
             limiters,
             routes,
+        }
+    }
+
+    /// A route whose every limiter keys on something the client picks (a
+    /// header, or an API key nobody verifies) can be walked around by picking
+    /// a new value per request: said at `check`, start and reload.
+    fn warn_walkable_routes(
+        &mut self,
+        raw: &[RawRoute],
+        routes: &[RouteConfig],
+        limiters: &[LimiterConfig],
+        key_source: bool,
+    ) {
+        for route in routes.iter().filter(|r| !r.limiters.is_empty()) {
+            let holds = route
+                .limiters
+                .iter()
+                .any(|&l| !limiters[l].key.iter().any(|p| p.chosen_by_client(key_source)));
+            if holds {
+                continue;
+            }
+            let i = raw.iter().position(|r| r.name.0 == route.name).unwrap_or(0);
+            let names: Vec<&str> = route.limiters.iter().map(|&l| limiters[l].name.as_str()).collect();
+            self.warnings.push((
+                format!("routes[{i}].limiters"),
+                format!(
+                    "route {:?}: every limiter ({}) keys on a value the client chooses{}, so a client \
+                     gets a fresh counter by sending a new value; add a limiter keyed on `ip` (or `client`) to this route",
+                    route.name,
+                    names.join(", "),
+                    if key_source { "" } else { " (no identity.api_keys or api_keys_file verifies api_key)" },
+                ),
+            ));
         }
     }
 
@@ -1046,17 +1210,37 @@ impl Validator {
         if ipv6_prefix == 0 || ipv6_prefix > 128 {
             self.err("identity.ipv6_prefix", "must be between 1 and 128");
         }
-        for (i, k) in raw.api_keys.iter().enumerate() {
-            if k.0.is_empty() {
-                self.err(
-                    format!("identity.api_keys[{i}]"),
-                    "an API key cannot be empty",
-                );
-            }
+        let api_keys = raw
+            .api_keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| match ApiKeyEntry::parse(&k.0) {
+                Ok(entry) => Some(entry),
+                Err(e) => {
+                    self.err(format!("identity.api_keys[{i}]"), e);
+                    None
+                }
+            })
+            .collect();
+        let unknown = raw.unknown_keys.clone().unwrap_or_default();
+        let unknown_key_limit = unknown.limit.unwrap_or(10);
+        let unknown_key_window = dur(unknown.window, Duration::from_secs(60));
+        if unknown_key_limit == 0 {
+            self.err("identity.unknown_keys.limit", "must be at least 1");
+        }
+        if unknown_key_window.is_zero() {
+            self.err("identity.unknown_keys.window", "must be greater than zero");
         }
         IdentityConfig {
             api_key_header,
-            api_keys: raw.api_keys.iter().map(|t| t.0.clone()).collect(),
+            api_keys,
+            // Read by the loader once the config is valid (see `read_key_file`).
+            api_keys_file: raw
+                .api_keys_file
+                .as_ref()
+                .map(|t| (PathBuf::from(&t.0), Arc::from(&b""[..]))),
+            unknown_key_limit: unknown_key_limit.max(1),
+            unknown_key_window: unknown_key_window.max(Duration::from_millis(1)),
             trusted_proxies: self.cidrs("identity.trusted_proxies", &raw.trusted_proxies),
             ipv6_prefix: ipv6_prefix.clamp(1, 128),
             exempt: self.cidrs("identity.exempt", &raw.exempt),
@@ -1435,6 +1619,15 @@ impl Validator {
                     None
                 }
             };
+            let query: Vec<(String, String)> = m
+                .query
+                .iter()
+                .flatten()
+                .map(|(name, value)| (name.clone(), value.0.clone()))
+                .collect();
+            if query.iter().any(|(name, _)| name.is_empty()) {
+                self.err(at("match.query"), "a query parameter needs a name");
+            }
             let mut route_limiters = Vec::new();
             for (j, l) in r.limiters.iter().enumerate() {
                 match limiter_index.get(l.0.as_str()) {
@@ -1461,6 +1654,7 @@ impl Validator {
                     path_prefix: m.path_prefix.as_ref().map(|t| t.0.clone()),
                     methods,
                     host: m.host.as_ref().map(|t| t.0.to_ascii_lowercase()),
+                    query,
                     action,
                     limiters: route_limiters,
                 });
@@ -1772,6 +1966,38 @@ mod tests {
                 ("127.0.0.1:8443".parse().unwrap(), Serve::Https),
             ]
         );
+    }
+
+    #[test]
+    fn a_route_that_only_limits_client_chosen_values_is_a_warning_naming_it() {
+        let yaml = "limiters:\n  per_key: { limit: 5, window: 60s, key: api_key }\n  per_tenant: { limit: 5, window: 60s, key: [\"header:X-Tenant\", ip] }\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: open\n    match: { path: /a }\n    respond: { status: 200 }\n    limiters: [per_key, per_tenant]\n  - name: held\n    match: { path: /b }\n    respond: { status: 200 }\n    limiters: [per_key, per_ip]\n";
+        let c = parse(yaml).unwrap();
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        let w = c.warnings[0].to_string();
+        assert!(w.starts_with("line 9 column"), "{w}");
+        assert!(w.contains("\"open\"") && w.contains("per_key, per_tenant") && w.contains("keyed on `ip`"), "{w}");
+        // With keys verified, `api_key` holds; the header-keyed one still does not on its own.
+        let verified = parse(&format!("identity: {{ api_keys: [k1] }}\n{yaml}")).unwrap();
+        assert!(verified.warnings.is_empty(), "{:?}", verified.warnings);
+    }
+
+    #[test]
+    fn api_keys_are_read_from_a_file_and_a_bad_line_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys");
+        std::fs::write(&file, "# partners\nk1\n\nsha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n").unwrap();
+        let yaml = format!("identity:\n  api_keys: [k0]\n  api_keys_file: {}\n", file.display());
+        let c = parse(&yaml).unwrap();
+        assert_eq!(c.identity.api_keys.len(), 3);
+        assert_eq!(c.identity.api_keys[2], ApiKeyEntry::parse("sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8").unwrap());
+        std::fs::write(&file, "k1\nsha256:nothex\n").unwrap();
+        let errs = problems(&yaml);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("line 2: `sha256:` must be followed by the 64 hex digits"), "{errs:?}");
+        assert!(errs[0].starts_with("line 3 column"), "located at identity.api_keys_file: {errs:?}");
+        let missing = problems("identity: { api_keys_file: /nonexistent/tollgate-keys }\n");
+        assert!(missing[0].contains("cannot read /nonexistent/tollgate-keys"), "{missing:?}");
+        assert!(problems("identity: { api_keys: [\"sha256:12\"] }\n")[0].contains("identity.api_keys[0]"));
     }
 
     #[test]

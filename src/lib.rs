@@ -94,6 +94,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         set.start_public(&app, addr, listener);
     }
     proxy::warn_insecure_upstreams(&config.upstreams);
+    config.log_warnings();
     set.start_admin(&app, config.admin.listen, listeners.admin);
     *app.shared.listeners.lock() = Some(set);
 

@@ -83,6 +83,9 @@ fn main() -> ExitCode {
 fn check(path: &Path) -> ExitCode {
     match config::load_file(path) {
         Ok(c) => {
+            for w in &c.warnings {
+                eprintln!("{}: warning: {w}", path.display());
+            }
             println!(
                 "{}: ok: {} listener(s), {} route(s), {} limiter(s), {} upstream(s), store {}, admin on {}",
                 path.display(),

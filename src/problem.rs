@@ -39,6 +39,8 @@ pub struct Denial {
 pub enum Problem {
     BadRequest(String),
     UnknownApiKey(String),
+    /// An IP presented too many unknown API keys in a window (key probing).
+    TooManyUnknownKeys { ip_key: String, retry_after: Nanos },
     NoRoute,
     BodyTooLarge { limit: u64 },
     RateLimited(Box<Denial>),
@@ -52,6 +54,7 @@ impl Problem {
         match self {
             Problem::BadRequest(_) => StatusCode::BAD_REQUEST,
             Problem::UnknownApiKey(_) => StatusCode::UNAUTHORIZED,
+            Problem::TooManyUnknownKeys { .. } => StatusCode::TOO_MANY_REQUESTS,
             Problem::NoRoute => StatusCode::NOT_FOUND,
             Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -73,6 +76,18 @@ impl Problem {
                 status,
                 &format!("The API key '{short}' is not known."),
             ),
+            Problem::TooManyUnknownKeys {
+                ip_key,
+                retry_after: wait,
+            } => {
+                retry_after = Some(ceil_secs(wait).max(1));
+                base(
+                    "unknown-api-keys-exceeded",
+                    title,
+                    status,
+                    &format!("Too many unknown API keys from '{ip_key}'; try again later."),
+                )
+            }
             Problem::NoRoute => base("no-route", title, status, "No route matches this request."),
             Problem::BodyTooLarge { limit } => {
                 let mut v = base(

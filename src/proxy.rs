@@ -107,7 +107,30 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// Headers that frameworks, routers and plugins believe as "what the proxy
+/// says" — the client address, the original URL, the external host or
+/// scheme — and that only a trusted peer may send. From anyone else they are
+/// removed (the `X-Forwarded-*` tollgate vouches for itself are then set anew).
+pub const EDGE_OWNED: [HeaderName; 14] = [
+    header::FORWARDED,
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("front-end-https"),
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("client-ip"),
+    HeaderName::from_static("true-client-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+    HeaderName::from_static("x-cluster-client-ip"),
+    HeaderName::from_static("x-client-ip"),
+];
 
 impl Upstream {
     pub fn new(config: &UpstreamConfig) -> Upstream {
@@ -190,6 +213,7 @@ impl Upstream {
         client: &ClientIdentity,
         peer: IpAddr,
         proto: &'static str,
+        port: u16,
         max_body: u64,
     ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), ProxyError> {
         let (mut parts, body) = req.into_parts();
@@ -203,7 +227,7 @@ impl Upstream {
         if let Some(h) = host {
             parts.headers.insert(header::HOST, h);
         }
-        set_forwarded_headers(&mut parts.headers, client, peer, proto);
+        set_forwarded_headers(&mut parts.headers, client, peer, proto, port);
 
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let target = if self.base_path.is_empty() {
@@ -315,15 +339,21 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// SPEC §5: `X-Forwarded-For` is extended for a trusted peer and replaced for
-/// anyone else; `X-Real-IP` is the resolved client; `X-Forwarded-Proto` the scheme.
-/// An untrusted client's own `Forwarded` header is dropped, so no upstream
-/// can mistake it for ours.
+/// What tollgate tells the upstream about the client and the edge.
+///
+/// `X-Forwarded-For` is extended for a trusted peer and replaced for anyone
+/// else; `X-Real-IP` is the resolved client; `X-Forwarded-Proto` the scheme
+/// the client used. From an untrusted peer, every header in [`EDGE_OWNED`]
+/// is removed and `X-Forwarded-Host` (the `Host` the client asked for) and
+/// `X-Forwarded-Port` (the port it connected to) are set by tollgate, so a
+/// framework that trusts them from tollgate trusts only what tollgate saw.
+/// A trusted peer's values pass; where it sent none, tollgate's own are set.
 pub fn set_forwarded_headers(
     headers: &mut HeaderMap,
     client: &ClientIdentity,
     peer: IpAddr,
     proto: &'static str,
+    port: u16,
 ) {
     let peer = peer.to_canonical();
     let xff = if client.peer_trusted {
@@ -338,7 +368,9 @@ pub fn set_forwarded_headers(
             format!("{}, {peer}", existing.join(", "))
         }
     } else {
-        headers.remove(header::FORWARDED);
+        for name in &EDGE_OWNED {
+            headers.remove(name);
+        }
         peer.to_string()
     };
     if let Ok(v) = HeaderValue::from_str(&xff) {
@@ -348,6 +380,14 @@ pub fn set_forwarded_headers(
         headers.insert(X_REAL_IP, v);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    if !headers.contains_key(&X_FORWARDED_HOST) {
+        if let Some(host) = headers.get(header::HOST).cloned() {
+            headers.insert(X_FORWARDED_HOST, host);
+        }
+    }
+    if !headers.contains_key(&X_FORWARDED_PORT) {
+        headers.insert(X_FORWARDED_PORT, HeaderValue::from(port));
+    }
 }
 
 #[cfg(test)]
@@ -359,6 +399,7 @@ mod tests {
             ip: ip.parse().unwrap(),
             ip_key: format!("ip:{ip}"),
             api_key: None,
+            key_verified: false,
             peer_trusted: trusted,
             exempt: false,
         }
@@ -389,8 +430,17 @@ mod tests {
         h.insert(X_FORWARDED_FOR, HeaderValue::from_static("6.6.6.6"));
         h.insert(header::FORWARDED, HeaderValue::from_static("for=6.6.6.6"));
         let peer: IpAddr = "203.0.113.9".parse().unwrap();
-        set_forwarded_headers(&mut h, &client("203.0.113.9", false), peer, "http");
+        h.insert(header::HOST, HeaderValue::from_static("shop.example"));
+        for name in &EDGE_OWNED {
+            h.insert(name, HeaderValue::from_static("evil.example"));
+        }
+        set_forwarded_headers(&mut h, &client("203.0.113.9", false), peer, "http", 8080);
         assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.9");
+        assert_eq!(h[&X_FORWARDED_HOST], "shop.example", "the Host the client used");
+        assert_eq!(h[&X_FORWARDED_PORT], "8080", "the port it connected to");
+        for name in EDGE_OWNED.iter().filter(|n| ![&X_FORWARDED_HOST, &X_FORWARDED_PORT].contains(n)) {
+            assert!(!h.contains_key(name), "{name} from an untrusted client reached the upstream");
+        }
         assert_eq!(h[&X_REAL_IP], "203.0.113.9");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
         assert!(!h.contains_key(header::FORWARDED));
@@ -402,7 +452,12 @@ mod tests {
         h.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.7"));
         h.append(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.2"));
         let peer: IpAddr = "10.0.0.1".parse().unwrap();
-        set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "https");
+        h.insert(X_FORWARDED_HOST, HeaderValue::from_static("public.example"));
+        h.insert("x-original-url", HeaderValue::from_static("/admin"));
+        set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "https", 8443);
+        assert_eq!(h[&X_FORWARDED_HOST], "public.example", "a trusted proxy's value passes");
+        assert_eq!(h["x-original-url"], "/admin");
+        assert_eq!(h[&X_FORWARDED_PORT], "8443", "set where the proxy sent none");
         assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7, 10.0.0.2, 10.0.0.1");
         assert_eq!(h[&X_REAL_IP], "198.51.100.7");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");

@@ -109,6 +109,7 @@ pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     // The certificates were read and checked with the config; from here on nothing can fail.
     let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
     crate::proxy::warn_insecure_upstreams(&config.upstreams);
+    config.log_warnings();
     let version = old.version + 1;
     let snapshot = Snapshot::build(config, version, Some(&old), &app.shared.metrics);
     // Certificates first: a connection accepted as TLS under the new snapshot
@@ -157,7 +158,7 @@ fn prune_removed_limiters(app: &App, old: &Snapshot) {
     });
 }
 
-/// Polls the config file and the TLS certificate and key files it names,
+/// Polls the config file, the API key file and the TLS certificate and key files it names,
 /// and reloads when their content differs from what the running config was
 /// built from and held still for one more poll. Polling the content (not
 /// mtime or inotify) works alike for in-place writes, write-and-rename,
@@ -174,7 +175,14 @@ pub async fn watch(app: App, path: impl AsRef<Path>, every: Duration, stop: Canc
             .lock()
             .clone()
             .map(String::into_bytes);
-        (text, app.shared.tls.digest())
+        let keys = app
+            .snapshot()
+            .config
+            .identity
+            .api_keys_file
+            .as_ref()
+            .map(|(_, bytes)| bytes.to_vec());
+        (text, app.shared.tls.digest(), keys)
     };
     let mut attempted = in_force(&app);
     let mut seen = attempted.clone();
@@ -186,6 +194,7 @@ pub async fn watch(app: App, path: impl AsRef<Path>, every: Duration, stop: Canc
         let now = (
             tokio::fs::read(&path).await.ok(),
             tls_files_digest(&app).await,
+            key_file(&app).await,
         );
         if now.0.is_some() && now != in_force(&app) && now != attempted && now == seen {
             // Reloading reads the files once more; if they moved again, the next poll catches it.
@@ -206,6 +215,13 @@ async fn tls_files_digest(app: &App) -> Option<crate::tls::FilesDigest> {
         contents.push(tokio::fs::read(&pair.key).await.ok());
     }
     crate::tls::digest_of(&contents)
+}
+
+/// The API key file the running config names, as it is on disk now
+/// (`Some(empty)` when it cannot be read: a vanished file is a change too).
+async fn key_file(app: &App) -> Option<Vec<u8>> {
+    let path = app.snapshot().config.identity.api_keys_file.clone()?.0;
+    Some(tokio::fs::read(&path).await.unwrap_or_default())
 }
 
 /// Reloads on every SIGHUP.

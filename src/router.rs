@@ -1,9 +1,16 @@
-//! Which route a request takes: first match on normalized path, method and host.
+//! Which route a request takes: first match on normalized path, method, host and query.
 //!
 //! Routes match on the *normalized* path, so that a strict limit on `/login`
 //! cannot be walked around by spelling it `//login`, `/./login`, `/%6Cogin`,
 //! `/x/../login` or `/login/`. The request is still forwarded as the client
 //! wrote it: the upstream resolves it to the same resource.
+//!
+//! PHP adds spellings of its own, folded here too: Apache and PHP-FPM run
+//! `/wp-login.php` for `/wp-login.php/anything` (PATH_INFO), so `path:` on a
+//! `.php` file matches those as well; hosts compare lowercase, without a
+//! trailing dot or a port; `match.query` compares names and values the way
+//! PHP decodes them. Case in paths is *not* folded: Linux filesystems and
+//! PHP's handlers tell `/Login.php` from `/login.php`.
 
 use http::Method;
 
@@ -19,9 +26,12 @@ pub struct Router {
 #[derive(Debug)]
 struct Matcher {
     path: Option<String>,
+    /// `path` names a `.php` script: its PATH_INFO forms (`path/…`) match too.
+    php_script: bool,
     prefix: Option<String>,
     methods: Option<Vec<Method>>,
     host: Option<String>,
+    query: Vec<(String, String)>,
 }
 
 impl Router {
@@ -30,11 +40,16 @@ impl Router {
             uses_host: routes.iter().any(|r| r.host.is_some()),
             routes: routes
                 .iter()
-                .map(|r| Matcher {
-                    path: r.path.as_deref().map(|p| normalize(p).into_owned()),
-                    prefix: r.path_prefix.as_deref().map(|p| normalize(p).into_owned()),
-                    methods: r.methods.clone(),
-                    host: r.host.clone(),
+                .map(|r| {
+                    let path = r.path.as_deref().map(|p| normalize(p).into_owned());
+                    Matcher {
+                        php_script: path.as_deref().is_some_and(|p| p.ends_with(".php")),
+                        path,
+                        prefix: r.path_prefix.as_deref().map(|p| normalize(p).into_owned()),
+                        methods: r.methods.clone(),
+                        host: r.host.as_deref().map(normalize_host),
+                        query: r.query.clone(),
+                    }
                 })
                 .collect(),
         }
@@ -46,18 +61,27 @@ impl Router {
     }
 
     /// The index of the first route that matches, if any.
-    /// `path` must already be normalized; `host` is lowercase without port.
-    pub fn find(&self, method: &Method, host: Option<&str>, path: &str) -> Option<usize> {
+    /// `path` must already be normalized; `host` as [`request_host`] gives it.
+    pub fn find(
+        &self,
+        method: &Method,
+        host: Option<&str>,
+        path: &str,
+        query: Option<&str>,
+    ) -> Option<usize> {
         self.routes
             .iter()
-            .position(|m| m.matches(method, host, path))
+            .position(|m| m.matches(method, host, path, query))
     }
 }
 
 impl Matcher {
-    fn matches(&self, method: &Method, host: Option<&str>, path: &str) -> bool {
+    fn matches(&self, method: &Method, host: Option<&str>, path: &str, query: Option<&str>) -> bool {
         if let Some(p) = &self.path {
-            if p != path {
+            let path_info = self.php_script
+                && path.starts_with(p.as_str())
+                && path.as_bytes().get(p.len()) == Some(&b'/');
+            if p != path && !path_info {
                 return false;
             }
         }
@@ -79,23 +103,93 @@ impl Matcher {
                 return false;
             }
         }
-        true
+        self.query
+            .iter()
+            .all(|(name, value)| query.is_some_and(|q| query_has(q, name, value)))
     }
 }
 
-/// The host a request names, lowercase and without port.
+/// Whether PHP would see `name` = `value` in this query string.
+///
+/// Names and values are percent-decoded (`+` is a space) and names mangled
+/// as PHP registers them (leading spaces dropped, ` ` and `.` become `_`;
+/// `name[...]` is an array, never equal to a string). PHP keeps the *last*
+/// occurrence of a repeated name; this matches if *any* occurrence has the
+/// value, which is what PHP sees or more: a later duplicate, or one pushed
+/// past PHP's `max_input_vars`, cannot hide the parameter from the route.
+pub fn query_has(query: &str, name: &str, value: &str) -> bool {
+    query.split('&').any(|pair| {
+        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+        php_name(&form_decode(n)).is_some_and(|n| n == name) && form_decode(v) == value
+    })
+}
+
+/// `application/x-www-form-urlencoded` decoding, as PHP's `urldecode`:
+/// invalid escapes stay as written, bytes that are not UTF-8 are replaced.
+fn form_decode(s: &str) -> String {
+    if !s.contains(['%', '+']) {
+        return s.to_string();
+    }
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (hex(b[i + 1]), hex(b[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push((h * 16 + l) as u8);
+                        i += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The key PHP files a decoded parameter name under in `$_GET`; `None` for
+/// an array (`a[]`, `a[x]`), whose value is never a plain string.
+fn php_name(decoded: &str) -> Option<std::borrow::Cow<'_, str>> {
+    let name = decoded.trim_start_matches(' ');
+    if name.contains('[') {
+        return None;
+    }
+    Some(if name.contains([' ', '.']) {
+        name.replace([' ', '.'], "_").into()
+    } else {
+        name.into()
+    })
+}
+
+/// A host as routes compare it: lowercase, without port, without the one
+/// trailing dot every resolver accepts (`Admin.Example.:80` is `admin.example`).
+/// Internationalized names compare as sent (the punycode a client sent).
+pub fn normalize_host(raw: &str) -> String {
+    let without_port = if raw.starts_with('[') {
+        raw.find(']').map(|i| &raw[..=i]).unwrap_or(raw)
+    } else {
+        raw.rsplit_once(':').map(|(h, _)| h).unwrap_or(raw)
+    };
+    let host = without_port.strip_suffix('.').unwrap_or(without_port);
+    host.to_ascii_lowercase()
+}
+
+/// The host a request names (its `Host`, else the URI's authority, as the
+/// upstream will see it), normalized by [`normalize_host`].
 pub fn request_host<B>(req: &http::Request<B>) -> Option<String> {
     let raw = req
         .headers()
         .get(http::header::HOST)
         .and_then(|v| v.to_str().ok())
         .or_else(|| req.uri().authority().map(|a| a.as_str()))?;
-    let without_port = if raw.starts_with('[') {
-        raw.find(']').map(|i| &raw[..=i]).unwrap_or(raw)
-    } else {
-        raw.rsplit_once(':').map(|(h, _)| h).unwrap_or(raw)
-    };
-    Some(without_port.to_ascii_lowercase())
+    Some(normalize_host(raw))
 }
 
 /// Decodes percent-escapes of unreserved characters, collapses repeated
@@ -227,6 +321,7 @@ mod tests {
             path_prefix: prefix.map(Into::into),
             methods,
             host: None,
+            query: vec![],
             action: Action::Upstream(0),
             limiters: vec![],
         }
@@ -235,9 +330,9 @@ mod tests {
     #[test]
     fn path_prefix_matches_whole_segments_only() {
         let r = Router::new(&[route(None, Some("/login"), None)]);
-        assert_eq!(r.find(&Method::GET, None, "/login"), Some(0));
-        assert_eq!(r.find(&Method::GET, None, "/login/x"), Some(0));
-        assert_eq!(r.find(&Method::GET, None, "/loginx"), None);
+        assert_eq!(r.find(&Method::GET, None, "/login", None), Some(0));
+        assert_eq!(r.find(&Method::GET, None, "/login/x", None), Some(0));
+        assert_eq!(r.find(&Method::GET, None, "/loginx", None), None);
     }
 
     #[test]
@@ -246,8 +341,8 @@ mod tests {
             route(None, Some("/login"), Some(vec![Method::POST])),
             route(None, Some("/"), None),
         ]);
-        assert_eq!(r.find(&Method::POST, None, "/login"), Some(0));
-        assert_eq!(r.find(&Method::GET, None, "/login"), Some(1));
+        assert_eq!(r.find(&Method::POST, None, "/login", None), Some(0));
+        assert_eq!(r.find(&Method::GET, None, "/login", None), Some(1));
     }
 
     #[test]
@@ -261,7 +356,58 @@ mod tests {
             .unwrap();
         let host = request_host(&req);
         assert_eq!(host.as_deref(), Some("api.example"));
-        assert_eq!(r.find(&Method::GET, host.as_deref(), "/"), Some(0));
-        assert_eq!(r.find(&Method::GET, Some("other"), "/"), None);
+        assert_eq!(r.find(&Method::GET, host.as_deref(), "/", None), Some(0));
+        assert_eq!(r.find(&Method::GET, Some("other"), "/", None), None);
+    }
+
+    #[test]
+    fn a_php_script_route_also_matches_its_path_info_spellings() {
+        let r = Router::new(&[route(Some("/wp-login.php"), None, None), route(None, Some("/"), None)]);
+        for p in ["/wp-login.php", "/wp-login.php/x", "//wp-login.php/a/b", "/wp-login.php/", "/./wp-login.php/%78"] {
+            assert_eq!(r.find(&Method::POST, None, &normalize(p), None), Some(0), "{p}");
+        }
+        for p in ["/wp-login.phpx", "/wp-login.ph", "/x/wp-login.php", "/WP-LOGIN.PHP"] {
+            assert_eq!(r.find(&Method::POST, None, &normalize(p), None), Some(1), "{p}");
+        }
+        let plain = Router::new(&[route(Some("/login"), None, None)]);
+        assert_eq!(plain.find(&Method::GET, None, "/login/x", None), None, "only .php scripts take PATH_INFO");
+    }
+
+    #[test]
+    fn hosts_compare_without_case_port_or_a_trailing_dot() {
+        let mut rc = route(None, Some("/"), None);
+        rc.host = Some("Admin.Example.".into());
+        let r = Router::new(&[rc]);
+        for h in ["admin.example", "admin.example.", "ADMIN.example:80", "admin.example.:8080"] {
+            assert_eq!(r.find(&Method::GET, Some(&normalize_host(h)), "/", None), Some(0), "{h}");
+        }
+        assert_eq!(r.find(&Method::GET, Some(&normalize_host("admin.example..")), "/", None), None);
+        assert_eq!(normalize_host("[2001:DB8::1]:443"), "[2001:db8::1]");
+    }
+
+    #[test]
+    fn a_query_route_matches_what_php_decodes() {
+        let mut rc = route(Some("/index.php"), None, None);
+        rc.query = vec![("action".into(), "login".into())];
+        let r = Router::new(&[rc]);
+        let find = |q: Option<&str>| r.find(&Method::POST, None, "/index.php", q);
+        for q in [
+            "action=login",
+            "a=1&action=login",
+            "action=%6Cogin",
+            "%61ction=login",
+            "+action=login",
+            "action=login&action=view",
+            "action=view&action=login",
+        ] {
+            assert_eq!(find(Some(q)), Some(0), "{q}");
+        }
+        for q in ["action=Login", "action=login2", "action[]=login", "xaction=login", "action", ""] {
+            assert_eq!(find(Some(q)), None, "{q}");
+        }
+        assert_eq!(find(None), None);
+        assert!(query_has("a.b=1", "a_b", "1"), "PHP files a.b under a_b");
+        assert!(query_has("q=a+b%20c", "q", "a b c"));
+        assert!(query_has("q=100%", "q", "100%"), "an invalid escape stays as written");
     }
 }

@@ -63,6 +63,8 @@ pub async fn accept_loop(
         .server
         .serve_at(addr)
         .unwrap_or(Serve::Http);
+    // The port clients connect to (the bound one, when the config said 0).
+    let port = listener.local_addr().map_or(addr.port(), |a| a.port());
     loop {
         let accepted = tokio::select! {
             biased;
@@ -94,7 +96,7 @@ pub async fn accept_loop(
                     connections.spawn_on(
                         async move {
                             match TcpStream::from_std(std_stream) {
-                                Ok(stream) => serve_accepted(stream, peer, serve, app, timeout, drain).await,
+                                Ok(stream) => serve_accepted(stream, peer, port, serve, app, timeout, drain).await,
                                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
                             }
                         },
@@ -104,7 +106,7 @@ pub async fn accept_loop(
                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
             },
             None => {
-                connections.spawn(serve_accepted(stream, peer, serve, app, timeout, drain));
+                connections.spawn(serve_accepted(stream, peer, port, serve, app, timeout, drain));
             }
         }
     }
@@ -114,6 +116,7 @@ pub async fn accept_loop(
 async fn serve_accepted(
     stream: TcpStream,
     peer: SocketAddr,
+    port: u16,
     serve: Serve,
     app: App,
     timeout: Duration,
@@ -124,6 +127,7 @@ async fn serve_accepted(
             let conn = ConnInfo {
                 peer,
                 proto: "http",
+                port,
             };
             serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
         }
@@ -131,6 +135,7 @@ async fn serve_accepted(
             let conn = ConnInfo {
                 peer,
                 proto: "http",
+                port,
             };
             let io = TokioIo::new(stream);
             serve_connection(io, app, conn, Some(port), timeout, drain).await
@@ -159,6 +164,7 @@ async fn serve_accepted(
             let conn = ConnInfo {
                 peer,
                 proto: "https",
+                port,
             };
             serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
         }

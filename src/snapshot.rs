@@ -82,7 +82,7 @@ impl Snapshot {
         previous: Option<&Snapshot>,
         metrics: &Metrics,
     ) -> Snapshot {
-        let identity = Identity::new(&config.identity);
+        let identity = Identity::new(&config.identity, previous.map(|p| &p.identity), metrics);
         let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
             .iter()
@@ -371,6 +371,7 @@ mod tests {
             ip: ip.parse().unwrap(),
             ip_key: format!("ip:{ip}"),
             api_key: key.map(ApiKey::from_secret),
+            key_verified: key.is_some(),
             peer_trusted: false,
             exempt: false,
         }
