@@ -221,7 +221,14 @@ impl App {
                     .enabled
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
                 let result = upstream
-                    .forward(req, &client, conn.peer.ip(), conn.proto, conn.port, max_body)
+                    .forward(
+                        req,
+                        &client,
+                        conn.peer.ip(),
+                        conn.proto,
+                        conn.port,
+                        max_body,
+                    )
                     .await;
                 let resp = match result {
                     Ok((resp, connection)) => {

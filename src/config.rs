@@ -873,15 +873,21 @@ impl Validator {
         key_source: bool,
     ) {
         for route in routes.iter().filter(|r| !r.limiters.is_empty()) {
-            let holds = route
-                .limiters
-                .iter()
-                .any(|&l| !limiters[l].key.iter().any(|p| p.chosen_by_client(key_source)));
+            let holds = route.limiters.iter().any(|&l| {
+                !limiters[l]
+                    .key
+                    .iter()
+                    .any(|p| p.chosen_by_client(key_source))
+            });
             if holds {
                 continue;
             }
             let i = raw.iter().position(|r| r.name.0 == route.name).unwrap_or(0);
-            let names: Vec<&str> = route.limiters.iter().map(|&l| limiters[l].name.as_str()).collect();
+            let names: Vec<&str> = route
+                .limiters
+                .iter()
+                .map(|&l| limiters[l].name.as_str())
+                .collect();
             self.warnings.push((
                 format!("routes[{i}].limiters"),
                 format!(
@@ -1975,7 +1981,12 @@ mod tests {
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         let w = c.warnings[0].to_string();
         assert!(w.starts_with("line 9 column"), "{w}");
-        assert!(w.contains("\"open\"") && w.contains("per_key, per_tenant") && w.contains("keyed on `ip`"), "{w}");
+        assert!(
+            w.contains("\"open\"")
+                && w.contains("per_key, per_tenant")
+                && w.contains("keyed on `ip`"),
+            "{w}"
+        );
         // With keys verified, `api_key` holds; the header-keyed one still does not on its own.
         let verified = parse(&format!("identity: {{ api_keys: [k1] }}\n{yaml}")).unwrap();
         assert!(verified.warnings.is_empty(), "{:?}", verified.warnings);
@@ -1986,18 +1997,37 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("keys");
         std::fs::write(&file, "# partners\nk1\n\nsha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n").unwrap();
-        let yaml = format!("identity:\n  api_keys: [k0]\n  api_keys_file: {}\n", file.display());
+        let yaml = format!(
+            "identity:\n  api_keys: [k0]\n  api_keys_file: {}\n",
+            file.display()
+        );
         let c = parse(&yaml).unwrap();
         assert_eq!(c.identity.api_keys.len(), 3);
-        assert_eq!(c.identity.api_keys[2], ApiKeyEntry::parse("sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8").unwrap());
+        assert_eq!(
+            c.identity.api_keys[2],
+            ApiKeyEntry::parse(
+                "sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
+            )
+            .unwrap()
+        );
         std::fs::write(&file, "k1\nsha256:nothex\n").unwrap();
         let errs = problems(&yaml);
         assert_eq!(errs.len(), 1, "{errs:?}");
-        assert!(errs[0].contains("line 2: `sha256:` must be followed by the 64 hex digits"), "{errs:?}");
-        assert!(errs[0].starts_with("line 3 column"), "located at identity.api_keys_file: {errs:?}");
+        assert!(
+            errs[0].contains("line 2: `sha256:` must be followed by the 64 hex digits"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[0].starts_with("line 3 column"),
+            "located at identity.api_keys_file: {errs:?}"
+        );
         let missing = problems("identity: { api_keys_file: /nonexistent/tollgate-keys }\n");
-        assert!(missing[0].contains("cannot read /nonexistent/tollgate-keys"), "{missing:?}");
-        assert!(problems("identity: { api_keys: [\"sha256:12\"] }\n")[0].contains("identity.api_keys[0]"));
+        assert!(
+            missing[0].contains("cannot read /nonexistent/tollgate-keys"),
+            "{missing:?}"
+        );
+        assert!(problems("identity: { api_keys: [\"sha256:12\"] }\n")[0]
+            .contains("identity.api_keys[0]"));
     }
 
     #[test]

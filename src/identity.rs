@@ -126,7 +126,11 @@ pub enum IdentityError {
 
 impl Identity {
     /// The rules of `config`; `previous` hands over the unknown-key counts.
-    pub fn new(config: &IdentityConfig, previous: Option<&Identity>, metrics: &Metrics) -> Identity {
+    pub fn new(
+        config: &IdentityConfig,
+        previous: Option<&Identity>,
+        metrics: &Metrics,
+    ) -> Identity {
         let counter = |result: &str| {
             metrics.counter("tollgate_unknown_api_keys_total", &[("result", result)])
         };
@@ -297,7 +301,6 @@ fn forwarded_for(value: &str) -> Vec<Option<IpAddr>> {
         .collect()
 }
 
-
 /// Fixed-window counts of unknown keys per IP, bounded: when full, windows
 /// that are over are dropped first; if none is, new IPs share one overflow
 /// count (so a flood from many addresses is limited together, never unbounded).
@@ -351,7 +354,11 @@ mod tests {
     use http::HeaderValue;
 
     impl Identity {
-        fn resolve_now(&self, peer: SocketAddr, headers: &HeaderMap) -> Result<Client, IdentityError> {
+        fn resolve_now(
+            &self,
+            peer: SocketAddr,
+            headers: &HeaderMap,
+        ) -> Result<Client, IdentityError> {
             self.resolve(peer, headers, NOW)
         }
     }
@@ -359,7 +366,10 @@ mod tests {
     fn config(trusted: &[&str], keys: &[&str]) -> IdentityConfig {
         IdentityConfig {
             api_key_header: HeaderName::from_static("x-client-key"),
-            api_keys: keys.iter().map(|k| ApiKeyEntry::parse(k).unwrap()).collect(),
+            api_keys: keys
+                .iter()
+                .map(|k| ApiKeyEntry::parse(k).unwrap())
+                .collect(),
             api_keys_file: None,
             unknown_key_limit: 3,
             unknown_key_window: Duration::from_secs(60),
@@ -498,12 +508,18 @@ mod tests {
     fn without_a_key_source_an_invented_key_identifies_nobody() {
         let id = identity(&[]);
         let c = id
-            .resolve_now(peer("203.0.113.9"), &headers(&[("x-client-key", "invented-1")]))
+            .resolve_now(
+                peer("203.0.113.9"),
+                &headers(&[("x-client-key", "invented-1")]),
+            )
             .unwrap();
         assert!(!c.key_verified);
         assert_eq!(c.key(), "ip:203.0.113.9", "client is the IP");
         assert_eq!(c.display(), "ip:203.0.113.9");
-        assert!(c.api_key.is_some(), "api_key limiters still see the value, as chosen by the client");
+        assert!(
+            c.api_key.is_some(),
+            "api_key limiters still see the value, as chosen by the client"
+        );
     }
 
     #[test]
@@ -511,12 +527,18 @@ mod tests {
         let digest = "sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"; // "password"
         let id = keyed(&[digest]);
         let c = id
-            .resolve_now(peer("203.0.113.9"), &headers(&[("x-client-key", "password")]))
+            .resolve_now(
+                peer("203.0.113.9"),
+                &headers(&[("x-client-key", "password")]),
+            )
             .unwrap();
         assert!(c.key_verified);
         assert_eq!(c.key(), ApiKey::from_secret("password").id);
         assert!(ApiKeyEntry::parse("sha256:abc").is_err());
-        assert!(ApiKeyEntry::parse("sha256:zz84898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8").is_err());
+        assert!(ApiKeyEntry::parse(
+            "sha256:zz84898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
+        )
+        .is_err());
     }
 
     #[test]
@@ -526,7 +548,10 @@ mod tests {
             id.resolve(peer(ip), &headers(&[("x-client-key", key)]), now)
         };
         for n in 0..3 {
-            assert!(matches!(try_key("203.0.113.9", &format!("k{n}"), NOW), Err(IdentityError::UnknownApiKey(_))));
+            assert!(matches!(
+                try_key("203.0.113.9", &format!("k{n}"), NOW),
+                Err(IdentityError::UnknownApiKey(_))
+            ));
         }
         match try_key("203.0.113.9", "k4", NOW + 1) {
             Err(IdentityError::TooManyUnknownKeys { retry_after, .. }) => {
@@ -534,9 +559,24 @@ mod tests {
             }
             other => panic!("expected a limit, got {other:?}"),
         }
-        assert!(try_key("203.0.113.9", "good", NOW + 2).is_ok(), "a known key still works");
-        assert!(matches!(try_key("198.51.100.1", "k5", NOW + 2), Err(IdentityError::UnknownApiKey(_))), "per IP");
-        assert!(matches!(try_key("203.0.113.9", "k6", NOW + 60 * 1_000_000_000), Err(IdentityError::UnknownApiKey(_))), "next window");
+        assert!(
+            try_key("203.0.113.9", "good", NOW + 2).is_ok(),
+            "a known key still works"
+        );
+        assert!(
+            matches!(
+                try_key("198.51.100.1", "k5", NOW + 2),
+                Err(IdentityError::UnknownApiKey(_))
+            ),
+            "per IP"
+        );
+        assert!(
+            matches!(
+                try_key("203.0.113.9", "k6", NOW + 60 * 1_000_000_000),
+                Err(IdentityError::UnknownApiKey(_))
+            ),
+            "next window"
+        );
     }
 
     #[test]
@@ -546,7 +586,11 @@ mod tests {
             probes.hit(&format!("ip:{i}"), NOW, 1_000, 60);
         }
         let windows = probes.windows.lock();
-        assert_eq!(windows.counts.len(), MAX_PROBING_IPS + 1, "the rest share the overflow count");
+        assert_eq!(
+            windows.counts.len(),
+            MAX_PROBING_IPS + 1,
+            "the rest share the overflow count"
+        );
         assert_eq!(windows.counts[OVERFLOW].1, 100);
     }
 

@@ -40,13 +40,22 @@ pub enum Problem {
     BadRequest(String),
     UnknownApiKey(String),
     /// An IP presented too many unknown API keys in a window (key probing).
-    TooManyUnknownKeys { ip_key: String, retry_after: Nanos },
+    TooManyUnknownKeys {
+        ip_key: String,
+        retry_after: Nanos,
+    },
     NoRoute,
-    BodyTooLarge { limit: u64 },
+    BodyTooLarge {
+        limit: u64,
+    },
     RateLimited(Box<Denial>),
-    UpstreamUnreachable { upstream: String },
+    UpstreamUnreachable {
+        upstream: String,
+    },
     StoreUnavailable,
-    UpstreamTimeout { upstream: String },
+    UpstreamTimeout {
+        upstream: String,
+    },
 }
 
 impl Problem {

@@ -436,10 +436,19 @@ mod tests {
         }
         set_forwarded_headers(&mut h, &client("203.0.113.9", false), peer, "http", 8080);
         assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.9");
-        assert_eq!(h[&X_FORWARDED_HOST], "shop.example", "the Host the client used");
+        assert_eq!(
+            h[&X_FORWARDED_HOST], "shop.example",
+            "the Host the client used"
+        );
         assert_eq!(h[&X_FORWARDED_PORT], "8080", "the port it connected to");
-        for name in EDGE_OWNED.iter().filter(|n| ![&X_FORWARDED_HOST, &X_FORWARDED_PORT].contains(n)) {
-            assert!(!h.contains_key(name), "{name} from an untrusted client reached the upstream");
+        for name in EDGE_OWNED
+            .iter()
+            .filter(|n| ![&X_FORWARDED_HOST, &X_FORWARDED_PORT].contains(n))
+        {
+            assert!(
+                !h.contains_key(name),
+                "{name} from an untrusted client reached the upstream"
+            );
         }
         assert_eq!(h[&X_REAL_IP], "203.0.113.9");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
@@ -455,9 +464,15 @@ mod tests {
         h.insert(X_FORWARDED_HOST, HeaderValue::from_static("public.example"));
         h.insert("x-original-url", HeaderValue::from_static("/admin"));
         set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "https", 8443);
-        assert_eq!(h[&X_FORWARDED_HOST], "public.example", "a trusted proxy's value passes");
+        assert_eq!(
+            h[&X_FORWARDED_HOST], "public.example",
+            "a trusted proxy's value passes"
+        );
         assert_eq!(h["x-original-url"], "/admin");
-        assert_eq!(h[&X_FORWARDED_PORT], "8443", "set where the proxy sent none");
+        assert_eq!(
+            h[&X_FORWARDED_PORT], "8443",
+            "set where the proxy sent none"
+        );
         assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7, 10.0.0.2, 10.0.0.1");
         assert_eq!(h[&X_REAL_IP], "198.51.100.7");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");

@@ -76,7 +76,13 @@ impl Router {
 }
 
 impl Matcher {
-    fn matches(&self, method: &Method, host: Option<&str>, path: &str, query: Option<&str>) -> bool {
+    fn matches(
+        &self,
+        method: &Method,
+        host: Option<&str>,
+        path: &str,
+        query: Option<&str>,
+    ) -> bool {
         if let Some(p) = &self.path {
             let path_info = self.php_script
                 && path.starts_with(p.as_str())
@@ -362,15 +368,41 @@ mod tests {
 
     #[test]
     fn a_php_script_route_also_matches_its_path_info_spellings() {
-        let r = Router::new(&[route(Some("/wp-login.php"), None, None), route(None, Some("/"), None)]);
-        for p in ["/wp-login.php", "/wp-login.php/x", "//wp-login.php/a/b", "/wp-login.php/", "/./wp-login.php/%78"] {
-            assert_eq!(r.find(&Method::POST, None, &normalize(p), None), Some(0), "{p}");
+        let r = Router::new(&[
+            route(Some("/wp-login.php"), None, None),
+            route(None, Some("/"), None),
+        ]);
+        for p in [
+            "/wp-login.php",
+            "/wp-login.php/x",
+            "//wp-login.php/a/b",
+            "/wp-login.php/",
+            "/./wp-login.php/%78",
+        ] {
+            assert_eq!(
+                r.find(&Method::POST, None, &normalize(p), None),
+                Some(0),
+                "{p}"
+            );
         }
-        for p in ["/wp-login.phpx", "/wp-login.ph", "/x/wp-login.php", "/WP-LOGIN.PHP"] {
-            assert_eq!(r.find(&Method::POST, None, &normalize(p), None), Some(1), "{p}");
+        for p in [
+            "/wp-login.phpx",
+            "/wp-login.ph",
+            "/x/wp-login.php",
+            "/WP-LOGIN.PHP",
+        ] {
+            assert_eq!(
+                r.find(&Method::POST, None, &normalize(p), None),
+                Some(1),
+                "{p}"
+            );
         }
         let plain = Router::new(&[route(Some("/login"), None, None)]);
-        assert_eq!(plain.find(&Method::GET, None, "/login/x", None), None, "only .php scripts take PATH_INFO");
+        assert_eq!(
+            plain.find(&Method::GET, None, "/login/x", None),
+            None,
+            "only .php scripts take PATH_INFO"
+        );
     }
 
     #[test]
@@ -378,10 +410,27 @@ mod tests {
         let mut rc = route(None, Some("/"), None);
         rc.host = Some("Admin.Example.".into());
         let r = Router::new(&[rc]);
-        for h in ["admin.example", "admin.example.", "ADMIN.example:80", "admin.example.:8080"] {
-            assert_eq!(r.find(&Method::GET, Some(&normalize_host(h)), "/", None), Some(0), "{h}");
+        for h in [
+            "admin.example",
+            "admin.example.",
+            "ADMIN.example:80",
+            "admin.example.:8080",
+        ] {
+            assert_eq!(
+                r.find(&Method::GET, Some(&normalize_host(h)), "/", None),
+                Some(0),
+                "{h}"
+            );
         }
-        assert_eq!(r.find(&Method::GET, Some(&normalize_host("admin.example..")), "/", None), None);
+        assert_eq!(
+            r.find(
+                &Method::GET,
+                Some(&normalize_host("admin.example..")),
+                "/",
+                None
+            ),
+            None
+        );
         assert_eq!(normalize_host("[2001:DB8::1]:443"), "[2001:db8::1]");
     }
 
@@ -402,12 +451,22 @@ mod tests {
         ] {
             assert_eq!(find(Some(q)), Some(0), "{q}");
         }
-        for q in ["action=Login", "action=login2", "action[]=login", "xaction=login", "action", ""] {
+        for q in [
+            "action=Login",
+            "action=login2",
+            "action[]=login",
+            "xaction=login",
+            "action",
+            "",
+        ] {
             assert_eq!(find(Some(q)), None, "{q}");
         }
         assert_eq!(find(None), None);
         assert!(query_has("a.b=1", "a_b", "1"), "PHP files a.b under a_b");
         assert!(query_has("q=a+b%20c", "q", "a b c"));
-        assert!(query_has("q=100%", "q", "100%"), "an invalid escape stays as written");
+        assert!(
+            query_has("q=100%", "q", "100%"),
+            "an invalid escape stays as written"
+        );
     }
 }

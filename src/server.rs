@@ -106,7 +106,9 @@ pub async fn accept_loop(
                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
             },
             None => {
-                connections.spawn(serve_accepted(stream, peer, port, serve, app, timeout, drain));
+                connections.spawn(serve_accepted(
+                    stream, peer, port, serve, app, timeout, drain,
+                ));
             }
         }
     }

@@ -2,64 +2,36 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::certs::{self, Ca, Session};
+use common::php::PhpServer;
 use common::{raw, status_of, Proxy};
 use tollgate::clock::SystemClock;
 
 /// The app docker-compose.yml serves: it prints the `$_SERVER` fields as JSON.
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docker/compose/app/index.php");
 
-/// `php -S 127.0.0.1:0` serving [`SCRIPT`]; every request it gets is a line in `hits`.
+/// `php -S` serving [`SCRIPT`]; every request it gets is a line in `hits`.
 struct Php {
     addr: SocketAddr,
+    #[allow(dead_code)] // held: dropping it stops php
+    server: PhpServer,
     hits: PathBuf,
-    child: std::process::Child,
 }
 
 impl Php {
     fn start(dir: &Path) -> Php {
         let hits = dir.join("php-hits.log");
-        let spawned = std::process::Command::new("php")
-            .args(["-S", "127.0.0.1:0", SCRIPT])
-            .env("TOLLGATE_TEST_HITS", &hits)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn();
-        let mut child = match spawned {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "php is not installed: these tests need php-cli (.ci/test installs it; or apt-get install php-cli)"
-            ),
-            Err(e) => panic!("cannot start php -S: {e}"),
-        };
-        // php prints "Development Server (http://127.0.0.1:PORT) started" on stderr;
-        // the thread keeps draining stderr so php never blocks on a full pipe.
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                if let Some(addr) = line
-                    .split("(http://")
-                    .nth(1)
-                    .and_then(|rest| rest.split(')').next())
-                    .and_then(|a| a.parse::<SocketAddr>().ok())
-                {
-                    let _ = tx.send(addr);
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("php -S did not report its address"));
-        Php { addr, hits, child }
+        let server = PhpServer::start(Path::new(SCRIPT), &[("TOLLGATE_TEST_HITS", &hits)]);
+        Php {
+            addr: server.addr,
+            server,
+            hits,
+        }
     }
 
     /// How many requests reached PHP.
@@ -67,13 +39,6 @@ impl Php {
         std::fs::read_to_string(&self.hits)
             .map(|s| s.lines().count())
             .unwrap_or(0)
-    }
-}
-
-impl Drop for Php {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
