@@ -178,7 +178,9 @@ routes:
 
 #[tokio::test]
 async fn an_override_gives_one_api_key_its_own_quota() {
+    // A key is a client only once it is verified: both are listed.
     let yaml = "
+identity: { api_keys: [premium-key, basic-key] }
 limiters:
   tier: { limit: 1, window: 60s, key: client, overrides: [{ key: premium-key, limit: 3 }] }
 routes:

@@ -106,7 +106,8 @@ async fn behind_a_trusted_proxy_the_forwarded_header_is_read_the_same_way() {
 
 #[tokio::test]
 async fn requests_with_an_api_key_are_counted_per_key_not_per_ip() {
-    let proxy = Proxy::start_with_clock(&one_per_minute("client", "{}"), ManualClock::at(T0)).await;
+    let keys = "{ api_keys: [key-alpha, key-beta] }";
+    let proxy = Proxy::start_with_clock(&one_per_minute("client", keys), ManualClock::at(T0)).await;
     assert_eq!(get(&proxy, &[("x-client-key", "key-alpha")]).await.0, 200);
     assert_eq!(
         get(&proxy, &[("x-client-key", "key-beta")]).await.0,
@@ -179,8 +180,10 @@ async fn an_unknown_api_key_is_a_401_problem_that_does_not_echo_the_key() {
 
 #[tokio::test]
 async fn a_429_shows_the_api_key_shortened_and_admin_status_finds_its_counters_by_the_plain_key() {
-    let proxy = Proxy::start_with_clock(&one_per_minute("client", "{}"), ManualClock::at(T0)).await;
     let secret = "sk_live_Status42";
+    let keys = format!("{{ api_keys: [{secret}] }}");
+    let proxy =
+        Proxy::start_with_clock(&one_per_minute("client", &keys), ManualClock::at(T0)).await;
     assert_eq!(get(&proxy, &[("x-client-key", secret)]).await.0, 200);
     let r = client()
         .get(proxy.url("/"))

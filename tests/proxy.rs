@@ -513,7 +513,7 @@ async fn every_forwarded_request_gets_one_audit_row_and_api_keys_appear_only_has
     const SECRET: &str = "sk_live_Audit7Secret";
     let upstream = Upstream::start().await;
     let yaml = format!(
-        "upstreams:\n  app: {{ url: \"{}\" }}\nlimiters:\n  per_client: {{ limit: 100, window: 60s }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }} }}\n  - {{ name: api, match: {{ path_prefix: /api }}, upstream: app, limiters: [per_client] }}\n  - {{ name: rest, match: {{ path_prefix: / }}, upstream: app }}\n",
+        "identity: {{ api_keys: [{SECRET}] }}\nupstreams:\n  app: {{ url: \"{}\" }}\nlimiters:\n  per_client: {{ limit: 100, window: 60s }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }} }}\n  - {{ name: api, match: {{ path_prefix: /api }}, upstream: app, limiters: [per_client] }}\n  - {{ name: rest, match: {{ path_prefix: / }}, upstream: app }}\n",
         upstream.url()
     );
     let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(T0)).await;
