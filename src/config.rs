@@ -849,6 +849,7 @@ impl Validator {
             &limiters,
         );
         self.warn_walkable_routes(&raw.routes, &routes, &limiters, identity.has_key_source());
+        self.warn_unverified_overrides(&limiters, identity.has_key_source());
         Config {
             warnings: Vec::new(),
             server,
@@ -859,6 +860,26 @@ impl Validator {
             upstreams,
             limiters,
             routes,
+        }
+    }
+
+    /// An override for an API key can only ever apply to a verified key.
+    fn warn_unverified_overrides(&mut self, limiters: &[LimiterConfig], key_source: bool) {
+        if key_source {
+            return;
+        }
+        for l in limiters {
+            if !matches!(l.key.as_slice(), [KeyPart::Client]) {
+                continue;
+            }
+            for (i, o) in l.overrides.iter().enumerate() {
+                if o.key.trim().parse::<std::net::IpAddr>().is_err() {
+                    self.warnings.push((
+                        format!("limiters.{}.overrides[{i}].key", l.name),
+                        "this override names an API key, but no identity.api_keys or api_keys_file verifies keys, so `client` is always an IP and it never applies".into(),
+                    ));
+                }
+            }
         }
     }
 
@@ -1990,6 +2011,16 @@ mod tests {
         // With keys verified, `api_key` holds; the header-keyed one still does not on its own.
         let verified = parse(&format!("identity: {{ api_keys: [k1] }}\n{yaml}")).unwrap();
         assert!(verified.warnings.is_empty(), "{:?}", verified.warnings);
+        let unverified_override = parse("limiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip, limit: 9 }, { key: 10.0.0.1, limit: 9 }] }\n").unwrap();
+        assert_eq!(
+            unverified_override.warnings.len(),
+            1,
+            "{:?}",
+            unverified_override.warnings
+        );
+        assert!(unverified_override.warnings[0]
+            .path
+            .ends_with("overrides[0].key"));
     }
 
     #[test]
