@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
 use ipnet::IpNet;
-use rustls::pki_types::CertificateDer;
 use serde::{Deserialize, Deserializer};
 
 use crate::limiter::{
@@ -23,6 +22,8 @@ use crate::limiter::{
     sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, NANOS_PER_SEC,
 };
 use crate::tls::CertSet;
+// TLS inputs are the TLS module's own types; the config names them.
+pub use crate::tls::{CertConfig, UpstreamTls};
 
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
@@ -409,14 +410,6 @@ impl ServerConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct CertConfig {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// SNI names this pair serves; empty = the default certificate.
-    pub hosts: Vec<String>,
-}
-
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
@@ -528,20 +521,6 @@ impl ApiKeyEntry {
         })?;
         Ok(ApiKeyEntry::Sha256(digest))
     }
-}
-
-/// Trust for an https:// upstream.
-#[derive(Debug, Clone, PartialEq)]
-pub enum UpstreamTls {
-    /// The operating system's CA certificates (rustls-native-certs).
-    SystemRoots,
-    /// Only the CA certificates of this file (`ca:`), read when the config was validated.
-    Ca {
-        path: PathBuf,
-        certs: Vec<CertificateDer<'static>>,
-    },
-    /// `insecure_skip_verify: true`: any certificate is accepted, with a warning at every load.
-    InsecureSkipVerify,
 }
 
 /// One part of a limiter's key (SPEC §2 `key`).

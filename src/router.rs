@@ -274,6 +274,28 @@ fn decode_unreserved(path: &str) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
+/// The prefix a plain listener with `redirect_plain` still routes, for HTTP-01 challenges.
+pub const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
+
+/// `308 Permanent Redirect` to the same URL on `https://` at `port` (443 is left out).
+pub fn https_redirect<B>(
+    req: &http::Request<B>,
+    port: u16,
+) -> Option<http::Response<crate::body::Body>> {
+    let host = request_host(req)?;
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let location = if port == 443 {
+        format!("https://{host}{path}")
+    } else {
+        format!("https://{host}:{port}{path}")
+    };
+    let location = http::HeaderValue::from_str(&location).ok()?;
+    let mut resp = http::Response::new(crate::body::Body::empty());
+    *resp.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
+    resp.headers_mut().insert(http::header::LOCATION, location);
+    Some(resp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,6 +489,25 @@ mod tests {
         assert!(
             query_has("q=100%", "q", "100%"),
             "an invalid escape stays as written"
+        );
+    }
+
+    #[test]
+    fn a_plain_request_is_redirected_to_the_same_url_on_https() {
+        let req = http::Request::get("/login?next=/a")
+            .header("host", "Shop.Example:8080")
+            .body(())
+            .unwrap();
+        let resp = https_redirect(&req, 8443).unwrap();
+        assert_eq!(resp.status(), 308);
+        assert_eq!(
+            resp.headers()["location"],
+            "https://shop.example:8443/login?next=/a"
+        );
+        let resp = https_redirect(&req, 443).unwrap();
+        assert_eq!(
+            resp.headers()["location"],
+            "https://shop.example/login?next=/a"
         );
     }
 }

@@ -200,8 +200,8 @@ async fn serve_connection<I>(
         let app = app.clone();
         async move {
             if let Some(port) = redirect_to {
-                if !req.uri().path().starts_with(crate::tls::ACME_CHALLENGE) {
-                    let resp = crate::tls::https_redirect(&req, port).unwrap_or_else(|| {
+                if !req.uri().path().starts_with(crate::router::ACME_CHALLENGE) {
+                    let resp = crate::router::https_redirect(&req, port).unwrap_or_else(|| {
                         Problem::BadRequest("A redirect to https needs a valid Host header.".into())
                             .into_response()
                     });

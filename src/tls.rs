@@ -33,7 +33,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwapOption;
-use http::{header, HeaderValue, Request, Response, StatusCode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -43,8 +42,28 @@ use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use sha2::{Digest as _, Sha256};
 
-use crate::body::Body;
-use crate::config::{CertConfig, UpstreamTls};
+/// One certificate pair's files and the SNI names it serves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CertConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// SNI names this pair serves; empty = the default certificate.
+    pub hosts: Vec<String>,
+}
+
+/// Trust for an https:// upstream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpstreamTls {
+    /// The operating system's CA certificates (rustls-native-certs).
+    SystemRoots,
+    /// Only the CA certificates of this file (`ca:`), read when the config was validated.
+    Ca {
+        path: PathBuf,
+        certs: Vec<CertificateDer<'static>>,
+    },
+    /// `insecure_skip_verify: true`: any certificate is accepted, with a warning at every load.
+    InsecureSkipVerify,
+}
 
 /// A SHA-256 over the content of every certificate and key file of a set, in config order.
 pub type FilesDigest = [u8; 32];
@@ -326,25 +345,6 @@ impl Terminator {
     }
 }
 
-/// The prefix a plain listener with `redirect_plain` still routes, for HTTP-01 challenges.
-pub const ACME_CHALLENGE: &str = "/.well-known/acme-challenge/";
-
-/// `308 Permanent Redirect` to the same URL on `https://` at `port` (443 is left out).
-pub fn https_redirect<B>(req: &Request<B>, port: u16) -> Option<Response<Body>> {
-    let host = crate::router::request_host(req)?;
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let location = if port == 443 {
-        format!("https://{host}{path}")
-    } else {
-        format!("https://{host}:{port}{path}")
-    };
-    let location = HeaderValue::from_str(&location).ok()?;
-    let mut resp = Response::new(Body::empty());
-    *resp.status_mut() = StatusCode::PERMANENT_REDIRECT;
-    resp.headers_mut().insert(header::LOCATION, location);
-    Some(resp)
-}
-
 // ------------------------------------------------------------ upstream side
 
 /// The rustls client config for one upstream, verified as `trust` says.
@@ -559,24 +559,5 @@ mod tests {
             Some(set.digest())
         );
         assert_eq!(digest_of(&[read(&c.cert), None]), None);
-    }
-
-    #[test]
-    fn a_plain_request_is_redirected_to_the_same_url_on_https() {
-        let req = Request::get("/login?next=/a")
-            .header("host", "Shop.Example:8080")
-            .body(())
-            .unwrap();
-        let resp = https_redirect(&req, 8443).unwrap();
-        assert_eq!(resp.status(), 308);
-        assert_eq!(
-            resp.headers()["location"],
-            "https://shop.example:8443/login?next=/a"
-        );
-        let resp = https_redirect(&req, 443).unwrap();
-        assert_eq!(
-            resp.headers()["location"],
-            "https://shop.example/login?next=/a"
-        );
     }
 }
