@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::limiter::Nanos;
+/// Nanoseconds: a timestamp since the Unix epoch, or a duration.
+pub type Nanos = u64;
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;
 
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds since the Unix epoch.

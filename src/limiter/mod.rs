@@ -20,9 +20,8 @@ pub mod leaky_bucket;
 pub mod sliding_window;
 pub mod token_bucket;
 
-/// Nanoseconds: a timestamp since the Unix epoch, or a duration.
-pub type Nanos = u64;
-pub const NANOS_PER_SEC: u64 = 1_000_000_000;
+/// Time is the clock's: the algorithms take it as plain nanoseconds.
+pub use crate::clock::{Nanos, NANOS_PER_SEC};
 
 /// What one limiter says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
