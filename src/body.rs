@@ -8,6 +8,9 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
+/// A request body on its way to the upstream, cut off at `server.max_request_body`.
+pub type UpstreamBody = http_body_util::Limited<Incoming>;
+
 /// Kept alive as long as the body is (a concurrency slot, for instance):
 /// dropped when the last byte went out or the client went away.
 pub type Guard = Box<dyn Any + Send + Sync>;

@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 
-use crate::proxy::UpstreamBody;
+use crate::body::UpstreamBody;
 
 /// More idle connections than this per worker are closed instead of kept.
 const MAX_IDLE_PER_WORKER: usize = 1024;

@@ -18,7 +18,7 @@ use crate::config::{UpstreamConfig, UpstreamTls};
 use crate::identity::Client as ClientIdentity;
 use crate::problem::Problem;
 
-pub type UpstreamBody = Limited<Incoming>;
+pub use crate::body::UpstreamBody;
 
 /// One configured upstream with its connection pool.
 #[derive(Debug)]
