@@ -221,10 +221,19 @@ async fn fifty_reloads_under_load_drop_no_request_and_mix_no_configs() {
             })
         })
         .collect();
+    let probe = client();
     for i in 0..50 {
-        proxy.write_config(&config(if i % 2 == 0 { "B" } else { "A" }));
+        let expected = if i % 2 == 0 { "B" } else { "A" };
+        proxy.write_config(&config(expected));
         let (code, body) = post_reload(&proxy).await;
         assert_eq!(code, 200, "{body}");
+        // Once the reload answered, every new request is served by the new config.
+        let served_now = probe.get(proxy.url("/x")).send().await.unwrap();
+        assert_eq!(
+            served_now.text().await.unwrap(),
+            expected,
+            "after reload {i}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -249,12 +258,22 @@ async fn a_request_in_flight_at_the_upstream_during_a_reload_completes() {
         )
     };
     let proxy = Proxy::start_with_clock(&yaml(10), ManualClock::at(T0)).await;
-    let url = proxy.url("/slow/800");
+    let url = proxy.url("/slow/3000");
     let in_flight =
         tokio::spawn(async move { client().get(url).send().await.unwrap().status().as_u16() });
     upstream.seen.wait_for_in_flight().await;
     proxy.write_config(&yaml(20));
     assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(
+        proxy.app.snapshot().version,
+        2,
+        "the new config is in force"
+    );
+    assert_eq!(
+        upstream.seen.in_flight.load(Ordering::SeqCst),
+        1,
+        "the request was still at the upstream when the swap happened"
+    );
     assert_eq!(in_flight.await.unwrap(), 200);
 }
 

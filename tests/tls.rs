@@ -406,6 +406,16 @@ async fn an_https_upstream_with_an_untrusted_certificate_gets_502() {
             .load(std::sync::atomic::Ordering::SeqCst),
         0
     );
+    // Both failures were tollgate refusing the certificate, not any other
+    // connect failure: the backend saw the handshake end in tollgate's alert.
+    let failed = backend.failed_handshakes.lock().clone();
+    assert!(
+        failed.len() >= 2
+            && failed
+                .iter()
+                .all(|e| e.contains("UnknownCA") || e.contains("BadCertificate")),
+        "{failed:?}"
+    );
 }
 
 #[tokio::test]

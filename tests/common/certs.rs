@@ -222,6 +222,8 @@ pub struct TlsUpstream {
     pub addr: SocketAddr,
     pub seen: Arc<Seen>,
     pub sni: Arc<Mutex<Vec<Option<String>>>>,
+    /// Why each failed handshake failed, as the server saw it (the client's alert).
+    pub failed_handshakes: Arc<Mutex<Vec<String>>>,
     stop: CancellationToken,
 }
 
@@ -243,8 +245,10 @@ impl TlsUpstream {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let seen = Arc::new(Seen::default());
         let sni = Arc::new(Mutex::new(Vec::new()));
+        let failed_handshakes = Arc::new(Mutex::new(Vec::new()));
         let stop = CancellationToken::new();
         let (s, names, st) = (seen.clone(), sni.clone(), stop.clone());
+        let failed = failed_handshakes.clone();
         tokio::spawn(async move {
             loop {
                 let stream = tokio::select! {
@@ -252,9 +256,14 @@ impl TlsUpstream {
                     a = listener.accept() => match a { Ok((s, _)) => s, Err(_) => continue },
                 };
                 let (acceptor, seen, names) = (acceptor.clone(), s.clone(), names.clone());
+                let failed = failed.clone();
                 tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(stream).await else {
-                        return;
+                    let tls = match acceptor.accept(stream).await {
+                        Ok(tls) => tls,
+                        Err(e) => {
+                            failed.lock().push(e.to_string());
+                            return;
+                        }
                     };
                     names
                         .lock()
@@ -272,6 +281,7 @@ impl TlsUpstream {
             addr,
             seen,
             sni,
+            failed_handshakes,
             stop,
         }
     }
