@@ -221,6 +221,7 @@ pub struct RawStore {
     pub on_error: Option<Text>,
     pub prune_interval: Option<Dur>,
     pub flush_interval: Option<Dur>,
+    pub max_keys: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -445,7 +446,17 @@ pub struct StoreConfig {
     pub prune_interval: Duration,
     /// How often the writer thread persists counters; a `kill -9` loses at most this much.
     pub flush_interval: Duration,
+    /// Limiter keys this process tracks at most (overflow keys included).
+    pub max_keys: usize,
 }
+
+/// `store.max_keys` when not given: ~150 MB of table at the measured
+/// bytes per key (docs/PERFORMANCE.md).
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// The smallest `store.max_keys`: 64 slots for overflow keys and one key per
+/// shard (the table asserts that this covers its layout).
+pub const MIN_MAX_KEYS: usize = 128;
 
 #[derive(Debug, Clone)]
 pub struct AuditConfig {
@@ -996,12 +1007,25 @@ impl Validator {
         if prune_interval.is_zero() {
             self.err("store.prune_interval", "must be greater than zero");
         }
+        let max_keys = self.max_keys(raw.max_keys);
         StoreConfig {
             backend,
             on_error,
             prune_interval,
             flush_interval,
+            max_keys,
         }
+    }
+
+    fn max_keys(&mut self, raw: Option<u64>) -> usize {
+        let n = raw.map_or(DEFAULT_MAX_KEYS, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        if n < MIN_MAX_KEYS {
+            self.err(
+                "store.max_keys",
+                format!("{n} is too small: at least {MIN_MAX_KEYS}"),
+            );
+        }
+        n.max(MIN_MAX_KEYS)
     }
 
     fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
