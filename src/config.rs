@@ -450,9 +450,11 @@ pub struct StoreConfig {
     pub max_keys: usize,
 }
 
-/// `store.max_keys` when not given: ~150 MB of table at the measured
-/// bytes per key (docs/PERFORMANCE.md).
-pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// `store.max_keys` when not given: 64 overflow slots + 64 shards × 14,336
+/// keys, the most whose shard tables stay at 16,384 buckets each. Measured
+/// (`cargo bench --bench keys_memory`): ~100 MB full, where 1,000,000 keys
+/// cost ~157 MB because every shard doubles to 32,768 buckets.
+pub const DEFAULT_MAX_KEYS: usize = 917_568;
 
 /// The smallest `store.max_keys`: 64 slots for overflow keys and one key per
 /// shard (the table asserts that this covers its layout).
@@ -1627,6 +1629,17 @@ mod tests {
         assert_eq!(c.server.max_request_body, 10 << 20);
         assert_eq!(c.store.flush_interval, Duration::from_millis(100));
         assert_eq!(c.identity.ipv6_prefix, 64);
+    }
+
+    #[test]
+    fn store_max_keys_has_a_default_and_a_floor() {
+        assert_eq!(parse("").unwrap().store.max_keys, DEFAULT_MAX_KEYS);
+        let c = parse("store: { max_keys: 5000 }").unwrap();
+        assert_eq!(c.store.max_keys, 5000);
+        let errs = problems("store: { max_keys: 100 }");
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("store.max_keys"), "{errs:?}");
+        assert!(!problems("store: { max_keys: -1 }").is_empty());
     }
 
     #[test]
