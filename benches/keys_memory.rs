@@ -9,8 +9,8 @@
 //! once as a smoke test.
 
 use tollgate::limiter::{
-    fixed_window::FixedWindow, sliding_window::SlidingWindow, token_bucket::TokenBucket,
-    Algorithm, NANOS_PER_SEC,
+    fixed_window::FixedWindow, sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm,
+    NANOS_PER_SEC,
 };
 use tollgate::store::memory::Table;
 use tollgate::store::Check;
@@ -50,8 +50,16 @@ fn algorithm(name: &str) -> Algorithm {
 /// A store key as a request builds it: an IPv4 client or a verified API key.
 fn key(shape: &str, i: u64) -> String {
     match shape {
-        "ip" => format!("per_client:ip:10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
-        _ => format!("per_client:key:{:032x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        "ip" => format!(
+            "per_client:ip:10.{}.{}.{}",
+            i >> 16 & 255,
+            i >> 8 & 255,
+            i & 255
+        ),
+        _ => format!(
+            "per_client:key:{:032x}",
+            i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ),
     }
 }
 

@@ -1020,7 +1020,9 @@ impl Validator {
     }
 
     fn max_keys(&mut self, raw: Option<u64>) -> usize {
-        let n = raw.map_or(DEFAULT_MAX_KEYS, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        let n = raw.map_or(DEFAULT_MAX_KEYS, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        });
         if n < MIN_MAX_KEYS {
             self.err(
                 "store.max_keys",

@@ -121,10 +121,19 @@ fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_li
     eprintln!("RSS {rss_before} KiB -> {rss_after} KiB over 45,000 new identities; gauge peak {most}, overflow {overflow}, evicted {evicted}");
     assert!(tracked <= 1000.0, "tracked {tracked}");
     assert!(most <= 1000, "the gauge peaked at {most}");
-    assert!(most >= 900, "the table did fill up ({most}): the bound was reached");
+    assert!(
+        most >= 900,
+        "the table did fill up ({most}): the bound was reached"
+    );
     assert_eq!(metric(&text, "tollgate_max_keys"), Some(1000.0));
-    assert!(overflow > 40_000.0, "overflow decisions counted: {overflow}");
-    assert!(evicted > 0.0, "token buckets at rest were evicted: {evicted}");
+    assert!(
+        overflow > 40_000.0,
+        "overflow decisions counted: {overflow}"
+    );
+    assert!(
+        evicted > 0.0,
+        "token buckets at rest were evicted: {evicted}"
+    );
     // Measured: bounded, +1 MB; the same flood with no effective bound
     // (max_keys: 1000000) grows RSS by ~17 MB. The gauge above is the exact
     // check; this one catches whatever else might grow per identity.

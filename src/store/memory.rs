@@ -206,8 +206,10 @@ impl Table {
             .collect();
         over_order.sort_unstable();
         over_order.dedup();
-        let mut over_guards: Vec<MutexGuard<'_, Shard>> =
-            over_order.iter().map(|&i| self.overflow[i].lock()).collect();
+        let mut over_guards: Vec<MutexGuard<'_, Shard>> = over_order
+            .iter()
+            .map(|&i| self.overflow[i].lock())
+            .collect();
         let targets: Vec<Target> = checks
             .iter()
             .zip(&shard_index)
@@ -345,7 +347,10 @@ impl Table {
     pub fn release(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
         let s = self.shard_of(key);
         let track = self.track_changes;
-        if self.shards[s].lock().release(key, algorithm, ticket, now, track) {
+        if self.shards[s]
+            .lock()
+            .release(key, algorithm, ticket, now, track)
+        {
             return;
         }
         // Overflow keys are never persisted.
@@ -400,10 +405,8 @@ impl Table {
         for (set, overflow) in [(&self.shards, false), (&self.overflow, true)] {
             for shard in set.iter() {
                 let mut shard = shard.lock();
-                let gone = shard.remove_where(
-                    self.track_changes && persist && !overflow,
-                    &mut doomed,
-                );
+                let gone =
+                    shard.remove_where(self.track_changes && persist && !overflow, &mut doomed);
                 if overflow {
                     self.overflow_len.fetch_sub(gone, Ordering::Relaxed);
                 }
@@ -629,7 +632,11 @@ impl Shard {
     }
 
     /// Forgets what `doomed` names; with `persist`, queues each for deletion from the file.
-    fn remove_where(&mut self, persist: bool, mut doomed: impl FnMut(&str, Nanos) -> bool) -> usize {
+    fn remove_where(
+        &mut self,
+        persist: bool,
+        mut doomed: impl FnMut(&str, Nanos) -> bool,
+    ) -> usize {
         let Shard { map, changed, .. } = self;
         let before = map.len();
         map.retain(|k, e| {
@@ -804,8 +811,7 @@ mod tests {
             interval: S,
         });
         let limited = "l:ip:203.0.113.9";
-        let [resting, newcomer]: [String; 2] =
-            neighbours(&table, limited, 2).try_into().unwrap();
+        let [resting, newcomer]: [String; 2] = neighbours(&table, limited, 2).try_into().unwrap();
         for _ in 0..3 {
             hit(&table, limited, &bucket, T0); // drained, full again at T0 + 2s
         }
@@ -936,7 +942,11 @@ mod tests {
             .into_iter()
             .filter(|c| c.state.is_none())
             .count();
-        assert_eq!(deleted as u64, evicted(&table), "every eviction is persisted");
+        assert_eq!(
+            deleted as u64,
+            evicted(&table),
+            "every eviction is persisted"
+        );
     }
 
     #[test]
