@@ -169,20 +169,27 @@ impl Table {
         if let [c] = checks {
             // The common route with one limiter: one lock, no bookkeeping.
             let s = self.shard_of(c.key);
+            let track = self.track_changes;
             let mut shard = self.shards[s].lock();
-            if self.place(&mut shard, s, c.key, c.algorithm, now) {
-                let track = self.track_changes;
-                return vec![decide(&mut shard, c, c.key, now, c.shadow, track)];
+            if let Some(out) = shard.decide_present(c, now, track) {
+                return vec![out];
+            }
+            if self.make_room(&mut shard, s, now) {
+                return vec![shard.decide_new(c, now, track)];
             }
             drop(shard);
             let o = self.shard_of(c.overflow);
             let mut over = self.overflow[o].lock();
-            return vec![if self.place_overflow(&mut over, c, now) {
-                let track = false;
-                decide(&mut over, c, c.overflow, now, c.shadow, track).overflowed()
-            } else {
-                refused(c, now)
-            }];
+            let on_overflow = Check {
+                key: c.overflow,
+                ..*c
+            };
+            // Placed just above; overflow keys are never persisted.
+            let out = match self.place_overflow(&mut over, c, now) {
+                true => over.decide_present(&on_overflow, now, false),
+                false => None,
+            };
+            return vec![out.map_or_else(|| refused(c, now), Outcome::overflowed)];
         }
         let shard_index: Vec<usize> = checks.iter().map(|c| self.shard_of(c.key)).collect();
         let mut order = shard_index.clone();
@@ -284,17 +291,23 @@ impl Table {
             e.pinned = true;
             return true;
         }
-        if shard.map.len() >= self.cap(index) {
-            let evicted = shard.sweep(now, self.track_changes);
-            self.counters
-                .evicted
-                .fetch_add(evicted as u64, Ordering::Relaxed);
-            if shard.map.len() >= self.cap(index) {
-                return false;
-            }
+        if !self.make_room(shard, index, now) {
+            return false;
         }
         shard.insert_pinned(key, algorithm);
         true
+    }
+
+    /// Whether `shard` has room for one more key, after forgetting what rests if it is full.
+    fn make_room(&self, shard: &mut Shard, index: usize, now: Nanos) -> bool {
+        if shard.map.len() < self.cap(index) {
+            return true;
+        }
+        let evicted = shard.sweep(now, self.track_changes);
+        self.counters
+            .evicted
+            .fetch_add(evicted as u64, Ordering::Relaxed);
+        shard.map.len() < self.cap(index)
     }
 
     /// [`Table::place`] for the check's overflow key, within [`OVERFLOW_SLOTS`].
@@ -461,26 +474,6 @@ impl Table {
     }
 }
 
-/// Checks and records one limiter alone against `key` in `shard`.
-fn decide(
-    shard: &mut Shard,
-    c: &Check<'_>,
-    key: &str,
-    now: Nanos,
-    shadow: bool,
-    track: bool,
-) -> Outcome {
-    let verdict = shard.verdict(key, c.algorithm, now);
-    let admitted = !verdict.is_deny() || shadow;
-    let quota = shard.record(key, c.algorithm, now, admitted, track);
-    Outcome {
-        verdict,
-        quota,
-        at: now,
-        overflowed: false,
-    }
-}
-
 /// The answer when a check cannot be counted anywhere: refuse, never admit
 /// uncounted (a fresh counter is exactly what a flood is after).
 fn refused(c: &Check<'_>, now: Nanos) -> Outcome {
@@ -519,6 +512,71 @@ fn mark(e: &mut Entry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
         e.changed = true;
         changed.push(key.into());
     }
+}
+
+fn fresh_entry(algorithm: &Algorithm) -> Entry {
+    Entry {
+        state: algorithm.fresh_state(),
+        shape: algorithm.shape().fingerprint(),
+        rests_at: 0,
+        changed: false,
+        pinned: false,
+    }
+}
+
+fn decide_entry(
+    e: &mut Entry,
+    c: &Check<'_>,
+    now: Nanos,
+    changed: &mut Vec<Box<str>>,
+    next_rest: &mut Nanos,
+    track: bool,
+) -> Outcome {
+    let verdict = if usable(e, c.algorithm) {
+        c.algorithm.check(&e.state, now)
+    } else {
+        c.algorithm.check(&c.algorithm.fresh_state(), now)
+    };
+    let admitted = !verdict.is_deny() || c.shadow;
+    let quota = record_entry(
+        e,
+        c.key,
+        c.algorithm,
+        now,
+        admitted,
+        changed,
+        next_rest,
+        track,
+    );
+    Outcome {
+        verdict,
+        quota,
+        at: now,
+        overflowed: false,
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the split borrows of one shard
+fn record_entry(
+    e: &mut Entry,
+    key: &str,
+    algorithm: &Algorithm,
+    now: Nanos,
+    admitted: bool,
+    changed: &mut Vec<Box<str>>,
+    next_rest: &mut Nanos,
+    track: bool,
+) -> Quota {
+    if !usable(e, algorithm) {
+        e.state = algorithm.fresh_state();
+    }
+    e.shape = algorithm.shape().fingerprint();
+    algorithm.record(&mut e.state, now, admitted);
+    e.rests_at = algorithm.rests_at(&e.state);
+    e.pinned = false;
+    *next_rest = (*next_rest).min(e.rests_at);
+    mark(e, key, changed, track);
+    algorithm.quota(&e.state, now)
 }
 
 impl Shard {
@@ -560,26 +618,37 @@ impl Shard {
             Some(e) => e,
             // Placed before; only a caller that skipped `place` gets here.
             None => match map.entry(key.into()) {
-                MapEntry::Vacant(v) => v.insert(Entry {
-                    state: algorithm.fresh_state(),
-                    shape: algorithm.shape().fingerprint(),
-                    rests_at: 0,
-                    changed: false,
-                    pinned: false,
-                }),
+                MapEntry::Vacant(v) => v.insert(fresh_entry(algorithm)),
                 MapEntry::Occupied(_) => unreachable!("looked up above under the same lock"),
             },
         };
-        if !usable(e, algorithm) {
-            e.state = algorithm.fresh_state();
-        }
-        e.shape = algorithm.shape().fingerprint();
-        algorithm.record(&mut e.state, now, admitted);
-        e.rests_at = algorithm.rests_at(&e.state);
-        e.pinned = false;
-        *next_rest = (*next_rest).min(e.rests_at);
-        mark(e, key, changed, track);
-        algorithm.quota(&e.state, now)
+        record_entry(e, key, algorithm, now, admitted, changed, next_rest, track)
+    }
+
+    /// One limiter alone on a key already here: one lookup, the common case.
+    fn decide_present(&mut self, c: &Check<'_>, now: Nanos, track: bool) -> Option<Outcome> {
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = self;
+        let e = map.get_mut(c.key)?;
+        Some(decide_entry(e, c, now, changed, next_rest, track))
+    }
+
+    /// One limiter alone on a key not here yet (room was made for it).
+    fn decide_new(&mut self, c: &Check<'_>, now: Nanos, track: bool) -> Outcome {
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = self;
+        let e = map
+            .entry(c.key.into())
+            .or_insert_with(|| fresh_entry(c.algorithm));
+        decide_entry(e, c, now, changed, next_rest, track)
     }
 
     /// Whether `key` was here (and released).
