@@ -365,6 +365,7 @@ pub fn effective_config(c: &Config) -> Value {
             "on_error": c.store.on_error.as_str(),
             "prune_interval_ms": c.store.prune_interval.as_millis() as u64,
             "flush_interval_ms": c.store.flush_interval.as_millis() as u64,
+            "max_keys": c.store.max_keys,
         },
         "audit": {"enabled": c.audit.enabled, "retention_s": c.audit.retention.as_secs()},
         "identity": {
