@@ -200,11 +200,20 @@ impl Store {
         limiters: &[LimiterConfig],
         audit_retention: Option<std::time::Duration>,
     ) -> usize {
-        let live: std::collections::HashSet<&str> =
-            limiters.iter().map(|l| l.name.as_str()).collect();
+        // A fixed window at rest lingers one more window, as the file keeps
+        // it: memory forgets it when the writer's prune deletes its row, so
+        // the file never holds a key the table forgot without deleting it.
+        let live: std::collections::HashMap<&str, Nanos> = limiters
+            .iter()
+            .map(|l| match &l.algorithm {
+                Algorithm::FixedWindow(f) => (l.name.as_str(), f.window),
+                _ => (l.name.as_str(), 0),
+            })
+            .collect();
         let removed = self.table.remove_where(false, |key, rests_at| {
             let limiter = key.split(':').next().unwrap_or("");
-            rests_at <= now || !live.contains(limiter)
+            live.get(limiter)
+                .is_none_or(|linger| rests_at.saturating_add(*linger) <= now)
         });
         if let Some(s) = &self.sqlite {
             s.prune(now, limiters, audit_retention);
