@@ -373,17 +373,14 @@ impl Table {
     }
 
     /// Puts loaded state in place (start-up), without marking it changed.
-    /// State already at rest is not worth a slot; state that does not fit is
-    /// dropped, and deleted from the file with the next write, so the file
-    /// never holds more keys than the table. Returns whether it was kept.
+    /// State already at rest is not worth a slot, and state that does not
+    /// fit is dropped: both are deleted from the file with the next write, so
+    /// the file never holds a key the table does not. Returns whether it was kept.
     pub fn load(&self, key: &str, state: State, shape: u32, rests_at: Nanos, now: Nanos) -> bool {
-        if rests_at <= now {
-            return false;
-        }
         let s = self.shard_of(key);
         let mut shard = self.shards[s].lock();
         let fits = shard.map.contains_key(key) || shard.map.len() < self.cap(s);
-        if !fits {
+        if rests_at <= now || !fits {
             if self.track_changes {
                 shard.changed.push(key.into());
             }
