@@ -288,7 +288,7 @@ def keys_test(args, d, tollgate_bin):
     with open(f"{d}/keys.yaml", "w") as f:
         f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS['tollgate']}"] }}
 admin: {{ listen: "127.0.0.1:{PORTS['tollgate_admin']}" }}
-store: {{ backend: sqlite, path: "{d}/keys.db", prune_interval: 2s }}
+store: {{ backend: sqlite, path: "{d}/keys.db", prune_interval: 2s, max_keys: {args.keys + 1000} }}
 audit: {{ enabled: false }}
 limiters:
   per_key: {{ algorithm: fixed_window, limit: 100, window: {window}s, key: client }}

@@ -72,6 +72,7 @@ fn open(backend: Backend) -> Store {
         on_error: OnError::Allow,
         prune_interval: Duration::from_secs(60),
         flush_interval: Duration::from_millis(100),
+        max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters, T0).expect("store opens")
 }
@@ -89,6 +90,7 @@ async fn measure(
         let key = &keys[i % keys.len()];
         let check = [Check {
             key,
+            overflow: "overflow",
             algorithm,
             shadow: false,
         }];

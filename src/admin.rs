@@ -263,7 +263,7 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
 
 fn metrics_text(app: &App, snap: &Snapshot) -> String {
     let s = &app.shared;
-    s.metrics.render(&[
+    let mut text = s.metrics.render(&[
         (
             "tollgate_config_version",
             "The version of the config in force (1 at start, +1 per successful reload).",
@@ -271,8 +271,13 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
         ),
         (
             "tollgate_tracked_keys",
-            "Limiter keys held in memory.",
+            "Limiter keys held in memory (overflow keys included); at most tollgate_max_keys.",
             s.store.tracked_keys() as f64,
+        ),
+        (
+            "tollgate_max_keys",
+            "store.max_keys: the bound on tollgate_tracked_keys.",
+            s.store.max_keys() as f64,
         ),
         (
             "tollgate_store_healthy",
@@ -289,7 +294,35 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
             "Seconds since start.",
             s.started.elapsed().as_secs_f64(),
         ),
-    ])
+    ]);
+    key_counters(&mut text, s.store.key_counters());
+    text
+}
+
+/// What `store.max_keys` did: evictions of state at rest, and new keys
+/// counted on their limiter's overflow key (or refused) because nothing rested.
+fn key_counters(out: &mut String, c: &crate::store::memory::KeyCounters) {
+    use std::fmt::Write as _;
+    use std::sync::atomic::Ordering::Relaxed;
+    for (name, help, value) in [
+        (
+            "tollgate_keys_evicted_total",
+            "Limiter keys at rest forgotten to make room for new ones (store.max_keys).",
+            c.evicted.load(Relaxed),
+        ),
+        (
+            "tollgate_keys_overflow_total",
+            "Checks counted on their limiter's shared overflow key because the key table was full and nothing in it rested.",
+            c.overflowed.load(Relaxed),
+        ),
+        (
+            "tollgate_keys_refused_total",
+            "Checks refused because the table and its overflow slots were all full of live state.",
+            c.refused.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+    }
 }
 
 /// The config in force, with every secret replaced.
@@ -332,6 +365,7 @@ pub fn effective_config(c: &Config) -> Value {
             "on_error": c.store.on_error.as_str(),
             "prune_interval_ms": c.store.prune_interval.as_millis() as u64,
             "flush_interval_ms": c.store.flush_interval.as_millis() as u64,
+            "max_keys": c.store.max_keys,
         },
         "audit": {"enabled": c.audit.enabled, "retention_s": c.audit.retention.as_secs()},
         "identity": {

@@ -306,6 +306,7 @@ impl App {
                 let l = &snap.limiters[a.limiter];
                 Check {
                     key: &a.store_key,
+                    overflow: l.overflow_key(),
                     algorithm: l.algorithm_for(l.value_of(&a.store_key)),
                     shadow: l.shadow,
                 }
@@ -334,6 +335,8 @@ impl App {
             .any(|(o, c)| o.verdict.is_deny() && !c.shadow);
         for ((a, o), c) in applied.iter().zip(&outcomes).zip(&checks) {
             let l = &snap.limiters[a.limiter];
+            // What to give back later is where the store counted it.
+            let counted_on = if o.overflowed { c.overflow } else { c.key };
             match o.verdict {
                 Verdict::Deny { retry_after } if l.shadow => {
                     inc(&l.metrics.would_reject);
@@ -361,13 +364,13 @@ impl App {
                     inc(&l.metrics.delayed);
                     delay = delay.max(wait);
                     if admitted {
-                        queued.push(self, snap, a.limiter, &a.store_key, now + wait);
+                        queued.push(self, snap, a.limiter, counted_on, now + wait);
                     }
                 }
                 Verdict::Allow => inc(&l.metrics.allowed),
             }
             if admitted && matches!(c.algorithm, crate::limiter::Algorithm::Concurrency(_)) {
-                slots.push(self, snap, a.limiter, &a.store_key, now);
+                slots.push(self, snap, a.limiter, counted_on, now);
             }
         }
         Ok(Limits {

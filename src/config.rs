@@ -222,6 +222,7 @@ pub struct RawStore {
     pub on_error: Option<Text>,
     pub prune_interval: Option<Dur>,
     pub flush_interval: Option<Dur>,
+    pub max_keys: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -454,7 +455,19 @@ pub struct StoreConfig {
     pub prune_interval: Duration,
     /// How often the writer thread persists counters; a `kill -9` loses at most this much.
     pub flush_interval: Duration,
+    /// Limiter keys this process tracks at most (overflow keys included).
+    pub max_keys: usize,
 }
+
+/// `store.max_keys` when not given: 64 overflow slots + 64 shards × 14,336
+/// keys, the most whose shard tables stay at 16,384 buckets each. Measured
+/// (`cargo bench --bench keys_memory`): ~100 MB full, where 1,000,000 keys
+/// cost ~157 MB because every shard doubles to 32,768 buckets.
+pub const DEFAULT_MAX_KEYS: usize = 917_568;
+
+/// The smallest `store.max_keys`: 64 slots for overflow keys and one key per
+/// shard (the table asserts that this covers its layout).
+pub const MIN_MAX_KEYS: usize = 128;
 
 #[derive(Debug, Clone)]
 pub struct AuditConfig {
@@ -1166,12 +1179,27 @@ impl Validator {
         if prune_interval.is_zero() {
             self.err("store.prune_interval", "must be greater than zero");
         }
+        let max_keys = self.max_keys(raw.max_keys);
         StoreConfig {
             backend,
             on_error,
             prune_interval,
             flush_interval,
+            max_keys,
         }
+    }
+
+    fn max_keys(&mut self, raw: Option<u64>) -> usize {
+        let n = raw.map_or(DEFAULT_MAX_KEYS, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        });
+        if n < MIN_MAX_KEYS {
+            self.err(
+                "store.max_keys",
+                format!("{n} is too small: at least {MIN_MAX_KEYS}"),
+            );
+        }
+        n.max(MIN_MAX_KEYS)
     }
 
     fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
@@ -1803,6 +1831,17 @@ mod tests {
         assert_eq!(c.server.max_request_body, 10 << 20);
         assert_eq!(c.store.flush_interval, Duration::from_millis(100));
         assert_eq!(c.identity.ipv6_prefix, 64);
+    }
+
+    #[test]
+    fn store_max_keys_has_a_default_and_a_floor() {
+        assert_eq!(parse("").unwrap().store.max_keys, DEFAULT_MAX_KEYS);
+        let c = parse("store: { max_keys: 5000 }").unwrap();
+        assert_eq!(c.store.max_keys, 5000);
+        let errs = problems("store: { max_keys: 100 }");
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("store.max_keys"), "{errs:?}");
+        assert!(!problems("store: { max_keys: -1 }").is_empty());
     }
 
     #[test]

@@ -82,6 +82,11 @@ pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
     if config.server.workers != was.server.workers {
         return Err(ReloadError::RequiresRestart("server.workers"));
     }
+    // The table's shards are sized at start; a live change could only shrink
+    // by forgetting counting clients, which the bound promises never to do.
+    if config.store.max_keys != was.store.max_keys {
+        return Err(ReloadError::RequiresRestart("store.max_keys"));
+    }
     if config.store.backend != was.store.backend {
         return Err(ReloadError::RequiresRestart(
             "store.backend / store.path / store.url",

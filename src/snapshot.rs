@@ -70,6 +70,9 @@ pub struct Limiter {
     overrides: HashMap<String, Algorithm>,
     /// [`Limiter::describe`] of `algorithm`, written once: a 429 only clones it.
     policy: Arc<str>,
+    /// `<limiter>:*overflow`: the one key every client shares once the store
+    /// tracks `store.max_keys` keys and none of them is at rest.
+    overflow_key: String,
     pub metrics: LimiterMetrics,
 }
 
@@ -169,6 +172,7 @@ impl Limiter {
             shadow: config.shadow,
             overrides,
             policy: Limiter::describe_policy(&config.algorithm).into(),
+            overflow_key: store_key(&config.name, OVERFLOW),
             metrics: LimiterMetrics {
                 allowed: c("allowed"),
                 delayed: c("delayed"),
@@ -230,11 +234,12 @@ impl Limiter {
 
     /// The store key for a key value: `<limiter>:<key value>`.
     pub fn store_key(&self, key_value: &str) -> String {
-        let mut k = String::with_capacity(self.name.len() + 1 + key_value.len());
-        k.push_str(&self.name);
-        k.push(':');
-        k.push_str(key_value);
-        k
+        store_key(&self.name, key_value)
+    }
+
+    /// This limiter's overflow key (see [`crate::store::Check::overflow`]).
+    pub fn overflow_key(&self) -> &str {
+        &self.overflow_key
     }
 
     /// The policy for this key value: its override, or the limiter's own.
@@ -275,6 +280,19 @@ impl Limiter {
             Algorithm::Concurrency(p) => format!("{} requests in flight", p.max_in_flight),
         }
     }
+}
+
+/// The key value of a limiter's overflow key. Every value a request builds
+/// starts with `ip:`, `key:`, `route:`, `global` or `h:`, so no client can
+/// name it.
+const OVERFLOW: &str = "*overflow";
+
+fn store_key(limiter: &str, key_value: &str) -> String {
+    let mut k = String::with_capacity(limiter.len() + 1 + key_value.len());
+    k.push_str(limiter);
+    k.push(':');
+    k.push_str(key_value);
+    k
 }
 
 /// Header values are tenant ids and the like: kept readable when short,

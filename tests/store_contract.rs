@@ -79,6 +79,7 @@ fn open(kind: &str, dir: &Path) -> Store {
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
         flush_interval: Duration::from_millis(50),
+        max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters(), T0).expect("store opens")
 }
@@ -98,6 +99,7 @@ async fn hit(store: &Store, name: &str, now: Nanos) -> Verdict {
         .check(
             &[Check {
                 key: &key,
+                overflow: "overflow",
                 algorithm: &a,
                 shadow: false,
             }],
@@ -308,6 +310,7 @@ mod redis {
             on_error: OnError::Deny,
             prune_interval: Duration::from_secs(60),
             flush_interval: Duration::from_millis(50),
+            max_keys: tollgate::config::DEFAULT_MAX_KEYS,
         };
         Store::open(&config, &limiters(), T0).expect("store opens")
     }
@@ -344,6 +347,7 @@ mod redis {
                 .zip(&keys)
                 .map(|(((_, shadow), algorithm), key)| Check {
                     key,
+                    overflow: "overflow",
                     algorithm,
                     shadow: *shadow,
                 })
@@ -541,6 +545,7 @@ mod redis {
         let k = key("fixed");
         let checks = [Check {
             key: &k,
+            overflow: "overflow",
             algorithm: &a,
             shadow: false,
         }];

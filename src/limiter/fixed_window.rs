@@ -70,6 +70,11 @@ impl Rule for FixedWindow {
     fn expires_at(&self, state: &State) -> Nanos {
         state.window_start.saturating_add(2 * self.window)
     }
+
+    /// Once its window is over the count no longer applies to anything.
+    fn rests_at(&self, state: &State) -> Nanos {
+        state.window_start.saturating_add(self.window)
+    }
 }
 
 #[cfg(test)]

@@ -70,6 +70,13 @@ pub trait Rule {
     /// When the state no longer matters and can be pruned (`u64::MAX`: never on its own).
     fn expires_at(&self, state: &Self::State) -> Nanos;
 
+    /// From when the state answers exactly like `State::default()` (it is
+    /// "at rest"): forgetting it then changes no decision, which is what lets
+    /// a full key table evict it. Never later than [`Rule::expires_at`].
+    fn rests_at(&self, state: &Self::State) -> Nanos {
+        self.expires_at(state)
+    }
+
     /// An admitted request is finished or went away early. `ticket` is the
     /// instant it was let through (`now` at `record` plus any `Delay`), and
     /// `now` when it went away. Concurrency frees its slot; a shaped request
@@ -215,6 +222,10 @@ impl Algorithm {
 
     pub fn expires_at(&self, state: &State) -> Nanos {
         dispatch!(self, state, r, s => r.expires_at(s), 0)
+    }
+
+    pub fn rests_at(&self, state: &State) -> Nanos {
+        dispatch!(self, state, r, s => r.rests_at(s), 0)
     }
 
     pub fn release(&self, state: &mut State, ticket: Nanos, now: Nanos) {

@@ -25,6 +25,9 @@ pub use sqlite::AuditRow;
 pub struct Check<'a> {
     /// `<limiter name>:<key value>`, e.g. `strict:ip:203.0.113.9`.
     pub key: &'a str,
+    /// The limiter's overflow key: where the check is counted when the
+    /// process already tracks `store.max_keys` keys and none of them rests.
+    pub overflow: &'a str,
     pub algorithm: &'a Algorithm,
     /// Counts and reports, never blocks the request.
     pub shadow: bool,
@@ -39,6 +42,9 @@ pub struct Outcome {
     /// proxy's for local stores, the Redis server's for Redis. Headers count
     /// from it, so every proxy of a fleet announces the same reset time.
     pub at: Nanos,
+    /// Counted on [`Check::overflow`], not on its own key (the table was
+    /// full): a release must name the overflow key.
+    pub overflowed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +83,12 @@ pub struct Store {
 impl Store {
     /// Counters in memory only: lost on restart.
     pub fn memory() -> Store {
+        Store::memory_bounded(memory::DEFAULT_MAX_KEYS)
+    }
+
+    fn memory_bounded(max_keys: usize) -> Store {
         Store {
-            table: Arc::new(memory::Table::new(false)),
+            table: Arc::new(memory::Table::with_max_keys(false, max_keys)),
             sqlite: None,
             redis: None,
             backend: "memory",
@@ -92,9 +102,9 @@ impl Store {
         now: Nanos,
     ) -> Result<Store, StoreError> {
         match &config.backend {
-            Backend::Memory => Ok(Store::memory()),
+            Backend::Memory => Ok(Store::memory_bounded(config.max_keys)),
             Backend::Sqlite { path } => {
-                let table = Arc::new(memory::Table::new(true));
+                let table = Arc::new(memory::Table::with_max_keys(true, config.max_keys));
                 let sqlite = sqlite::Sqlite::open(
                     path,
                     table.clone(),
@@ -114,7 +124,9 @@ impl Store {
                 prefix,
                 timeout,
             } => Ok(Store {
-                table: Arc::new(memory::Table::new(false)),
+                // Only `on_error: local` counts here; the fleet's counters
+                // live in Redis, which expires them by TTL.
+                table: Arc::new(memory::Table::with_max_keys(false, config.max_keys)),
                 sqlite: None,
                 redis: Some(self::redis::Redis::open(url, prefix, *timeout)?),
                 backend: "redis",
@@ -188,11 +200,20 @@ impl Store {
         limiters: &[LimiterConfig],
         audit_retention: Option<std::time::Duration>,
     ) -> usize {
-        let live: std::collections::HashSet<&str> =
-            limiters.iter().map(|l| l.name.as_str()).collect();
-        let removed = self.table.remove_where(false, |key, expires_at| {
+        // A fixed window at rest lingers one more window, as the file keeps
+        // it: memory forgets it when the writer's prune deletes its row, so
+        // the file never holds a key the table forgot without deleting it.
+        let live: std::collections::HashMap<&str, Nanos> = limiters
+            .iter()
+            .map(|l| match &l.algorithm {
+                Algorithm::FixedWindow(f) => (l.name.as_str(), f.window),
+                _ => (l.name.as_str(), 0),
+            })
+            .collect();
+        let removed = self.table.remove_where(false, |key, rests_at| {
             let limiter = key.split(':').next().unwrap_or("");
-            expires_at <= now || !live.contains(limiter)
+            live.get(limiter)
+                .is_none_or(|linger| rests_at.saturating_add(*linger) <= now)
         });
         if let Some(s) = &self.sqlite {
             s.prune(now, limiters, audit_retention);
@@ -238,6 +259,16 @@ impl Store {
 
     pub fn tracked_keys(&self) -> usize {
         self.table.len()
+    }
+
+    /// The bound on [`Store::tracked_keys`] (`store.max_keys`).
+    pub fn max_keys(&self) -> usize {
+        self.table.max_keys()
+    }
+
+    /// Evictions, overflow decisions and refusals of the bounded table.
+    pub fn key_counters(&self) -> &memory::KeyCounters {
+        self.table.counters()
     }
 
     pub fn table(&self) -> &memory::Table {

@@ -177,12 +177,14 @@ impl Redis {
             return;
         }
         for (c, o) in checks.iter().zip(outcomes) {
+            // The release names the key the table counted on.
+            let key = if o.overflowed { c.overflow } else { c.key };
             match (c.algorithm, o.verdict) {
                 (Algorithm::Concurrency(_), _) => {
-                    self.remember(c.key, now, Holder::Local { queued: false }, now)
+                    self.remember(key, now, Holder::Local { queued: false }, now)
                 }
                 (Algorithm::LeakyBucket(_), Verdict::Delay(d)) => {
-                    self.remember(c.key, now + d, Holder::Local { queued: true }, now)
+                    self.remember(key, now + d, Holder::Local { queued: true }, now)
                 }
                 _ => {}
             }
@@ -200,6 +202,7 @@ impl Redis {
             .await?;
         let check = Check {
             key: store_key,
+            overflow: store_key,
             algorithm,
             shadow: false,
         };
@@ -503,6 +506,7 @@ fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), S
                     reset_after: n(r[3]),
                 },
                 at,
+                overflowed: false,
             }
         })
         .collect();

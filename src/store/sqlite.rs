@@ -488,6 +488,8 @@ fn load(
             *entry = (start, count as u64);
         }
     }
+    // The table keeps what fits in `store.max_keys` and queues the rest for
+    // deletion, so the file stays as bounded as memory.
     let mut loaded = 0usize;
     for (key, (window_start, count)) in latest {
         if let Some(algorithm @ Algorithm::FixedWindow(_)) = limiter_of(&key) {
@@ -495,11 +497,10 @@ fn load(
                 window_start,
                 count,
             });
-            let expires_at = algorithm.expires_at(&state);
-            if expires_at > now {
-                // The window start itself tells whether it is still current,
-                // so no shape is needed: a changed window simply won't match.
-                table.load(&key, state, 0, expires_at);
+            // The window start itself tells whether it is still current,
+            // so no shape is needed: a changed window simply won't match.
+            let rests_at = algorithm.rests_at(&state);
+            if table.load(&key, state, 0, rests_at, now) {
                 loaded += 1;
             }
         }
@@ -522,8 +523,9 @@ fn load(
             continue; // the limiter changed while we were down: start afresh
         }
         if let Some(state) = decode(algorithm, &blob) {
-            table.load(&key, state, fingerprint, expires_at as Nanos);
-            loaded += 1;
+            if table.load(&key, state, fingerprint, expires_at as Nanos, now) {
+                loaded += 1;
+            }
         }
     }
     let calls: Option<i64> = conn
@@ -591,11 +593,13 @@ mod tests {
                     &[
                         Check {
                             key: "strict:ip:203.0.113.9",
+                            overflow: "strict:*overflow",
                             algorithm: &strict,
                             shadow: false,
                         },
                         Check {
                             key: "burst:ip:203.0.113.9",
+                            overflow: "burst:*overflow",
                             algorithm: &burst,
                             shadow: true,
                         },

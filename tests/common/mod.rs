@@ -513,6 +513,17 @@ impl Process {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The child's resident memory in KiB (`VmRSS` in /proc/<pid>/status).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("/proc/<pid>/status is readable (Linux)");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+
     /// Sends a signal by name (`TERM`, `KILL`, `HUP`) with kill(1).
     pub fn signal(&self, name: &str) {
         let ok = std::process::Command::new("kill")
@@ -586,6 +597,13 @@ pub async fn burst(c: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
         statuses.push(t.await.unwrap());
     }
     statuses
+}
+
+/// The value of the unlabelled sample `name` in a Prometheus text exposition.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// GETs `url` and parses the body as JSON, whatever the status.
