@@ -905,7 +905,7 @@ mod tests {
                     now,
                 );
             }
-            db.shutdown();
+            assert!(db.shutdown().is_empty());
         }
         let conn = Connection::open(&path).unwrap();
         let (start, count): (String, i64) = conn
@@ -1151,6 +1151,7 @@ mod tests {
         db.prune(later, &limiters, None);
         db.flush().unwrap(); // after the prune, in order
         let after = file_bytes(&path);
+        eprintln!("file + WAL: empty {empty} B, 50k keys {flooded} B, after they expired and a prune {after} B");
         assert!(
             after < flooded / 10 && after < empty + 200_000,
             "empty {empty}, flooded {flooded}, after the prune {after} bytes"
