@@ -3,7 +3,9 @@
 //! Every local backend keeps exact live counters in the in-process [`memory::Table`];
 //! the SQLite backend adds a writer thread that persists what changed in
 //! batches, so the request path never waits on the disk. A clean shutdown
-//! persists every count; a `kill -9` loses at most one `flush_interval`.
+//! persists every count the disk will take (and says which it could not);
+//! a `kill -9` loses at most one `flush_interval`; a failed write is retried
+//! ([`durability`]); one process per file ([`lock`]).
 //! The [`redis`] backend shares counters across a fleet; its table only
 //! serves `on_error: local` while Redis is unreachable.
 
