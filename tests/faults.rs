@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 use common::tmpfs::Tmpfs;
 use common::{http, http_with, metric, run_to_exit, wait_for_window_room, Process, Reply};
 
-const HOUR: Duration = Duration::from_secs(3600);
+/// A day-long window: a scenario of seconds almost never has to wait for room in it.
+const WINDOW: Duration = Duration::from_secs(86_400);
 
 /// Two requests per hour per `X-User`, with the SQLite file at `db`.
 fn two_per_user(db: &Path) -> String {
     format!(
-        "store: {{ path: \"{}\", flush_interval: 100ms }}\nlimiters:\n  two: {{ limit: 2, window: 3600s, key: \"header:X-User\" }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [two] }}\n",
+        "store: {{ path: \"{}\", flush_interval: 100ms }}\nlimiters:\n  two: {{ limit: 2, window: 86400s, key: \"header:X-User\" }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [two] }}\n",
         db.display()
     )
 }
@@ -97,7 +98,7 @@ fn a_disk_that_fills_up_keeps_limits_exact_reports_failing_and_saves_every_count
     let Some(disk) = Tmpfs::mount("4m", "disk full then freed") else {
         return;
     };
-    wait_for_window_room(HOUR, Duration::from_secs(120));
+    wait_for_window_room(WINDOW, Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
     let db = disk.path().join("t.db");
     let mut p = Process::serve(&two_per_user(&db), dir.path());
@@ -177,7 +178,7 @@ fn sigterm_on_a_full_disk_exits_non_zero_and_names_what_was_not_saved() {
     let Some(disk) = Tmpfs::mount("4m", "SIGTERM on a full disk") else {
         return;
     };
-    wait_for_window_room(HOUR, Duration::from_secs(60));
+    wait_for_window_room(WINDOW, Duration::from_secs(60));
     let dir = tempfile::tempdir().unwrap();
     let db = disk.path().join("t.db");
     let mut p = Process::serve(&two_per_user(&db), dir.path());
@@ -259,7 +260,7 @@ fn a_read_only_volume_at_start_is_refused_with_an_error_naming_the_file() {
 
 #[test]
 fn a_file_deleted_under_a_running_tollgate_is_made_again_with_every_live_counter() {
-    wait_for_window_room(HOUR, Duration::from_secs(60));
+    wait_for_window_room(WINDOW, Duration::from_secs(60));
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("t.db");
     let p = Process::serve(&two_per_user(&db), dir.path());
@@ -287,7 +288,7 @@ fn a_file_deleted_under_a_running_tollgate_is_made_again_with_every_live_counter
 
 #[test]
 fn a_file_replaced_under_a_running_tollgate_gets_every_live_counter_written_to_it() {
-    wait_for_window_room(HOUR, Duration::from_secs(60));
+    wait_for_window_room(WINDOW, Duration::from_secs(60));
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("t.db");
     let p = Process::serve(&two_per_user(&db), dir.path());
@@ -367,7 +368,7 @@ fn a_corrupt_or_truncated_file_at_start_is_refused_with_a_clear_error_and_left_u
 
 #[test]
 fn another_program_holding_the_write_lock_for_10s_delays_no_request_and_loses_no_count() {
-    wait_for_window_room(HOUR, Duration::from_secs(120));
+    wait_for_window_room(WINDOW, Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("t.db");
     let p = Process::serve(&two_per_user(&db), dir.path());

@@ -413,6 +413,11 @@ impl Writer {
     }
 
     fn flush(&mut self) -> Result<(), String> {
+        self.attempt(self.options.max_unsaved)
+    }
+
+    /// One flush; on failure, at most `cap` keys wait for the retry.
+    fn attempt(&mut self, cap: usize) -> Result<(), String> {
         let file = self.reopen_if_moved();
         let changes = self.table.take_changes();
         {
@@ -450,9 +455,8 @@ impl Writer {
             }
             Err(e) => {
                 self.failures = self.failures.saturating_add(1);
-                let (requeued, dropped) = self
-                    .table
-                    .requeue(changes.into_iter().map(|c| c.key), self.options.max_unsaved);
+                let (requeued, dropped) =
+                    self.table.requeue(changes.into_iter().map(|c| c.key), cap);
                 // Audit rows are kept up to one queue's worth, oldest first.
                 if self.audit.len() > AUDIT_QUEUE {
                     let excess = self.audit.len() - AUDIT_QUEUE;
@@ -472,7 +476,7 @@ impl Writer {
                 if dropped > 0 {
                     tracing::error!(
                         given_up = dropped,
-                        cap = self.options.max_unsaved,
+                        cap,
                         "too many keys wait for SQLite: the changes beyond the cap are given up (exact in memory; saved when the key changes again)"
                     );
                 }
@@ -512,7 +516,8 @@ impl Writer {
     /// then small transactions (a nearly full disk may take some), counters
     /// before audit rows. Returns what it could not write.
     fn final_save(&mut self) -> Unsaved {
-        let Err(first) = self.flush() else {
+        // No cap here: every key left must be either written or reported.
+        let Err(first) = self.attempt(usize::MAX) else {
             return Unsaved::default();
         };
         let mut unsaved = Unsaved::default();
