@@ -1164,6 +1164,33 @@ mod tests {
     }
 
     #[test]
+    fn a_file_made_without_auto_vacuum_is_converted_once_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            // As an older tollgate made it: the schema, no auto-vacuum.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(SCHEMA).unwrap();
+            conn.execute(
+                "INSERT INTO rate_limit_windows (key, window_start, count) VALUES ('l:ip:kept', ?1, 4)",
+                [iso8601(NOW / NANOS_PER_SEC - NOW / NANOS_PER_SEC % 3600)],
+            )
+            .unwrap();
+        }
+        let (l, a) = fixed_limiter("l");
+        let table = Arc::new(Table::new(true));
+        let db = open_quick(&path, &table, &[l], MAX_UNSAVED_KEYS);
+        assert_eq!(table.peek("l:ip:kept", &a, NOW).remaining, 96, "loaded");
+        drop(db);
+        let conn = Connection::open(&path).unwrap();
+        let mode: i64 = conn
+            .pragma_query_value(None, "auto_vacuum", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, AUTO_VACUUM_INCREMENTAL);
+        assert_eq!(stored(&path, "l:ip:kept"), Some(4));
+    }
+
+    #[test]
     fn audit_rows_beyond_the_queue_are_dropped_and_counted_never_waited_for() {
         let dir = tempfile::tempdir().unwrap();
         let table = Arc::new(Table::new(true));
