@@ -149,7 +149,7 @@ fn main() {
             });
             println!("{store_name:<8} {name:<15} {h:>12.0} {s:>16.0}");
         }
-        store.shutdown();
+        store.shutdown().expect("the last save wrote everything");
     }
     if !full {
         println!("(smoke run: `cargo bench --bench limiter` measures)");

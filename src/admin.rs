@@ -112,7 +112,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
             };
             json_response(
                 status,
-                json!({"ready": healthy, "config_version": snap.version, "store": {"backend": app.shared.store.backend(), "healthy": healthy}}),
+                json!({"ready": healthy, "config_version": snap.version, "store": store_readiness(app, healthy)}),
             )
         }
         (&Method::GET, "/metrics") => {
@@ -261,9 +261,34 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
     Ok(json!({"key": canonical_client(snap, raw), "limiters": limiters}))
 }
 
+/// The store part of `/readyz`: for SQLite, also what waits for a failing disk.
+fn store_readiness(app: &App, healthy: bool) -> Value {
+    let store = &app.shared.store;
+    let mut out = json!({"backend": store.backend(), "healthy": healthy});
+    if let Some(d) = store.durability() {
+        out["unsaved_keys"] = d.unsaved_keys.into();
+        out["unsaved_dropped_total"] = d.unsaved_dropped_total.into();
+        out["unsaved_cap_reached"] = d.unsaved_cap_reached.into();
+        out["write_errors_total"] = d.write_errors_total.into();
+        out["last_error"] = d.last_error.into();
+    }
+    out
+}
+
 fn metrics_text(app: &App, snap: &Snapshot) -> String {
     let s = &app.shared;
+    let durability = s.store.durability().unwrap_or_default();
     let mut text = s.metrics.render(&[
+        (
+            "tollgate_store_unsaved_keys",
+            "SQLite: keys whose newest state is only in memory, waiting for a failed write to be retried.",
+            durability.unsaved_keys as f64,
+        ),
+        (
+            "tollgate_store_unsaved_cap_reached",
+            "SQLite: 1 when the last failed write had more unsaved keys than the cap and gave some up.",
+            f64::from(u8::from(durability.unsaved_cap_reached)),
+        ),
         (
             "tollgate_config_version",
             "The version of the config in force (1 at start, +1 per successful reload).",

@@ -82,6 +82,7 @@ impl App {
         config_path: Option<PathBuf>,
     ) -> App {
         let metrics = Metrics::default();
+        store.bind_metrics(&metrics);
         let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let config_text = config_path

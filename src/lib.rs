@@ -129,6 +129,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     }
     background.cancel();
     let store = app.shared.clone();
+    // The writer logs what it could not save; `main` turns it into the exit status.
     let _ = tokio::task::spawn_blocking(move || store.store.shutdown()).await;
     tracing::info!("stopped");
 }

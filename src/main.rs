@@ -132,6 +132,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             .context("cannot open the store")?;
         let listeners = Listeners::bind(&config).await?;
         let app = App::new(config, store, clock, Some(path.to_path_buf()));
+        let persisted = app.clone();
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));
         let options = RunOptions {
@@ -140,7 +141,14 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
             workers: Some(workers),
         };
         tollgate::run(listeners, app, options, shutdown).await;
-        Ok(ExitCode::SUCCESS)
+        // `run` made the last save; a supervisor must learn that it failed.
+        match persisted.shared.store.shutdown() {
+            Ok(()) => Ok(ExitCode::SUCCESS),
+            Err(e) => {
+                eprintln!("tollgate: {e}");
+                Ok(ExitCode::FAILURE)
+            }
+        }
     })
 }
 

@@ -28,6 +28,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters)."),
     ("tollgate_upstream_errors_total", "Failed forwards by upstream and kind (connect, timeout, body_too_large, other)."),
     ("tollgate_store_errors_total", "Store calls that failed, by backend and the on_error policy applied."),
+    ("tollgate_store_unsaved_dropped_total", "SQLite: keys whose change was given up because too many waited for a failing disk (exact in memory; saved when they change again)."),
     ("tollgate_store_fallback_total", "Requests decided by the on_error policy (allow, deny, local) because the store failed."),
     ("tollgate_config_reloads_total", "Config reloads by result (ok, error)."),
 ];

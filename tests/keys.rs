@@ -252,7 +252,7 @@ async fn the_sqlite_file_never_holds_more_keys_than_max_keys() {
         "the first wave was evicted"
     );
     assert_eq!(old, 0, "evicted rows were deleted from the file");
-    store.shutdown();
+    store.shutdown().expect("everything saved");
     drop(store);
 
     // Reopened with a smaller bound: it loads no more than that, and the

@@ -219,7 +219,7 @@ async fn sqlite_state_of_every_persisted_algorithm_survives_a_reopen() {
             }
         }
         before = peek_all(&store).await;
-        store.shutdown();
+        store.shutdown().expect("the last save wrote everything");
     }
     let store = open("sqlite", dir.path());
     let after = peek_all(&store).await;

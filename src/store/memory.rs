@@ -446,6 +446,50 @@ impl Table {
         out
     }
 
+    /// Hands back keys whose change the writer could not persist, so the next
+    /// flush writes them again: at most `cap` of them (the rest are given up
+    /// and stay exact in memory only). A key changed again meanwhile is
+    /// already queued with its newer state and is left alone; a key gone from
+    /// memory is queued as a deletion. Returns (queued again, given up).
+    pub fn requeue(&self, keys: impl IntoIterator<Item = Box<str>>, cap: usize) -> (usize, usize) {
+        let (mut queued, mut given_up) = (0, 0);
+        for key in keys {
+            if queued >= cap {
+                given_up += 1;
+                continue;
+            }
+            let mut shard = self.shards[self.shard_of(&key)].lock();
+            let Shard { map, changed, .. } = &mut *shard;
+            match map.get_mut(&*key) {
+                Some(e) if e.changed => {}
+                Some(e) => {
+                    e.changed = true;
+                    changed.push(key);
+                }
+                None => changed.push(key),
+            }
+            queued += 1;
+        }
+        (queued, given_up)
+    }
+
+    /// Marks every live key changed (the file was replaced: write it all again); returns how many.
+    pub fn requeue_all(&self) -> usize {
+        let mut marked = 0;
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            let Shard { map, changed, .. } = &mut *shard;
+            for (key, e) in map.iter_mut() {
+                if !e.changed {
+                    e.changed = true;
+                    changed.push(key.clone());
+                }
+                marked += 1;
+            }
+        }
+        marked
+    }
+
     /// Keys held, overflow keys included; never more than `max_keys`.
     pub fn len(&self) -> usize {
         let regular: usize = self.shards.iter().map(|s| s.lock().map.len()).sum();

@@ -3,11 +3,15 @@
 //! Every local backend keeps exact live counters in the in-process [`memory::Table`];
 //! the SQLite backend adds a writer thread that persists what changed in
 //! batches, so the request path never waits on the disk. A clean shutdown
-//! persists every count; a `kill -9` loses at most one `flush_interval`.
+//! persists every count the disk will take (and says which it could not);
+//! a `kill -9` loses at most one `flush_interval`; a failed write is retried
+//! ([`durability`]); one process per file ([`lock`]).
 //! The [`redis`] backend shares counters across a fleet; its table only
 //! serves `on_error: local` while Redis is unreachable.
 
 pub mod breaker;
+pub mod durability;
+pub mod lock;
 pub mod memory;
 pub mod redis;
 pub mod sqlite;
@@ -54,6 +58,37 @@ pub enum StoreError {
         path: PathBuf,
         #[source]
         source: rusqlite::Error,
+    },
+    #[error(
+        "the SQLite store {path} is corrupt or not a tollgate database ({source}); \
+         tollgate does not overwrite it: move it aside (e.g. `mv {path} {path}.bad`) \
+         to start with empty counters, or restore a backup"
+    )]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(
+        "another process is already using the SQLite store {path} (it holds the lock {lock}); \
+         one tollgate per file: give each instance its own store.path, or share counters with backend: redis"
+    )]
+    InUse { path: PathBuf, lock: PathBuf },
+    #[error("cannot lock the SQLite store {path} (lock file {lock}): {source}")]
+    Lock {
+        path: PathBuf,
+        lock: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the last save to the SQLite store {path} failed: {keys} limiter key(s) and \
+         {audit_rows} audit row(s) were not saved"
+    )]
+    NotSaved {
+        path: PathBuf,
+        keys: usize,
+        audit_rows: usize,
     },
     #[error("the {0} store backend is not available in this build")]
     Unsupported(&'static str),
@@ -250,11 +285,34 @@ impl Store {
         }
     }
 
-    /// Persists everything and stops the writer; later counts stay in memory only.
-    pub fn shutdown(&self) {
-        if let Some(s) = &self.sqlite {
-            s.shutdown();
+    /// Persists what the disk will take and stops the writer; later counts
+    /// stay in memory only. Fails with what could not be saved; later calls
+    /// give the same answer.
+    pub fn shutdown(&self) -> Result<(), StoreError> {
+        let Some(s) = &self.sqlite else {
+            return Ok(());
+        };
+        let unsaved = s.shutdown();
+        if unsaved.is_empty() {
+            return Ok(());
         }
+        Err(StoreError::NotSaved {
+            path: s.path().to_path_buf(),
+            keys: unsaved.keys,
+            audit_rows: unsaved.audit_rows,
+        })
+    }
+
+    /// Counts SQLite write failures and given-up keys into the app's registry.
+    pub fn bind_metrics(&self, metrics: &crate::metrics::Metrics) {
+        if let Some(s) = &self.sqlite {
+            s.durability().bind_metrics(metrics);
+        }
+    }
+
+    /// For SQLite: what waits for a retry, and the last write error.
+    pub fn durability(&self) -> Option<durability::Status> {
+        self.sqlite.as_ref().map(|s| s.durability().status())
     }
 
     pub fn tracked_keys(&self) -> usize {

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod redis_server;
+pub mod tmpfs;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -393,11 +394,25 @@ impl Reply {
 /// One blocking HTTP/1.1 request on a fresh connection (for tests that drive
 /// a child process without a runtime). Fails if nothing listens or answers in 5 s.
 pub fn http(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Reply> {
+    http_with(addr, method, path, &[])
+}
+
+/// [`http`] with extra request headers.
+pub fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Reply> {
     use std::io::{Read, Write};
     let timeout = Duration::from_secs(5);
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n")?;
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     let text = String::from_utf8_lossy(&out).into_owned();
@@ -552,6 +567,50 @@ impl Process {
     }
 }
 
+/// Runs `tollgate <args>` to its exit (killed after `limit`): its status and its output.
+pub fn run_to_exit(
+    args: &[&std::ffi::OsStr],
+    limit: Duration,
+) -> (std::process::ExitStatus, String) {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let mut child = std::process::Command::new(BINARY)
+        .args(args)
+        .stdout(out.reopen().unwrap())
+        .stderr(out.reopen().unwrap())
+        .spawn()
+        .expect("the tollgate binary starts");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "tollgate {args:?} still ran after {limit:?}:\n{}",
+                std::fs::read_to_string(out.path()).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status,
+        std::fs::read_to_string(out.path()).unwrap_or_default(),
+    )
+}
+
+/// The value of the first Prometheus sample whose line starts with `series`:
+/// a name (end it with a space to exclude longer names), or a name and the
+/// start of its labels.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
@@ -597,13 +656,6 @@ pub async fn burst(c: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
         statuses.push(t.await.unwrap());
     }
     statuses
-}
-
-/// The value of the unlabelled sample `name` in a Prometheus text exposition.
-pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// GETs `url` and parses the body as JSON, whatever the status.
