@@ -125,6 +125,7 @@ impl App {
         started: Instant,
     ) -> Result<Response<Body>, Problem> {
         let max_body = snap.config.server.max_request_body;
+        crate::framing::check_request(&req)?;
         check_framing(req.headers(), max_body)?;
         let client = snap.identity.resolve(conn.peer, req.headers()).map_err(
             |crate::identity::IdentityError::UnknownApiKey(short)| Problem::UnknownApiKey(short),
@@ -226,6 +227,10 @@ impl App {
                             (Some(s), Some(c)) => Some(Box::new((s, c))),
                         };
                         resp.map(|b| Body::upstream(b, guard))
+                    }
+                    Err(e) if e.is_client_fault() => {
+                        tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
+                        Problem::from(e).into_response()
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, route = %route.name, "forwarding failed");

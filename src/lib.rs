@@ -23,6 +23,7 @@ pub mod app;
 pub mod body;
 pub mod clock;
 pub mod config;
+pub mod framing;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;

@@ -40,12 +40,27 @@ pub enum Problem {
     BadRequest(String),
     UnknownApiKey(String),
     NoRoute,
-    BodyTooLarge { limit: u64 },
+    BodyTooLarge {
+        limit: u64,
+    },
     RateLimited(Box<Denial>),
-    UpstreamUnreachable { upstream: String },
+    UpstreamUnreachable {
+        upstream: String,
+    },
     StoreUnavailable,
-    UpstreamTimeout { upstream: String },
+    UpstreamTimeout {
+        upstream: String,
+    },
+    /// A method tollgate never proxies (CONNECT, TRACE).
+    MethodNotAllowed {
+        method: String,
+    },
+    /// A request form tollgate does not serve (`OPTIONS *`).
+    NotImplemented(String),
 }
+
+/// What a 405 lists in `Allow`: the methods any route can forward.
+const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
 
 impl Problem {
     pub fn status(&self) -> StatusCode {
@@ -58,6 +73,8 @@ impl Problem {
             Problem::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Problem::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Problem::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -65,6 +82,7 @@ impl Problem {
         let status = self.status();
         let title = status.canonical_reason().unwrap_or("Error");
         let mut retry_after = None;
+        let mut allow = None;
         let body = match self {
             Problem::BadRequest(detail) => base("bad-request", title, status, &detail),
             Problem::UnknownApiKey(short) => base(
@@ -131,6 +149,16 @@ impl Problem {
                 status,
                 &format!("The upstream '{upstream}' did not answer in time."),
             ),
+            Problem::MethodNotAllowed { method } => {
+                allow = Some(ALLOWED_METHODS);
+                base(
+                    "method-not-allowed",
+                    title,
+                    status,
+                    &format!("tollgate does not proxy {method} requests."),
+                )
+            }
+            Problem::NotImplemented(detail) => base("not-implemented", title, status, &detail),
         };
         let mut resp = Response::new(Body::full(body.to_string()));
         *resp.status_mut() = status;
@@ -141,6 +169,10 @@ impl Problem {
         if let Some(secs) = retry_after {
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(methods) = allow {
+            resp.headers_mut()
+                .insert(http::header::ALLOW, HeaderValue::from_static(methods));
         }
         resp
     }
