@@ -270,6 +270,11 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
             snap.version as f64,
         ),
         (
+            "tollgate_open_connections",
+            "Client connections open on the public listeners.",
+            s.connections.open() as f64,
+        ),
+        (
             "tollgate_tracked_keys",
             "Limiter keys held in memory.",
             s.store.tracked_keys() as f64,

@@ -51,6 +51,8 @@ pub struct Shared {
     pub listeners: Mutex<Option<crate::server::ListenerSet>>,
     /// TLS termination; reloads swap its certificates.
     pub tls: crate::tls::Terminator,
+    /// Open public connections and their caps.
+    pub connections: Arc<crate::connections::Connections>,
 }
 
 #[derive(Clone)]
@@ -82,6 +84,7 @@ impl App {
         let metrics = Metrics::default();
         let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
+        let connections = crate::connections::Connections::new(&metrics);
         let config_text = config_path
             .as_ref()
             .and_then(|p| std::fs::read_to_string(p).ok());
@@ -97,6 +100,7 @@ impl App {
                 started: Instant::now(),
                 listeners: Mutex::new(None),
                 tls,
+                connections,
             }),
         }
     }

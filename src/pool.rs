@@ -21,6 +21,9 @@ use tokio::net::TcpStream;
 
 use crate::proxy::UpstreamBody;
 
+/// The read buffer of one upstream connection, so the largest body chunk it hands on.
+pub const UPSTREAM_READ_BUF: usize = 64 * 1024;
+
 /// More idle connections than this per worker are closed instead of kept.
 const MAX_IDLE_PER_WORKER: usize = 1024;
 
@@ -149,7 +152,11 @@ impl Pool {
                 source,
             })?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+        // Chunks read from the upstream are at most this big, which bounds
+        // what a slow-reading client can make tollgate hold (see server.rs).
+        let (sender, conn) = http1::Builder::new()
+            .max_buf_size(UPSTREAM_READ_BUF)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(PoolError::Handshake)?;
         // Driven by this worker's runtime, next to the requests that use it.
