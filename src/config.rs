@@ -645,6 +645,13 @@ pub fn load_file_text(path: &Path) -> Result<(Config, String), ConfigError> {
 
 /// Parses and validates YAML text.
 pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let problems = crate::config_scan::scan(text);
+    if !problems.is_empty() {
+        return Err(ConfigError {
+            file: None,
+            problems,
+        });
+    }
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
     } else {

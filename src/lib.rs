@@ -23,6 +23,7 @@ pub mod app;
 pub mod body;
 pub mod clock;
 pub mod config;
+pub mod config_scan;
 pub mod connections;
 pub mod framing;
 pub mod identity;
