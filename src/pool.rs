@@ -18,11 +18,18 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::proxy::UpstreamBody;
 
 /// The read buffer of one upstream connection, so the largest body chunk it hands on.
 pub const UPSTREAM_READ_BUF: usize = 64 * 1024;
+
+/// Open connections (busy and idle, all workers) to one upstream, at most:
+/// past it a request waits for one to come free (within the upstream's
+/// timeout, then 504), so no client, however many connections or HTTP/2
+/// streams it opens, can make tollgate fan out without bound.
+pub const MAX_CONNECTIONS_PER_UPSTREAM: usize = 1024;
 
 /// More idle connections than this per worker are closed instead of kept.
 const MAX_IDLE_PER_WORKER: usize = 1024;
@@ -49,8 +56,13 @@ pub enum PoolError {
 pub struct Pool {
     authority: Authority,
     connect_timeout: Duration,
-    idle: Vec<Mutex<Vec<SendRequest<UpstreamBody>>>>,
+    idle: Vec<Mutex<Vec<Conn>>>,
+    /// One permit per open connection (see `MAX_CONNECTIONS_PER_UPSTREAM`).
+    slots: Arc<Semaphore>,
 }
+
+/// A connection and its place under the cap: dropped together.
+type Conn = (SendRequest<UpstreamBody>, OwnedSemaphorePermit);
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,16 +77,16 @@ impl std::fmt::Debug for Pool {
 pub struct Return {
     pool: Arc<Pool>,
     slot: usize,
-    sender: Option<SendRequest<UpstreamBody>>,
+    sender: Option<Conn>,
 }
 
 impl Drop for Return {
     fn drop(&mut self) {
-        if let Some(sender) = self.sender.take() {
-            if !sender.is_closed() {
+        if let Some(conn) = self.sender.take() {
+            if !conn.0.is_closed() {
                 let mut idle = self.pool.idle[self.slot].lock();
                 if idle.len() < MAX_IDLE_PER_WORKER {
-                    idle.push(sender);
+                    idle.push(conn);
                 }
             }
         }
@@ -89,6 +101,7 @@ impl Pool {
             idle: (0..=crate::workers::count())
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
+            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_UPSTREAM)),
         })
     }
 
@@ -101,7 +114,7 @@ impl Pool {
     ) -> Result<(Response<Incoming>, Return), PoolError> {
         let slot = crate::workers::current().min(self.idle.len() - 1);
         loop {
-            let Some(mut sender) = self.idle[slot].lock().pop() else {
+            let Some((mut sender, permit)) = self.idle[slot].lock().pop() else {
                 break;
             };
             // Ready now, or useless: a connection still busy with an abandoned
@@ -111,7 +124,7 @@ impl Pool {
                 continue;
             }
             match sender.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, self.returner(slot, sender))),
+                Ok(resp) => return Ok((resp, self.returner(slot, (sender, permit)))),
                 Err(mut e) => match e.take_message() {
                     // The upstream closed it before our request went out: try another.
                     Some(unsent) => req = unsent,
@@ -119,15 +132,30 @@ impl Pool {
                 },
             }
         }
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                // At the cap: an idle connection another worker keeps is
+                // worth less than this request; close one, or wait for a busy one.
+                if let Some(idle) = self.idle.iter().find_map(|list| list.lock().pop()) {
+                    drop(idle);
+                }
+                self.slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed")
+            }
+        };
         let mut sender = self.connect().await?;
         let resp = sender
             .send_request(req)
             .await
             .map_err(PoolError::Exchange)?;
-        Ok((resp, self.returner(slot, sender)))
+        Ok((resp, self.returner(slot, (sender, permit))))
     }
 
-    fn returner(self: &Arc<Pool>, slot: usize, sender: SendRequest<UpstreamBody>) -> Return {
+    fn returner(self: &Arc<Pool>, slot: usize, sender: Conn) -> Return {
         Return {
             pool: self.clone(),
             slot,
