@@ -25,11 +25,16 @@ use crate::proxy::UpstreamBody;
 /// The read buffer of one upstream connection, so the largest body chunk it hands on.
 pub const UPSTREAM_READ_BUF: usize = 64 * 1024;
 
-/// Open connections (busy and idle, all workers) to one upstream, at most:
-/// past it a request waits for one to come free (within the upstream's
-/// timeout, then 504), so no client, however many connections or HTTP/2
-/// streams it opens, can make tollgate fan out without bound.
-pub const MAX_CONNECTIONS_PER_UPSTREAM: usize = 1024;
+/// Open connections (busy and idle, all workers) to one upstream, at most
+/// the descriptor budget that `server.max_connections` defaults to (see
+/// `connections::default_max_connections`): an HTTP/1.1 client holds one
+/// upstream connection at a time, so this bites only when HTTP/2 clients fan
+/// out (100 streams each). Past it a request waits for a connection to come
+/// free, within the upstream's timeout (then 504), so no client can make
+/// tollgate open connections without bound.
+pub fn max_connections_per_upstream() -> usize {
+    crate::connections::default_max_connections()
+}
 
 /// More idle connections than this per worker are closed instead of kept.
 const MAX_IDLE_PER_WORKER: usize = 1024;
@@ -57,7 +62,7 @@ pub struct Pool {
     authority: Authority,
     connect_timeout: Duration,
     idle: Vec<Mutex<Vec<Conn>>>,
-    /// One permit per open connection (see `MAX_CONNECTIONS_PER_UPSTREAM`).
+    /// One permit per open connection (see `max_connections_per_upstream`).
     slots: Arc<Semaphore>,
 }
 
@@ -101,7 +106,7 @@ impl Pool {
             idle: (0..=crate::workers::count())
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
-            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_UPSTREAM)),
+            slots: Arc::new(Semaphore::new(max_connections_per_upstream())),
         })
     }
 
