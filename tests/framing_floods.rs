@@ -283,3 +283,47 @@ async fn expect_100_continue_on_a_limited_route_gets_its_429_without_a_continue(
         1
     );
 }
+
+/// One HTTP/2 frame: 9-byte header and payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+#[tokio::test]
+async fn an_http2_rapid_reset_flood_gets_goaway_and_the_connection_closed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&forward_all(&upstream.url(), "")).await;
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(0x4, 0, 0, &[]));
+    // GET / on :authority x (HPACK: static indexes, one literal), never ended,
+    // each cancelled at once: CVE-2023-44487.
+    let block = [0x82, 0x86, 0x84, 0x01, 0x01, b'x'];
+    for i in 0..2000u32 {
+        let stream = 2 * i + 1;
+        out.extend(h2_frame(0x1, 0x4, stream, &block));
+        out.extend(h2_frame(0x3, 0, stream, &8u32.to_be_bytes()));
+    }
+    // The server may close while we still write: that is the point.
+    let _ = s.write_all(&out).await;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the connection was kept open");
+    // Somewhere in what came back is a GOAWAY frame (type 7).
+    let mut at = 0;
+    let mut goaway = false;
+    while at + 9 <= got.len() {
+        let len = (usize::from(got[at]) << 16) | (usize::from(got[at + 1]) << 8) | usize::from(got[at + 2]);
+        goaway |= got[at + 3] == 0x7;
+        at += 9 + len;
+    }
+    assert!(goaway, "no GOAWAY in {} bytes", got.len());
+    assert!(
+        upstream.seen.requests.load(std::sync::atomic::Ordering::SeqCst) < 2000,
+        "every cancelled stream was still forwarded"
+    );
+}

@@ -602,12 +602,15 @@ pub async fn status(c: &reqwest::Client, url: &str, headers: &[(&str, &str)]) ->
     req.send().await.unwrap().status().as_u16()
 }
 
+/// The bytes one relayed connection carried towards the upstream.
+pub type Recording = Arc<Mutex<Vec<u8>>>;
+
 /// A TCP relay in front of an upstream that records, per connection, the exact
 /// bytes tollgate sent: what a loosely-parsing backend would have read.
 pub struct Tap {
     pub addr: SocketAddr,
     /// Client-to-upstream bytes, one entry per connection, in accept order.
-    pub streams: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>>,
+    pub streams: Arc<Mutex<Vec<Recording>>>,
     stop: CancellationToken,
 }
 
@@ -615,7 +618,7 @@ impl Tap {
     pub async fn start(target: SocketAddr) -> Tap {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let streams: Arc<Mutex<Vec<Arc<Mutex<Vec<u8>>>>>> = Arc::default();
+        let streams: Arc<Mutex<Vec<Recording>>> = Arc::default();
         let stop = CancellationToken::new();
         let (all, st) = (streams.clone(), stop.clone());
         tokio::spawn(async move {
