@@ -317,13 +317,19 @@ async fn an_http2_rapid_reset_flood_gets_goaway_and_the_connection_closed() {
     let mut at = 0;
     let mut goaway = false;
     while at + 9 <= got.len() {
-        let len = (usize::from(got[at]) << 16) | (usize::from(got[at + 1]) << 8) | usize::from(got[at + 2]);
+        let len = (usize::from(got[at]) << 16)
+            | (usize::from(got[at + 1]) << 8)
+            | usize::from(got[at + 2]);
         goaway |= got[at + 3] == 0x7;
         at += 9 + len;
     }
     assert!(goaway, "no GOAWAY in {} bytes", got.len());
     assert!(
-        upstream.seen.requests.load(std::sync::atomic::Ordering::SeqCst) < 2000,
+        upstream
+            .seen
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
+            < 2000,
         "every cancelled stream was still forwarded"
     );
 }
