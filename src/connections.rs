@@ -371,6 +371,23 @@ mod tests {
     }
 
     #[test]
+    fn a_zero_cap_is_a_config_error_with_its_path() {
+        let e = crate::config::parse(
+            "server: { max_connections: 0, max_connections_per_ip: 0, idle_timeout: 5s }",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = e.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["server.max_connections", "server.max_connections_per_ip"]
+        );
+        let c = crate::config::parse("server: { max_connections: 10, idle_timeout: 5s }").unwrap();
+        assert_eq!(c.server.max_connections, Some(10));
+        assert_eq!(c.server.max_connections_per_ip, 256);
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
     fn the_default_cap_leaves_descriptors_for_upstreams_and_the_admin_api() {
         let n = default_max_connections();
         assert!(n >= 16);
