@@ -295,6 +295,11 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
             snap.version as f64,
         ),
         (
+            "tollgate_open_connections",
+            "Client connections open on the public listeners.",
+            s.connections.open() as f64,
+        ),
+        (
             "tollgate_tracked_keys",
             "Limiter keys held in memory (overflow keys included); at most tollgate_max_keys.",
             s.store.tracked_keys() as f64,

@@ -53,6 +53,8 @@ pub struct Shared {
     pub listeners: Mutex<Option<crate::server::ListenerSet>>,
     /// TLS termination; reloads swap its certificates.
     pub tls: crate::tls::Terminator,
+    /// Open public connections and their caps.
+    pub connections: Arc<crate::connections::Connections>,
 }
 
 #[derive(Clone)]
@@ -85,6 +87,7 @@ impl App {
         store.bind_metrics(&metrics);
         let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
+        let connections = crate::connections::Connections::new(&metrics);
         let config_text = config_path
             .as_ref()
             .and_then(|p| std::fs::read_to_string(p).ok());
@@ -100,6 +103,7 @@ impl App {
                 started: Instant::now(),
                 listeners: Mutex::new(None),
                 tls,
+                connections,
             }),
         }
     }
@@ -128,6 +132,7 @@ impl App {
         started: Instant,
     ) -> Result<Response<Body>, Problem> {
         let max_body = snap.config.server.max_request_body;
+        crate::framing::check_request(&req)?;
         check_framing(req.headers(), max_body)?;
         let client = snap
             .identity
@@ -246,6 +251,10 @@ impl App {
                             (Some(s), Some(c)) => Some(Box::new((s, c))),
                         };
                         resp.map(|b| Body::upstream(b, guard))
+                    }
+                    Err(e) if e.is_client_fault() => {
+                        tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
+                        Problem::from(e).into_response()
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, route = %route.name, "forwarding failed");

@@ -172,6 +172,9 @@ pub struct RawServer {
     pub max_request_body: Option<Size>,
     pub shutdown_grace: Option<Dur>,
     pub workers: Option<RawWorkers>,
+    pub max_connections: Option<u64>,
+    pub max_connections_per_ip: Option<u64>,
+    pub idle_timeout: Option<Dur>,
 }
 
 /// `auto` (one per core) or a number of worker threads.
@@ -350,6 +353,12 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Worker threads serving connections (each a single-threaded runtime).
     pub workers: usize,
+    /// Open client connections on the public listeners; `None` = derived from the fd limit.
+    pub max_connections: Option<usize>,
+    /// Open connections per client address (IPv6: per /64); trusted proxies are exempt.
+    pub max_connections_per_ip: usize,
+    /// A connection with no request for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -719,6 +728,13 @@ pub fn load_file_text(path: &Path) -> Result<(Config, String), ConfigError> {
 
 /// Parses and validates YAML text.
 pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let problems = crate::config_scan::scan(text);
+    if !problems.is_empty() {
+        return Err(ConfigError {
+            file: None,
+            problems,
+        });
+    }
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
     } else {
@@ -962,6 +978,23 @@ impl Validator {
             max_request_body,
             shutdown_grace: dur(raw.shutdown_grace, Duration::from_secs(10)),
             workers: self.workers(&raw.workers),
+            max_connections: self.count("server.max_connections", raw.max_connections),
+            max_connections_per_ip: self
+                .count("server.max_connections_per_ip", raw.max_connections_per_ip)
+                .unwrap_or(256),
+            idle_timeout: dur(raw.idle_timeout, Duration::from_secs(60)),
+        }
+    }
+
+    /// A connection count: 1 or more.
+    fn count(&mut self, path: &str, raw: Option<u64>) -> Option<usize> {
+        match raw {
+            Some(0) => {
+                self.err(path, "must be at least 1");
+                None
+            }
+            Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            None => None,
         }
     }
 

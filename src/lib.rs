@@ -23,6 +23,9 @@ pub mod app;
 pub mod body;
 pub mod clock;
 pub mod config;
+pub mod config_scan;
+pub mod connections;
+pub mod framing;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;
@@ -81,6 +84,7 @@ pub struct RunOptions {
 /// Serves until `shutdown` is cancelled, then stops accepting, lets requests
 /// in flight finish within `server.shutdown_grace`, persists the store and returns.
 pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: CancellationToken) {
+    crate::connections::raise_fd_limit();
     let background = CancellationToken::new();
     let connections = TaskTracker::new();
     let config = app.snapshot().config.clone();

@@ -18,8 +18,23 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::body::UpstreamBody;
+
+/// The read buffer of one upstream connection, so the largest body chunk it hands on.
+pub const UPSTREAM_READ_BUF: usize = 64 * 1024;
+
+/// Open connections (busy and idle, all workers) to one upstream, at most
+/// the descriptor budget that `server.max_connections` defaults to (see
+/// `connections::default_max_connections`): an HTTP/1.1 client holds one
+/// upstream connection at a time, so this bites only when HTTP/2 clients fan
+/// out (100 streams each). Past it a request waits for a connection to come
+/// free, within the upstream's timeout (then 504), so no client can make
+/// tollgate open connections without bound.
+pub fn max_connections_per_upstream() -> usize {
+    crate::connections::default_max_connections()
+}
 
 /// More idle connections than this per worker are closed instead of kept.
 const MAX_IDLE_PER_WORKER: usize = 1024;
@@ -46,8 +61,13 @@ pub enum PoolError {
 pub struct Pool {
     authority: Authority,
     connect_timeout: Duration,
-    idle: Vec<Mutex<Vec<SendRequest<UpstreamBody>>>>,
+    idle: Vec<Mutex<Vec<Conn>>>,
+    /// One permit per open connection (see `max_connections_per_upstream`).
+    slots: Arc<Semaphore>,
 }
+
+/// A connection and its place under the cap: dropped together.
+type Conn = (SendRequest<UpstreamBody>, OwnedSemaphorePermit);
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,16 +82,16 @@ impl std::fmt::Debug for Pool {
 pub struct Return {
     pool: Arc<Pool>,
     slot: usize,
-    sender: Option<SendRequest<UpstreamBody>>,
+    sender: Option<Conn>,
 }
 
 impl Drop for Return {
     fn drop(&mut self) {
-        if let Some(sender) = self.sender.take() {
-            if !sender.is_closed() {
+        if let Some(conn) = self.sender.take() {
+            if !conn.0.is_closed() {
                 let mut idle = self.pool.idle[self.slot].lock();
                 if idle.len() < MAX_IDLE_PER_WORKER {
-                    idle.push(sender);
+                    idle.push(conn);
                 }
             }
         }
@@ -86,6 +106,7 @@ impl Pool {
             idle: (0..=crate::workers::count())
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
+            slots: Arc::new(Semaphore::new(max_connections_per_upstream())),
         })
     }
 
@@ -98,7 +119,7 @@ impl Pool {
     ) -> Result<(Response<Incoming>, Return), PoolError> {
         let slot = crate::workers::current().min(self.idle.len() - 1);
         loop {
-            let Some(mut sender) = self.idle[slot].lock().pop() else {
+            let Some((mut sender, permit)) = self.idle[slot].lock().pop() else {
                 break;
             };
             // Ready now, or useless: a connection still busy with an abandoned
@@ -108,7 +129,7 @@ impl Pool {
                 continue;
             }
             match sender.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, self.returner(slot, sender))),
+                Ok(resp) => return Ok((resp, self.returner(slot, (sender, permit)))),
                 Err(mut e) => match e.take_message() {
                     // The upstream closed it before our request went out: try another.
                     Some(unsent) => req = unsent,
@@ -116,15 +137,30 @@ impl Pool {
                 },
             }
         }
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                // At the cap: an idle connection another worker keeps is
+                // worth less than this request; close one, or wait for a busy one.
+                if let Some(idle) = self.idle.iter().find_map(|list| list.lock().pop()) {
+                    drop(idle);
+                }
+                self.slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed")
+            }
+        };
         let mut sender = self.connect().await?;
         let resp = sender
             .send_request(req)
             .await
             .map_err(PoolError::Exchange)?;
-        Ok((resp, self.returner(slot, sender)))
+        Ok((resp, self.returner(slot, (sender, permit))))
     }
 
-    fn returner(self: &Arc<Pool>, slot: usize, sender: SendRequest<UpstreamBody>) -> Return {
+    fn returner(self: &Arc<Pool>, slot: usize, sender: Conn) -> Return {
         Return {
             pool: self.clone(),
             slot,
@@ -149,7 +185,11 @@ impl Pool {
                 source,
             })?;
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+        // Chunks read from the upstream are at most this big, which bounds
+        // what a slow-reading client can make tollgate hold (see server.rs).
+        let (sender, conn) = http1::Builder::new()
+            .max_buf_size(UPSTREAM_READ_BUF)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(PoolError::Handshake)?;
         // Driven by this worker's runtime, next to the requests that use it.

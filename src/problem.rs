@@ -56,7 +56,16 @@ pub enum Problem {
     UpstreamTimeout {
         upstream: String,
     },
+    /// A method tollgate never proxies (CONNECT, TRACE).
+    MethodNotAllowed {
+        method: String,
+    },
+    /// A request form tollgate does not serve (`OPTIONS *`).
+    NotImplemented(String),
 }
+
+/// What a 405 lists in `Allow`: the methods any route can forward.
+const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
 
 impl Problem {
     pub fn status(&self) -> StatusCode {
@@ -70,6 +79,8 @@ impl Problem {
             Problem::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Problem::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Problem::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -77,6 +88,7 @@ impl Problem {
         let status = self.status();
         let title = status.canonical_reason().unwrap_or("Error");
         let mut retry_after = None;
+        let mut allow = None;
         let body = match self {
             Problem::BadRequest(detail) => base("bad-request", title, status, &detail),
             Problem::UnknownApiKey(short) => base(
@@ -155,6 +167,16 @@ impl Problem {
                 status,
                 &format!("The upstream '{upstream}' did not answer in time."),
             ),
+            Problem::MethodNotAllowed { method } => {
+                allow = Some(ALLOWED_METHODS);
+                base(
+                    "method-not-allowed",
+                    title,
+                    status,
+                    &format!("tollgate does not proxy {method} requests."),
+                )
+            }
+            Problem::NotImplemented(detail) => base("not-implemented", title, status, &detail),
         };
         let mut resp = Response::new(Body::full(body.to_string()));
         *resp.status_mut() = status;
@@ -165,6 +187,10 @@ impl Problem {
         if let Some(secs) = retry_after {
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Some(methods) = allow {
+            resp.headers_mut()
+                .insert(http::header::ALLOW, HeaderValue::from_static(methods));
         }
         resp
     }

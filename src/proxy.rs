@@ -51,6 +51,9 @@ pub enum ProxyError {
     Timeout { upstream: String, timeout: Duration },
     #[error("the request body exceeds {limit} bytes")]
     BodyTooLarge { limit: u64 },
+    /// The client's own body broke (a bad chunk size, cut short): its 400, not the upstream's fault.
+    #[error("the client's request body is malformed or cut short: {0}")]
+    ClientBody(String),
     #[error("forwarding to upstream {upstream} failed: {source}")]
     Upstream {
         upstream: String,
@@ -66,12 +69,18 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// Whether the client, not the upstream, caused this failure.
+    pub fn is_client_fault(&self) -> bool {
+        matches!(self, ProxyError::ClientBody(_))
+    }
+
     /// The metric label for this failure.
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::Connect { .. } => "connect",
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::BodyTooLarge { .. } => "body_too_large",
+            ProxyError::ClientBody(_) => "client_body",
             ProxyError::Upstream { .. } => "other",
             ProxyError::Plain { source, .. } => match source {
                 crate::pool::PoolError::Exchange(_) => "other",
@@ -89,6 +98,9 @@ impl From<ProxyError> for Problem {
             | ProxyError::Plain { upstream, .. } => Problem::UpstreamUnreachable { upstream },
             ProxyError::Timeout { upstream, .. } => Problem::UpstreamTimeout { upstream },
             ProxyError::BodyTooLarge { limit } => Problem::BodyTooLarge { limit },
+            ProxyError::ClientBody(_) => {
+                Problem::BadRequest("The request body is malformed or ended early.".into())
+            }
         }
     }
 }
@@ -223,6 +235,9 @@ impl Upstream {
                 .authority()
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
+        // An HTTP/1.0 client may send no Host; the upstream speaks HTTP/1.1,
+        // which requires one, so it gets the upstream's own name (as nginx does).
+        let host = host.or_else(|| HeaderValue::from_str(self.authority.as_str()).ok());
         strip_hop_by_hop(&mut parts.headers);
         if let Some(h) = host {
             parts.headers.insert(header::HOST, h);
@@ -252,6 +267,11 @@ impl Upstream {
                 Ok(Err(crate::pool::PoolError::Exchange(e))) if caused_by_body_limit(&e) => {
                     Err(ProxyError::BodyTooLarge { limit: max_body })
                 }
+                Ok(Err(crate::pool::PoolError::Exchange(e))) if client_body_error(&e).is_some() => {
+                    Err(ProxyError::ClientBody(
+                        client_body_error(&e).unwrap_or_default(),
+                    ))
+                }
                 Ok(Err(source)) => Err(ProxyError::Plain {
                     upstream: self.name.clone(),
                     source,
@@ -279,6 +299,11 @@ impl Upstream {
             }
             Ok(Err(e)) if caused_by_body_limit(&e) => {
                 return Err(ProxyError::BodyTooLarge { limit: max_body })
+            }
+            Ok(Err(e)) if client_body_error(&e).is_some() => {
+                return Err(ProxyError::ClientBody(
+                    client_body_error(&e).unwrap_or_default(),
+                ))
             }
             Ok(Err(e)) if e.is_connect() => {
                 return Err(ProxyError::Connect {
@@ -323,6 +348,22 @@ fn caused_by_body_limit(e: &(dyn StdError + 'static)) -> bool {
         cur = err.source();
     }
     false
+}
+
+/// The client body's own error, if that is what failed the exchange: the
+/// request body is the client's `Incoming`, so its hyper error shows up as
+/// the cause of the hyper error the upstream exchange reports.
+fn client_body_error(e: &(dyn StdError + 'static)) -> Option<String> {
+    let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<hyper::Error>() {
+            if let Some(inner) = err.source().filter(|s| s.is::<hyper::Error>()) {
+                return Some(inner.to_string());
+            }
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// Removes hop-by-hop headers, including every header the `Connection` header names.

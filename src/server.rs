@@ -20,11 +20,27 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::{App, ConnInfo};
 use crate::config::Serve;
+use crate::connections::{watch, Activity, Closing, Watched};
 use crate::problem::Problem;
 use crate::workers::Workers;
 
 /// Request heads larger than this get 431 (hyper answers it while parsing).
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
+
+/// Concurrent HTTP/2 streams per connection (each may hold an upstream connection).
+pub const MAX_CONCURRENT_STREAMS: u32 = 100;
+
+/// Per-connection buffering, in bytes. HTTP/1.1: the read buffer and the
+/// write buffer are each capped at `MAX_HEAD_BYTES`; hyper stops polling the
+/// response body while the write buffer holds that much, so a client that
+/// reads slowly holds at most 32 KiB here plus one upstream chunk
+/// (`pool::UPSTREAM_READ_BUF`, 64 KiB) plus the upstream's read buffer
+/// (64 KiB): about 160 KiB, whatever the response size. HTTP/2: each
+/// stream's send buffer and receive window are capped below, and the
+/// connection's receive window bounds what all streams can push at once.
+const H2_STREAM_WINDOW: u32 = 64 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
+const H2_SEND_BUF: usize = 32 * 1024;
 
 /// The HTTP settings of one connection, from the snapshot current when it was accepted.
 pub fn connection_builder(request_header_timeout: Duration) -> auto::Builder<TokioExecutor> {
@@ -39,6 +55,16 @@ pub fn connection_builder(request_header_timeout: Duration) -> auto::Builder<Tok
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HEAD_BYTES as u32)
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        // Rapid Reset (CVE-2023-44487): streams a client opens and cancels
+        // before we accept them, and streams we must reset for its errors,
+        // are capped; past either the connection is closed with GOAWAY.
+        .max_pending_accept_reset_streams(20)
+        .max_local_error_reset_streams(100)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .adaptive_window(false)
+        .max_send_buf_size(H2_SEND_BUF)
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20));
     builder
@@ -80,11 +106,28 @@ pub async fn accept_loop(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
         let snap = app.snapshot();
+        let server = &snap.config.server;
+        let max_total = server
+            .max_connections
+            .unwrap_or_else(crate::connections::default_max_connections);
+        let per_ip =
+            (!snap.identity.is_trusted(peer.ip())).then_some(server.max_connections_per_ip);
+        let permit = match app.shared.connections.admit(peer.ip(), max_total, per_ip) {
+            Ok(p) => p,
+            Err(refusal) => {
+                // Closed at once: an answer would cost the writes a flood wants.
+                tracing::debug!(%peer, ?refusal, "connection refused");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
         // A listener a reload is removing keeps what it served until it stops.
-        serve = snap.config.server.serve_at(addr).unwrap_or(serve);
-        let timeout = snap.config.server.request_header_timeout;
+        serve = server.serve_at(addr).unwrap_or(serve);
+        let timeouts = Timeouts {
+            header: server.request_header_timeout,
+            idle: server.idle_timeout,
+        };
         drop(snap);
         let app = app.clone();
         let drain = drain.clone();
@@ -96,7 +139,10 @@ pub async fn accept_loop(
                     connections.spawn_on(
                         async move {
                             match TcpStream::from_std(std_stream) {
-                                Ok(stream) => serve_accepted(stream, peer, port, serve, app, timeout, drain).await,
+                                Ok(stream) => {
+                                    serve_accepted(stream, peer, port, serve, app, timeouts, drain).await;
+                                    drop(permit);
+                                }
                                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
                             }
                         },
@@ -106,12 +152,22 @@ pub async fn accept_loop(
                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
             },
             None => {
-                connections.spawn(serve_accepted(
-                    stream, peer, port, serve, app, timeout, drain,
-                ));
+                connections.spawn(async move {
+                    serve_accepted(stream, peer, port, serve, app, timeouts, drain).await;
+                    drop(permit);
+                });
             }
         }
     }
+}
+
+/// A connection's timers, from the snapshot current when it was accepted.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    /// For the TLS handshake, the first byte, and each request head.
+    header: Duration,
+    /// With no request in progress.
+    idle: Duration,
 }
 
 /// Serves one accepted connection as its listener says: plain, TLS, or redirect.
@@ -121,9 +177,10 @@ async fn serve_accepted(
     port: u16,
     serve: Serve,
     app: App,
-    timeout: Duration,
+    timeouts: Timeouts,
     drain: CancellationToken,
 ) {
+    let timeout = timeouts.header;
     match serve {
         Serve::Http => {
             let conn = ConnInfo {
@@ -131,7 +188,7 @@ async fn serve_accepted(
                 proto: "http",
                 port,
             };
-            serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
+            serve_connection(stream, app, conn, None, timeouts, drain).await
         }
         Serve::RedirectToHttps { port } => {
             let conn = ConnInfo {
@@ -139,8 +196,7 @@ async fn serve_accepted(
                 proto: "http",
                 port,
             };
-            let io = TokioIo::new(stream);
-            serve_connection(io, app, conn, Some(port), timeout, drain).await
+            serve_connection(stream, app, conn, Some(port), timeouts, drain).await
         }
         Serve::Https => {
             let acceptor = app.shared.tls.acceptor();
@@ -168,7 +224,7 @@ async fn serve_accepted(
                 proto: "https",
                 port,
             };
-            serve_connection(TokioIo::new(stream), app, conn, None, timeout, drain).await
+            serve_connection(stream, app, conn, None, timeouts, drain).await
         }
     }
 }
@@ -186,19 +242,25 @@ fn handshake_failed(app: &App, reason: &'static str) {
 /// Serves HTTP/1.1 or HTTP/2 on one connection until it closes or drains;
 /// with `redirect_to`, every request but an ACME challenge gets 308 to https on that port.
 async fn serve_connection<I>(
-    io: TokioIo<I>,
+    io: I,
     app: App,
     conn_info: ConnInfo,
     redirect_to: Option<u16>,
-    timeout: Duration,
+    timeouts: Timeouts,
     drain: CancellationToken,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let peer = conn_info.peer;
+    let activity = Activity::new();
+    let io = TokioIo::new(Watched::new(io, activity.clone()));
+    let connections = app.shared.connections.clone();
+    let in_service = activity.clone();
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let app = app.clone();
+        let busy = in_service.request();
         async move {
+            let _busy = busy;
             if let Some(port) = redirect_to {
                 if !req.uri().path().starts_with(crate::router::ACME_CHALLENGE) {
                     let resp = crate::router::https_redirect(&req, port).unwrap_or_else(|| {
@@ -211,15 +273,34 @@ async fn serve_connection<I>(
             Ok::<_, Infallible>(app.handle(req, conn_info).await)
         }
     });
-    let builder = connection_builder(timeout);
+    let builder = connection_builder(timeouts.header);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
+    // hyper-util's auto builder waits for the first bytes (to tell HTTP/1.1
+    // from HTTP/2) before hyper's header timer starts: `watch` closes a
+    // connection that says nothing, and one that stays idle between requests.
     let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = drain.cancelled() => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        closing = watch(&activity, timeouts.header, timeouts.idle) => match closing {
+            Closing::Silent => {
+                connections.count_closed_silent();
+                tracing::debug!(%peer, "closed: no request within request_header_timeout");
+                return;
+            }
+            Closing::Idle => {
+                connections.count_closed_idle();
+                tracing::debug!(%peer, "closed: idle");
+                conn.as_mut().graceful_shutdown();
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = drain.cancelled() => conn.await,
+                }
+            }
+        },
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");

@@ -672,3 +672,86 @@ pub async fn status(c: &reqwest::Client, url: &str, headers: &[(&str, &str)]) ->
     }
     req.send().await.unwrap().status().as_u16()
 }
+
+/// The bytes one relayed connection carried towards the upstream.
+pub type Recording = Arc<Mutex<Vec<u8>>>;
+
+/// A TCP relay in front of an upstream that records, per connection, the exact
+/// bytes tollgate sent: what a loosely-parsing backend would have read.
+pub struct Tap {
+    pub addr: SocketAddr,
+    /// Client-to-upstream bytes, one entry per connection, in accept order.
+    pub streams: Arc<Mutex<Vec<Recording>>>,
+    stop: CancellationToken,
+}
+
+impl Tap {
+    pub async fn start(target: SocketAddr) -> Tap {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let streams: Arc<Mutex<Vec<Recording>>> = Arc::default();
+        let stop = CancellationToken::new();
+        let (all, st) = (streams.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let inbound = tokio::select! {
+                    _ = st.cancelled() => return,
+                    a = listener.accept() => match a { Ok((s, _)) => s, Err(_) => continue },
+                };
+                let record = Arc::new(Mutex::new(Vec::new()));
+                all.lock().push(record.clone());
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (mut in_read, mut in_write) = inbound.into_split();
+                    let (mut out_read, mut out_write) = outbound.into_split();
+                    let up = async move {
+                        let mut buf = vec![0u8; 16 * 1024];
+                        loop {
+                            match in_read.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    record.lock().extend_from_slice(&buf[..n]);
+                                    if out_write.write_all(&buf[..n]).await.is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        let _ = out_write.shutdown().await;
+                    };
+                    let down = async move {
+                        let _ = tokio::io::copy(&mut out_read, &mut in_write).await;
+                        let _ = in_write.shutdown().await;
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        Tap {
+            addr,
+            streams,
+            stop,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// What each upstream connection has carried so far.
+    pub fn recorded(&self) -> Vec<Vec<u8>> {
+        self.streams
+            .lock()
+            .iter()
+            .map(|r| r.lock().clone())
+            .collect()
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

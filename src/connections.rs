@@ -1,0 +1,396 @@
+//! Open client connections: the total and per-address caps, the first-byte and idle timers, and their metrics.
+//!
+//! A connection is admitted by taking a [`Permit`] (given back when it
+//! closes) or refused and closed at once. The caps are read from the
+//! snapshot for each new connection, so a reload changes them live; open
+//! connections are never cut by a lower cap. Only the public listeners are
+//! capped: the admin API has its own listener and the fd limit keeps room
+//! for it, so it answers while the public side is full.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::metrics::{inc, Counter, Metrics};
+
+/// File descriptors kept out of the default `max_connections`: the listeners,
+/// the admin API's connections, SQLite, logs, Redis.
+const RESERVED_FDS: usize = 128;
+
+/// The open public connections, in total and per client address.
+pub struct Connections {
+    open: AtomicUsize,
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    refused_total: Counter,
+    refused_per_ip: Counter,
+    closed_silent: Counter,
+    closed_idle: Counter,
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `server.max_connections` are open.
+    Full,
+    /// `server.max_connections_per_ip` are open from this address.
+    PerIp,
+}
+
+/// One admitted connection; dropping it frees its place.
+pub struct Permit {
+    connections: Arc<Connections>,
+    /// The address counted against the per-IP cap; `None` when exempt.
+    ip: Option<IpAddr>,
+}
+
+impl Connections {
+    pub fn new(metrics: &Metrics) -> Arc<Connections> {
+        let refused =
+            |reason| metrics.counter("tollgate_connections_refused_total", &[("reason", reason)]);
+        let closed =
+            |reason| metrics.counter("tollgate_connections_closed_total", &[("reason", reason)]);
+        Arc::new(Connections {
+            open: AtomicUsize::new(0),
+            per_ip: Mutex::new(HashMap::new()),
+            refused_total: refused("max_connections"),
+            refused_per_ip: refused("max_connections_per_ip"),
+            closed_silent: closed("no_request"),
+            closed_idle: closed("idle"),
+        })
+    }
+
+    /// Public connections open right now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Takes a place for a connection from `ip`, or says why there is none.
+    /// `per_ip` is `None` for a peer exempt from the per-address cap.
+    pub fn admit(
+        self: &Arc<Self>,
+        ip: IpAddr,
+        max_total: usize,
+        per_ip: Option<usize>,
+    ) -> Result<Permit, Refusal> {
+        let taken = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max_total).then_some(n + 1)
+            });
+        if taken.is_err() {
+            inc(&self.refused_total);
+            return Err(Refusal::Full);
+        }
+        let mut permit = Permit {
+            connections: self.clone(),
+            ip: None,
+        };
+        if let Some(max) = per_ip {
+            let key = address_key(ip);
+            let mut table = self.per_ip.lock();
+            let n = table.entry(key).or_insert(0);
+            if *n >= max {
+                drop(table);
+                inc(&self.refused_per_ip);
+                return Err(Refusal::PerIp);
+            }
+            *n += 1;
+            permit.ip = Some(key);
+        }
+        Ok(permit)
+    }
+
+    pub fn count_closed_silent(&self) {
+        inc(&self.closed_silent);
+    }
+
+    pub fn count_closed_idle(&self) {
+        inc(&self.closed_idle);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(ip) = self.ip {
+            let mut table = self.connections.per_ip.lock();
+            if let Some(n) = table.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    // The table holds only addresses with a connection open,
+                    // so it is never larger than `max_connections`.
+                    table.remove(&ip);
+                }
+            }
+        }
+        self.connections.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The address a per-IP cap counts: IPv4 as is, IPv6 by its /64 (one
+/// subscriber's prefix; counting single addresses would let one client
+/// open a connection from each of its 2^64).
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
+}
+
+/// The default `server.max_connections`: half of the descriptors the process
+/// may open after a reserve, because each proxied connection may hold an
+/// upstream connection too.
+pub fn default_max_connections() -> usize {
+    (fd_limit().saturating_sub(RESERVED_FDS) / 2).max(16)
+}
+
+/// The soft RLIMIT_NOFILE, read once.
+fn fd_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we own and reads nothing else.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0;
+        if ok {
+            usize::try_from(rl.rlim_cur).unwrap_or(usize::MAX)
+        } else {
+            1024
+        }
+    })
+}
+
+/// Raises the soft fd limit to the hard one (as Go's runtime and nginx's
+/// `worker_rlimit_nofile` do): the soft default of 1024 is a relic that
+/// would cap a proxy at a few hundred clients. Call before [`default_max_connections`].
+pub fn raise_fd_limit() {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: both calls only read or write the struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &rl) != 0 {
+                tracing::debug!("cannot raise the file descriptor limit");
+            }
+        }
+    }
+}
+
+/// When a connection last started or finished a request, and whether the
+/// client has sent a byte at all: what the first-byte and idle timers read.
+#[derive(Debug)]
+pub struct Activity {
+    started: Instant,
+    /// Milliseconds after `started` of the last request start or end.
+    last: AtomicU64,
+    busy: AtomicUsize,
+    read_any: AtomicBool,
+    first_byte: tokio::sync::Notify,
+}
+
+impl Activity {
+    pub fn new() -> Arc<Activity> {
+        Arc::new(Activity {
+            started: Instant::now(),
+            last: AtomicU64::new(0),
+            busy: AtomicUsize::new(0),
+            read_any: AtomicBool::new(false),
+            first_byte: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+
+    /// Marks a request in progress until the guard is dropped.
+    pub fn request(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        Busy(self.clone())
+    }
+
+    pub fn read_any(&self) -> bool {
+        self.read_any.load(Ordering::Relaxed)
+    }
+
+    /// How long no request has been in progress (zero while one is).
+    pub fn idle_for(&self) -> Duration {
+        if self.busy.load(Ordering::Relaxed) > 0 {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+}
+
+/// A request in progress on a connection (see [`Activity::request`]).
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Waits until the connection should be closed: `Silent` when the client sent
+/// nothing within `first_byte`, `Idle` when no request ran for `idle`.
+pub async fn watch(activity: &Activity, first_byte: Duration, idle: Duration) -> Closing {
+    tokio::select! {
+        _ = tokio::time::sleep(first_byte) => {
+            if !activity.read_any() {
+                return Closing::Silent;
+            }
+        }
+        _ = activity.first_byte.notified() => {}
+    }
+    loop {
+        let idle_for = activity.idle_for();
+        if idle_for >= idle {
+            return Closing::Idle;
+        }
+        tokio::time::sleep(idle - idle_for).await;
+    }
+}
+
+/// Why [`watch`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    Silent,
+    Idle,
+}
+
+/// The client side of a connection, noting when its first byte arrives.
+pub struct Watched<I> {
+    inner: I,
+    activity: Arc<Activity>,
+}
+
+impl<I> Watched<I> {
+    pub fn new(inner: I, activity: Arc<Activity>) -> Watched<I> {
+        Watched { inner, activity }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before
+            && !self.activity.read_any()
+            && !self.activity.read_any.swap(true, Ordering::Relaxed)
+        {
+            self.activity.first_byte.notify_one();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_total_cap_refuses_the_next_connection_and_a_closed_one_frees_its_place() {
+        let c = Connections::new(&Metrics::default());
+        let ip: IpAddr = "203.0.113.9".parse().unwrap();
+        let a = c.admit(ip, 2, None).unwrap();
+        let _b = c.admit(ip, 2, None).unwrap();
+        assert_eq!(c.admit(ip, 2, None).err(), Some(Refusal::Full));
+        assert_eq!(c.open(), 2);
+        drop(a);
+        assert!(c.admit(ip, 2, None).is_ok());
+    }
+
+    #[test]
+    fn the_per_address_cap_counts_an_ipv6_slash_64_as_one_client() {
+        let c = Connections::new(&Metrics::default());
+        let one: IpAddr = "2001:db8::1".parse().unwrap();
+        let same_64: IpAddr = "2001:db8::ffff:1".parse().unwrap();
+        let other: IpAddr = "2001:db8:0:1::1".parse().unwrap();
+        let _a = c.admit(one, 100, Some(1)).unwrap();
+        assert_eq!(c.admit(same_64, 100, Some(1)).err(), Some(Refusal::PerIp));
+        let b = c.admit(other, 100, Some(1)).unwrap();
+        // A refused connection gave its total place back.
+        assert_eq!(c.open(), 2);
+        drop(b);
+        assert!(
+            c.per_ip.lock().len() == 1,
+            "closed addresses leave the table"
+        );
+    }
+
+    #[test]
+    fn a_zero_cap_is_a_config_error_with_its_path() {
+        let e = crate::config::parse(
+            "server: { max_connections: 0, max_connections_per_ip: 0, idle_timeout: 5s }",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = e.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["server.max_connections", "server.max_connections_per_ip"]
+        );
+        let c = crate::config::parse("server: { max_connections: 10, idle_timeout: 5s }").unwrap();
+        assert_eq!(c.server.max_connections, Some(10));
+        assert_eq!(c.server.max_connections_per_ip, 256);
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn the_default_cap_leaves_descriptors_for_upstreams_and_the_admin_api() {
+        let n = default_max_connections();
+        assert!(n >= 16);
+        assert!(n * 2 + RESERVED_FDS <= fd_limit().max(16 * 2 + RESERVED_FDS));
+    }
+}
