@@ -3,12 +3,14 @@
 //! It listens on its own address (never the public port, `config` enforces
 //! that). With `admin.token` set, every call but `/healthz` and `/readyz`
 //! needs `Authorization: Bearer <token>`; probes stay open so orchestrators
-//! need no secret.
+//! need no secret. Without a token the listener is on loopback (config
+//! enforces that too) and answers only loopback `Host` names (see `guard`).
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -23,10 +25,15 @@ use crate::config::{Backend, Config, KeyPart};
 use crate::identity::ApiKey;
 use crate::limiter::{ceil_secs, NANOS_PER_SEC};
 use crate::snapshot::Snapshot;
+use guard::Refusal;
+
+mod guard;
+
+pub use guard::is_loopback_host;
 
 pub async fn serve(listener: TcpListener, app: App, stop: CancellationToken) {
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => return,
             a = listener.accept() => match a {
                 Ok(a) => a,
@@ -42,7 +49,7 @@ pub async fn serve(listener: TcpListener, app: App, stop: CancellationToken) {
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let app = app.clone();
-                async move { Ok::<_, Infallible>(handle(&app, req).await) }
+                async move { Ok::<_, Infallible>(handle(&app, req, peer).await) }
             });
             let builder = crate::server::connection_builder(std::time::Duration::from_secs(10));
             let conn = builder.serve_connection(TokioIo::new(stream), service);
@@ -74,23 +81,14 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
     resp
 }
 
-/// Compares in time independent of where the first difference is.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     let snap = app.snapshot();
     let path = req.uri().path();
     let open = matches!(path, "/healthz" | "/readyz");
-    if let (Some(token), false) = (&snap.config.admin.token, open) {
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+    let token = snap.config.admin.token.as_deref();
+    match guard::admit(&req, token, open) {
+        Ok(()) => {}
+        Err(Refusal::Unauthorized) => {
             let mut resp = problem(
                 StatusCode::UNAUTHORIZED,
                 "This admin call needs `Authorization: Bearer <token>`.",
@@ -99,6 +97,16 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return resp;
         }
+        Err(Refusal::ForeignHost) => {
+            tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
+            return problem(
+                StatusCode::FORBIDDEN,
+                "Without admin.token this API answers only Host: localhost, 127.0.0.1 or [::1].",
+            );
+        }
+    }
+    if token.is_none() && guard::changes_state(req.method()) {
+        tracing::warn!(%peer, method = %req.method(), path, "admin call without a token changes state (set admin.token to require one)");
     }
     let query_key = query_param(req.uri().query().unwrap_or(""), "key");
     match (req.method(), path) {
@@ -326,7 +334,7 @@ pub fn effective_config(c: &Config) -> Value {
             "max_request_body": c.server.max_request_body,
             "shutdown_grace_ms": c.server.shutdown_grace.as_millis() as u64,
         },
-        "admin": {"listen": c.admin.listen.to_string(), "token": c.admin.token.as_ref().map(|_| "[redacted]")},
+        "admin": {"listen": c.admin.listen.to_string(), "token": c.admin.token.as_ref().map(|_| "[redacted]"), "token_file": c.admin.token_file.as_ref().map(|p| p.display().to_string())},
         "store": store,
         "store_policy": {
             "on_error": c.store.on_error.as_str(),
@@ -395,12 +403,5 @@ mod tests {
         for secret in ["hunter2", ":pw@", "sekrit", "vip-key"] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
         }
-    }
-
-    #[test]
-    fn token_comparison_is_exact() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }
