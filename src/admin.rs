@@ -69,6 +69,27 @@ fn json_response(status: StatusCode, v: Value) -> Response<Body> {
     resp
 }
 
+/// A compiled-in dashboard file. The policy lets it load only itself and
+/// talk only to this listener, and forbids framing (clickjacking).
+fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
+    let mut resp = Response::new(Body::full(text));
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    resp
+}
+
 fn problem(status: StatusCode, detail: &str) -> Response<Body> {
     let mut resp = json_response(
         status,
@@ -84,7 +105,12 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
 pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     let snap = app.snapshot();
     let path = req.uri().path();
-    let open = matches!(path, "/healthz" | "/readyz");
+    // Probes need no secret; the dashboard's page, script and style hold no
+    // data (its JSON does, and needs the token).
+    let open = matches!(
+        path,
+        "/healthz" | "/readyz" | "/" | "/dashboard.js" | "/dashboard.css"
+    );
     let token = snap.config.admin.token.as_deref();
     match guard::admit(&req, token, open) {
         Ok(()) => {}
@@ -110,6 +136,15 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
     }
     let query_key = query_param(req.uri().query().unwrap_or(""), "key");
     match (req.method(), path) {
+        (&Method::GET, "/") => asset(crate::dashboard::PAGE, "text/html; charset=utf-8"),
+        (&Method::GET, "/dashboard.js") => asset(crate::dashboard::SCRIPT, "text/javascript; charset=utf-8"),
+        (&Method::GET, "/dashboard.css") => asset(crate::dashboard::STYLE, "text/css; charset=utf-8"),
+        (&Method::GET, "/dashboard.json") => {
+            let mut resp = json_response(StatusCode::OK, crate::dashboard::data(app));
+            resp.headers_mut()
+                .insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        }
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, "/readyz") => {
             let healthy = app.shared.store.healthy();
@@ -172,13 +207,17 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
                 "config": effective_config(&snap.config),
             }),
         ),
-        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config") => problem(
+        (
+            _,
+            "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config" | "/"
+            | "/dashboard.js" | "/dashboard.css" | "/dashboard.json",
+        ) => problem(
             StatusCode::METHOD_NOT_ALLOWED,
             "Method not allowed on this admin path.",
         ),
         _ => problem(
             StatusCode::NOT_FOUND,
-            "Admin paths: /status, /metrics, /healthz, /readyz, /reload, /config.",
+            "Admin paths: / (dashboard), /dashboard.json, /status, /metrics, /healthz, /readyz, /reload, /config.",
         ),
     }
 }
@@ -291,6 +330,11 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
             "tollgate_audit_dropped_total",
             "Audit rows dropped because the writer lagged.",
             s.store.audit_dropped() as f64,
+        ),
+        (
+            "tollgate_dashboard_limited_keys",
+            "Keys rejected lately that the dashboard tracks (at most 128; when full, idle and least rejected keys are replaced).",
+            s.activity.limited_keys_tracked() as f64,
         ),
         (
             "tollgate_uptime_seconds",

@@ -51,6 +51,8 @@ pub struct Shared {
     pub listeners: Mutex<Option<crate::server::ListenerSet>>,
     /// TLS termination; reloads swap its certificates.
     pub tls: crate::tls::Terminator,
+    /// What the admin dashboard shows besides the counters: recent rates, limited keys.
+    pub activity: crate::dashboard::Activity,
 }
 
 #[derive(Clone)]
@@ -97,6 +99,7 @@ impl App {
                 started: Instant::now(),
                 listeners: Mutex::new(None),
                 tls,
+                activity: Default::default(),
             }),
         }
     }
@@ -172,6 +175,7 @@ impl App {
 
         if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
             inc(&route.metrics.rejected);
+            (self.shared.activity).rejected(&denial.key, &denial.limiter, &route.name, now);
             let mut resp = Problem::RateLimited(Box::new(denial)).into_response();
             headers_of(&limits, &mut resp);
             return Ok(resp);

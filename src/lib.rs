@@ -23,6 +23,7 @@ pub mod app;
 pub mod body;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;
@@ -103,6 +104,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         background.clone(),
     ));
     tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
+    tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
     if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
         tokio::spawn(reload::watch(app.clone(), path, every, background.clone()));
     }

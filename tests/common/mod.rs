@@ -26,6 +26,7 @@ use tollgate::clock::{SharedClock, SystemClock};
 use tollgate::store::Store;
 use tollgate::{App, Listeners, RunOptions};
 
+pub mod browser;
 pub mod certs;
 
 /// A tollgate running in this process on real sockets.
