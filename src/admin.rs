@@ -90,6 +90,16 @@ fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
     resp
 }
 
+fn not_allowed(allow: &'static str) -> Response<Body> {
+    let mut resp = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method not allowed on this admin path.",
+    );
+    resp.headers_mut()
+        .insert(http::header::ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
 fn problem(status: StatusCode, detail: &str) -> Response<Body> {
     let mut resp = json_response(
         status,
@@ -207,14 +217,13 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
                 "config": effective_config(&snap.config),
             }),
         ),
+        (_, "/status") => not_allowed("GET, DELETE"),
+        (_, "/reload") => not_allowed("POST"),
         (
             _,
-            "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config" | "/"
-            | "/dashboard.js" | "/dashboard.css" | "/dashboard.json",
-        ) => problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "Method not allowed on this admin path.",
-        ),
+            "/healthz" | "/readyz" | "/metrics" | "/config" | "/" | "/dashboard.js"
+            | "/dashboard.css" | "/dashboard.json",
+        ) => not_allowed("GET"),
         _ => problem(
             StatusCode::NOT_FOUND,
             "Admin paths: / (dashboard), /dashboard.json, /status, /metrics, /healthz, /readyz, /reload, /config.",
