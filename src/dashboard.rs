@@ -321,7 +321,7 @@ mod tests {
             unix_ms: 4000,
             routes: vec![],
         });
-        let (times, routes) = h.rates(&[a.clone()]);
+        let (times, routes) = h.rates(std::slice::from_ref(&a));
         assert_eq!(times, vec![2000, 4000]);
         assert_eq!(routes[0]["requests_per_second"], json!([10.0, 0.0]));
         assert_eq!(routes[0]["rejections_per_second"], json!([2.0, 0.0]));

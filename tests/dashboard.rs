@@ -111,7 +111,10 @@ async fn the_dashboard_draws_the_chart_and_the_limited_key_in_a_real_browser() {
         "{row}"
     );
     assert!(dom.contains(">serving<"), "status pill: {dom}");
-    assert!(dom.contains("<form id=\"login\" hidden"), "no token form once in: {dom}");
+    assert!(
+        dom.contains("<form id=\"login\" hidden"),
+        "no token form once in: {dom}"
+    );
 
     let shot = screenshot_path();
     {
