@@ -321,10 +321,29 @@ fn serve_refuses_to_start_with_an_exposed_admin_without_a_token() {
         admin.port()
     );
     std::fs::write(&path, yaml).unwrap();
-    let mut cmd = tollgate(&["serve", "--config", path.to_str().unwrap()]);
-    cmd.current_dir(dir.path());
-    let (code, _, err) = run(&mut cmd);
-    assert_ne!(code, 0);
+    let err_log = dir.path().join("stderr");
+    let mut child = tollgate(&["serve", "--config", path.to_str().unwrap()])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_log).unwrap())
+        .spawn()
+        .unwrap();
+    // A tollgate that wrongly starts would serve forever: a bounded wait, then kill.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&err_log).unwrap();
+    let status = status.unwrap_or_else(|| panic!("tollgate started with an exposed admin: {err}"));
+    assert!(!status.success());
     assert!(
         err.contains("admin.listen") && err.contains("admin.token"),
         "{err}"
