@@ -15,7 +15,8 @@
 //! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
 //!
 //! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
-//! (validate, then swap, or keep the old), [`admin`], [`metrics`], and
+//! (validate, then swap, or keep the old), [`admin`] (and its live
+//! [`dashboard`], fed by one call on the rejection path), [`metrics`], and
 //! [`body`] (the response body: our own bytes or the upstream's, streamed).
 
 pub mod admin;
