@@ -1,13 +1,13 @@
 //! The live dashboard on the admin listener: its page (compiled in), its data, and what feeds it.
 //!
 //! Two bounded trackers live here so the request path pays one call:
-//! - [`LimitedKeys`]: the keys rejected lately, fed on the rejection path only
+//! - `LimitedKeys`: the keys rejected lately, fed on the rejection path only
 //!   (one short lock, no allocation for a key already tracked). It holds at
 //!   most [`LIMITED_KEYS_TRACKED`] keys; when full, a key idle for longer
 //!   than [`LIMITED_NOW`] is replaced first, else the one with the fewest
 //!   rejections, so a flood of one-off keys never pushes out a key that is
 //!   being limited hard.
-//! - [`History`]: every [`SAMPLE_EVERY`], a background task copies each
+//! - `History`: every [`SAMPLE_EVERY`], a background task copies each
 //!   route's request and rejection counters; rates are differences of
 //!   consecutive samples, kept for [`HISTORY_SAMPLES`] samples (5 minutes).
 //!
