@@ -3,12 +3,14 @@
 //! It listens on its own address (never the public port, `config` enforces
 //! that). With `admin.token` set, every call but `/healthz` and `/readyz`
 //! needs `Authorization: Bearer <token>`; probes stay open so orchestrators
-//! need no secret.
+//! need no secret. Without a token the listener is on loopback (config
+//! enforces that too) and answers only loopback `Host` names (see `guard`).
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -23,10 +25,15 @@ use crate::config::{Backend, Config, KeyPart};
 use crate::identity::ApiKey;
 use crate::limiter::{ceil_secs, NANOS_PER_SEC};
 use crate::snapshot::Snapshot;
+use guard::Refusal;
+
+mod guard;
+
+pub use guard::is_loopback_host;
 
 pub async fn serve(listener: TcpListener, app: App, stop: CancellationToken) {
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = stop.cancelled() => return,
             a = listener.accept() => match a {
                 Ok(a) => a,
@@ -42,7 +49,7 @@ pub async fn serve(listener: TcpListener, app: App, stop: CancellationToken) {
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let app = app.clone();
-                async move { Ok::<_, Infallible>(handle(&app, req).await) }
+                async move { Ok::<_, Infallible>(handle(&app, req, peer).await) }
             });
             let builder = crate::server::connection_builder(std::time::Duration::from_secs(10));
             let conn = builder.serve_connection(TokioIo::new(stream), service);
@@ -62,6 +69,37 @@ fn json_response(status: StatusCode, v: Value) -> Response<Body> {
     resp
 }
 
+/// A compiled-in dashboard file. The policy lets it load only itself and
+/// talk only to this listener, and forbids framing (clickjacking).
+fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
+    let mut resp = Response::new(Body::full(text));
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    resp
+}
+
+fn not_allowed(allow: &'static str) -> Response<Body> {
+    let mut resp = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method not allowed on this admin path.",
+    );
+    resp.headers_mut()
+        .insert(http::header::ALLOW, HeaderValue::from_static(allow));
+    resp
+}
+
 fn problem(status: StatusCode, detail: &str) -> Response<Body> {
     let mut resp = json_response(
         status,
@@ -74,23 +112,19 @@ fn problem(status: StatusCode, detail: &str) -> Response<Body> {
     resp
 }
 
-/// Compares in time independent of where the first difference is.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
+pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     let snap = app.snapshot();
     let path = req.uri().path();
-    let open = matches!(path, "/healthz" | "/readyz");
-    if let (Some(token), false) = (&snap.config.admin.token, open) {
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+    // Probes need no secret; the dashboard's page, script and style hold no
+    // data (its JSON does, and needs the token).
+    let open = matches!(
+        path,
+        "/healthz" | "/readyz" | "/" | "/dashboard.js" | "/dashboard.css"
+    );
+    let token = snap.config.admin.token.as_deref();
+    match guard::admit(&req, token, open) {
+        Ok(()) => {}
+        Err(Refusal::Unauthorized) => {
             let mut resp = problem(
                 StatusCode::UNAUTHORIZED,
                 "This admin call needs `Authorization: Bearer <token>`.",
@@ -99,9 +133,28 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return resp;
         }
+        Err(Refusal::ForeignHost) => {
+            tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
+            return problem(
+                StatusCode::FORBIDDEN,
+                "Without admin.token this API answers only Host: localhost, 127.0.0.1 or [::1].",
+            );
+        }
+    }
+    if token.is_none() && guard::changes_state(req.method()) {
+        tracing::warn!(%peer, method = %req.method(), path, "admin call without a token changes state (set admin.token to require one)");
     }
     let query_key = query_param(req.uri().query().unwrap_or(""), "key");
     match (req.method(), path) {
+        (&Method::GET, "/") => asset(crate::dashboard::PAGE, "text/html; charset=utf-8"),
+        (&Method::GET, "/dashboard.js") => asset(crate::dashboard::SCRIPT, "text/javascript; charset=utf-8"),
+        (&Method::GET, "/dashboard.css") => asset(crate::dashboard::STYLE, "text/css; charset=utf-8"),
+        (&Method::GET, "/dashboard.json") => {
+            let mut resp = json_response(StatusCode::OK, crate::dashboard::data(app));
+            resp.headers_mut()
+                .insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp
+        }
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, "/readyz") => {
             let healthy = app.shared.store.healthy();
@@ -164,13 +217,16 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 "config": effective_config(&snap.config),
             }),
         ),
-        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config") => problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "Method not allowed on this admin path.",
-        ),
+        (_, "/status") => not_allowed("GET, DELETE"),
+        (_, "/reload") => not_allowed("POST"),
+        (
+            _,
+            "/healthz" | "/readyz" | "/metrics" | "/config" | "/" | "/dashboard.js"
+            | "/dashboard.css" | "/dashboard.json",
+        ) => not_allowed("GET"),
         _ => problem(
             StatusCode::NOT_FOUND,
-            "Admin paths: /status, /metrics, /healthz, /readyz, /reload, /config.",
+            "Admin paths: / (dashboard), /dashboard.json, /status, /metrics, /healthz, /readyz, /reload, /config.",
         ),
     }
 }
@@ -320,6 +376,11 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
             s.store.audit_dropped() as f64,
         ),
         (
+            "tollgate_dashboard_limited_keys",
+            "Keys rejected lately that the dashboard tracks (at most 128; when full, idle and least rejected keys are replaced).",
+            s.activity.limited_keys_tracked() as f64,
+        ),
+        (
             "tollgate_uptime_seconds",
             "Seconds since start.",
             s.started.elapsed().as_secs_f64(),
@@ -389,7 +450,7 @@ pub fn effective_config(c: &Config) -> Value {
             "max_request_body": c.server.max_request_body,
             "shutdown_grace_ms": c.server.shutdown_grace.as_millis() as u64,
         },
-        "admin": {"listen": c.admin.listen.to_string(), "token": c.admin.token.as_ref().map(|_| "[redacted]")},
+        "admin": {"listen": c.admin.listen.to_string(), "token": c.admin.token.as_ref().map(|_| "[redacted]"), "token_file": c.admin.token_file.as_ref().map(|p| p.display().to_string())},
         "store": store,
         "store_policy": {
             "on_error": c.store.on_error.as_str(),
@@ -460,12 +521,5 @@ mod tests {
         for secret in ["hunter2", ":pw@", "sekrit", "vip-key"] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
         }
-    }
-
-    #[test]
-    fn token_comparison_is_exact() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }

@@ -55,6 +55,8 @@ pub struct Shared {
     pub tls: crate::tls::Terminator,
     /// Open public connections and their caps.
     pub connections: Arc<crate::connections::Connections>,
+    /// What the admin dashboard shows besides the counters: recent rates, limited keys.
+    pub activity: crate::dashboard::Activity,
 }
 
 #[derive(Clone)]
@@ -104,6 +106,7 @@ impl App {
                 listeners: Mutex::new(None),
                 tls,
                 connections,
+                activity: Default::default(),
             }),
         }
     }
@@ -190,6 +193,7 @@ impl App {
 
         if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
             inc(&route.metrics.rejected);
+            (self.shared.activity).rejected(&denial.key, &denial.limiter, &route.name, now);
             let mut resp = Problem::RateLimited(Box::new(denial)).into_response();
             headers_of(&limits, &mut resp);
             return Ok(resp);

@@ -25,6 +25,8 @@ use crate::tls::CertSet;
 // TLS inputs are the TLS module's own types; the config names them.
 pub use crate::tls::{CertConfig, UpstreamTls};
 
+mod admin_token;
+
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
@@ -212,6 +214,8 @@ pub struct RawCert {
 pub struct RawAdmin {
     pub listen: Option<Text>,
     pub token: Option<Text>,
+    /// A file holding the token (Docker/Kubernetes secrets); read by the loader.
+    pub token_file: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -423,7 +427,10 @@ impl ServerConfig {
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
+    /// `admin.token`, or the content of `admin.token_file` once the loader read it.
     pub token: Option<String>,
+    /// Where the token came from, when it came from a file (re-read on every reload).
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -748,6 +755,12 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
         warnings: Vec::new(),
     };
     let mut config = v.config(&raw);
+    if v.problems.is_empty() {
+        // Validation is pure; the files the config names are read here, by the loader.
+        if let Err(message) = admin_token::read_token_file(&mut config.admin) {
+            v.err("admin.token_file", message);
+        }
+    }
     if v.problems.is_empty() {
         read_key_file(&mut config.identity, &mut v);
     }
@@ -1132,13 +1145,17 @@ impl Validator {
             );
         }
         let token = raw.token.as_ref().map(|t| t.0.clone());
-        if token.as_deref() == Some("") {
-            self.err(
-                "admin.token",
-                "an empty token would let anyone in; remove the key or set a value",
-            );
+        let token_file = raw.token_file.as_ref().map(|t| PathBuf::from(&t.0));
+        for (path, problem) in
+            admin_token::problems(listen, token.as_deref(), token_file.as_deref())
+        {
+            self.err(path, problem);
         }
-        AdminConfig { listen, token }
+        AdminConfig {
+            listen,
+            token,
+            token_file,
+        }
     }
 
     fn store(&mut self, raw: &RawStore) -> StoreConfig {

@@ -15,7 +15,8 @@
 //! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
 //!
 //! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
-//! (validate, then swap, or keep the old), [`admin`], [`metrics`], and
+//! (validate, then swap, or keep the old), [`admin`] (and its live
+//! [`dashboard`], fed by one call on the rejection path), [`metrics`], and
 //! [`body`] (the response body: our own bytes or the upstream's, streamed).
 
 pub mod admin;
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod config;
 pub mod config_scan;
 pub mod connections;
+pub mod dashboard;
 pub mod framing;
 pub mod identity;
 pub mod limiter;
@@ -108,6 +110,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         background.clone(),
     ));
     tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
+    tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
     if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
         tokio::spawn(reload::watch(app.clone(), path, every, background.clone()));
     }

@@ -174,10 +174,15 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
     let url = match url {
         Some(u) => u,
         None => {
-            let c = config::load_file(&config_path(config)?).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let mut addr = c.admin.listen;
+            let path = config_path(config)?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let mut addr = admin_address(&text)?;
             if addr.ip().is_unspecified() {
-                addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                addr.set_ip(match addr {
+                    std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                    std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                });
             }
             format!("http://{addr}/healthz")
         }
@@ -210,4 +215,42 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The admin address a config file names, read without validating the rest:
+/// the running process may have rightly rejected an edit the file now holds,
+/// and that must not make the probe (and the container) unhealthy.
+fn admin_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let doc: Option<serde_yaml::Value> = serde_yaml::from_str(text).ok();
+    let listen = match &doc {
+        Some(doc) => doc
+            .get("admin")
+            .and_then(|a| a.get("listen"))
+            .and_then(|l| l.as_str())
+            .map(str::to_string),
+        // Not even YAML: look for `listen:` in a top-level `admin:` block.
+        None => text
+            .lines()
+            .skip_while(|l| !l.starts_with("admin:"))
+            .skip(1)
+            .take_while(|l| l.starts_with([' ', '\t']) || l.trim().is_empty())
+            .find_map(|l| l.trim().strip_prefix("listen:"))
+            .map(|v| {
+                v.split(" #")
+                    .next()
+                    .unwrap_or(v)
+                    .trim()
+                    .trim_matches(['"', '\''])
+                    .to_string()
+            }),
+    };
+    let Some(listen) = listen else {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], 9901)));
+    };
+    let listen = config::expand_env(&listen, |n| std::env::var(n).ok())
+        .map_err(|e| anyhow::anyhow!("admin.listen: {e}"))?;
+    std::net::ToSocketAddrs::to_socket_addrs(listen.as_str())
+        .ok()
+        .and_then(|mut a| a.next())
+        .with_context(|| format!("admin.listen: {listen:?} is not host:port"))
 }

@@ -512,3 +512,206 @@ async fn the_admin_api_is_never_served_on_the_public_port() {
     assert_eq!(r.status(), 404);
     assert_eq!(proxy.app.snapshot().version, 1);
 }
+
+/// One admin call over a raw socket with the given Host (and bearer token).
+async fn with_host(
+    proxy: &Proxy,
+    method: &str,
+    path: &str,
+    host: &str,
+    token: Option<&str>,
+) -> u16 {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let answer = common::raw(
+        proxy.admin,
+        request.as_bytes(),
+        std::time::Duration::from_secs(5),
+    )
+    .await;
+    common::status_of(&answer)
+}
+
+#[tokio::test]
+async fn without_a_token_the_admin_api_refuses_a_foreign_host_but_answers_loopback_names() {
+    let proxy = Proxy::start_with_clock(&limit_two("pong"), ManualClock::at(T0)).await;
+    let port = proxy.admin.port();
+    // A page on evil.example re-pointed at 127.0.0.1 (DNS rebinding) sends its own name.
+    for (method, path) in [
+        ("GET", "/status?key=127.0.0.1"),
+        ("DELETE", "/status?key=127.0.0.1"),
+        ("GET", "/metrics"),
+        ("GET", "/config"),
+        ("POST", "/reload"),
+        ("GET", "/healthz"),
+    ] {
+        for host in [
+            "evil.example",
+            &format!("evil.example:{port}"),
+            "localhost.evil.example",
+        ] {
+            assert_eq!(
+                with_host(&proxy, method, path, host, None).await,
+                403,
+                "{method} {path} with Host: {host}"
+            );
+        }
+    }
+    assert_eq!(
+        proxy.app.snapshot().version,
+        1,
+        "the refused reload did not run"
+    );
+    for host in [
+        format!("localhost:{port}"),
+        "LOCALHOST".to_string(),
+        format!("127.0.0.1:{port}"),
+        "127.0.0.9".to_string(),
+        format!("[::1]:{port}"),
+    ] {
+        assert_eq!(
+            with_host(&proxy, "GET", "/metrics", &host, None).await,
+            200,
+            "{host}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn with_a_token_the_host_does_not_matter_but_the_token_does() {
+    let yaml = format!("admin: {{ token: s3cret }}\n{}", limit_two("pong"));
+    let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(T0)).await;
+    assert_eq!(
+        with_host(&proxy, "GET", "/metrics", "evil.example", None).await,
+        401
+    );
+    assert_eq!(
+        with_host(&proxy, "GET", "/metrics", "evil.example", Some("s3cret")).await,
+        200
+    );
+    assert_eq!(
+        with_host(&proxy, "GET", "/metrics", "localhost", None).await,
+        401
+    );
+}
+
+#[tokio::test]
+async fn a_reload_that_exposes_the_admin_without_a_token_is_rejected_and_the_old_config_serves() {
+    let proxy = Proxy::start_with_clock(&limit_two("pong"), ManualClock::at(T0)).await;
+    let c = client();
+    assert_eq!(ping(&c, &proxy).await, 200);
+    // Written directly: the harness would pin admin.listen back to loopback.
+    let exposed = common::pin_yaml(
+        &limit_two("changed"),
+        proxy.addr,
+        proxy.admin,
+        proxy.dir.path(),
+    )
+    .replace(
+        &format!("127.0.0.1:{}", proxy.admin.port()),
+        &format!("0.0.0.0:{}", proxy.admin.port()),
+    );
+    assert!(exposed.contains("0.0.0.0:"), "{exposed}");
+    std::fs::write(&proxy.config_path, exposed).unwrap();
+    let (status, body) = reload(&c, &proxy).await;
+    assert_eq!(status, 422, "{body}");
+    let errors = body["errors"].to_string();
+    assert!(
+        errors.contains("admin.listen") && errors.contains("admin.token"),
+        "{errors}"
+    );
+    assert_eq!(proxy.app.snapshot().version, 1);
+    // The old config still serves: same body, same counter (one left of two).
+    let r = c.get(proxy.url("/ping")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "pong");
+    assert_eq!(ping(&c, &proxy).await, 429);
+}
+
+#[tokio::test]
+async fn a_token_file_is_read_at_reload_so_a_rotated_secret_applies() {
+    let proxy = Proxy::start_with_clock(&limit_two("pong"), ManualClock::at(T0)).await;
+    let c = client();
+    let secret = proxy.dir.path().join("admin_token");
+    std::fs::write(&secret, "first\n").unwrap();
+    let yaml = format!(
+        "admin: {{ token_file: \"{}\" }}\n{}",
+        secret.display(),
+        limit_two("pong")
+    );
+    proxy.write_config(&yaml);
+    let (status, body) = reload(&c, &proxy).await;
+    assert_eq!(status, 200, "{body}");
+    let get = |token: &'static str| c.get(proxy.admin_url("/config")).bearer_auth(token).send();
+    assert_eq!(get("first").await.unwrap().status(), 200);
+    std::fs::write(&secret, "second\n").unwrap();
+    let r = c
+        .post(proxy.admin_url("/reload"))
+        .bearer_auth("first")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(get("first").await.unwrap().status(), 401);
+    assert_eq!(get("second").await.unwrap().status(), 200);
+    // An emptied secret is a rejected reload; the token in force stays.
+    std::fs::write(&secret, "").unwrap();
+    let r = c
+        .post(proxy.admin_url("/reload"))
+        .bearer_auth("second")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    assert!(r.text().await.unwrap().contains("admin.token_file"));
+    assert_eq!(get("second").await.unwrap().status(), 200);
+}
+
+#[test]
+fn a_state_changing_call_without_a_token_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = common::Process::serve(&limit_two("pong"), dir.path());
+    assert_eq!(
+        common::http(proxy.admin, "GET", "/status?key=10.0.0.1")
+            .unwrap()
+            .status,
+        200
+    );
+    assert!(
+        !proxy.output().contains("without a token changes state"),
+        "a read is not logged"
+    );
+    assert_eq!(
+        common::http(proxy.admin, "DELETE", "/status?key=10.0.0.1")
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        common::http(proxy.admin, "POST", "/reload").unwrap().status,
+        200
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let out = proxy.output();
+        let lines: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("admin call without a token changes state"))
+            .collect();
+        if lines.len() == 2 {
+            assert!(
+                lines[0].contains("DELETE") && lines[0].contains("/status"),
+                "{out}"
+            );
+            assert!(
+                lines[1].contains("POST") && lines[1].contains("/reload"),
+                "{out}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not logged:\n{out}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -285,3 +285,114 @@ fn check_never_prints_a_redis_password() {
         "{out}{err}"
     );
 }
+
+#[test]
+fn check_rejects_an_exposed_admin_without_a_token_and_accepts_one_with_a_token() {
+    let (code, _, err) = check("admin: { listen: \"0.0.0.0:9901\" }\n");
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("admin.listen") && err.contains("needs admin.token or admin.token_file"),
+        "{err}"
+    );
+    let path = write_temp(
+        "admin: { listen: \"0.0.0.0:9901\", token: \"${TOLLGATE_TEST_ADMIN_TOKEN}\" }\n",
+    );
+    let (code, out, err) = run(tollgate(&["check", "--config", path.to_str().unwrap()])
+        .env("TOLLGATE_TEST_ADMIN_TOKEN", "t0ken"));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("t0ken"), "{out}");
+}
+
+/// A file with `text` that lives as long as the test process.
+fn write_temp(text: &str) -> std::path::PathBuf {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let path = dir.join("tollgate.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn serve_refuses_to_start_with_an_exposed_admin_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (public, admin) = (free_addr(), free_addr());
+    let path = dir.path().join("tollgate.yaml");
+    let yaml = format!(
+        "server: {{ listen: \"{public}\" }}\nadmin: {{ listen: \"0.0.0.0:{}\" }}\n",
+        admin.port()
+    );
+    std::fs::write(&path, yaml).unwrap();
+    let err_log = dir.path().join("stderr");
+    let mut child = tollgate(&["serve", "--config", path.to_str().unwrap()])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err_log).unwrap())
+        .spawn()
+        .unwrap();
+    // A tollgate that wrongly starts would serve forever: a bounded wait, then kill.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&err_log).unwrap();
+    let status = status.unwrap_or_else(|| panic!("tollgate started with an exposed admin: {err}"));
+    assert!(!status.success());
+    assert!(
+        err.contains("admin.listen") && err.contains("admin.token"),
+        "{err}"
+    );
+    assert!(
+        std::net::TcpStream::connect(public).is_err(),
+        "nothing was served"
+    );
+}
+
+#[test]
+fn healthcheck_reads_only_the_admin_address_so_a_rejected_edit_keeps_the_container_healthy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proxy = Process::serve(
+        "limiters:\n  strict: { limit: 5, window: 60s }\nroutes:\n  - name: ping\n    match: { path: /ping }\n    respond: { status: 200, body: \"pong\\n\" }\n    limiters: [strict]\n",
+        dir.path(),
+    );
+    let config = dir.path().join("tollgate.yaml");
+    let probe = || {
+        run(
+            tollgate(&["healthcheck", "--config", config.to_str().unwrap()])
+                .current_dir(dir.path()),
+        )
+    };
+    let (code, out, err) = probe();
+    assert_eq!(code, 0, "{out}{err}");
+    // An edit the running proxy must reject: a typo, a missing limiter and an unset variable.
+    let valid = std::fs::read_to_string(&config).unwrap();
+    let broken = valid
+        .replace("limit: 5", "limt: 5")
+        .replace("- strict", "- nowhere")
+        + "identity:\n  api_key_header: ${TOLLGATE_TEST_SURELY_UNSET}\n";
+    std::fs::write(&config, &broken).unwrap();
+    let (code, _, err) = run(&mut tollgate(&[
+        "check",
+        "--config",
+        config.to_str().unwrap(),
+    ]));
+    assert_eq!(code, 1, "the edit is invalid: {err}");
+    let (code, out, err) = probe();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    // Not even YAML any more: the admin block is still found.
+    std::fs::write(&config, format!("{broken}\n  - [unclosed\n")).unwrap();
+    let (code, out, err) = probe();
+    assert_eq!(code, 0, "{out}{err}");
+    // And a stopped proxy is unhealthy.
+    proxy.signal("TERM");
+    proxy.wait_exit(Duration::from_secs(15));
+    let (code, _, _) = probe();
+    assert_ne!(code, 0);
+}

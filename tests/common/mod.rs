@@ -27,6 +27,7 @@ use tollgate::clock::{SharedClock, SystemClock};
 use tollgate::store::Store;
 use tollgate::{App, Listeners, RunOptions};
 
+pub mod browser;
 pub mod certs;
 pub mod php;
 
