@@ -24,6 +24,9 @@ use crate::limiter::{
 };
 use crate::tls::CertSet;
 
+mod observe;
+pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
+
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
@@ -160,6 +163,8 @@ pub struct RawConfig {
     pub limiters: BTreeMap<String, RawLimiter>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub log: observe::RawLog,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -268,6 +273,7 @@ pub struct RawLimiter {
     pub mode: Option<Text>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
+    pub reject: Option<observe::RawReject>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -289,6 +295,8 @@ pub struct RawRoute {
     pub respond: Option<RawRespond>,
     #[serde(default)]
     pub limiters: Vec<Text>,
+    pub reject: Option<observe::RawReject>,
+    pub rate_limit_headers: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -321,6 +329,7 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     pub limiters: Vec<LimiterConfig>,
     pub routes: Vec<RouteConfig>,
+    pub log: LogConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -518,6 +527,8 @@ pub struct LimiterConfig {
     pub key: Vec<KeyPart>,
     pub shadow: bool,
     pub overrides: Vec<OverrideConfig>,
+    /// How this limiter's rejections look; `None`: the default 429 problem+json.
+    pub reject: Option<RejectShape>,
 }
 
 #[derive(Debug, Clone)]
@@ -537,6 +548,9 @@ pub struct RouteConfig {
     pub action: Action,
     /// Indexes into `Config::limiters`.
     pub limiters: Vec<usize>,
+    /// Overrides the deciding limiter's `reject` on this route.
+    pub reject: Option<RejectShape>,
+    pub rate_limit_headers: HeaderSets,
 }
 
 #[derive(Debug, Clone)]
@@ -719,6 +733,7 @@ impl Validator {
             &raw.limiters,
             &limiters,
         );
+        let log = self.log(&raw.log);
         Config {
             server,
             admin,
@@ -728,6 +743,7 @@ impl Validator {
             upstreams,
             limiters,
             routes,
+            log,
         }
     }
 
@@ -1291,10 +1307,15 @@ impl Validator {
                 );
             }
         }
+        let reject = raw
+            .reject
+            .as_ref()
+            .map(|r| self.reject(&format!("limiters.{name}.reject"), r));
         if self.problems.len() > before {
             return None;
         }
         Some(LimiterConfig {
+            reject,
             name: name.to_string(),
             algorithm,
             key,
@@ -1454,8 +1475,13 @@ impl Validator {
                     ),
                 }
             }
+            let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
+            let rate_limit_headers =
+                self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
             if let Some(action) = action {
                 out.push(RouteConfig {
+                    reject,
+                    rate_limit_headers,
                     name: r.name.0.clone(),
                     path: m.path.as_ref().map(|t| t.0.clone()),
                     path_prefix: m.path_prefix.as_ref().map(|t| t.0.clone()),

@@ -229,6 +229,8 @@ mod tests {
             host: None,
             action: Action::Upstream(0),
             limiters: vec![],
+            reject: None,
+            rate_limit_headers: Default::default(),
         }
     }
 

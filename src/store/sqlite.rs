@@ -552,6 +552,7 @@ mod tests {
             key: vec![KeyPart::Client],
             shadow: false,
             overrides: vec![],
+            reject: None,
         }
     }
 
