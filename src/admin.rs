@@ -116,7 +116,7 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
             )
         }
         (&Method::GET, "/metrics") => {
-            let mut resp = Response::new(Body::full(metrics_text(app, &snap)));
+            let mut resp = Response::new(Body::full(metrics_text(app, &snap).await));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -261,35 +261,55 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
     Ok(json!({"key": canonical_client(snap, raw), "limiters": limiters}))
 }
 
-fn metrics_text(app: &App, snap: &Snapshot) -> String {
+async fn metrics_text(app: &App, snap: &Snapshot) -> String {
+    use crate::metrics::Extra;
     let s = &app.shared;
-    s.metrics.render(&[
-        (
-            "tollgate_config_version",
-            "The version of the config in force (1 at start, +1 per successful reload).",
-            snap.version as f64,
-        ),
-        (
-            "tollgate_tracked_keys",
-            "Limiter keys held in memory.",
-            s.store.tracked_keys() as f64,
-        ),
-        (
-            "tollgate_store_healthy",
-            "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
-            f64::from(u8::from(s.store.healthy())),
-        ),
-        (
-            "tollgate_audit_dropped_total",
-            "Audit rows dropped because the writer lagged.",
-            s.store.audit_dropped() as f64,
-        ),
-        (
-            "tollgate_uptime_seconds",
-            "Seconds since start.",
-            s.started.elapsed().as_secs_f64(),
-        ),
-    ])
+    // /proc reads are file I/O: off the runtime.
+    let process = tokio::task::spawn_blocking(crate::metrics::process::sample)
+        .await
+        .ok()
+        .flatten();
+    s.metrics.render(
+        &[
+            Extra {
+                name: "tollgate_config_version",
+                help: "The version of the config in force (1 at start, +1 per successful reload).",
+                kind: "gauge",
+                value: snap.version as f64,
+            },
+            Extra {
+                name: "tollgate_tracked_keys",
+                help: "Limiter keys held in memory.",
+                kind: "gauge",
+                value: s.store.tracked_keys() as f64,
+            },
+            Extra {
+                name: "tollgate_store_healthy",
+                help: "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
+                kind: "gauge",
+                value: f64::from(u8::from(s.store.healthy())),
+            },
+            Extra {
+                name: "tollgate_audit_dropped_total",
+                help: "Audit rows dropped because the writer lagged.",
+                kind: "counter",
+                value: s.store.audit_dropped() as f64,
+            },
+            Extra {
+                name: "tollgate_access_log_dropped_total",
+                help: "Access records dropped because the log writer lagged.",
+                kind: "counter",
+                value: s.access.dropped() as f64,
+            },
+            Extra {
+                name: "tollgate_uptime_seconds",
+                help: "Seconds since start.",
+                kind: "gauge",
+                value: s.started.elapsed().as_secs_f64(),
+            },
+        ],
+        process.as_ref(),
+    )
 }
 
 /// The config in force, with every secret replaced.

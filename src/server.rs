@@ -188,6 +188,7 @@ async fn serve_connection<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let peer = conn_info.peer;
+    let _open = app.shared.metrics.open_connections.enter();
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let app = app.clone();
         async move {
