@@ -148,9 +148,13 @@ impl App {
     ) -> Result<Response<Body>, Problem> {
         let max_body = snap.config.server.max_request_body;
         check_framing(req.headers(), max_body)?;
-        let client = snap.identity.resolve(conn.peer, req.headers()).map_err(
-            |crate::identity::IdentityError::UnknownApiKey(short)| Problem::UnknownApiKey(short),
-        )?;
+        let client = match snap.identity.resolve(conn.peer, req.headers()) {
+            Ok(client) => client,
+            Err(crate::identity::IdentityError::UnknownApiKey(short)) => {
+                trail.record.client = Some(short.clone());
+                return Err(Problem::UnknownApiKey(short));
+            }
+        };
         trail.record.client = Some(client.display().to_string());
         trail.record.ip = client.ip;
         let path = normalize(req.uri().path());
