@@ -490,7 +490,9 @@ impl Trail {
         self.record.limiter = Some(denial.limiter.clone());
         self.record.retry_after = Some(crate::limiter::ceil_secs(denial.retry_after).max(1));
         let metrics = &app.shared.metrics;
-        metrics.limited_keys.record(&denial.limiter, &denial.key, now);
+        metrics
+            .limited_keys
+            .record(&denial.limiter, &denial.key, now);
         if let Some(l) = snap.limiters.iter().find(|l| l.name == denial.limiter) {
             l.metrics.episode.rejected(&l.name, &denial.key, now);
         }

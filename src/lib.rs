@@ -144,7 +144,10 @@ async fn rejection_episodes(app: App, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
         }
-        app.shared.metrics.episodes.end_quiet(app.shared.clock.now());
+        app.shared
+            .metrics
+            .episodes
+            .end_quiet(app.shared.clock.now());
     }
 }
 

@@ -85,7 +85,8 @@ mod tests {
     #[test]
     fn a_record_with_inner_newlines_is_written_as_one_line() {
         let mut w = OneLineWriter(Vec::new());
-        w.write_all(b"ERROR reload rejected:\n  line 3: bad\n").unwrap();
+        w.write_all(b"ERROR reload rejected:\n  line 3: bad\n")
+            .unwrap();
         assert_eq!(w.0, b"ERROR reload rejected:\\n  line 3: bad\n");
         let mut w = OneLineWriter(Vec::new());
         w.write_all(b"INFO fine\n").unwrap();

@@ -398,7 +398,11 @@ mod tests {
         let m = Metrics::default();
         let s = m.route_series("api");
         s.observe(Decision::Allowed, 200, std::time::Duration::from_millis(2));
-        s.observe(Decision::Rejected, 429, std::time::Duration::from_micros(50));
+        s.observe(
+            Decision::Rejected,
+            429,
+            std::time::Duration::from_micros(50),
+        );
         s.statuses.inc(42);
         let text = m.render(&[], None);
         assert!(text.contains("tollgate_responses_total{route=\"api\",status=\"429\"} 1"));

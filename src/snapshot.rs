@@ -143,12 +143,7 @@ impl Snapshot {
         let upstream_durations = config
             .upstreams
             .iter()
-            .map(|u| {
-                metrics.histogram(
-                    crate::metrics::UPSTREAM_DURATION,
-                    &[("upstream", &u.name)],
-                )
-            })
+            .map(|u| metrics.histogram(crate::metrics::UPSTREAM_DURATION, &[("upstream", &u.name)]))
             .collect();
         Snapshot {
             upstream_durations,

@@ -38,7 +38,11 @@ routes:
 /// Finds the one record with `id`, failing if there is none or more than one.
 fn one_record<'a>(records: &'a [Value], id: &str) -> &'a Value {
     let found: Vec<&Value> = records.iter().filter(|r| r["request_id"] == id).collect();
-    assert_eq!(found.len(), 1, "records for {id}: {found:?}\nall: {records:#?}");
+    assert_eq!(
+        found.len(),
+        1,
+        "records for {id}: {found:?}\nall: {records:#?}"
+    );
     found[0]
 }
 
@@ -66,7 +70,13 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
 
     let mut sent: Vec<(u16, String, String)> = Vec::new();
     // upstream 200, with a secret in the query that must not be logged
-    sent.push(send(c.get(proxy.url(&format!("/app/x?token={KEY}"))).header("x-client-key", KEY)).await);
+    sent.push(
+        send(
+            c.get(proxy.url(&format!("/app/x?token={KEY}")))
+                .header("x-client-key", KEY),
+        )
+        .await,
+    );
     // respond 200, then 429 (limit 1 per client)
     sent.push(send(c.get(proxy.url("/ping"))).await);
     sent.push(send(c.get(proxy.url("/ping"))).await);
@@ -85,7 +95,16 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
     for (status, id, body) in &sent {
         let r = one_record(&records, id);
         assert_eq!(r["status"], *status, "{r}");
-        for field in ["ts", "ip", "method", "path", "decision", "duration_ms", "bytes_out", "proto"] {
+        for field in [
+            "ts",
+            "ip",
+            "method",
+            "path",
+            "decision",
+            "duration_ms",
+            "bytes_out",
+            "proto",
+        ] {
             assert!(!r[field].is_null(), "{field} missing in {r}");
         }
         // A declared body over the limit is refused before the client is identified.
@@ -93,7 +112,10 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
         assert_eq!(r["bytes_out"], body.len(), "{r}");
         if *status >= 400 {
             let problem: Value = serde_json::from_str(body).unwrap();
-            assert_eq!(problem["request_id"], *id, "every error body names the request");
+            assert_eq!(
+                problem["request_id"], *id,
+                "every error body names the request"
+            );
         }
     }
     let by_status = |s: u16| one_record(&records, &sent.iter().find(|x| x.0 == s).unwrap().1);
@@ -105,7 +127,10 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
     assert!(ok["upstream_ms"].as_f64().unwrap() >= 0.0);
     assert_eq!(ok["path"], "/app/x", "the query is not logged");
     assert!(ok["client"].as_str().unwrap().starts_with("key:"));
-    assert_eq!(ok["ts"].as_str().unwrap().len(), "2026-01-01T00:00:00.000Z".len());
+    assert_eq!(
+        ok["ts"].as_str().unwrap().len(),
+        "2026-01-01T00:00:00.000Z".len()
+    );
 
     let rejected = by_status(429);
     assert_eq!(rejected["decision"], "rejected");
@@ -123,7 +148,10 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
 
     for line in log.lines() {
         assert!(!line.contains(KEY), "a raw API key was logged: {line}");
-        assert!(!line.contains(WRONG_KEY), "a raw API key was logged: {line}");
+        assert!(
+            !line.contains(WRONG_KEY),
+            "a raw API key was logged: {line}"
+        );
     }
 }
 
@@ -150,8 +178,16 @@ async fn an_access_record_waits_for_the_end_of_a_streamed_body_and_counts_its_by
     // Text, the default: nginx's combined format, then the limiter's fields.
     let line = &lines[0];
     assert!(line.starts_with("127.0.0.1 - ip:127.0.0.1 ["), "{line}");
-    assert!(line.contains("] \"GET /big/300000 HTTP/1.1\" 200 300000 \"-\" \""), "{line}");
-    assert!(line.contains(" route=app decision=allowed limiter=- retry_after=- upstream=app upstream_ms="), "{line}");
+    assert!(
+        line.contains("] \"GET /big/300000 HTTP/1.1\" 200 300000 \"-\" \""),
+        "{line}"
+    );
+    assert!(
+        line.contains(
+            " route=app decision=allowed limiter=- retry_after=- upstream=app upstream_ms="
+        ),
+        "{line}"
+    );
 }
 
 #[tokio::test]
@@ -174,7 +210,11 @@ async fn a_stalled_log_writer_neither_blocks_requests_nor_grows_its_queue() {
             Ok(())
         }
     }
-    proxy.app.shared.access.redirect(Box::new(Stalled(stalled.clone())));
+    proxy
+        .app
+        .shared
+        .access
+        .redirect(Box::new(Stalled(stalled.clone())));
 
     let total = tollgate::access::QUEUE + 600;
     let c = common::client();
@@ -196,7 +236,10 @@ async fn a_stalled_log_writer_neither_blocks_requests_nor_grows_its_queue() {
     for t in tasks {
         ok += t.await.unwrap();
     }
-    assert_eq!(ok, total, "every request was answered while the log was stuck");
+    assert_eq!(
+        ok, total,
+        "every request was answered while the log was stuck"
+    );
     // The queue holds QUEUE records and the writer one; all others were dropped, not kept.
     let dropped = proxy.app.shared.access.dropped();
     assert!(
@@ -204,7 +247,12 @@ async fn a_stalled_log_writer_neither_blocks_requests_nor_grows_its_queue() {
         "dropped {dropped} of {total} in {:?}",
         started.elapsed()
     );
-    let metrics = reqwest::get(proxy.admin_url("/metrics")).await.unwrap().text().await.unwrap();
+    let metrics = reqwest::get(proxy.admin_url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(
         metrics.contains(&format!("tollgate_access_log_dropped_total {dropped}")),
         "{metrics}"
@@ -218,7 +266,10 @@ async fn a_stalled_log_writer_neither_blocks_requests_nor_grows_its_queue() {
     let (_, id, _) = send(c.get(&url)).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !log.lines().iter().any(|l| l.contains(&id)) {
-        assert!(std::time::Instant::now() < deadline, "the log never caught up");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log never caught up"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -238,7 +289,10 @@ async fn a_trusted_peers_request_id_is_kept_end_to_end_and_an_untrusted_ones_rep
     let (status, id, _) = send(c.get(proxy.url("/a")).header("x-request-id", "lb-7f3a.1")).await;
     assert_eq!((status, id.as_str()), (200, "lb-7f3a.1"));
     let seen = up.seen.last_headers.lock().clone().unwrap();
-    assert_eq!(seen["x-request-id"], "lb-7f3a.1", "the upstream sees the same id");
+    assert_eq!(
+        seen["x-request-id"], "lb-7f3a.1",
+        "the upstream sees the same id"
+    );
     // Malformed, even from a trusted peer: replaced.
     let (_, replaced, _) = send(c.get(proxy.url("/b")).header("x-request-id", "has space")).await;
     assert_ne!(replaced, "has space");
@@ -259,8 +313,15 @@ async fn a_trusted_peers_request_id_is_kept_end_to_end_and_an_untrusted_ones_rep
     assert_eq!(ids, vec!["lb-7f3a.1".to_string(), replaced]);
 
     let proxy = Proxy::start(&yaml("")).await;
-    let (_, id, _) = send(c.get(proxy.url("/a")).header("x-request-id", "forged-by-client")).await;
-    assert_ne!(id, "forged-by-client", "an untrusted client cannot choose the id");
+    let (_, id, _) = send(
+        c.get(proxy.url("/a"))
+            .header("x-request-id", "forged-by-client"),
+    )
+    .await;
+    assert_ne!(
+        id, "forged-by-client",
+        "an untrusted client cannot choose the id"
+    );
     let seen = up.seen.last_headers.lock().clone().unwrap();
     assert_eq!(seen["x-request-id"], id.as_str());
 }
@@ -332,13 +393,28 @@ routes: [{ name: ping, match: { path: /ping }, respond: { status: 200 }, limiter
     .await;
     let log = AccessCapture::attach(&proxy);
     let c = common::client();
-    assert_eq!(common::burst(&c, &proxy.url("/ping"), 3).await, [200, 200, 200]);
+    assert_eq!(
+        common::burst(&c, &proxy.url("/ping"), 3).await,
+        [200, 200, 200]
+    );
     let m = metrics_text(&proxy).await;
-    assert!(m.contains("tollgate_requests_total{route=\"ping\",decision=\"exempt\"} 3"), "{m}");
-    assert!(m.contains("tollgate_requests_total{route=\"ping\",decision=\"allowed\"} 0"), "{m}");
-    assert!(m.contains("tollgate_request_duration_seconds_count{route=\"ping\",decision=\"exempt\"} 3"), "{m}");
+    assert!(
+        m.contains("tollgate_requests_total{route=\"ping\",decision=\"exempt\"} 3"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_requests_total{route=\"ping\",decision=\"allowed\"} 0"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_request_duration_seconds_count{route=\"ping\",decision=\"exempt\"} 3"),
+        "{m}"
+    );
     let lines = log.wait_lines(3).await;
-    assert!(lines.iter().all(|l| l.contains("decision=exempt")), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l.contains("decision=exempt")),
+        "{lines:?}"
+    );
 }
 
 #[tokio::test]
@@ -370,14 +446,22 @@ routes:
         .spawn()
         .expect("promtool is installed (Debian: prometheus)");
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     let report = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success() && report.trim().is_empty(), "promtool:\n{report}\n{text}");
+    assert!(
+        out.status.success() && report.trim().is_empty(),
+        "promtool:\n{report}\n{text}"
+    );
 }
 
 #[tokio::test]
@@ -410,11 +494,21 @@ routes:
     assert!(first.headers().get("ratelimit").is_none());
     let page = c.get(proxy.url("/wp-login.php")).send().await.unwrap();
     assert_eq!(page.status(), 503);
-    assert!(page.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() >= 1);
+    assert!(
+        page.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
     assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
     let id = page.headers()["x-request-id"].to_str().unwrap().to_string();
     let html = page.text().await.unwrap();
-    assert!(html.contains("Too many attempts") && html.contains(&id), "{html}");
+    assert!(
+        html.contains("Too many attempts") && html.contains(&id),
+        "{html}"
+    );
 
     let ok = c.get(proxy.url("/api")).send().await.unwrap();
     assert!(ok.headers().get("x-ratelimit-limit").is_none());
@@ -422,7 +516,10 @@ routes:
     let shaped = c.get(proxy.url("/api")).send().await.unwrap();
     assert_eq!(shaped.status(), 429);
     assert_eq!(shaped.headers()["content-type"], "application/json");
-    let id = shaped.headers()["x-request-id"].to_str().unwrap().to_string();
+    let id = shaped.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
     let v: Value = serde_json::from_str(&shaped.text().await.unwrap()).unwrap();
     assert_eq!(v["id"], id);
     assert_eq!(v["by"], "api");
@@ -445,20 +542,38 @@ fn with_log_format_json_every_line_the_binary_writes_is_one_json_object() {
     // Two problems at once: the rejection used to be a multi-line record.
     let config = dir.path().join("tollgate.yaml");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, format!("{text}\nbogus: 1\nlimiters: {{ x: {{ algorithm: nope }} }}\n")).unwrap();
-    assert_eq!(common::http(p.admin, "POST", "/reload").unwrap().status, 422);
+    std::fs::write(
+        &config,
+        format!("{text}\nbogus: 1\nlimiters: {{ x: {{ algorithm: nope }} }}\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        common::http(p.admin, "POST", "/reload").unwrap().status,
+        422
+    );
     assert_eq!(common::http(p.addr, "GET", "/ping").unwrap().status, 200);
     p.signal("TERM");
     assert!(p.wait_exit(Duration::from_secs(15)).success());
     let out = p.output();
     let records: Vec<Value> = out
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not one JSON line ({e}): {l}\n{out}")))
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("not one JSON line ({e}): {l}\n{out}"))
+        })
         .collect();
-    assert_eq!(records.iter().filter(|r| r["log"] == "access").count(), 2, "{out}");
+    assert_eq!(
+        records.iter().filter(|r| r["log"] == "access").count(),
+        2,
+        "{out}"
+    );
     let rejected = records
         .iter()
-        .find(|r| r["message"].as_str().is_some_and(|m| m.contains("reload rejected")))
+        .find(|r| {
+            r["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("reload rejected"))
+        })
         .unwrap_or_else(|| panic!("no reload error in\n{out}"));
     assert_eq!(rejected["level"], "ERROR");
 }
@@ -485,6 +600,12 @@ routes: [{{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }}, li
     assert_eq!(r["decision"], "store_error");
     assert_eq!(r["route"], "ping");
     let m = metrics_text(&proxy).await;
-    assert!(m.contains("tollgate_requests_total{route=\"ping\",decision=\"store_error\"} 1"), "{m}");
-    assert!(m.contains("tollgate_requests_total{route=\"ping\",decision=\"allowed\"} 0"), "{m}");
+    assert!(
+        m.contains("tollgate_requests_total{route=\"ping\",decision=\"store_error\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_requests_total{route=\"ping\",decision=\"allowed\"} 0"),
+        "{m}"
+    );
 }

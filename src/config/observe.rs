@@ -103,7 +103,10 @@ impl Validator {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
             Some(other) => {
-                self.err("log.format", format!("unknown format {other:?} (text or json)"));
+                self.err(
+                    "log.format",
+                    format!("unknown format {other:?} (text or json)"),
+                );
                 LogFormat::Text
             }
         };

@@ -28,8 +28,7 @@ impl Episode {
     pub fn rejected(&self, limiter: &str, key: &str, now: Nanos) {
         self.last.store(now, Ordering::Relaxed);
         self.rejections.fetch_add(1, Ordering::Relaxed);
-        if !self.rejecting.load(Ordering::Relaxed) && !self.rejecting.swap(true, Ordering::AcqRel)
-        {
+        if !self.rejecting.load(Ordering::Relaxed) && !self.rejecting.swap(true, Ordering::AcqRel) {
             self.started.store(now, Ordering::Relaxed);
             tracing::info!(limiter, first_key = key, "limiter started rejecting");
         }
@@ -42,7 +41,11 @@ pub struct Episodes(Mutex<BTreeMap<String, Arc<Episode>>>);
 impl Episodes {
     /// The episode state of `limiter`, shared across reloads.
     pub fn of(&self, limiter: &str) -> Arc<Episode> {
-        self.0.lock().entry(limiter.to_string()).or_default().clone()
+        self.0
+            .lock()
+            .entry(limiter.to_string())
+            .or_default()
+            .clone()
     }
 
     /// Ends (and logs) every episode with no rejection in the last [`QUIET`];
@@ -93,7 +96,10 @@ mod tests {
         e.rejected("strict", "ip:203.0.113.9", 105 * NANOS_PER_SEC);
         assert_eq!(eps.rejecting(), vec!["strict".to_string()]);
         assert!(eps.end_quiet(114 * NANOS_PER_SEC).is_empty());
-        assert_eq!(eps.end_quiet(115 * NANOS_PER_SEC), vec!["strict".to_string()]);
+        assert_eq!(
+            eps.end_quiet(115 * NANOS_PER_SEC),
+            vec!["strict".to_string()]
+        );
         assert!(eps.rejecting().is_empty());
         assert!(eps.end_quiet(200 * NANOS_PER_SEC).is_empty(), "logged once");
     }

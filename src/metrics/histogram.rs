@@ -91,11 +91,23 @@ mod tests {
         h.observe(Duration::from_secs(60)); // +Inf only
         let mut out = String::new();
         h.render(&mut out, "t", "route=\"r\"");
-        assert!(out.contains("t_bucket{route=\"r\",le=\"0.001\"} 1\n"), "{out}");
-        assert!(out.contains("t_bucket{route=\"r\",le=\"0.0025\"} 1\n"), "{out}");
-        assert!(out.contains("t_bucket{route=\"r\",le=\"0.005\"} 2\n"), "{out}");
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"0.001\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"0.0025\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"0.005\"} 2\n"),
+            "{out}"
+        );
         assert!(out.contains("t_bucket{route=\"r\",le=\"30\"} 2\n"), "{out}");
-        assert!(out.contains("t_bucket{route=\"r\",le=\"+Inf\"} 3\n"), "{out}");
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"+Inf\"} 3\n"),
+            "{out}"
+        );
         assert!(out.contains("t_count{route=\"r\"} 3\n"), "{out}");
         assert!(out.contains("t_sum{route=\"r\"} 60.004\n"), "{out}");
     }

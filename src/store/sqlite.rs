@@ -647,8 +647,14 @@ mod tests {
             )
             .unwrap();
         }
-        let db = Sqlite::open(&path, Arc::new(Table::new(true)), Duration::from_secs(3600), &[], 0)
-            .unwrap();
+        let db = Sqlite::open(
+            &path,
+            Arc::new(Table::new(true)),
+            Duration::from_secs(3600),
+            &[],
+            0,
+        )
+        .unwrap();
         db.audit(AuditRow {
             time: 0,
             client: "ip:203.0.113.9".into(),
@@ -671,7 +677,14 @@ mod tests {
         assert_eq!(ids, vec![None, Some("rid-7".to_string())]);
         drop(db);
         // Opening again finds the column and leaves it alone.
-        Sqlite::open(&path, Arc::new(Table::new(true)), Duration::from_secs(3600), &[], 0).unwrap();
+        Sqlite::open(
+            &path,
+            Arc::new(Table::new(true)),
+            Duration::from_secs(3600),
+            &[],
+            0,
+        )
+        .unwrap();
     }
 
     #[test]
