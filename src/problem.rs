@@ -383,6 +383,35 @@ mod tests {
         assert_eq!(v["violated-policies"], json!(["strict"]));
     }
 
+    #[tokio::test]
+    async fn every_problem_body_names_the_request_and_a_template_is_escaped() {
+        let resp = Problem::NoRoute.respond(Some("abc-1"), None);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["request_id"], "abc-1");
+
+        let shape = RejectShape {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: RejectBody::Template {
+                text: "<p>{{limiter}} {{retry_after}} {{status}} {{request_id}} {{other}}</p>".into(),
+                content_type: "text/html".into(),
+            },
+        };
+        let denial = Denial {
+            limiter: "a<b".into(),
+            quota: quota(1, 0, 5),
+            policy: "".into(),
+            retry_after: 5 * S,
+            violated: vec![],
+            key: String::new(),
+        };
+        let resp = Problem::RateLimited(Box::new(denial)).respond(Some("x-1"), Some(&shape));
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()[RETRY_AFTER], "5");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"<p>a&lt;b 5 503 x-1 {{other}}</p>");
+    }
+
     #[test]
     fn retry_after_is_never_zero() {
         let resp = Problem::RateLimited(Box::new(Denial {
