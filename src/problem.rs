@@ -393,7 +393,8 @@ mod tests {
         let shape = RejectShape {
             status: StatusCode::SERVICE_UNAVAILABLE,
             body: RejectBody::Template {
-                text: "<p>{{limiter}} {{retry_after}} {{status}} {{request_id}} {{other}}</p>".into(),
+                text: "<p>{{limiter}} {{retry_after}} {{status}} {{request_id}} {{other}}</p>"
+                    .into(),
                 content_type: "text/html".into(),
             },
         };
