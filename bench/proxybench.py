@@ -230,7 +230,8 @@ def benchmark(args, d, tollgate_bin):
         "tollgate_mem": ([tollgate_bin, "--config", f"{d}/tollgate_mem.yaml"], PORTS["tollgate_mem"]),
     }
     if args.access_log:
-        servers = {name: servers[name] for name in ("upstream", "nginx", "haproxy")}
+        # nginx stays as the reference of the eff/ng column; haproxy is not needed here.
+        servers = {name: servers[name] for name in ("upstream", "nginx")}
         for name in ACCESS_LOG:
             servers[name] = ([tollgate_bin, "--config", f"{d}/{name}.yaml"], PORTS[name])
     pids = {}
@@ -250,7 +251,7 @@ def benchmark(args, d, tollgate_bin):
         ("tollgate", "reject"): ("tollgate", f"http://127.0.0.1:{PORTS['tollgate']}/reject"),
     }
     if args.access_log:
-        targets = {key: t for key, t in targets.items() if key[1] == "allow" and key[0] in ("direct", "nginx", "haproxy")}
+        targets = {key: t for key, t in targets.items() if key[1] == "allow" and key[0] in ("direct", "nginx")}
         for name in ACCESS_LOG:
             targets[(name.replace("_", "-"), "allow")] = (name, f"http://127.0.0.1:{PORTS[name]}/")
     trees = {name: tree(pid) for name, pid in pids.items()}
@@ -387,7 +388,8 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.duration, args.conns = 3, 5, [64]
-    for cmd, pkg in (("nginx", "nginx"), ("haproxy", "haproxy"), ("wrk", "wrk")):
+    peers = (("nginx", "nginx"), ("wrk", "wrk")) if args.access_log else (("nginx", "nginx"), ("haproxy", "haproxy"), ("wrk", "wrk"))
+    for cmd, pkg in peers:
         need(cmd, pkg)
     if not os.path.exists(args.tollgate):
         log("building tollgate (cargo build --release)")
