@@ -12,6 +12,7 @@ that pruning gives it back.
     bench/proxybench.py                    # c=64 and c=256, 5 rounds of 10 s
     bench/proxybench.py --quick            # c=64, 3 rounds of 5 s
     bench/proxybench.py --keys 1000000     # memory for 1M tracked keys
+    bench/proxybench.py --access-log       # the access log's cost: off vs json vs text, same run
 
 Needs nginx, haproxy and wrk (Debian packages; installed with apt-get when
 missing and running as root). Everything listens on 127.0.0.1:19080-19111 and
@@ -35,7 +36,15 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLK = os.sysconf("SC_CLK_TCK")
 PORTS = {"upstream": 19080, "nginx": 19090, "nginx_reject": 19091, "haproxy": 19092, "haproxy_reject": 19093,
-         "tollgate": 19100, "tollgate_admin": 19101, "tollgate_mem": 19110, "tollgate_mem_admin": 19111}
+         "tollgate": 19100, "tollgate_admin": 19101, "tollgate_mem": 19110, "tollgate_mem_admin": 19111,
+         "log_off": 19120, "log_off_admin": 19121, "log_json": 19122, "log_json_admin": 19123,
+         "log_text": 19124, "log_text_admin": 19125}
+
+# --access-log: three tollgates that differ only in `log:` (memory store, so
+# the log is the only per-request write). Their stdout, which carries the
+# access log, goes to a file in the run directory, as it would to a disk.
+ACCESS_LOG = {"log_off": "{ access: false }", "log_json": "{ format: json, access: true }",
+              "log_text": "{ format: text, access: true }"}
 
 procs = []
 
@@ -188,6 +197,22 @@ routes:
 """)
 
 
+def write_access_log_configs(d):
+    for name, log_yaml in ACCESS_LOG.items():
+        with open(f"{d}/{name}.yaml", "w") as f:
+            f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS[name]}"] }}
+admin: {{ listen: "127.0.0.1:{PORTS[name + '_admin']}" }}
+store: {{ backend: memory }}
+log: {log_yaml}
+upstreams:
+  app: {{ url: "http://127.0.0.1:{PORTS['upstream']}" }}
+limiters:
+  allow: {{ algorithm: fixed_window, limit: 1000000000, window: 60s, key: ip }}
+routes:
+  - {{ name: allow, match: {{ path_prefix: / }}, upstream: app, limiters: [allow] }}
+""")
+
+
 def ratio_median(rounds, target, ref):
     rs = [r[target]["rps"] / r[ref]["rps"] for r in rounds if target in r and ref in r and r[ref]["rps"] > 0]
     return statistics.median(rs) if rs else float("nan")
@@ -195,6 +220,8 @@ def ratio_median(rounds, target, ref):
 
 def benchmark(args, d, tollgate_bin):
     write_configs(d, tollgate_bin)
+    if args.access_log:
+        write_access_log_configs(d)
     servers = {
         "upstream": (["nginx", "-p", d, "-e", f"{d}/up-error.log", "-c", f"{d}/upstream.conf", "-g", "daemon off;"], PORTS["upstream"]),
         "nginx": (["nginx", "-p", d, "-e", f"{d}/ng-error.log", "-c", f"{d}/nginx.conf", "-g", "daemon off;"], PORTS["nginx"]),
@@ -202,6 +229,11 @@ def benchmark(args, d, tollgate_bin):
         "tollgate": ([tollgate_bin, "--config", f"{d}/tollgate.yaml"], PORTS["tollgate"]),
         "tollgate_mem": ([tollgate_bin, "--config", f"{d}/tollgate_mem.yaml"], PORTS["tollgate_mem"]),
     }
+    if args.access_log:
+        # nginx stays as the reference of the eff/ng column; haproxy is not needed here.
+        servers = {name: servers[name] for name in ("upstream", "nginx")}
+        for name in ACCESS_LOG:
+            servers[name] = ([tollgate_bin, "--config", f"{d}/{name}.yaml"], PORTS[name])
     pids = {}
     for name, (argv, port) in servers.items():
         p = start(name, argv, d)
@@ -218,6 +250,10 @@ def benchmark(args, d, tollgate_bin):
         ("haproxy", "reject"): ("haproxy", f"http://127.0.0.1:{PORTS['haproxy_reject']}/"),
         ("tollgate", "reject"): ("tollgate", f"http://127.0.0.1:{PORTS['tollgate']}/reject"),
     }
+    if args.access_log:
+        targets = {key: t for key, t in targets.items() if key[1] == "allow" and key[0] in ("direct", "nginx")}
+        for name in ACCESS_LOG:
+            targets[(name.replace("_", "-"), "allow")] = (name, f"http://127.0.0.1:{PORTS[name]}/")
     trees = {name: tree(pid) for name, pid in pids.items()}
     mem = {name: {"idle": rss_kib(t, skip_root=name in ("nginx", "upstream")), "peak": 0} for name, t in trees.items()}
     sampling = True
@@ -276,6 +312,13 @@ def summarize(results, mem, args):
             if err:
                 line += f"  sockerr={err}"
             lines.append(line)
+        if args.access_log:
+            off = ("log-off", "allow")
+            lines.append("access log vs off (medians of same-round ratios): rps, cpu/req")
+            for target in ("log-json", "log-text"):
+                key = (target, "allow")
+                cpu = statistics.median(r[key]["cpu_us"] / r[off]["cpu_us"] for r in rounds)
+                lines.append(f"  {target:10} rps x{ratio_median(rounds, key, off):.3f}   cpu/req x{cpu:.3f}")
     lines.append("\nmemory (KiB)   idle RSS   peak RSS   (nginx: workers only)")
     for name, m in mem.items():
         lines.append(f"{name:14} {m['idle']:9} {m['peak']:10}")
@@ -338,12 +381,15 @@ def main():
     ap.add_argument("--conns", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     ap.add_argument("--quick", action="store_true", help="c=64, 3 rounds of 5 s")
     ap.add_argument("--keys", type=int, default=0, help="run the N-distinct-keys memory test instead")
+    ap.add_argument("--access-log", action="store_true",
+                    help="allow path only: tollgate with log.access off, json and text, same rounds")
     ap.add_argument("--tollgate", default=os.path.join(ROOT, "target/release/tollgate"))
     ap.add_argument("--json", help="also write raw results here")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.duration, args.conns = 3, 5, [64]
-    for cmd, pkg in (("nginx", "nginx"), ("haproxy", "haproxy"), ("wrk", "wrk")):
+    peers = (("nginx", "nginx"), ("wrk", "wrk")) if args.access_log else (("nginx", "nginx"), ("haproxy", "haproxy"), ("wrk", "wrk"))
+    for cmd, pkg in peers:
         need(cmd, pkg)
     if not os.path.exists(args.tollgate):
         log("building tollgate (cargo build --release)")

@@ -65,6 +65,7 @@ fn open(backend: Backend) -> Store {
             key: vec![KeyPart::Client],
             shadow: false,
             overrides: vec![],
+            reject: None,
         })
         .collect();
     let config = StoreConfig {

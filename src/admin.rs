@@ -169,7 +169,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
             )
         }
         (&Method::GET, "/metrics") => {
-            let mut resp = Response::new(Body::full(metrics_text(app, &snap)));
+            let mut resp = Response::new(Body::full(metrics_text(app, &snap).await));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -331,89 +331,104 @@ fn store_readiness(app: &App, healthy: bool) -> Value {
     out
 }
 
-fn metrics_text(app: &App, snap: &Snapshot) -> String {
-    let s = &app.shared;
-    let durability = s.store.durability().unwrap_or_default();
-    let mut text = s.metrics.render(&[
-        (
-            "tollgate_store_unsaved_keys",
-            "SQLite: keys whose newest state is only in memory, waiting for a failed write to be retried.",
-            durability.unsaved_keys as f64,
-        ),
-        (
-            "tollgate_store_unsaved_cap_reached",
-            "SQLite: 1 when the last failed write had more unsaved keys than the cap and gave some up.",
-            f64::from(u8::from(durability.unsaved_cap_reached)),
-        ),
-        (
-            "tollgate_config_version",
-            "The version of the config in force (1 at start, +1 per successful reload).",
-            snap.version as f64,
-        ),
-        (
-            "tollgate_open_connections",
-            "Client connections open on the public listeners.",
-            s.connections.open() as f64,
-        ),
-        (
-            "tollgate_tracked_keys",
-            "Limiter keys held in memory (overflow keys included); at most tollgate_max_keys.",
-            s.store.tracked_keys() as f64,
-        ),
-        (
-            "tollgate_max_keys",
-            "store.max_keys: the bound on tollgate_tracked_keys.",
-            s.store.max_keys() as f64,
-        ),
-        (
-            "tollgate_store_healthy",
-            "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
-            f64::from(u8::from(s.store.healthy())),
-        ),
-        (
-            "tollgate_audit_dropped_total",
-            "Audit rows dropped because the writer lagged.",
-            s.store.audit_dropped() as f64,
-        ),
-        (
-            "tollgate_dashboard_limited_keys",
-            "Keys rejected lately that the dashboard tracks (at most 128; when full, idle and least rejected keys are replaced).",
-            s.activity.limited_keys_tracked() as f64,
-        ),
-        (
-            "tollgate_uptime_seconds",
-            "Seconds since start.",
-            s.started.elapsed().as_secs_f64(),
-        ),
-    ]);
-    key_counters(&mut text, s.store.key_counters());
-    text
-}
-
-/// What `store.max_keys` did: evictions of state at rest, and new keys
-/// counted on their limiter's overflow key (or refused) because nothing rested.
-fn key_counters(out: &mut String, c: &crate::store::memory::KeyCounters) {
-    use std::fmt::Write as _;
+async fn metrics_text(app: &App, snap: &Snapshot) -> String {
+    use crate::metrics::Extra;
     use std::sync::atomic::Ordering::Relaxed;
-    for (name, help, value) in [
-        (
-            "tollgate_keys_evicted_total",
-            "Limiter keys at rest forgotten to make room for new ones (store.max_keys).",
-            c.evicted.load(Relaxed),
-        ),
-        (
-            "tollgate_keys_overflow_total",
-            "Checks counted on their limiter's shared overflow key because the key table was full and nothing in it rested.",
-            c.overflowed.load(Relaxed),
-        ),
-        (
-            "tollgate_keys_refused_total",
-            "Checks refused because the table and its overflow slots were all full of live state.",
-            c.refused.load(Relaxed),
-        ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
-    }
+    let s = &app.shared;
+    // /proc reads are file I/O: off the runtime.
+    let process = tokio::task::spawn_blocking(crate::metrics::process::sample)
+        .await
+        .ok()
+        .flatten();
+    let durability = s.store.durability().unwrap_or_default();
+    let keys = s.store.key_counters();
+    let gauge = |name, help, value| Extra {
+        name,
+        help,
+        kind: "gauge",
+        value,
+    };
+    let counter = |name, help, value: u64| Extra {
+        name,
+        help,
+        kind: "counter",
+        value: value as f64,
+    };
+    s.metrics.render(
+        &[
+            gauge(
+                "tollgate_config_version",
+                "The version of the config in force (1 at start, +1 per successful reload).",
+                snap.version as f64,
+            ),
+            gauge(
+                "tollgate_open_connections",
+                "Client connections open on the public listeners.",
+                s.connections.open() as f64,
+            ),
+            gauge(
+                "tollgate_tracked_keys",
+                "Limiter keys held in memory (overflow keys included); at most tollgate_max_keys.",
+                s.store.tracked_keys() as f64,
+            ),
+            gauge(
+                "tollgate_max_keys",
+                "store.max_keys: the bound on tollgate_tracked_keys.",
+                s.store.max_keys() as f64,
+            ),
+            counter(
+                "tollgate_keys_evicted_total",
+                "Limiter keys at rest forgotten to make room for new ones (store.max_keys).",
+                keys.evicted.load(Relaxed),
+            ),
+            counter(
+                "tollgate_keys_overflow_total",
+                "Checks counted on their limiter's shared overflow key because the key table was full and nothing in it rested.",
+                keys.overflowed.load(Relaxed),
+            ),
+            counter(
+                "tollgate_keys_refused_total",
+                "Checks refused because the table and its overflow slots were all full of live state.",
+                keys.refused.load(Relaxed),
+            ),
+            gauge(
+                "tollgate_store_healthy",
+                "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
+                f64::from(u8::from(s.store.healthy())),
+            ),
+            gauge(
+                "tollgate_store_unsaved_keys",
+                "SQLite: keys whose newest state is only in memory, waiting for a failed write to be retried.",
+                durability.unsaved_keys as f64,
+            ),
+            gauge(
+                "tollgate_store_unsaved_cap_reached",
+                "SQLite: 1 when the last failed write had more unsaved keys than the cap and gave some up.",
+                f64::from(u8::from(durability.unsaved_cap_reached)),
+            ),
+            counter(
+                "tollgate_audit_dropped_total",
+                "Audit rows dropped because the writer lagged.",
+                s.store.audit_dropped(),
+            ),
+            counter(
+                "tollgate_access_log_dropped_total",
+                "Access records dropped because the log writer lagged.",
+                s.access.dropped(),
+            ),
+            gauge(
+                "tollgate_dashboard_limited_keys",
+                "Keys rejected lately that the dashboard tracks (at most 128; when full, idle and least rejected keys are replaced).",
+                s.activity.limited_keys_tracked() as f64,
+            ),
+            gauge(
+                "tollgate_uptime_seconds",
+                "Seconds since start.",
+                s.started.elapsed().as_secs_f64(),
+            ),
+        ],
+        process.as_ref(),
+    )
 }
 
 /// The config in force, with every secret replaced.

@@ -1,4 +1,4 @@
-//! The request lifecycle, top to bottom: sanity → identity → route → limiters → respond | proxy.
+//! The request lifecycle, top to bottom: sanity → identity → route → limiters → respond | proxy → access.
 //!
 //! `App` is a cheap handle that the server clones into every connection. A
 //! request loads the current [`Snapshot`] once and finishes on it, whatever
@@ -15,13 +15,15 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use parking_lot::Mutex;
 
+use crate::access::{AccessLog, AccessRecord};
 use crate::body::Body;
 use crate::clock::SharedClock;
 use crate::config::{Config, OnError};
 use crate::identity::{Client, IdentityError};
 use crate::limiter::{Nanos, Verdict};
-use crate::metrics::{inc, Metrics};
+use crate::metrics::{inc, Decision, Metrics};
 use crate::problem::{set_rate_limit_headers, Denial, LimitView, Problem};
+use crate::request_id::{RequestId, X_REQUEST_ID};
 use crate::router::{normalize, request_host};
 use crate::snapshot::{Route, RouteAction, Snapshot};
 use crate::store::{AuditRow, Check, Outcome, Store};
@@ -57,6 +59,8 @@ pub struct Shared {
     pub connections: Arc<crate::connections::Connections>,
     /// What the admin dashboard shows besides the counters: recent rates, limited keys.
     pub activity: crate::dashboard::Activity,
+    /// The access log's queue and writer thread.
+    pub access: AccessLog,
 }
 
 #[derive(Clone)]
@@ -107,6 +111,7 @@ impl App {
                 tls,
                 connections,
                 activity: Default::default(),
+                access: AccessLog::default(),
             }),
         }
     }
@@ -115,15 +120,31 @@ impl App {
         self.shared.snapshot.load_full()
     }
 
-    /// Serves one request; every failure becomes a problem+json response.
-    pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    /// Serves one request; every failure becomes a problem+json response,
+    /// and every response, whoever made it, one access record.
+    pub async fn handle(&self, mut req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snap = self.snapshot();
         let started = Instant::now();
         let now = self.shared.clock.now();
-        match self.serve(&snap, req, conn, now, started).await {
+        let in_flight = self.shared.metrics.in_flight.enter();
+        let id = RequestId::for_request(
+            req.headers(),
+            snap.identity.is_trusted(conn.peer.ip().to_canonical()),
+        );
+        // The upstream sees the same id the client and the log see.
+        req.headers_mut().insert(X_REQUEST_ID, id.header().clone());
+        let mut trail = Trail::begin(&snap, &req, conn, now, &id);
+        let mut resp = match self.serve(&snap, req, conn, now, started, &mut trail).await {
             Ok(resp) => resp,
-            Err(problem) => problem.into_response(),
-        }
+            Err(problem) => {
+                if matches!(problem, Problem::StoreUnavailable) {
+                    trail.record.decision = Decision::StoreError;
+                }
+                problem.respond(Some(&trail.record.request_id), None)
+            }
+        };
+        resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
+        trail.finish(self, snap, resp, started, in_flight)
     }
 
     async fn serve(
@@ -133,23 +154,30 @@ impl App {
         conn: ConnInfo,
         now: Nanos,
         started: Instant,
+        trail: &mut Trail,
     ) -> Result<Response<Body>, Problem> {
         let max_body = snap.config.server.max_request_body;
         crate::framing::check_request(&req)?;
         check_framing(req.headers(), max_body)?;
-        let client = snap
-            .identity
-            .resolve(conn.peer, req.headers(), now)
-            .map_err(|e| match e {
-                IdentityError::UnknownApiKey(short) => Problem::UnknownApiKey(short),
-                IdentityError::TooManyUnknownKeys {
+        let client = match snap.identity.resolve(conn.peer, req.headers(), now) {
+            Ok(client) => client,
+            Err(IdentityError::UnknownApiKey(short)) => {
+                trail.record.client = Some(short.clone());
+                return Err(Problem::UnknownApiKey(short));
+            }
+            Err(IdentityError::TooManyUnknownKeys {
+                ip_key,
+                retry_after,
+            }) => {
+                trail.record.client = Some(ip_key.clone());
+                return Err(Problem::TooManyUnknownKeys {
                     ip_key,
                     retry_after,
-                } => Problem::TooManyUnknownKeys {
-                    ip_key,
-                    retry_after,
-                },
-            })?;
+                });
+            }
+        };
+        trail.record.client = Some(client.display().to_string());
+        trail.record.ip = client.ip;
         let path = normalize(req.uri().path());
         // Building the host string is only worth it when a route asks for one.
         let host = if snap.router.uses_host() {
@@ -162,21 +190,25 @@ impl App {
             .find(req.method(), host.as_deref(), &path, req.uri().query())
             .ok_or(Problem::NoRoute)?;
         let route = &snap.routes[index];
+        trail.route = Some(index);
+        trail.record.route = Some(route.name.clone());
 
         let mut limits = None;
         if client.exempt {
-            inc(&route.metrics.exempt);
-            tracing::info!(client = %client.ip, route = %route.name, "exempt client passed without limits");
+            trail.record.decision = Decision::Exempt;
+            tracing::debug!(client = %client.ip, route = %route.name, "exempt client passed without limits");
         } else if !route.limiters.is_empty() {
             match self.limit(snap, route, &client, req.headers(), now).await {
                 Ok(l) => limits = Some(l),
                 // `limit` counted it (and answered from the local table for `local`).
                 Err(_) if snap.config.store.on_error == OnError::Deny => {
+                    inc(&route.metrics.store_error);
                     return Err(Problem::StoreUnavailable);
                 }
                 Err(_) => {}
             }
         }
+        let header_sets = snap.config.routes[index].rate_limit_headers;
         let headers_of = |limits: &Option<Limits>, resp: &mut Response<Body>| {
             if let Some(l) = limits {
                 let views: Vec<LimitView<'_>> = l
@@ -187,18 +219,40 @@ impl App {
                         quota: o.quota,
                     })
                     .collect();
-                set_rate_limit_headers(resp.headers_mut(), &views, l.at);
+                set_rate_limit_headers(resp.headers_mut(), &views, l.at, header_sets);
             }
         };
 
         if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
             inc(&route.metrics.rejected);
-            (self.shared.activity).rejected(&denial.key, &denial.limiter, &route.name, now);
-            let mut resp = Problem::RateLimited(Box::new(denial)).into_response();
+            let shape = snap.config.routes[index].reject.as_ref().or_else(|| {
+                snap.config
+                    .limiters
+                    .iter()
+                    .find(|l| l.name == denial.limiter)
+                    .and_then(|l| l.reject.as_ref())
+            });
+            trail.rejected(self, snap, &denial, &route.name, now);
+            let mut resp = Problem::RateLimited(Box::new(denial))
+                .respond(Some(&trail.record.request_id), shape);
             headers_of(&limits, &mut resp);
             return Ok(resp);
         }
-        inc(&route.metrics.allowed);
+        if client.exempt {
+            inc(&route.metrics.exempt);
+        } else {
+            inc(&route.metrics.allowed);
+            let shadow_rejected = limits.as_ref().is_some_and(|l| {
+                l.views
+                    .iter()
+                    .any(|(i, o)| snap.limiters[*i].shadow && o.verdict.is_deny())
+            });
+            trail.record.decision = if shadow_rejected {
+                Decision::ShadowRejected
+            } else {
+                Decision::Allowed
+            };
+        }
 
         if let Some(l) = limits.as_mut() {
             if l.delay > 0 {
@@ -230,6 +284,8 @@ impl App {
                     .audit
                     .enabled
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
+                trail.record.upstream = Some(upstream.name.clone());
+                let asked = Instant::now();
                 let result = upstream
                     .forward(
                         req,
@@ -240,6 +296,9 @@ impl App {
                         max_body,
                     )
                     .await;
+                let waited = asked.elapsed();
+                snap.upstream_durations[*u].observe(waited);
+                trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
                 let resp = match result {
                     Ok((resp, connection)) => {
                         // Both live exactly as long as the body: the slot is
@@ -269,7 +328,7 @@ impl App {
                                 &[("upstream", &upstream.name), ("kind", e.kind())],
                             )
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        Problem::from(e).into_response()
+                        Problem::from(e).respond(Some(&trail.record.request_id), None)
                     }
                 };
                 if let Some((method, req_path)) = audit {
@@ -281,6 +340,7 @@ impl App {
                         route: route.name.clone(),
                         status: resp.status().as_u16(),
                         duration: started.elapsed(),
+                        request_id: trail.record.request_id.clone(),
                     });
                 }
                 resp
@@ -398,8 +458,7 @@ impl App {
     }
 
     /// Counts a failed store call and the `on_error` decision it leads to.
-    fn store_failed(&self, route: &Route, e: &crate::store::StoreError, policy: OnError) {
-        inc(&route.metrics.store_error);
+    fn store_failed(&self, _route: &Route, e: &crate::store::StoreError, policy: OnError) {
         let metrics = &self.shared.metrics;
         let labels = [
             ("backend", self.shared.store.backend()),
@@ -412,6 +471,115 @@ impl App {
             tracing::debug!(error = %e, ?policy, "store skipped; applying on_error");
         } else {
             tracing::warn!(error = %e, ?policy, "store failed; applying on_error");
+        }
+    }
+}
+
+/// The access phase: what the log and the request metrics say about one
+/// request, filled in as it goes and emitted once, when the response body
+/// has ended (or the client went away).
+struct Trail {
+    record: AccessRecord,
+    /// Index into `Snapshot::routes`, once routed.
+    route: Option<usize>,
+}
+
+impl Trail {
+    fn begin(
+        snap: &Snapshot,
+        req: &Request<Incoming>,
+        conn: ConnInfo,
+        now: Nanos,
+        id: &RequestId,
+    ) -> Trail {
+        let h = req.headers();
+        Trail {
+            record: AccessRecord {
+                format: snap.config.log.format,
+                time: now,
+                request_id: id.as_str().to_string(),
+                client: None,
+                ip: conn.peer.ip().to_canonical(),
+                method: req.method().clone(),
+                path: req.uri().path().to_string(),
+                version: req.version(),
+                route: None,
+                status: 0,
+                // Until a limiter or an exemption decides otherwise.
+                decision: Decision::Error,
+                limiter: None,
+                retry_after: None,
+                upstream: None,
+                upstream_ms: None,
+                duration_ms: 0.0,
+                bytes_out: 0,
+                referer: h.get(http::header::REFERER).cloned(),
+                user_agent: h.get(http::header::USER_AGENT).cloned(),
+            },
+            route: None,
+        }
+    }
+
+    /// A rejection: for the access log, the limiter's episode line and the
+    /// dashboard's list of keys limited right now.
+    fn rejected(&mut self, app: &App, snap: &Snapshot, denial: &Denial, route: &str, now: Nanos) {
+        self.record.decision = Decision::Rejected;
+        self.record.limiter = Some(denial.limiter.clone());
+        self.record.retry_after = Some(crate::limiter::ceil_secs(denial.retry_after).max(1));
+        app.shared
+            .activity
+            .rejected(&denial.key, &denial.limiter, route, now);
+        if let Some(l) = snap.limiters.iter().find(|l| l.name == denial.limiter) {
+            l.metrics.episode.rejected(&l.name, &denial.key, now);
+        }
+    }
+
+    /// Hands the record to the response body, which emits it when it ends.
+    fn finish(
+        mut self,
+        app: &App,
+        snap: Arc<Snapshot>,
+        resp: Response<Body>,
+        started: Instant,
+        in_flight: crate::metrics::GaugeGuard,
+    ) -> Response<Body> {
+        self.record.status = resp.status().as_u16();
+        let done = Box::new(Emit {
+            shared: app.shared.clone(),
+            access: snap.config.log.access,
+            snap,
+            trail: self,
+            started,
+            _in_flight: in_flight,
+        });
+        resp.map(|b| Body::tracked(b, done))
+    }
+}
+
+/// The end of a request: the body is done, so its duration and size are known.
+struct Emit {
+    shared: Arc<Shared>,
+    snap: Arc<Snapshot>,
+    access: bool,
+    trail: Trail,
+    started: Instant,
+    /// The request counts as in flight until its body is done.
+    _in_flight: crate::metrics::GaugeGuard,
+}
+
+impl crate::body::Done for Emit {
+    fn done(self: Box<Self>, bytes_out: u64) {
+        let elapsed = self.started.elapsed();
+        let mut record = self.trail.record;
+        let series = match self.trail.route {
+            Some(i) => &self.snap.routes[i].metrics.series,
+            None => &self.snap.unrouted,
+        };
+        series.observe(record.decision, record.status, elapsed);
+        if self.access {
+            record.duration_ms = elapsed.as_secs_f64() * 1000.0;
+            record.bytes_out = bytes_out;
+            self.shared.access.send(record);
         }
     }
 }

@@ -15,12 +15,39 @@ pub type UpstreamBody = http_body_util::Limited<Incoming>;
 /// dropped when the last byte went out or the client went away.
 pub type Guard = Box<dyn Any + Send + Sync>;
 
+/// Told how many body bytes went out, once: when the body ended or was dropped.
+pub trait Done: Send + Sync {
+    fn done(self: Box<Self>, bytes_out: u64);
+}
+
+/// A body that counts what it sends and reports it when it ends.
+pub struct Tracked {
+    inner: Body,
+    bytes: u64,
+    done: Option<Box<dyn Done>>,
+}
+
+impl Tracked {
+    fn finish(&mut self) {
+        if let Some(d) = self.done.take() {
+            d.done(self.bytes);
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
 pub enum Body {
     Full(Option<Bytes>),
     Upstream {
         inner: Incoming,
         _guard: Option<Guard>,
     },
+    Tracked(Box<Tracked>),
 }
 
 impl Body {
@@ -31,6 +58,15 @@ impl Body {
 
     pub fn empty() -> Body {
         Body::Full(None)
+    }
+
+    /// Wraps `inner` so that `done` learns the bytes sent when it ends or is dropped.
+    pub fn tracked(inner: Body, done: Box<dyn Done>) -> Body {
+        Body::Tracked(Box::new(Tracked {
+            inner,
+            bytes: 0,
+            done: Some(done),
+        }))
     }
 
     pub fn upstream(inner: Incoming, guard: Option<Guard>) -> Body {
@@ -52,6 +88,19 @@ impl http_body::Body for Body {
         match &mut *self {
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Body::Upstream { inner, .. } => Pin::new(inner).poll_frame(cx),
+            Body::Tracked(t) => {
+                let polled = Pin::new(&mut t.inner).poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        if let Some(data) = frame.data_ref() {
+                            t.bytes += data.len() as u64;
+                        }
+                    }
+                    Poll::Ready(None) | Poll::Ready(Some(Err(_))) => t.finish(),
+                    Poll::Pending => {}
+                }
+                polled
+            }
         }
     }
 
@@ -59,6 +108,7 @@ impl http_body::Body for Body {
         match self {
             Body::Full(b) => b.is_none(),
             Body::Upstream { inner, .. } => inner.is_end_stream(),
+            Body::Tracked(t) => t.inner.is_end_stream(),
         }
     }
 
@@ -66,6 +116,7 @@ impl http_body::Body for Body {
         match self {
             Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Upstream { inner, .. } => inner.size_hint(),
+            Body::Tracked(t) => t.inner.size_hint(),
         }
     }
 }

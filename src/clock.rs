@@ -82,7 +82,7 @@ pub fn parse_iso8601(s: &str) -> Option<u64> {
 }
 
 // Howard Hinnant's civil calendar algorithms.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);

@@ -27,6 +27,9 @@ pub use crate::tls::{CertConfig, UpstreamTls};
 
 mod admin_token;
 
+mod observe;
+pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
+
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
@@ -163,6 +166,8 @@ pub struct RawConfig {
     pub limiters: BTreeMap<String, RawLimiter>,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub log: observe::RawLog,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -288,6 +293,7 @@ pub struct RawLimiter {
     pub mode: Option<Text>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
+    pub reject: Option<observe::RawReject>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -309,6 +315,8 @@ pub struct RawRoute {
     pub respond: Option<RawRespond>,
     #[serde(default)]
     pub limiters: Vec<Text>,
+    pub reject: Option<observe::RawReject>,
+    pub rate_limit_headers: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -346,6 +354,7 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     pub limiters: Vec<LimiterConfig>,
     pub routes: Vec<RouteConfig>,
+    pub log: LogConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -605,6 +614,8 @@ pub struct LimiterConfig {
     pub key: Vec<KeyPart>,
     pub shadow: bool,
     pub overrides: Vec<OverrideConfig>,
+    /// How this limiter's rejections look; `None`: the default 429 problem+json.
+    pub reject: Option<RejectShape>,
 }
 
 #[derive(Debug, Clone)]
@@ -626,6 +637,9 @@ pub struct RouteConfig {
     pub action: Action,
     /// Indexes into `Config::limiters`.
     pub limiters: Vec<usize>,
+    /// Overrides the deciding limiter's `reject` on this route.
+    pub reject: Option<RejectShape>,
+    pub rate_limit_headers: HeaderSets,
 }
 
 #[derive(Debug, Clone)]
@@ -871,6 +885,7 @@ impl Validator {
         );
         self.warn_walkable_routes(&raw.routes, &routes, &limiters, identity.has_key_source());
         self.warn_unverified_overrides(&limiters, identity.has_key_source());
+        let log = self.log(&raw.log);
         Config {
             warnings: Vec::new(),
             server,
@@ -881,6 +896,7 @@ impl Validator {
             upstreams,
             limiters,
             routes,
+            log,
         }
     }
 
@@ -1559,10 +1575,15 @@ impl Validator {
                 );
             }
         }
+        let reject = raw
+            .reject
+            .as_ref()
+            .map(|r| self.reject(&format!("limiters.{name}.reject"), r));
         if self.problems.len() > before {
             return None;
         }
         Some(LimiterConfig {
+            reject,
             name: name.to_string(),
             algorithm,
             key,
@@ -1731,8 +1752,13 @@ impl Validator {
                     ),
                 }
             }
+            let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
+            let rate_limit_headers =
+                self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
             if let Some(action) = action {
                 out.push(RouteConfig {
+                    reject,
+                    rate_limit_headers,
                     name: r.name.0.clone(),
                     path: m.path.as_ref().map(|t| t.0.clone()),
                     path_prefix: m.path_prefix.as_ref().map(|t| t.0.clone()),

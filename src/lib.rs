@@ -7,7 +7,8 @@
 //! - [`server`]: accept loops, HTTP/1.1 + HTTP/2, slow-client limits, graceful drain,
 //!   handing each connection to one of the [`workers`] (a single-threaded runtime per core);
 //! - [`tls`]: rustls termination (SNI, ALPN, certificate rotation) and https:// upstreams;
-//! - [`app`]: the request lifecycle, on one [`snapshot::Snapshot`];
+//! - [`app`]: the request lifecycle, on one [`snapshot::Snapshot`], with its
+//!   [`request_id`] and, at the end, one [`access`] record;
 //! - [`identity`]: who the client is (API key hash, or real IP behind trusted proxies);
 //! - [`router`]: which route, on the normalized path;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`];
@@ -19,6 +20,7 @@
 //! [`dashboard`], fed by one call on the rejection path), [`metrics`], and
 //! [`body`] (the response body: our own bytes or the upstream's, streamed).
 
+pub mod access;
 pub mod admin;
 pub mod app;
 pub mod body;
@@ -30,11 +32,13 @@ pub mod dashboard;
 pub mod framing;
 pub mod identity;
 pub mod limiter;
+pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod problem;
 pub mod proxy;
 pub mod reload;
+pub mod request_id;
 pub mod router;
 pub mod server;
 pub mod snapshot;
@@ -109,6 +113,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         options.workers.clone(),
         background.clone(),
     ));
+    tokio::spawn(rejection_episodes(app.clone(), background.clone()));
     tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
     tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
     if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
@@ -139,6 +144,20 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     // The writer logs what it could not save; `main` turns it into the exit status.
     let _ = tokio::task::spawn_blocking(move || store.store.shutdown()).await;
     tracing::info!("stopped");
+}
+
+/// Logs when a limiter stops rejecting (the start is logged by the request that began it).
+async fn rejection_episodes(app: App, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
+        app.shared
+            .metrics
+            .episodes
+            .end_quiet(app.shared.clock.now());
+    }
 }
 
 /// Removes expired limiter state, state of removed limiters, and old audit rows.

@@ -107,16 +107,11 @@ fn check(path: &Path) -> ExitCode {
 }
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TOLLGATE_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stdout)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // After the config: its `log.format` decides the format of every line.
+    // Changing it takes a restart; `log.access` reloads live.
+    tollgate::logging::init(config.log.format);
     // Connections are served by one single-threaded runtime per worker
     // (see `tollgate::workers`); this one accepts, runs the admin API,
     // reloads and background work.

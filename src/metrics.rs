@@ -1,16 +1,24 @@
-//! Counters and gauges in the Prometheus text format.
+//! Counters, gauges and histograms in the Prometheus text format.
 //!
-//! A counter is created once (when a snapshot is built) and its handle kept
-//! by the route or limiter that bumps it, so the request path does one
-//! relaxed atomic add and never looks anything up. Counters outlive reloads:
-//! the registry hands out the same handle for the same name and labels.
+//! A series is created once (when a snapshot is built) and its handle kept
+//! by the route, limiter or upstream that updates it, so the request path
+//! does a few relaxed atomic adds and never looks anything up. Series outlive
+//! reloads: the registry hands out the same handle for the same name and
+//! labels. Label values come from config names and a fixed set of words, so
+//! the number of series is bounded by the config.
+
+pub mod episode;
+mod histogram;
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+
+pub use histogram::Histogram;
 
 pub type Counter = Arc<AtomicU64>;
 
@@ -18,60 +26,312 @@ pub fn inc(c: &Counter) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A value that goes up and down (requests in flight, open connections).
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    /// Counts one until the returned guard is dropped.
+    pub fn enter(self: &Arc<Self>) -> GaugeGuard {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        GaugeGuard(self.clone())
+    }
+
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+pub struct GaugeGuard(Arc<Gauge>);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How a request was decided, as the `decision` label and the access log show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Every limiter allowed it (or the route has none).
+    Allowed,
+    /// A limiter rejected it (429, or the status its `reject` sets).
+    Rejected,
+    /// Allowed, but a `mode: shadow` limiter would have rejected it.
+    ShadowRejected,
+    /// The client is in `identity.exempt`: no limiter was asked.
+    Exempt,
+    /// The store failed and `on_error: deny` refused the request.
+    StoreError,
+    /// Refused before any limiter: bad request, unknown API key, no route, body too large.
+    Error,
+}
+
+impl Decision {
+    pub const ALL: [Decision; 6] = [
+        Decision::Allowed,
+        Decision::Rejected,
+        Decision::ShadowRejected,
+        Decision::Exempt,
+        Decision::StoreError,
+        Decision::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Rejected => "rejected",
+            Decision::ShadowRejected => "shadow_rejected",
+            Decision::Exempt => "exempt",
+            Decision::StoreError => "store_error",
+            Decision::Error => "error",
+        }
+    }
+}
+
+/// Responses by status code, one atomic per code: no lookup, no lock, and at
+/// most 900 series per route whatever the upstream sends.
+#[derive(Debug)]
+pub struct StatusCounts([AtomicU64; 900]);
+
+impl Default for StatusCounts {
+    fn default() -> StatusCounts {
+        StatusCounts(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl StatusCounts {
+    pub fn inc(&self, status: u16) {
+        if let Some(c) = self.0.get(usize::from(status).wrapping_sub(100)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self, status: u16) -> u64 {
+        self.0
+            .get(usize::from(status).wrapping_sub(100))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+}
+
+/// What one route updates for every request it answers.
+pub struct RouteSeries {
+    /// Indexed by `Decision as usize`.
+    pub duration: [Arc<Histogram>; 6],
+    pub statuses: Arc<StatusCounts>,
+}
+
+impl RouteSeries {
+    pub fn observe(&self, decision: Decision, status: u16, elapsed: std::time::Duration) {
+        self.duration[decision as usize].observe(elapsed);
+        self.statuses.inc(status);
+    }
+}
+
+/// The label of requests that matched no route.
+pub const NO_ROUTE: &str = "(none)";
+
+pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
+pub const UPSTREAM_DURATION: &str = "tollgate_upstream_duration_seconds";
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     counters: Mutex<BTreeMap<(&'static str, String), Counter>>,
+    histograms: Mutex<BTreeMap<(&'static str, String), Arc<Histogram>>>,
+    /// Route name → its status counts.
+    statuses: Mutex<BTreeMap<String, Arc<StatusCounts>>>,
+    pub in_flight: Arc<Gauge>,
+    pub episodes: episode::Episodes,
 }
 
 const HELP: &[(&str, &str)] = &[
-    ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, exempt, no_route, unauthorized, bad_request, store_error)."),
+    ("tollgate_requests_total", "Requests by route and limiter decision (allowed, rejected, exempt, store_error)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters)."),
     ("tollgate_upstream_errors_total", "Failed forwards by upstream and kind (connect, timeout, body_too_large, other)."),
     ("tollgate_store_errors_total", "Store calls that failed, by backend and the on_error policy applied."),
     ("tollgate_store_unsaved_dropped_total", "SQLite: keys whose change was given up because too many waited for a failing disk (exact in memory; saved when they change again)."),
     ("tollgate_store_fallback_total", "Requests decided by the on_error policy (allow, deny, local) because the store failed."),
     ("tollgate_config_reloads_total", "Config reloads by result (ok, error)."),
+    ("tollgate_tls_handshake_failures_total", "TLS handshakes that failed, by reason (error, timeout)."),
+    (REQUEST_DURATION, "Time from the request head to the last byte of the response, by route and decision (allowed, rejected, shadow_rejected, exempt, store_error, error)."),
+    (UPSTREAM_DURATION, "Time until the upstream's response head arrived (or the forward failed), by upstream."),
 ];
+
+fn help(name: &str) -> &'static str {
+    HELP.iter().find(|(n, _)| *n == name).map_or("", |(_, h)| h)
+}
+
+fn label_key(labels: &[(&str, &str)]) -> String {
+    let mut key = String::new();
+    for (i, (k, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            key.push(',');
+        }
+        let _ = write!(key, "{k}=\"{}\"", escape(v));
+    }
+    key
+}
+
+/// One sample of a counter or gauge the caller keeps itself (rendered by [`Metrics::render`]).
+pub struct Extra<'a> {
+    pub name: &'a str,
+    pub help: &'a str,
+    pub kind: &'a str,
+    pub value: f64,
+}
 
 impl Metrics {
     /// The counter for `name` with `labels` (label values are escaped on output).
     pub fn counter(&self, name: &'static str, labels: &[(&str, &str)]) -> Counter {
-        let mut key = String::new();
-        for (i, (k, v)) in labels.iter().enumerate() {
-            if i > 0 {
-                key.push(',');
-            }
-            let _ = write!(key, "{k}=\"{}\"", escape(v));
-        }
-        self.counters.lock().entry((name, key)).or_default().clone()
+        self.counters
+            .lock()
+            .entry((name, label_key(labels)))
+            .or_default()
+            .clone()
     }
 
-    /// The text exposition, with `gauges` (name, help, value) appended.
-    pub fn render(&self, gauges: &[(&str, &str, f64)]) -> String {
-        let counters = self.counters.lock();
-        let mut out = String::with_capacity(4096);
-        let mut last = "";
-        for ((name, labels), value) in counters.iter() {
-            if *name != last {
-                let help = HELP.iter().find(|(n, _)| n == name).map_or("", |(_, h)| h);
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-                last = name;
-            }
-            let v = value.load(Ordering::Relaxed);
-            if labels.is_empty() {
-                let _ = writeln!(out, "{name} {v}");
-            } else {
-                let _ = writeln!(out, "{name}{{{labels}}} {v}");
-            }
+    pub fn histogram(&self, name: &'static str, labels: &[(&str, &str)]) -> Arc<Histogram> {
+        self.histograms
+            .lock()
+            .entry((name, label_key(labels)))
+            .or_default()
+            .clone()
+    }
+
+    /// The series a route updates per request (also for [`NO_ROUTE`]).
+    pub fn route_series(&self, route: &str) -> RouteSeries {
+        RouteSeries {
+            duration: Decision::ALL.map(|d| {
+                self.histogram(
+                    REQUEST_DURATION,
+                    &[("route", route), ("decision", d.as_str())],
+                )
+            }),
+            statuses: self
+                .statuses
+                .lock()
+                .entry(route.to_string())
+                .or_default()
+                .clone(),
         }
-        for (name, help, value) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
+    }
+
+    /// Requests per route and decision so far, from `tollgate_requests_total`
+    /// (for the dashboard: rates are differences of two readings).
+    pub fn route_totals(&self) -> BTreeMap<String, BTreeMap<String, u64>> {
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for ((name, labels), c) in self.counters.lock().iter() {
+            if *name != "tollgate_requests_total" {
+                continue;
+            }
+            let (Some(route), Some(decision)) = (label(labels, "route"), label(labels, "decision"))
+            else {
+                continue;
+            };
+            *out.entry(route).or_default().entry(decision).or_default() +=
+                c.load(Ordering::Relaxed);
         }
         out
     }
+
+    /// Responses per route and status so far, from `tollgate_responses_total`.
+    pub fn route_statuses(&self) -> BTreeMap<String, BTreeMap<u16, u64>> {
+        self.statuses
+            .lock()
+            .iter()
+            .map(|(route, counts)| {
+                let by_status = (100..1000u16)
+                    .map(|s| (s, counts.get(s)))
+                    .filter(|(_, n)| *n > 0)
+                    .collect::<BTreeMap<_, _>>();
+                (route.clone(), by_status)
+            })
+            .collect()
+    }
+
+    /// The text exposition: every series, then `extra` (gauges and counters
+    /// others keep), the build info and, if given, the process metrics.
+    pub fn render(&self, extra: &[Extra<'_>], process: Option<&process::Sample>) -> String {
+        let mut out = String::with_capacity(8192);
+        {
+            let counters = self.counters.lock();
+            let mut last = "";
+            for ((name, labels), value) in counters.iter() {
+                if *name != last {
+                    let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} counter", help(name));
+                    last = name;
+                }
+                let v = value.load(Ordering::Relaxed);
+                if labels.is_empty() {
+                    let _ = writeln!(out, "{name} {v}");
+                } else {
+                    let _ = writeln!(out, "{name}{{{labels}}} {v}");
+                }
+            }
+        }
+        {
+            let name = "tollgate_responses_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Responses by route and status code ({NO_ROUTE} for requests that matched no route).\n# TYPE {name} counter"
+            );
+            for (route, counts) in self.statuses.lock().iter() {
+                for status in 100..1000u16 {
+                    let n = counts.get(status);
+                    if n > 0 {
+                        let _ = writeln!(
+                            out,
+                            "{name}{{route=\"{}\",status=\"{status}\"}} {n}",
+                            escape(route)
+                        );
+                    }
+                }
+            }
+        }
+        {
+            let histograms = self.histograms.lock();
+            let mut last = "";
+            for ((name, labels), h) in histograms.iter() {
+                if *name != last {
+                    let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} histogram", help(name));
+                    last = name;
+                }
+                h.render(&mut out, name, labels);
+            }
+        }
+        let gauges = [Extra {
+            name: "tollgate_in_flight_requests",
+            help: "Requests being served now.",
+            kind: "gauge",
+            value: self.in_flight.get() as f64,
+        }];
+        for e in gauges.iter().chain(extra) {
+            let (name, value) = (e.name, e.value);
+            let _ = writeln!(
+                out,
+                "# HELP {name} {}\n# TYPE {name} {}\n{name} {value}",
+                e.help, e.kind
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_build_info The running version (always 1).\n# TYPE tollgate_build_info gauge\ntollgate_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        if let Some(p) = process {
+            p.render(&mut out);
+        }
+        out
+    }
+}
+
+/// The value of `name` in a label key built by [`label_key`] (unescaped).
+fn label(labels: &str, name: &str) -> Option<String> {
+    let start = labels
+        .split(',')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix("=\""))?;
+    // Values are escaped; route and decision names hold no quotes or commas.
+    Some(start.strip_suffix('"').unwrap_or(start).to_string())
 }
 
 fn escape(v: &str) -> String {
@@ -97,19 +357,56 @@ mod tests {
         );
         inc(&a);
         inc(&b);
-        let text = m.render(&[("tollgate_tracked_keys", "Keys.", 3.0)]);
+        let text = m.render(
+            &[Extra {
+                name: "tollgate_tracked_keys",
+                help: "Keys.",
+                kind: "gauge",
+                value: 3.0,
+            }],
+            None,
+        );
         assert!(
             text.contains("tollgate_requests_total{route=\"ping\",decision=\"allowed\"} 2"),
             "{text}"
         );
         assert!(text.contains("# TYPE tollgate_requests_total counter"));
         assert!(text.contains("tollgate_tracked_keys 3"));
+        assert_eq!(m.route_totals()["ping"]["allowed"], 2);
     }
 
     #[test]
     fn label_values_are_escaped() {
         let m = Metrics::default();
         m.counter("tollgate_requests_total", &[("route", "a\"b")]);
-        assert!(m.render(&[]).contains("route=\"a\\\"b\""));
+        assert!(m.render(&[], None).contains("route=\"a\\\"b\""));
+    }
+
+    #[test]
+    fn statuses_are_counted_per_route_and_out_of_range_codes_ignored() {
+        let m = Metrics::default();
+        let s = m.route_series("api");
+        s.observe(Decision::Allowed, 200, std::time::Duration::from_millis(2));
+        s.observe(
+            Decision::Rejected,
+            429,
+            std::time::Duration::from_micros(50),
+        );
+        s.statuses.inc(42);
+        let text = m.render(&[], None);
+        assert!(text.contains("tollgate_responses_total{route=\"api\",status=\"429\"} 1"));
+        assert!(text.contains(
+            "tollgate_request_duration_seconds_count{route=\"api\",decision=\"rejected\"} 1"
+        ));
+        assert_eq!(m.route_statuses()["api"].len(), 2);
+    }
+
+    #[test]
+    fn a_gauge_guard_counts_while_it_lives() {
+        let m = Metrics::default();
+        let g = m.in_flight.enter();
+        assert_eq!(m.in_flight.get(), 1);
+        drop(g);
+        assert_eq!(m.in_flight.get(), 0);
     }
 }

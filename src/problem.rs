@@ -10,6 +10,7 @@ use http::{HeaderMap, Response, StatusCode};
 use serde_json::{json, Value};
 
 use crate::body::Body;
+use crate::config::{HeaderSets, RejectBody, RejectShape};
 use crate::limiter::{ceil_secs, Nanos, Quota, NANOS_PER_SEC};
 
 /// One limiter's view for the headers: its name and its quota after this request.
@@ -84,12 +85,22 @@ impl Problem {
         }
     }
 
+    /// The answer without a request id, shaped the default way.
     pub fn into_response(self) -> Response<Body> {
-        let status = self.status();
-        let title = status.canonical_reason().unwrap_or("Error");
+        self.respond(None, None)
+    }
+
+    /// The answer; `request_id` goes into every body, `shape` (a limiter's or
+    /// route's `reject`) decides a rejection's status and body.
+    pub fn respond(self, request_id: Option<&str>, shape: Option<&RejectShape>) -> Response<Body> {
+        let mut status = self.status();
         let mut retry_after = None;
         let mut allow = None;
-        let body = match self {
+        if let (Problem::RateLimited(_), Some(shape)) = (&self, shape) {
+            status = shape.status;
+        }
+        let title = status.canonical_reason().unwrap_or("Error");
+        let mut body = match self {
             Problem::BadRequest(detail) => base("bad-request", title, status, &detail),
             Problem::UnknownApiKey(short) => base(
                 "unknown-api-key",
@@ -124,6 +135,26 @@ impl Problem {
                 // The hot reject path: one struct serialized straight into
                 // the body buffer, no intermediate JSON tree.
                 let secs = ceil_secs(d.retry_after).max(1);
+                let shaped = match shape.map(|s| &s.body) {
+                    Some(RejectBody::Html) => Some((
+                        render_template(HTML_PAGE, status, secs, &d.limiter, request_id),
+                        HeaderValue::from_static("text/html; charset=utf-8"),
+                    )),
+                    Some(RejectBody::Template { text, content_type }) => Some((
+                        render_template(text, status, secs, &d.limiter, request_id),
+                        HeaderValue::from_str(content_type)
+                            .unwrap_or(HeaderValue::from_static("text/html; charset=utf-8")),
+                    )),
+                    Some(RejectBody::Problem) | None => None,
+                };
+                if let Some((text, content_type)) = shaped {
+                    let mut resp = Response::new(Body::full(text));
+                    *resp.status_mut() = status;
+                    resp.headers_mut().insert(CONTENT_TYPE, content_type);
+                    resp.headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(secs));
+                    return resp;
+                }
                 let body = RateLimitedBody {
                     kind: "rate-limit-exceeded",
                     title,
@@ -134,6 +165,7 @@ impl Problem {
                     window_seconds: d.quota.window.map(ceil_secs),
                     retry_after: secs,
                     violated: &d.violated,
+                    request_id,
                 };
                 let mut resp =
                     Response::new(Body::full(serde_json::to_vec(&body).unwrap_or_default()));
@@ -178,6 +210,9 @@ impl Problem {
             }
             Problem::NotImplemented(detail) => base("not-implemented", title, status, &detail),
         };
+        if let Some(id) = request_id {
+            body["request_id"] = json!(id);
+        }
         let mut resp = Response::new(Body::full(body.to_string()));
         *resp.status_mut() = status;
         resp.headers_mut().insert(
@@ -209,6 +244,59 @@ struct RateLimitedBody<'a> {
     retry_after: u64,
     #[serde(rename = "violated-policies")]
     violated: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<&'a str>,
+}
+
+/// The built-in page of `reject: { body: html }`: plain, readable on a
+/// phone, and free of anything a browser would fetch.
+const HTML_PAGE: &str = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Too many attempts</title></head>\n<body style=\"font-family: system-ui, sans-serif; max-width: 36em; margin: 4em auto; padding: 0 1em\"><h1>Too many attempts</h1>\n<p>Please wait {{retry_after}} seconds, then try again.</p>\n<p style=\"color: #666\"><small>Status {{status}} · request {{request_id}}</small></p></body></html>\n";
+
+/// Replaces `{{status}}`, `{{retry_after}}`, `{{limiter}}` and `{{request_id}}`, HTML-escaped.
+fn render_template(
+    text: &str,
+    status: StatusCode,
+    retry_after: u64,
+    limiter: &str,
+    request_id: Option<&str>,
+) -> String {
+    let mut out = String::with_capacity(text.len() + 32);
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        match after[..end].trim() {
+            "status" => {
+                let _ = write!(out, "{}", status.as_u16());
+            }
+            "retry_after" => {
+                let _ = write!(out, "{retry_after}");
+            }
+            "limiter" => html_escape(&mut out, limiter),
+            "request_id" => html_escape(&mut out, request_id.unwrap_or("")),
+            _ => out.push_str(&rest[start..start + 2 + end + 2]),
+        }
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn html_escape(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
 }
 
 fn base(kind: &str, title: &str, status: StatusCode, detail: &str) -> Value {
@@ -224,7 +312,13 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Sets `X-RateLimit-*` from the limiter with the fewest remaining, and the
 /// IETF `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10).
-pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], now: Nanos) {
+/// `sets` (a route's `rate_limit_headers`) chooses which of the two are sent.
+pub fn set_rate_limit_headers(
+    headers: &mut HeaderMap,
+    views: &[LimitView<'_>],
+    now: Nanos,
+    sets: HeaderSets,
+) {
     let Some(tightest) = views.iter().min_by(|a, b| {
         a.quota
             .remaining
@@ -234,10 +328,15 @@ pub fn set_rate_limit_headers(headers: &mut HeaderMap, views: &[LimitView<'_>], 
         return;
     };
     let q = tightest.quota;
-    let reset_at = (now + q.reset_after).div_ceil(NANOS_PER_SEC);
-    headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(q.limit));
-    headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(q.remaining));
-    headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_at));
+    if sets.x_ratelimit() {
+        let reset_at = (now + q.reset_after).div_ceil(NANOS_PER_SEC);
+        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(q.limit));
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(q.remaining));
+        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_at));
+    }
+    if !sets.draft() {
+        return;
+    }
 
     let mut policy = String::with_capacity(32 * views.len());
     for (i, v) in views.iter().enumerate() {
@@ -296,6 +395,7 @@ mod tests {
                 },
             ],
             now,
+            HeaderSets::Both,
         );
         assert_eq!(h["x-ratelimit-limit"], "5");
         assert_eq!(h["x-ratelimit-remaining"], "2");
@@ -331,6 +431,36 @@ mod tests {
         assert_eq!(v["window_seconds"], 60);
         assert_eq!(v["retry_after"], 40);
         assert_eq!(v["violated-policies"], json!(["strict"]));
+    }
+
+    #[tokio::test]
+    async fn every_problem_body_names_the_request_and_a_template_is_escaped() {
+        let resp = Problem::NoRoute.respond(Some("abc-1"), None);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["request_id"], "abc-1");
+
+        let shape = RejectShape {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            body: RejectBody::Template {
+                text: "<p>{{limiter}} {{retry_after}} {{status}} {{request_id}} {{other}}</p>"
+                    .into(),
+                content_type: "text/html".into(),
+            },
+        };
+        let denial = Denial {
+            limiter: "a<b".into(),
+            quota: quota(1, 0, 5),
+            policy: "".into(),
+            retry_after: 5 * S,
+            violated: vec![],
+            key: String::new(),
+        };
+        let resp = Problem::RateLimited(Box::new(denial)).respond(Some("x-1"), Some(&shape));
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()[RETRY_AFTER], "5");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"<p>a&lt;b 5 503 x-1 {{other}}</p>");
     }
 
     #[test]

@@ -65,7 +65,9 @@ pub fn reload(app: &App) -> Result<u64, ReloadError> {
         }
         Err(e) => {
             *app.shared.last_reload_error.lock() = Some(e.to_string());
-            tracing::error!("config reload rejected, the running config stays:\n{e}");
+            // One record, one line: the problems are joined, not listed line by line.
+            let problems = e.to_string().replace("\n  ", " | ");
+            tracing::error!(error = %problems, "config reload rejected, the running config stays");
         }
     }
     count_reload(app, result.is_ok());

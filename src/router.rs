@@ -352,6 +352,8 @@ mod tests {
             query: vec![],
             action: Action::Upstream(0),
             limiters: vec![],
+            reject: None,
+            rate_limit_headers: Default::default(),
         }
     }
 

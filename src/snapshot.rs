@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::config::{Action, Config, KeyPart, LimiterConfig};
 use crate::identity::{ApiKey, Client, Identity};
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
-use crate::metrics::{Counter, Metrics};
+use crate::metrics::{Counter, Histogram, Metrics, RouteSeries};
 use crate::proxy::Upstream;
 use crate::router::Router;
 
@@ -26,6 +26,10 @@ pub struct Snapshot {
     pub routes: Vec<Route>,
     pub limiters: Vec<Limiter>,
     pub upstreams: Vec<Arc<Upstream>>,
+    /// `tollgate_upstream_duration_seconds`, parallel to `upstreams`.
+    pub upstream_durations: Vec<Arc<Histogram>>,
+    /// The request series of requests that matched no route.
+    pub unrouted: RouteSeries,
 }
 
 pub struct Route {
@@ -52,6 +56,8 @@ pub struct RouteMetrics {
     pub rejected: Counter,
     pub exempt: Counter,
     pub store_error: Counter,
+    /// Request durations and response statuses.
+    pub series: RouteSeries,
 }
 
 pub struct LimiterMetrics {
@@ -59,6 +65,7 @@ pub struct LimiterMetrics {
     pub delayed: Counter,
     pub rejected: Counter,
     pub would_reject: Counter,
+    pub episode: Arc<crate::metrics::episode::Episode>,
 }
 
 pub struct Limiter {
@@ -131,11 +138,19 @@ impl Snapshot {
                         rejected: c("rejected"),
                         exempt: c("exempt"),
                         store_error: c("store_error"),
+                        series: metrics.route_series(&r.name),
                     },
                 }
             })
             .collect();
+        let upstream_durations = config
+            .upstreams
+            .iter()
+            .map(|u| metrics.histogram(crate::metrics::UPSTREAM_DURATION, &[("upstream", &u.name)]))
+            .collect();
         Snapshot {
+            upstream_durations,
+            unrouted: metrics.route_series(crate::metrics::NO_ROUTE),
             version,
             router: Router::new(&config.routes),
             identity,
@@ -178,6 +193,7 @@ impl Limiter {
                 delayed: c("delayed"),
                 rejected: c("rejected"),
                 would_reject: c("would_reject"),
+                episode: metrics.episodes.of(&config.name),
             },
         }
     }

@@ -190,6 +190,7 @@ fn open(path: &std::path::Path, max_keys: usize, now: Nanos) -> Store {
         key: vec![KeyPart::Ip],
         shadow: false,
         overrides: vec![],
+        reject: None,
     }];
     Store::open(&config, &limiters, now).expect("store opens")
 }

@@ -47,6 +47,7 @@ async fn the_sixth_ping_in_a_window_is_a_429_with_headers_and_problem_body() {
     assert_eq!(r.headers()["retry-after"], "40");
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
+    let request_id = r.headers()["x-request-id"].to_str().unwrap().to_string();
     let body: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     assert_eq!(
         body,
@@ -54,7 +55,7 @@ async fn the_sixth_ping_in_a_window_is_a_429_with_headers_and_problem_body() {
             "type": "rate-limit-exceeded", "title": "Too Many Requests", "status": 429,
             "detail": "Rate limit of 5 requests per 60s exceeded for key 'ip:127.0.0.1'.",
             "limiter": "strict", "limit": 5, "window_seconds": 60, "retry_after": 40,
-            "violated-policies": ["strict"]
+            "violated-policies": ["strict"], "request_id": request_id
         })
     );
 

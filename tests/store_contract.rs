@@ -63,6 +63,7 @@ fn limiters() -> Vec<LimiterConfig> {
             key: vec![KeyPart::Client],
             shadow: false,
             overrides: vec![],
+            reject: None,
         })
         .collect()
 }

@@ -181,7 +181,7 @@ mod tests {
         d.failed("disk full", 3, 0);
         let s = d.status();
         assert_eq!((s.write_errors_total, s.unsaved_dropped_total), (2, 2));
-        let text = metrics.render(&[]);
+        let text = metrics.render(&[], None);
         assert!(
             text.contains("tollgate_store_errors_total{backend=\"sqlite\",policy=\"none\"} 2"),
             "{text}"

@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS api_calls (
     path        TEXT    NOT NULL,
     route       TEXT    NOT NULL,
     status      INTEGER NOT NULL,
-    duration_ms REAL    NOT NULL
+    duration_ms REAL    NOT NULL,
+    request_id  TEXT              -- X-Request-Id, as in the access log
 );
 CREATE INDEX IF NOT EXISTS api_calls_time ON api_calls (time);
 ";
@@ -75,6 +76,18 @@ pub struct AuditRow {
     pub route: std::sync::Arc<str>,
     pub status: u16,
     pub duration: Duration,
+    pub request_id: String,
+}
+
+/// Files written before request ids existed get the column (empty for old rows).
+fn add_request_id_column(conn: &Connection) -> rusqlite::Result<()> {
+    let has = conn
+        .prepare("SELECT 1 FROM pragma_table_info('api_calls') WHERE name = 'request_id'")?
+        .exists([])?;
+    if !has {
+        conn.execute_batch("ALTER TABLE api_calls ADD COLUMN request_id TEXT")?;
+    }
+    Ok(())
 }
 
 enum Msg {
@@ -337,6 +350,7 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError
     conn.pragma_update(None, "journal_size_limit", 16 * 1024 * 1024)
         .map_err(err)?;
     conn.execute_batch(SCHEMA).map_err(err)?;
+    add_request_id_column(&conn).map_err(err)?;
     Ok(conn)
 }
 
@@ -695,9 +709,9 @@ fn write(conn: &mut Connection, changes: &[Change], audit: &[AuditRow]) -> rusql
 const AUDIT_ROWS_PER_INSERT: usize = 64;
 
 fn insert_calls_sql(rows: usize) -> String {
-    let group = "(?, ?, ?, ?, ?, ?, ?)";
+    let group = "(?, ?, ?, ?, ?, ?, ?, ?)";
     let groups = vec![group; rows].join(", ");
-    format!("INSERT INTO api_calls (time, client, method, path, route, status, duration_ms) VALUES {groups}")
+    format!("INSERT INTO api_calls (time, client, method, path, route, status, duration_ms, request_id) VALUES {groups}")
 }
 
 /// Formats each second once, not once per row.
@@ -720,7 +734,7 @@ impl TimeCache {
 
 fn audit_values(rows: &[AuditRow], times: &mut TimeCache) -> Vec<rusqlite::types::Value> {
     use rusqlite::types::Value;
-    let mut v = Vec::with_capacity(rows.len() * 7);
+    let mut v = Vec::with_capacity(rows.len() * 8);
     for r in rows {
         v.push(Value::Text(times.iso(r.time).to_string()));
         v.push(Value::Text(r.client.clone()));
@@ -729,6 +743,7 @@ fn audit_values(rows: &[AuditRow], times: &mut TimeCache) -> Vec<rusqlite::types
         v.push(Value::Text(r.route.to_string()));
         v.push(Value::Integer(i64::from(r.status)));
         v.push(Value::Real(r.duration.as_secs_f64() * 1000.0));
+        v.push(Value::Text(r.request_id.clone()));
     }
     v
 }
@@ -861,6 +876,7 @@ mod tests {
             key: vec![KeyPart::Client],
             shadow: false,
             overrides: vec![],
+            reject: None,
         }
     }
 
@@ -1196,6 +1212,58 @@ mod tests {
     }
 
     #[test]
+    fn a_file_from_before_request_ids_gets_the_column_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE api_calls (id INTEGER PRIMARY KEY, time TEXT NOT NULL, client TEXT NOT NULL, method TEXT NOT NULL, path TEXT NOT NULL, route TEXT NOT NULL, status INTEGER NOT NULL, duration_ms REAL NOT NULL);
+                 INSERT INTO api_calls (time, client, method, path, route, status, duration_ms) VALUES ('2026-01-01T00:00:00Z', 'ip:1.2.3.4', 'GET', '/', 'r', 200, 1.0);",
+            )
+            .unwrap();
+        }
+        let db = Sqlite::open(
+            &path,
+            Arc::new(Table::new(true)),
+            Duration::from_secs(3600),
+            &[],
+            0,
+        )
+        .unwrap();
+        db.audit(AuditRow {
+            time: 0,
+            client: "ip:203.0.113.9".into(),
+            method: http::Method::GET,
+            path: "/".into(),
+            route: "r".into(),
+            status: 429,
+            duration: Duration::ZERO,
+            request_id: "rid-7".into(),
+        });
+        db.flush().unwrap();
+        let conn = Connection::open(&path).unwrap();
+        let ids: Vec<Option<String>> = conn
+            .prepare("SELECT request_id FROM api_calls ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(ids, vec![None, Some("rid-7".to_string())]);
+        drop(db);
+        // Opening again finds the column and leaves it alone.
+        Sqlite::open(
+            &path,
+            Arc::new(Table::new(true)),
+            Duration::from_secs(3600),
+            &[],
+            0,
+        )
+        .unwrap();
+    }
+
+    #[test]
     fn audit_rows_beyond_the_queue_are_dropped_and_counted_never_waited_for() {
         let dir = tempfile::tempdir().unwrap();
         let table = Arc::new(Table::new(true));
@@ -1216,6 +1284,7 @@ mod tests {
             route: "r".into(),
             status: 200,
             duration: Duration::ZERO,
+            request_id: "abc-1".into(),
         };
         for _ in 0..AUDIT_QUEUE + 3 {
             db.audit(row.clone());

@@ -756,3 +756,56 @@ impl Drop for Tap {
         self.stop.cancel();
     }
 }
+// ------------------------------------------------------------ the access log
+
+/// The access log of an in-process [`Proxy`], captured instead of printed.
+#[derive(Clone, Default)]
+pub struct AccessCapture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for AccessCapture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AccessCapture {
+    /// Redirects `proxy`'s access log here from the next record on.
+    pub fn attach(proxy: &Proxy) -> AccessCapture {
+        let c = AccessCapture::default();
+        proxy.app.shared.access.redirect(Box::new(c.clone()));
+        c
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock())
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits (at most 5 s) until at least `n` lines were written, and returns them all.
+    pub async fn wait_lines(&self, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let lines = self.lines();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Every line parsed as JSON (a line that is not JSON fails the test).
+    pub async fn wait_records(&self, n: usize) -> Vec<serde_json::Value> {
+        self.wait_lines(n)
+            .await
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    }
+}

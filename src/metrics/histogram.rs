@@ -1,0 +1,114 @@
+//! A Prometheus histogram as a row of atomics: one observation is three relaxed adds.
+//!
+//! Buckets are stored per interval (not cumulative) so an observation touches
+//! one bucket; the exposition sums them. The sum is kept in microseconds as
+//! an integer, so no compare-and-swap loop on a float is needed.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds in seconds: 1 ms to 30 s, the range between a cached answer
+/// and an upstream timeout.
+pub const BOUNDS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// The same bounds in microseconds, for the comparison on the hot path.
+const BOUNDS_US: [u64; 14] = [
+    1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+    5_000_000, 10_000_000, 30_000_000,
+];
+
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// `buckets[i]` counts observations in `(BOUNDS[i-1], BOUNDS[i]]`; the
+    /// last one those above every bound (`+Inf`).
+    buckets: [AtomicU64; BOUNDS.len() + 1],
+    count: AtomicU64,
+    sum_us: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let i = BOUNDS_US.partition_point(|&b| b < us);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Sum of observations in seconds.
+    pub fn sum(&self) -> f64 {
+        self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    /// Appends the `_bucket`, `_sum` and `_count` lines; `labels` is `k="v",…` or empty.
+    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        let mut cumulative = 0;
+        // Read the buckets first: `_count` is then never below `+Inf`.
+        for (i, bound) in BOUNDS.iter().enumerate() {
+            cumulative += self.buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        cumulative += self.buckets[BOUNDS.len()].load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+        );
+        let braces = |out: &mut String| {
+            if !labels.is_empty() {
+                let _ = write!(out, "{{{labels}}}");
+            }
+        };
+        out.push_str(name);
+        out.push_str("_sum");
+        braces(out);
+        let _ = writeln!(out, " {}", self.sum());
+        out.push_str(name);
+        out.push_str("_count");
+        braces(out);
+        let _ = writeln!(out, " {}", cumulative.max(self.count()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observation_lands_in_the_first_bucket_whose_bound_it_does_not_exceed() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(1_000)); // exactly 1 ms: le="0.001"
+        h.observe(Duration::from_millis(3)); // le="0.005"
+        h.observe(Duration::from_secs(60)); // +Inf only
+        let mut out = String::new();
+        h.render(&mut out, "t", "route=\"r\"");
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"0.001\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"0.0025\"} 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"0.005\"} 2\n"),
+            "{out}"
+        );
+        assert!(out.contains("t_bucket{route=\"r\",le=\"30\"} 2\n"), "{out}");
+        assert!(
+            out.contains("t_bucket{route=\"r\",le=\"+Inf\"} 3\n"),
+            "{out}"
+        );
+        assert!(out.contains("t_count{route=\"r\"} 3\n"), "{out}");
+        assert!(out.contains("t_sum{route=\"r\"} 60.004\n"), "{out}");
+    }
+}
