@@ -522,7 +522,14 @@ impl Trail {
 
     /// A rejection: for the access log, the limiter's episode line and the
     /// dashboard's list of keys limited right now.
-    fn rejected(&mut self, app: &App, snap: &Snapshot, denial: &Denial, route: &str, now: Nanos) {
+    fn rejected(
+        &mut self,
+        app: &App,
+        snap: &Snapshot,
+        denial: &Denial,
+        route: &Arc<str>,
+        now: Nanos,
+    ) {
         self.record.decision = Decision::Rejected;
         self.record.limiter = Some(denial.limiter.clone());
         self.record.retry_after = Some(crate::limiter::ceil_secs(denial.retry_after).max(1));
