@@ -116,7 +116,9 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
             )
         }
         (&Method::GET, "/metrics") => {
-            let mut resp = Response::new(Body::full(metrics_text(app, &snap)));
+            let mut text = metrics_text(app, &snap);
+            crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
+            let mut resp = Response::new(Body::full(text));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -155,6 +157,9 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 json!({"result": "error", "version": snap.version, "errors": e.messages()}),
             ),
         },
+        (&Method::GET, "/upstreams") => {
+            json_response(StatusCode::OK, json!({"upstreams": upstreams_status(&snap)}))
+        }
         (&Method::GET, "/config") => json_response(
             StatusCode::OK,
             json!({
@@ -164,13 +169,16 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 "config": effective_config(&snap.config),
             }),
         ),
-        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config") => problem(
+        (
+            _,
+            "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/config" | "/upstreams",
+        ) => problem(
             StatusCode::METHOD_NOT_ALLOWED,
             "Method not allowed on this admin path.",
         ),
         _ => problem(
             StatusCode::NOT_FOUND,
-            "Admin paths: /status, /metrics, /healthz, /readyz, /reload, /config.",
+            "Admin paths: /status, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
         ),
     }
 }
@@ -258,7 +266,12 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
                 "reset": (now + q.reset_after).div_ceil(NANOS_PER_SEC),
         }));
     }
-    Ok(json!({"key": canonical_client(snap, raw), "limiters": limiters}))
+    Ok(json!({"key": canonical_client(snap, raw), "limiters": limiters, "upstreams": upstreams_status(snap)}))
+}
+
+/// Every upstream's servers: up or down, in flight, failures counted.
+fn upstreams_status(snap: &Snapshot) -> Value {
+    Value::Array(snap.upstreams.iter().map(|u| u.status()).collect())
 }
 
 fn metrics_text(app: &App, snap: &Snapshot) -> String {
@@ -341,7 +354,7 @@ pub fn effective_config(c: &Config) -> Value {
             "ipv6_prefix": c.identity.ipv6_prefix,
             "exempt": c.identity.exempt.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
         },
-        "upstreams": c.upstreams.iter().map(|u| json!({"name": u.name, "url": u.url.to_string(), "connect_timeout_ms": u.connect_timeout.as_millis() as u64, "timeout_ms": u.timeout.as_millis() as u64})).collect::<Vec<_>>(),
+        "upstreams": c.upstreams.iter().map(|u| json!({"name": u.name, "url": u.url.to_string(), "connect_timeout_ms": u.connect_timeout.as_millis() as u64, "timeout_ms": u.timeout.as_millis() as u64, "servers": u.balance.servers.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "max_conns": u.balance.max_conns, "queue": u.balance.queue})).collect::<Vec<_>>(),
         "limiters": c.limiters.iter().map(|l| json!({
             "name": l.name,
             "algorithm": l.algorithm.name(),

@@ -51,6 +51,8 @@ pub struct Shared {
     pub listeners: Mutex<Option<crate::server::ListenerSet>>,
     /// TLS termination; reloads swap its certificates.
     pub tls: crate::tls::Terminator,
+    /// Upgraded connections (WebSockets) still open; closed at shutdown.
+    pub tunnels: crate::tunnel::Tunnels,
 }
 
 #[derive(Clone)]
@@ -97,6 +99,7 @@ impl App {
                 started: Instant::now(),
                 listeners: Mutex::new(None),
                 tls,
+                tunnels: crate::tunnel::Tunnels::default(),
             }),
         }
     }
@@ -208,10 +211,30 @@ impl App {
                     .audit
                     .enabled
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
+                let mut req = req;
+                // Taken before the request is forwarded: the client's side of a tunnel.
+                let client_upgrade = crate::tunnel::requested_upgrade(req.headers())
+                    .map(|_| hyper::upgrade::on(&mut req));
                 let result = upstream
                     .forward(req, &client, conn.peer.ip(), conn.proto, max_body)
                     .await;
                 let resp = match result {
+                    Ok((mut resp, connection))
+                        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+                            && client_upgrade.is_some() =>
+                    {
+                        // The tunnel holds the concurrency slots and the
+                        // server's place for as long as it is open.
+                        let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
+                        let upstream_side = hyper::upgrade::on(&mut resp);
+                        self.shared.tunnels.open(
+                            client_upgrade.expect("checked above"),
+                            upstream_side,
+                            upstream.tunnel_idle_timeout(),
+                            (slots, connection),
+                        );
+                        resp.map(|_| Body::empty())
+                    }
                     Ok((resp, connection)) => {
                         // Both live exactly as long as the body: the slot is
                         // freed and the connection recycled when it is done.

@@ -45,6 +45,9 @@ pub enum Problem {
     UpstreamUnreachable { upstream: String },
     StoreUnavailable,
     UpstreamTimeout { upstream: String },
+    /// Every server of the upstream is at `max_conns` and the wait queue is
+    /// full or timed out; the client may retry after `retry_after` seconds.
+    UpstreamBusy { upstream: String, retry_after: u64 },
 }
 
 impl Problem {
@@ -58,6 +61,7 @@ impl Problem {
             Problem::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Problem::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -131,6 +135,18 @@ impl Problem {
                 status,
                 &format!("The upstream '{upstream}' did not answer in time."),
             ),
+            Problem::UpstreamBusy {
+                upstream,
+                retry_after: secs,
+            } => {
+                retry_after = Some(secs.max(1));
+                base(
+                    "upstream-busy",
+                    title,
+                    status,
+                    &format!("Every server of the upstream '{upstream}' is busy; try again later."),
+                )
+            }
         };
         let mut resp = Response::new(Body::full(body.to_string()));
         *resp.status_mut() = status;

@@ -204,7 +204,8 @@ async fn serve_connection<I>(
         }
     });
     let builder = connection_builder(timeout);
-    let conn = builder.serve_connection(io, service);
+    // With upgrades: a 101 answer hands the socket to a tunnel (WebSockets).
+    let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let result = tokio::select! {
         r = conn.as_mut() => r,

@@ -15,7 +15,7 @@ use crate::config::{Action, Config, KeyPart, LimiterConfig};
 use crate::identity::{ApiKey, Client, Identity};
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
 use crate::metrics::{Counter, Metrics};
-use crate::proxy::Upstream;
+use crate::balance::Balancer;
 use crate::router::Router;
 
 pub struct Snapshot {
@@ -25,7 +25,7 @@ pub struct Snapshot {
     pub router: Router,
     pub routes: Vec<Route>,
     pub limiters: Vec<Limiter>,
-    pub upstreams: Vec<Arc<Upstream>>,
+    pub upstreams: Vec<Arc<Balancer>>,
 }
 
 pub struct Route {
@@ -83,13 +83,13 @@ impl Snapshot {
         metrics: &Metrics,
     ) -> Snapshot {
         let identity = Identity::new(&config.identity);
-        let upstreams: Vec<Arc<Upstream>> = config
+        let upstreams: Vec<Arc<Balancer>> = config
             .upstreams
             .iter()
             .map(|u| {
                 previous
                     .and_then(|p| p.upstreams.iter().find(|old| old.serves(u)).cloned())
-                    .unwrap_or_else(|| Arc::new(Upstream::new(u)))
+                    .unwrap_or_else(|| Arc::new(Balancer::new(u, metrics)))
             })
             .collect();
         let limiters = config
