@@ -394,10 +394,12 @@ impl Balancer {
     fn pick(&self, tried: &[usize]) -> Pick {
         let n = self.servers.len();
         let now = Instant::now();
-        let start = if n == 1 {
-            0
-        } else {
-            self.next.fetch_add(1, Ordering::Relaxed) % n
+        // A retry goes on from the server that failed, without taking
+        // another request's turn.
+        let start = match tried.last() {
+            _ if n == 1 => 0,
+            Some(&last) => last + 1,
+            None => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
         let mut order: Vec<usize> = (0..n)
             .map(|k| (start + k) % n)
