@@ -298,6 +298,11 @@ fn metrics_text(app: &App, snap: &Snapshot) -> String {
             s.store.audit_dropped() as f64,
         ),
         (
+            "tollgate_tunnels_open",
+            "Upgraded connections (WebSockets) being tunnelled.",
+            s.tunnels.len() as f64,
+        ),
+        (
             "tollgate_uptime_seconds",
             "Seconds since start.",
             s.started.elapsed().as_secs_f64(),

@@ -96,6 +96,15 @@ async fn a_tunnel_holds_its_concurrency_slot_and_server_place_until_it_closes() 
     assert_eq!(connect(&proxy).await.err(), Some(429));
     let state = get_json(&client(), &proxy.admin_url("/upstreams")).await;
     assert_eq!(state["upstreams"][0]["servers"][0]["in_flight"], 1, "{state}");
+    let metrics = client()
+        .get(proxy.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("tollgate_tunnels_open 1\n"), "{metrics}");
 
     ws.close(None).await.unwrap();
     drop(ws);

@@ -142,3 +142,79 @@ impl Validator {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match parse(yaml) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn each_bad_balancing_key_is_reported_with_its_path() {
+        let table: [(&str, &str); 9] = [
+            ("{ servers: [] }", "upstreams.app.servers: lists no server"),
+            ("{ url: \"http://a\", servers: [\"http://b\"] }", "upstreams.app: `url` and `servers` contradict"),
+            ("{ balance: round_robin }", "upstreams.app: needs `url` or `servers`"),
+            ("{ servers: [\"http://a\", \"ftp://b\"] }", "upstreams.app.servers[1]"),
+            ("{ servers: [\"http://a\", \"https://b\"] }", "same scheme"),
+            ("{ url: \"http://a\", balance: random }", "upstreams.app.balance: unknown balance \"random\""),
+            ("{ url: \"http://a\", max_conns: 0 }", "upstreams.app.max_conns: must be at least 1"),
+            ("{ url: \"http://a\", queue: 10 }", "upstreams.app.queue: a queue waits"),
+            ("{ url: \"http://a\", health: { path: health } }", "upstreams.app.health.path: must start with /"),
+        ];
+        for (upstream, expected) in table {
+            let yaml = format!("upstreams:\n  app: {upstream}\n");
+            let errs = problems(&yaml);
+            assert!(
+                errs.iter().any(|e| e.contains(expected)),
+                "{expected:?} not in {errs:?}"
+            );
+        }
+        let unknown = problems("upstreams:\n  app: { url: \"http://a\", max_connections: 3 }\n");
+        assert!(
+            unknown.iter().any(|e| e.contains("max_connections")),
+            "{unknown:?}"
+        );
+    }
+
+    #[test]
+    fn one_url_is_one_server_with_nginx_defaults() {
+        let c = parse("upstreams:\n  app: { url: \"http://a:8080\" }\n").unwrap();
+        let b = &c.upstreams[0].balance;
+        assert_eq!(b.servers.len(), 1);
+        assert_eq!(b.policy, Policy::RoundRobin);
+        assert_eq!((b.max_fails, b.fail_timeout), (1, Duration::from_secs(10)));
+        assert_eq!((b.max_conns, b.queue), (None, 0));
+        assert_eq!(b.tunnel_idle_timeout, Duration::from_secs(300));
+        assert!(b.health.is_none());
+    }
+
+    #[test]
+    fn servers_and_their_keys_are_read() {
+        let c = parse(
+            "upstreams:\n  app:\n    servers: [\"http://a:1\", \"http://b:2/base\"]\n    balance: least_conn\n    max_fails: 3\n    fail_timeout: 30s\n    max_conns: 8\n    queue: 100\n    queue_timeout: 2s\n    health: { path: /healthz, interval: 2s }\n    tunnel_idle_timeout: 1m\n",
+        )
+        .unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(u.url, "http://a:1");
+        let b = &u.balance;
+        assert_eq!(b.servers[1], "http://b:2/base");
+        assert_eq!(b.policy, Policy::LeastConn);
+        assert_eq!((b.max_fails, b.fail_timeout), (3, Duration::from_secs(30)));
+        assert_eq!((b.max_conns, b.queue, b.queue_timeout), (Some(8), 100, Duration::from_secs(2)));
+        assert_eq!(
+            b.health,
+            Some(HealthCheck {
+                path: "/healthz".into(),
+                interval: Duration::from_secs(2)
+            })
+        );
+        assert_eq!(b.tunnel_idle_timeout, Duration::from_secs(60));
+    }
+}
