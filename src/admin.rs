@@ -157,9 +157,10 @@ pub async fn handle(app: &App, req: Request<Incoming>) -> Response<Body> {
                 json!({"result": "error", "version": snap.version, "errors": e.messages()}),
             ),
         },
-        (&Method::GET, "/upstreams") => {
-            json_response(StatusCode::OK, json!({"upstreams": upstreams_status(&snap)}))
-        }
+        (&Method::GET, "/upstreams") => json_response(
+            StatusCode::OK,
+            json!({"upstreams": upstreams_status(&snap)}),
+        ),
         (&Method::GET, "/config") => json_response(
             StatusCode::OK,
             json!({
@@ -266,7 +267,9 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
                 "reset": (now + q.reset_after).div_ceil(NANOS_PER_SEC),
         }));
     }
-    Ok(json!({"key": canonical_client(snap, raw), "limiters": limiters, "upstreams": upstreams_status(snap)}))
+    Ok(
+        json!({"key": canonical_client(snap, raw), "limiters": limiters, "upstreams": upstreams_status(snap)}),
+    )
 }
 
 /// Every upstream's servers: up or down, in flight, failures counted.

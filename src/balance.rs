@@ -9,7 +9,6 @@
 //! guard, like a concurrency slot), so `max_conns` bounds what the server is
 //! really busy with, streaming included.
 
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -100,7 +99,10 @@ impl Passive {
         if max_fails == 0 {
             return false;
         }
-        if self.since.is_none_or(|s| now.duration_since(s) >= fail_timeout) {
+        if self
+            .since
+            .is_none_or(|s| now.duration_since(s) >= fail_timeout)
+        {
             self.fails = 0;
             self.since = Some(now);
         }
@@ -238,8 +240,14 @@ impl Balancer {
             waiting: AtomicU32::new(0),
             freed,
             health,
-            retries: metrics.counter("tollgate_upstream_retries_total", &[("upstream", &config.name)]),
-            busy: metrics.counter("tollgate_upstream_busy_total", &[("upstream", &config.name)]),
+            retries: metrics.counter(
+                "tollgate_upstream_retries_total",
+                &[("upstream", &config.name)],
+            ),
+            busy: metrics.counter(
+                "tollgate_upstream_busy_total",
+                &[("upstream", &config.name)],
+            ),
         }
     }
 
@@ -452,9 +460,18 @@ impl Balancer {
         use std::fmt::Write as _;
         let now = Instant::now();
         let families: [(&str, &str); 3] = [
-            ("tollgate_upstream_server_up", "1 when the server takes requests (passive and active health), else 0."),
-            ("tollgate_upstream_server_in_flight", "Requests (and tunnels) a server is busy with."),
-            ("tollgate_upstream_server_fails", "Failures counted against a server in its current fail_timeout window."),
+            (
+                "tollgate_upstream_server_up",
+                "1 when the server takes requests (passive and active health), else 0.",
+            ),
+            (
+                "tollgate_upstream_server_in_flight",
+                "Requests (and tunnels) a server is busy with.",
+            ),
+            (
+                "tollgate_upstream_server_fails",
+                "Failures counted against a server in its current fail_timeout window.",
+            ),
         ];
         for (f, (name, help)) in families.iter().enumerate() {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
@@ -575,26 +592,24 @@ async fn probe_once(
 /// Runs the active health checks of every upstream `current` returns (the
 /// snapshot in force, so a reload is picked up) until `stop`; never on the
 /// request path.
-pub fn health_checks<F>(current: F, stop: CancellationToken) -> impl Future<Output = ()>
+pub async fn health_checks<F>(current: F, stop: CancellationToken)
 where
     F: Fn() -> Vec<Arc<Balancer>> + Send + 'static,
 {
-    async move {
-        loop {
-            let now = Instant::now();
-            let next = current()
-                .iter()
-                .filter_map(|b| b.probe_if_due(now))
-                .min()
-                // Looked at again at least every second, for a reload's new checks.
-                .map_or(Duration::from_secs(1), |due| {
-                    due.saturating_duration_since(now)
-                        .min(Duration::from_secs(1))
-                });
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(next.max(Duration::from_millis(10))) => {}
-            }
+    loop {
+        let now = Instant::now();
+        let next = current()
+            .iter()
+            .filter_map(|b| b.probe_if_due(now))
+            .min()
+            // Looked at again at least every second, for a reload's new checks.
+            .map_or(Duration::from_secs(1), |due| {
+                due.saturating_duration_since(now)
+                    .min(Duration::from_secs(1))
+            });
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(next.max(Duration::from_millis(10))) => {}
         }
     }
 }

@@ -40,14 +40,23 @@ pub enum Problem {
     BadRequest(String),
     UnknownApiKey(String),
     NoRoute,
-    BodyTooLarge { limit: u64 },
+    BodyTooLarge {
+        limit: u64,
+    },
     RateLimited(Box<Denial>),
-    UpstreamUnreachable { upstream: String },
+    UpstreamUnreachable {
+        upstream: String,
+    },
     StoreUnavailable,
-    UpstreamTimeout { upstream: String },
+    UpstreamTimeout {
+        upstream: String,
+    },
     /// Every server of the upstream is at `max_conns` and the wait queue is
     /// full or timed out; the client may retry after `retry_after` seconds.
-    UpstreamBusy { upstream: String, retry_after: u64 },
+    UpstreamBusy {
+        upstream: String,
+        retry_after: u64,
+    },
 }
 
 impl Problem {

@@ -226,7 +226,9 @@ impl Upstream {
                     timeout: self.timeout,
                 })),
                 Ok(Err((crate::pool::PoolError::Exchange(e), _))) if caused_by_body_limit(&e) => {
-                    Err(SendError::Sent(ProxyError::BodyTooLarge { limit: max_body }))
+                    Err(SendError::Sent(ProxyError::BodyTooLarge {
+                        limit: max_body,
+                    }))
                 }
                 Ok(Err((source, unsent))) => {
                     let error = ProxyError::Plain {
@@ -274,7 +276,9 @@ impl Upstream {
                 }))
             }
             Ok(Err(e)) if caused_by_body_limit(&e) => {
-                return Err(SendError::Sent(ProxyError::BodyTooLarge { limit: max_body }))
+                return Err(SendError::Sent(ProxyError::BodyTooLarge {
+                    limit: max_body,
+                }))
             }
             // hyper-util's client keeps the request: it cannot be sent elsewhere.
             Ok(Err(e)) if e.is_connect() => {

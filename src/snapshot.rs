@@ -11,11 +11,11 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
 
+use crate::balance::Balancer;
 use crate::config::{Action, Config, KeyPart, LimiterConfig};
 use crate::identity::{ApiKey, Client, Identity};
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
 use crate::metrics::{Counter, Metrics};
-use crate::balance::Balancer;
 use crate::router::Router;
 
 pub struct Snapshot {

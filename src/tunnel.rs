@@ -167,7 +167,10 @@ mod tests {
 
     #[test]
     fn an_upgrade_needs_both_connection_upgrade_and_an_upgrade_header() {
-        let ws = headers(&[("connection", "keep-alive, Upgrade"), ("upgrade", "websocket")]);
+        let ws = headers(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket"),
+        ]);
         assert_eq!(requested_upgrade(&ws).unwrap(), "websocket");
         assert!(requested_upgrade(&headers(&[("upgrade", "websocket")])).is_none());
         assert!(requested_upgrade(&headers(&[("connection", "upgrade")])).is_none());

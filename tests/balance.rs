@@ -28,11 +28,19 @@ async fn server_state(proxy: &Proxy, i: usize) -> serde_json::Value {
 
 #[tokio::test]
 async fn round_robin_sends_each_server_its_turn() {
-    let (a, b, c) = (Upstream::start().await, Upstream::start().await, Upstream::start().await);
+    let (a, b, c) = (
+        Upstream::start().await,
+        Upstream::start().await,
+        Upstream::start().await,
+    );
     let proxy = Proxy::start(&balanced(&[&a, &b, &c], ", balance: round_robin")).await;
     let http = client();
     for i in 0..30 {
-        let r = http.get(proxy.url(&format!("/r/{i}"))).send().await.unwrap();
+        let r = http
+            .get(proxy.url(&format!("/r/{i}")))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
     }
     assert_eq!((served(&a), served(&b), served(&c)), (10, 10, 10));
@@ -47,9 +55,11 @@ async fn least_conn_sends_new_requests_to_the_server_that_is_not_busy() {
         let (http, url) = (http.clone(), proxy.url("/slow/2000"));
         async move { http.get(url).send().await.unwrap().status() }
     });
-    eventually(Duration::from_secs(5), "the slow request reaches a server", || {
-        a.seen.in_flight.load(Ordering::SeqCst) + b.seen.in_flight.load(Ordering::SeqCst) == 1
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the slow request reaches a server",
+        || a.seen.in_flight.load(Ordering::SeqCst) + b.seen.in_flight.load(Ordering::SeqCst) == 1,
+    )
     .await;
     let (busy, idle) = if a.seen.in_flight.load(Ordering::SeqCst) == 1 {
         (&a, &b)
@@ -57,7 +67,11 @@ async fn least_conn_sends_new_requests_to_the_server_that_is_not_busy() {
         (&b, &a)
     };
     for i in 0..8 {
-        let r = http.get(proxy.url(&format!("/r/{i}"))).send().await.unwrap();
+        let r = http
+            .get(proxy.url(&format!("/r/{i}")))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
     }
     // Round robin would have sent four of these to the busy one.
@@ -70,11 +84,7 @@ async fn least_conn_sends_new_requests_to_the_server_that_is_not_busy() {
 async fn a_killed_server_costs_no_more_errors_than_max_fails_and_comes_back_after_fail_timeout() {
     let (a, b) = (Upstream::start().await, Upstream::start().await);
     let b_addr = b.addr;
-    let proxy = Proxy::start(&balanced(
-        &[&a, &b],
-        ", max_fails: 1, fail_timeout: 1s",
-    ))
-    .await;
+    let proxy = Proxy::start(&balanced(&[&a, &b], ", max_fails: 1, fail_timeout: 1s")).await;
     let http = client();
     let mut errors = 0;
     for i in 0..60 {
@@ -103,10 +113,18 @@ async fn a_killed_server_costs_no_more_errors_than_max_fails_and_comes_back_afte
     let b = Upstream::start_on(b_addr).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
     for i in 0..10 {
-        let r = http.get(proxy.url(&format!("/back/{i}"))).send().await.unwrap();
+        let r = http
+            .get(proxy.url(&format!("/back/{i}")))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
     }
-    assert!(served(&b) >= 4, "the revived server got {} of 10", served(&b));
+    assert!(
+        served(&b) >= 4,
+        "the revived server got {} of 10",
+        served(&b)
+    );
     assert_eq!(server_state(&proxy, 1).await["state"], "up");
 }
 
@@ -119,7 +137,11 @@ async fn a_get_to_a_dead_server_is_retried_on_the_next_one() {
     let proxy = Proxy::start(&balanced(&[&a, &dead], ", max_fails: 0")).await;
     let http = client();
     for i in 0..10 {
-        let r = http.get(proxy.url(&format!("/r/{i}"))).send().await.unwrap();
+        let r = http
+            .get(proxy.url(&format!("/r/{i}")))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200, "request {i}");
     }
     assert_eq!(served(&a), 10);
@@ -140,7 +162,11 @@ async fn a_get_to_a_dead_server_is_retried_on_the_next_one() {
 #[tokio::test]
 async fn max_conns_queues_the_third_request_and_refuses_the_overflow_with_retry_after() {
     let a = Upstream::start().await;
-    let proxy = Proxy::start(&balanced(&[&a], ", max_conns: 2, queue: 1, queue_timeout: 10s")).await;
+    let proxy = Proxy::start(&balanced(
+        &[&a],
+        ", max_conns: 2, queue: 1, queue_timeout: 10s",
+    ))
+    .await;
     let http = client();
     let slow = |path: &str| {
         let (http, url) = (http.clone(), proxy.url(path));
@@ -152,11 +178,17 @@ async fn max_conns_queues_the_third_request_and_refuses_the_overflow_with_retry_
     })
     .await;
     let queued = slow("/queued");
-    eventually(Duration::from_secs(5), "the third request waits in the queue", || {
-        proxy.app.snapshot().upstreams[0].waiting() == 1
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the third request waits in the queue",
+        || proxy.app.snapshot().upstreams[0].waiting() == 1,
+    )
     .await;
-    assert_eq!(served(&a), 2, "the queued request must not reach the server yet");
+    assert_eq!(
+        served(&a),
+        2,
+        "the queued request must not reach the server yet"
+    );
 
     let r = http.get(proxy.url("/overflow")).send().await.unwrap();
     assert_eq!(r.status(), 503);
@@ -176,7 +208,11 @@ async fn max_conns_queues_the_third_request_and_refuses_the_overflow_with_retry_
 #[tokio::test]
 async fn a_queued_request_gives_up_after_queue_timeout() {
     let a = Upstream::start().await;
-    let proxy = Proxy::start(&balanced(&[&a], ", max_conns: 1, queue: 5, queue_timeout: 300ms")).await;
+    let proxy = Proxy::start(&balanced(
+        &[&a],
+        ", max_conns: 1, queue: 5, queue_timeout: 300ms",
+    ))
+    .await;
     let http = client();
     let busy = tokio::spawn({
         let (http, url) = (http.clone(), proxy.url("/slow/3000"));
@@ -209,8 +245,17 @@ async fn an_active_health_check_takes_a_failing_server_out_and_puts_it_back() {
     .await;
     let http = client();
     for i in 0..6 {
-        let r = http.post(proxy.url(&format!("/r/{i}"))).body("x").send().await.unwrap();
-        assert_eq!(r.status(), 200, "a server marked down by its check gets no request");
+        let r = http
+            .post(proxy.url(&format!("/r/{i}")))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "a server marked down by its check gets no request"
+        );
     }
     drop(b);
     let b = Upstream::start_on(b_addr).await;
@@ -222,7 +267,10 @@ async fn an_active_health_check_takes_a_failing_server_out_and_puts_it_back() {
     .await;
     let before = served(&b);
     for i in 0..6 {
-        http.get(proxy.url(&format!("/again/{i}"))).send().await.unwrap();
+        http.get(proxy.url(&format!("/again/{i}")))
+            .send()
+            .await
+            .unwrap();
     }
     // Checks hit b too; at least its three requests arrived.
     assert!(served(&b) >= before + 3);

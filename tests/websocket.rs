@@ -5,7 +5,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{eventually, get_json, client, Proxy, WsEcho};
+use common::{client, eventually, get_json, Proxy, WsEcho};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -55,15 +55,19 @@ async fn a_websocket_echo_passes_through_tollgate_both_ways() {
     echo_once(&mut ws, "hello").await;
     let big = "x".repeat(200_000);
     echo_once(&mut ws, &big).await;
-    ws.send(Message::binary(vec![0u8, 1, 2, 255])).await.unwrap();
+    ws.send(Message::binary(vec![0u8, 1, 2, 255]))
+        .await
+        .unwrap();
     assert_eq!(
         ws.next().await.unwrap().unwrap(),
         Message::binary(vec![0u8, 1, 2, 255])
     );
     ws.close(None).await.unwrap();
-    eventually(Duration::from_secs(5), "the upstream sees the close", || {
-        echo.closed.load(Ordering::SeqCst) == 1
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the upstream sees the close",
+        || echo.closed.load(Ordering::SeqCst) == 1,
+    )
     .await;
     assert_eq!(echo.opened.load(Ordering::SeqCst), 1);
 }
@@ -95,7 +99,10 @@ async fn a_tunnel_holds_its_concurrency_slot_and_server_place_until_it_closes() 
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(connect(&proxy).await.err(), Some(429));
     let state = get_json(&client(), &proxy.admin_url("/upstreams")).await;
-    assert_eq!(state["upstreams"][0]["servers"][0]["in_flight"], 1, "{state}");
+    assert_eq!(
+        state["upstreams"][0]["servers"][0]["in_flight"], 1,
+        "{state}"
+    );
     let metrics = client()
         .get(proxy.admin_url("/metrics"))
         .send()
@@ -133,9 +140,11 @@ async fn a_silent_tunnel_is_closed_after_tunnel_idle_timeout() {
         .await
         .expect("closed well within 5 s");
     assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
-    eventually(Duration::from_secs(5), "the upstream side closes too", || {
-        echo.closed.load(Ordering::SeqCst) == 1
-    })
+    eventually(
+        Duration::from_secs(5),
+        "the upstream side closes too",
+        || echo.closed.load(Ordering::SeqCst) == 1,
+    )
     .await;
 }
 

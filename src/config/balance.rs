@@ -159,14 +159,35 @@ mod tests {
     fn each_bad_balancing_key_is_reported_with_its_path() {
         let table: [(&str, &str); 9] = [
             ("{ servers: [] }", "upstreams.app.servers: lists no server"),
-            ("{ url: \"http://a\", servers: [\"http://b\"] }", "upstreams.app: `url` and `servers` contradict"),
-            ("{ balance: round_robin }", "upstreams.app: needs `url` or `servers`"),
-            ("{ servers: [\"http://a\", \"ftp://b\"] }", "upstreams.app.servers[1]"),
+            (
+                "{ url: \"http://a\", servers: [\"http://b\"] }",
+                "upstreams.app: `url` and `servers` contradict",
+            ),
+            (
+                "{ balance: round_robin }",
+                "upstreams.app: needs `url` or `servers`",
+            ),
+            (
+                "{ servers: [\"http://a\", \"ftp://b\"] }",
+                "upstreams.app.servers[1]",
+            ),
             ("{ servers: [\"http://a\", \"https://b\"] }", "same scheme"),
-            ("{ url: \"http://a\", balance: random }", "upstreams.app.balance: unknown balance \"random\""),
-            ("{ url: \"http://a\", max_conns: 0 }", "upstreams.app.max_conns: must be at least 1"),
-            ("{ url: \"http://a\", queue: 10 }", "upstreams.app.queue: a queue waits"),
-            ("{ url: \"http://a\", health: { path: health } }", "upstreams.app.health.path: must start with /"),
+            (
+                "{ url: \"http://a\", balance: random }",
+                "upstreams.app.balance: unknown balance \"random\"",
+            ),
+            (
+                "{ url: \"http://a\", max_conns: 0 }",
+                "upstreams.app.max_conns: must be at least 1",
+            ),
+            (
+                "{ url: \"http://a\", queue: 10 }",
+                "upstreams.app.queue: a queue waits",
+            ),
+            (
+                "{ url: \"http://a\", health: { path: health } }",
+                "upstreams.app.health.path: must start with /",
+            ),
         ];
         for (upstream, expected) in table {
             let yaml = format!("upstreams:\n  app: {upstream}\n");
@@ -207,7 +228,10 @@ mod tests {
         assert_eq!(b.servers[1], "http://b:2/base");
         assert_eq!(b.policy, Policy::LeastConn);
         assert_eq!((b.max_fails, b.fail_timeout), (3, Duration::from_secs(30)));
-        assert_eq!((b.max_conns, b.queue, b.queue_timeout), (Some(8), 100, Duration::from_secs(2)));
+        assert_eq!(
+            (b.max_conns, b.queue, b.queue_timeout),
+            (Some(8), 100, Duration::from_secs(2))
+        );
         assert_eq!(
             b.health,
             Some(HealthCheck {

@@ -254,7 +254,8 @@ impl Upstream {
                 let killed = st.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle_upstream(seen.clone(), req));
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                     let conn = builder.serve_connection(TokioIo::new(stream), svc);
                     // Killed: the socket closes mid-exchange, like a crashed server.
                     tokio::select! {
