@@ -129,6 +129,10 @@ impl App {
     ) -> Result<Response<Body>, Problem> {
         let max_body = snap.config.server.max_request_body;
         check_framing(req.headers(), max_body)?;
+        let mut req = req;
+        // An upgrade (WebSocket) request: the client's side of the tunnel,
+        // taken now (an HTTP/2 one is rewritten to the HTTP/1.1 handshake first).
+        let client_upgrade = crate::tunnel::client_side(&mut req);
         let client = snap.identity.resolve(conn.peer, req.headers()).map_err(
             |crate::identity::IdentityError::UnknownApiKey(short)| Problem::UnknownApiKey(short),
         )?;
@@ -211,10 +215,6 @@ impl App {
                     .audit
                     .enabled
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
-                let mut req = req;
-                // Taken before the request is forwarded: the client's side of a tunnel.
-                let client_upgrade = crate::tunnel::requested_upgrade(req.headers())
-                    .map(|_| hyper::upgrade::on(&mut req));
                 let result = upstream
                     .forward(req, &client, conn.peer.ip(), conn.proto, max_body)
                     .await;
@@ -227,8 +227,10 @@ impl App {
                         // server's place for as long as it is open.
                         let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
                         let upstream_side = hyper::upgrade::on(&mut resp);
+                        let client_side = client_upgrade.expect("checked above");
+                        client_side.answer(&mut resp);
                         self.shared.tunnels.open(
-                            client_upgrade.expect("checked above"),
+                            client_side,
                             upstream_side,
                             upstream.tunnel_idle_timeout(),
                             (slots, connection),

@@ -39,6 +39,8 @@ pub fn connection_builder(request_header_timeout: Duration) -> auto::Builder<Tok
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HEAD_BYTES as u32)
+        // RFC 8441: WebSockets over HTTP/2 (extended CONNECT).
+        .enable_connect_protocol()
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20));
     builder

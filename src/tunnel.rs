@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -36,6 +37,90 @@ pub fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
     (asks && !h2c).then(|| upgrade.clone())
 }
 
+/// The client's side of an upgrade: the connection hyper hands over once
+/// the answer is sent, and whether it came as an HTTP/2 extended CONNECT.
+pub struct ClientSide {
+    on: OnUpgrade,
+    h2: bool,
+}
+
+/// Takes the client's side of an upgrade request off `req`. An HTTP/2
+/// WebSocket (RFC 8441: `CONNECT` with `:protocol websocket`) is rewritten
+/// into the HTTP/1.1 handshake the upstream expects (`GET`, `Upgrade`, a
+/// fresh `Sec-WebSocket-Key`), so routes and limits see it as the same GET.
+pub fn client_side<B>(req: &mut Request<B>) -> Option<ClientSide> {
+    if req.version() == Version::HTTP_2 {
+        let websocket = req.method() == Method::CONNECT
+            && req
+                .extensions()
+                .get::<hyper::ext::Protocol>()
+                .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
+        if !websocket {
+            return None;
+        }
+        *req.method_mut() = Method::GET;
+        let h = req.headers_mut();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::SEC_WEBSOCKET_KEY, fresh_key());
+        return Some(ClientSide {
+            on: hyper::upgrade::on(req),
+            h2: true,
+        });
+    }
+    requested_upgrade(req.headers())?;
+    Some(ClientSide {
+        on: hyper::upgrade::on(req),
+        h2: false,
+    })
+}
+
+impl ClientSide {
+    /// Turns the upstream's 101 into the answer this client expects: as is
+    /// over HTTP/1.1; `200` without the handshake headers over HTTP/2.
+    pub fn answer<B>(&self, resp: &mut Response<B>) {
+        if self.h2 {
+            *resp.status_mut() = StatusCode::OK;
+            let h = resp.headers_mut();
+            h.remove(header::UPGRADE);
+            h.remove(header::CONNECTION);
+            h.remove(header::SEC_WEBSOCKET_ACCEPT);
+        }
+    }
+}
+
+/// A `Sec-WebSocket-Key`: 16 unpredictable bytes, base64. It is a nonce of
+/// the handshake between tollgate and the upstream, not a secret.
+fn fresh_key() -> HeaderValue {
+    use std::hash::BuildHasher;
+    let state = std::collections::hash_map::RandomState::new();
+    let a = state.hash_one(std::time::SystemTime::now());
+    let b = state.hash_one(a);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&a.to_le_bytes());
+    bytes[8..].copy_from_slice(&b.to_le_bytes());
+    HeaderValue::from_str(&base64(&bytes)).expect("base64 is a valid header value")
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// Every open tunnel, and the signal that closes them all.
 #[derive(Debug, Default)]
 pub struct Tunnels {
@@ -48,7 +133,7 @@ impl Tunnels {
     /// connections once both are ready; `guard` is dropped when it closes.
     pub fn open<G: Send + 'static>(
         &self,
-        client: OnUpgrade,
+        client: ClientSide,
         upstream: OnUpgrade,
         idle: Duration,
         guard: G,
@@ -56,7 +141,7 @@ impl Tunnels {
         let close = self.close.clone();
         self.tracker.spawn(async move {
             let _guard = guard;
-            let (client, upstream) = match tokio::try_join!(client, upstream) {
+            let (client, upstream) = match tokio::try_join!(client.on, upstream) {
                 Ok(both) => both,
                 Err(e) => {
                     tracing::debug!(error = %e, "upgrade did not complete");
@@ -174,6 +259,15 @@ mod tests {
         assert_eq!(requested_upgrade(&ws).unwrap(), "websocket");
         assert!(requested_upgrade(&headers(&[("upgrade", "websocket")])).is_none());
         assert!(requested_upgrade(&headers(&[("connection", "upgrade")])).is_none());
+    }
+
+    #[test]
+    fn a_key_is_sixteen_bytes_of_base64() {
+        assert_eq!(base64(b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f"), "AAECAwQFBgcICQoLDA0ODw==");
+        assert_eq!(base64(b"foob"), "Zm9vYg==");
+        assert_eq!(base64(b"fooba"), "Zm9vYmE=");
+        assert_eq!(fresh_key().len(), 24);
+        assert_ne!(fresh_key(), fresh_key());
     }
 
     #[test]

@@ -169,3 +169,51 @@ async fn shutdown_closes_an_open_tunnel_after_the_grace_period() {
         .expect("the tunnel is closed");
     assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
 }
+
+#[tokio::test]
+async fn a_websocket_over_http2_extended_connect_reaches_an_http1_upstream() {
+    use http_body_util::Empty;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    let echo = WsEcho::start().await;
+    let limiters = "limiters:\n  one: { limit: 1, window: 1h }\n";
+    let tail = "  - { name: ping, match: { path: /ping }, respond: { status: 200 } }\n";
+    let proxy = Proxy::start(&config(&echo, "", limiters, tail)).await;
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, Empty<bytes::Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    // One plain exchange first, so the server's SETTINGS (with
+    // ENABLE_CONNECT_PROTOCOL) have arrived before the CONNECT.
+    let ping = http::Request::get(format!("http://{}/ping", proxy.addr))
+        .body(Empty::new())
+        .unwrap();
+    assert_eq!(sender.send_request(ping).await.unwrap().status(), 200);
+
+    let connect = |sender: &mut hyper::client::conn::http2::SendRequest<Empty<bytes::Bytes>>| {
+        let mut req = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(format!("http://{}/ws/chat", proxy.addr))
+            .header("sec-websocket-version", "13")
+            .body(Empty::new())
+            .unwrap();
+        req.extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        sender.send_request(req)
+    };
+    let resp = connect(&mut sender).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let upgraded = hyper::upgrade::on(resp).await.unwrap();
+    let mut ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, None).await;
+    ws.send(Message::text("over h2")).await.unwrap();
+    assert_eq!(ws.next().await.unwrap().unwrap(), Message::text("over h2"));
+    // The same limit as a GET handshake: the second one is refused.
+    let second = connect(&mut sender).await.unwrap();
+    assert_eq!(second.status(), 429);
+    assert_eq!(echo.opened.load(Ordering::SeqCst), 1);
+}
