@@ -402,10 +402,20 @@ impl Balancer {
     fn pick(&self, tried: &[usize]) -> Pick {
         let n = self.servers.len();
         let now = Instant::now();
+        if n == 1 {
+            // The common single-server upstream: no ordering, no allocation.
+            let server = &self.servers[0];
+            return if !tried.is_empty() || !self.is_up(server, now) {
+                Pick::NoneAlive
+            } else if server.try_take(self.balance.max_conns) {
+                Pick::Got(0)
+            } else {
+                Pick::Busy
+            };
+        }
         // A retry goes on from the server that failed, without taking
         // another request's turn.
         let start = match tried.last() {
-            _ if n == 1 => 0,
             Some(&last) => last + 1,
             None => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };

@@ -263,7 +263,10 @@ mod tests {
 
     #[test]
     fn a_key_is_sixteen_bytes_of_base64() {
-        assert_eq!(base64(b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f"), "AAECAwQFBgcICQoLDA0ODw==");
+        assert_eq!(
+            base64(b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f"),
+            "AAECAwQFBgcICQoLDA0ODw=="
+        );
         assert_eq!(base64(b"foob"), "Zm9vYg==");
         assert_eq!(base64(b"fooba"), "Zm9vYmE=");
         assert_eq!(fresh_key().len(), 24);
