@@ -169,7 +169,9 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
             )
         }
         (&Method::GET, "/metrics") => {
-            let mut resp = Response::new(Body::full(metrics_text(app, &snap).await));
+            let mut text = metrics_text(app, &snap).await;
+            crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
+            let mut resp = Response::new(Body::full(text));
             resp.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -208,6 +210,10 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
                 json!({"result": "error", "version": snap.version, "errors": e.messages()}),
             ),
         },
+        (&Method::GET, "/upstreams") => json_response(
+            StatusCode::OK,
+            json!({"upstreams": upstreams_status(&snap)}),
+        ),
         (&Method::GET, "/config") => json_response(
             StatusCode::OK,
             json!({
@@ -221,12 +227,12 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
         (_, "/reload") => not_allowed("POST"),
         (
             _,
-            "/healthz" | "/readyz" | "/metrics" | "/config" | "/" | "/dashboard.js"
+            "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/" | "/dashboard.js"
             | "/dashboard.css" | "/dashboard.json",
         ) => not_allowed("GET"),
         _ => problem(
             StatusCode::NOT_FOUND,
-            "Admin paths: / (dashboard), /dashboard.json, /status, /metrics, /healthz, /readyz, /reload, /config.",
+            "Admin paths: / (dashboard), /dashboard.json, /status, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
         ),
     }
 }
@@ -314,7 +320,14 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
                 "reset": (now + q.reset_after).div_ceil(NANOS_PER_SEC),
         }));
     }
-    Ok(json!({"key": canonical_client(snap, raw), "limiters": limiters}))
+    Ok(
+        json!({"key": canonical_client(snap, raw), "limiters": limiters, "upstreams": upstreams_status(snap)}),
+    )
+}
+
+/// Every upstream's servers: up or down, in flight, failures counted.
+fn upstreams_status(snap: &Snapshot) -> Value {
+    Value::Array(snap.upstreams.iter().map(|u| u.status()).collect())
 }
 
 /// The store part of `/readyz`: for SQLite, also what waits for a failing disk.
@@ -422,6 +435,11 @@ async fn metrics_text(app: &App, snap: &Snapshot) -> String {
                 s.activity.limited_keys_tracked() as f64,
             ),
             gauge(
+                "tollgate_tunnels_open",
+                "Upgraded connections (WebSockets) being tunnelled.",
+                s.tunnels.len() as f64,
+            ),
+            gauge(
                 "tollgate_uptime_seconds",
                 "Seconds since start.",
                 s.started.elapsed().as_secs_f64(),
@@ -482,7 +500,7 @@ pub fn effective_config(c: &Config) -> Value {
             "ipv6_prefix": c.identity.ipv6_prefix,
             "exempt": c.identity.exempt.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
         },
-        "upstreams": c.upstreams.iter().map(|u| json!({"name": u.name, "url": u.url.to_string(), "connect_timeout_ms": u.connect_timeout.as_millis() as u64, "timeout_ms": u.timeout.as_millis() as u64})).collect::<Vec<_>>(),
+        "upstreams": c.upstreams.iter().map(|u| json!({"name": u.name, "url": u.url.to_string(), "connect_timeout_ms": u.connect_timeout.as_millis() as u64, "timeout_ms": u.timeout.as_millis() as u64, "servers": u.balance.servers.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "max_conns": u.balance.max_conns, "queue": u.balance.queue})).collect::<Vec<_>>(),
         "limiters": c.limiters.iter().map(|l| json!({
             "name": l.name,
             "algorithm": l.algorithm.name(),

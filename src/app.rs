@@ -61,6 +61,8 @@ pub struct Shared {
     pub activity: crate::dashboard::Activity,
     /// The access log's queue and writer thread.
     pub access: AccessLog,
+    /// Upgraded connections (WebSockets) still open; closed at shutdown.
+    pub tunnels: crate::tunnel::Tunnels,
 }
 
 #[derive(Clone)]
@@ -112,6 +114,7 @@ impl App {
                 connections,
                 activity: Default::default(),
                 access: AccessLog::default(),
+                tunnels: crate::tunnel::Tunnels::default(),
             }),
         }
     }
@@ -159,6 +162,10 @@ impl App {
         let max_body = snap.config.server.max_request_body;
         crate::framing::check_request(&req)?;
         check_framing(req.headers(), max_body)?;
+        let mut req = req;
+        // An upgrade (WebSocket) request: the client's side of the tunnel,
+        // taken now (an HTTP/2 one is rewritten to the HTTP/1.1 handshake first).
+        let client_upgrade = crate::tunnel::client_side(&mut req);
         let client = match snap.identity.resolve(conn.peer, req.headers(), now) {
             Ok(client) => client,
             Err(IdentityError::UnknownApiKey(short)) => {
@@ -300,6 +307,24 @@ impl App {
                 snap.upstream_durations[*u].observe(waited);
                 trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
                 let resp = match result {
+                    Ok((mut resp, connection))
+                        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+                            && client_upgrade.is_some() =>
+                    {
+                        // The tunnel holds the concurrency slots and the
+                        // server's place for as long as it is open.
+                        let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
+                        let upstream_side = hyper::upgrade::on(&mut resp);
+                        let client_side = client_upgrade.expect("checked above");
+                        client_side.answer(&mut resp);
+                        self.shared.tunnels.open(
+                            client_side,
+                            upstream_side,
+                            upstream.tunnel_idle_timeout(),
+                            (slots, connection),
+                        );
+                        resp.map(|_| Body::empty())
+                    }
                     Ok((resp, connection)) => {
                         // Both live exactly as long as the body: the slot is
                         // freed and the connection recycled when it is done.
@@ -317,7 +342,7 @@ impl App {
                     }
                     Err(e) if e.is_client_fault() => {
                         tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
-                        Problem::from(e).into_response()
+                        Problem::from(e).respond(Some(&trail.record.request_id), None)
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, route = %route.name, "forwarding failed");

@@ -30,6 +30,9 @@ mod admin_token;
 mod observe;
 pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
 
+pub mod balance;
+pub use balance::{BalanceConfig, HealthCheck, Policy};
+
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
@@ -271,7 +274,17 @@ pub struct RawUnknownKeys {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
-    pub url: Text,
+    /// One server; `servers` lists several (exactly one of the two).
+    pub url: Option<Text>,
+    pub servers: Option<Vec<Text>>,
+    pub balance: Option<Text>,
+    pub max_fails: Option<u32>,
+    pub fail_timeout: Option<Dur>,
+    pub max_conns: Option<u32>,
+    pub queue: Option<u32>,
+    pub queue_timeout: Option<Dur>,
+    pub health: Option<balance::RawHealth>,
+    pub tunnel_idle_timeout: Option<Dur>,
     pub connect_timeout: Option<Dur>,
     pub timeout: Option<Dur>,
     /// PEM CA bundle that verifies an https:// upstream instead of the system roots.
@@ -523,6 +536,8 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// How an https:// upstream's certificate is verified (unused for http://).
     pub tls: UpstreamTls,
+    /// The servers (`url` is the first) and how requests spread over them.
+    pub balance: BalanceConfig,
 }
 
 /// One configured API key: the secret itself, or its SHA-256 (`sha256:<hex>`)
@@ -1347,12 +1362,12 @@ impl Validator {
         }
     }
 
-    fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
-        let path = format!("upstreams.{name}.url");
-        let url: Uri = match raw.url.0.parse() {
+    /// One upstream server URL: http(s), with a host, without a query.
+    fn upstream_url(&mut self, path: &str, text: &Text) -> Option<Uri> {
+        let url: Uri = match text.0.parse() {
             Ok(u) => u,
             Err(e) => {
-                self.err(path, format!("invalid URL {:?}: {e}", raw.url.0));
+                self.err(path, format!("invalid URL {:?}: {e}", text.0));
                 return None;
             }
         };
@@ -1361,17 +1376,57 @@ impl Validator {
             _ => {
                 self.err(
                     path,
-                    format!("{:?} must start with http:// or https://", raw.url.0),
+                    format!("{:?} must start with http:// or https://", text.0),
                 );
                 return None;
             }
         }
         if url.authority().is_none() {
-            self.err(path, format!("{:?} has no host", raw.url.0));
+            self.err(path, format!("{:?} has no host", text.0));
             return None;
         }
         if url.query().is_some() {
             self.err(path, "an upstream URL cannot carry a query string");
+            return None;
+        }
+        Some(url)
+    }
+
+    fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
+        let written: Vec<(String, &Text)> = match (&raw.url, &raw.servers) {
+            (Some(url), None) => vec![(format!("upstreams.{name}.url"), url)],
+            (None, Some(list)) if !list.is_empty() => list
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("upstreams.{name}.servers[{i}]"), t))
+                .collect(),
+            (None, Some(_)) => {
+                self.err(format!("upstreams.{name}.servers"), "lists no server");
+                return None;
+            }
+            (Some(_), Some(_)) => {
+                self.err(
+                    format!("upstreams.{name}"),
+                    "`url` and `servers` contradict each other; keep one",
+                );
+                return None;
+            }
+            (None, None) => {
+                self.err(format!("upstreams.{name}"), "needs `url` or `servers`");
+                return None;
+            }
+        };
+        let mut servers = Vec::with_capacity(written.len());
+        for (path, text) in &written {
+            servers.push(self.upstream_url(path, text));
+        }
+        let servers: Vec<Uri> = servers.into_iter().collect::<Option<_>>()?;
+        let url = servers[0].clone();
+        if servers.iter().any(|s| s.scheme() != url.scheme()) {
+            self.err(
+                format!("upstreams.{name}.servers"),
+                "every server needs the same scheme (all http:// or all https://)",
+            );
             return None;
         }
         let https = url.scheme_str() == Some("https");
@@ -1417,6 +1472,21 @@ impl Validator {
             connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
             timeout: dur(raw.timeout, Duration::from_secs(30)),
             tls,
+            balance: self.balance(
+                name,
+                balance::RawBalance {
+                    servers: &raw.servers,
+                    balance: &raw.balance,
+                    max_fails: raw.max_fails,
+                    fail_timeout: raw.fail_timeout,
+                    max_conns: raw.max_conns,
+                    queue: raw.queue,
+                    queue_timeout: raw.queue_timeout,
+                    health: &raw.health,
+                    tunnel_idle_timeout: raw.tunnel_idle_timeout,
+                },
+                servers,
+            )?,
         })
     }
 

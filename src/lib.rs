@@ -23,6 +23,7 @@
 pub mod access;
 pub mod admin;
 pub mod app;
+pub mod balance;
 pub mod body;
 pub mod clock;
 pub mod config;
@@ -44,6 +45,7 @@ pub mod server;
 pub mod snapshot;
 pub mod store;
 pub mod tls;
+pub mod tunnel;
 pub mod workers;
 
 use std::path::PathBuf;
@@ -116,6 +118,11 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     tokio::spawn(rejection_episodes(app.clone(), background.clone()));
     tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
     tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
+    let health_app = app.clone();
+    tokio::spawn(balance::health_checks(
+        move || health_app.snapshot().upstreams.clone(),
+        background.clone(),
+    ));
     if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
         tokio::spawn(reload::watch(app.clone(), path, every, background.clone()));
     }
@@ -129,16 +136,24 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     }
     connections.close();
     let grace = app.snapshot().config.server.shutdown_grace;
-    if tokio::time::timeout(grace, connections.wait())
-        .await
-        .is_err()
+    // Upgraded connections (WebSockets) left hyper's watch when they
+    // switched protocols: they get the same grace, then are closed.
+    let tunnels = &app.shared.tunnels;
+    if tokio::time::timeout(grace, async {
+        connections.wait().await;
+        tunnels.wait().await;
+    })
+    .await
+    .is_err()
     {
         tracing::warn!(
             ?grace,
             remaining = connections.len(),
+            tunnels = tunnels.len(),
             "grace period over; closing the remaining connections"
         );
     }
+    tunnels.close_all().await;
     background.cancel();
     let store = app.shared.clone();
     // The writer logs what it could not save; `main` turns it into the exit status.

@@ -147,7 +147,7 @@ pub struct Metrics {
 const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Requests by route and limiter decision (allowed, rejected, exempt, store_error)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters)."),
-    ("tollgate_upstream_errors_total", "Failed forwards by upstream and kind (connect, timeout, body_too_large, other)."),
+    ("tollgate_upstream_errors_total", "Failed forwards by upstream and kind (connect, timeout, body_too_large, other, no_live_server, queue_full, queue_timeout)."),
     ("tollgate_store_errors_total", "Store calls that failed, by backend and the on_error policy applied."),
     ("tollgate_store_unsaved_dropped_total", "SQLite: keys whose change was given up because too many waited for a failing disk (exact in memory; saved when they change again)."),
     ("tollgate_store_fallback_total", "Requests decided by the on_error policy (allow, deny, local) because the store failed."),
@@ -155,6 +155,9 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_tls_handshake_failures_total", "TLS handshakes that failed, by reason (error, timeout)."),
     (REQUEST_DURATION, "Time from the request head to the last byte of the response, by route and decision (allowed, rejected, shadow_rejected, exempt, store_error, error)."),
     (UPSTREAM_DURATION, "Time until the upstream's response head arrived (or the forward failed), by upstream."),
+    ("tollgate_upstream_server_failures_total", "Failed forwards counted against one server of an upstream (connect, timeout, broken exchange)."),
+    ("tollgate_upstream_retries_total", "Requests sent again to the next server because the first could not be reached."),
+    ("tollgate_upstream_busy_total", "Requests answered 503 because every server was at max_conns and the queue was full or timed out."),
 ];
 
 fn help(name: &str) -> &'static str {

@@ -85,6 +85,13 @@ pub struct Return {
     sender: Option<Conn>,
 }
 
+impl Return {
+    /// The connection was upgraded (101): it carries a tunnel now, never another request.
+    pub fn discard(&mut self) {
+        self.sender = None;
+    }
+}
+
 impl Drop for Return {
     fn drop(&mut self) {
         if let Some(conn) = self.sender.take() {
@@ -112,11 +119,13 @@ impl Pool {
 
     /// Sends `req` (origin-form URI) on an idle connection of this worker, or
     /// a new one; returns the response head and the guard that recycles the
-    /// connection once the body has been passed on.
+    /// connection once the body has been passed on. When no connection could
+    /// be made, the request comes back untouched with the error, so a caller
+    /// may send it to another server.
     pub async fn send(
         self: &Arc<Pool>,
         mut req: Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, Return), PoolError> {
+    ) -> Result<(Response<Incoming>, Return), (PoolError, Option<Request<UpstreamBody>>)> {
         let slot = crate::workers::current().min(self.idle.len() - 1);
         loop {
             let Some((mut sender, permit)) = self.idle[slot].lock().pop() else {
@@ -133,7 +142,7 @@ impl Pool {
                 Err(mut e) => match e.take_message() {
                     // The upstream closed it before our request went out: try another.
                     Some(unsent) => req = unsent,
-                    None => return Err(PoolError::Exchange(e.into_error())),
+                    None => return Err((PoolError::Exchange(e.into_error()), None)),
                 },
             }
         }
@@ -152,11 +161,14 @@ impl Pool {
                     .expect("the semaphore is never closed")
             }
         };
-        let mut sender = self.connect().await?;
+        let mut sender = match self.connect().await {
+            Ok(sender) => sender,
+            Err(e) => return Err((e, Some(req))),
+        };
         let resp = sender
             .send_request(req)
             .await
-            .map_err(PoolError::Exchange)?;
+            .map_err(|e| (PoolError::Exchange(e), None))?;
         Ok((resp, self.returner(slot, (sender, permit))))
     }
 
@@ -192,9 +204,10 @@ impl Pool {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(PoolError::Handshake)?;
-        // Driven by this worker's runtime, next to the requests that use it.
+        // Driven by this worker's runtime, next to the requests that use it;
+        // `with_upgrades` lets a 101 answer hand the socket to a tunnel.
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended with an error");
             }
         });

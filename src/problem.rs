@@ -63,6 +63,12 @@ pub enum Problem {
     },
     /// A request form tollgate does not serve (`OPTIONS *`).
     NotImplemented(String),
+    /// Every server of the upstream is at `max_conns` and the wait queue is
+    /// full or timed out; the client may retry after `retry_after` seconds.
+    UpstreamBusy {
+        upstream: String,
+        retry_after: u64,
+    },
 }
 
 /// What a 405 lists in `Allow`: the methods any route can forward.
@@ -82,6 +88,7 @@ impl Problem {
             Problem::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Problem::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Problem::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            Problem::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -209,6 +216,18 @@ impl Problem {
                 )
             }
             Problem::NotImplemented(detail) => base("not-implemented", title, status, &detail),
+            Problem::UpstreamBusy {
+                upstream,
+                retry_after: secs,
+            } => {
+                retry_after = Some(secs.max(1));
+                base(
+                    "upstream-busy",
+                    title,
+                    status,
+                    &format!("Every server of the upstream '{upstream}' is busy; try again later."),
+                )
+            }
         };
         if let Some(id) = request_id {
             body["request_id"] = json!(id);

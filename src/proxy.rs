@@ -228,56 +228,84 @@ impl Upstream {
         port: u16,
         max_body: u64,
     ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), ProxyError> {
-        let (mut parts, body) = req.into_parts();
-        let host = parts.headers.get(header::HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
+        let outbound = Outbound::new(req, client, peer, proto, port, max_body);
+        self.send(outbound).await.map_err(SendError::into_error)
+    }
+
+    /// Sends a prepared request to this server. A request that never left
+    /// (no connection could be made) comes back in the error, for another server.
+    pub async fn send(
+        &self,
+        outbound: Outbound,
+    ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), SendError> {
+        let Outbound {
+            mut parts,
+            target,
+            body,
+            max_body,
+            upgrade,
+        } = outbound;
         // An HTTP/1.0 client may send no Host; the upstream speaks HTTP/1.1,
-        // which requires one, so it gets the upstream's own name (as nginx does).
-        let host = host.or_else(|| HeaderValue::from_str(self.authority.as_str()).ok());
-        strip_hop_by_hop(&mut parts.headers);
-        if let Some(h) = host {
-            parts.headers.insert(header::HOST, h);
+        // which requires one, so it gets the server's own name (as nginx does).
+        if !parts.headers.contains_key(header::HOST) {
+            if let Ok(h) = HeaderValue::from_str(self.authority.as_str()) {
+                parts.headers.insert(header::HOST, h);
+            }
         }
-        set_forwarded_headers(&mut parts.headers, client, peer, proto, port);
-
-        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let target = if self.base_path.is_empty() {
-            PathAndQuery::try_from(path_and_query)
+            target.clone()
         } else {
-            PathAndQuery::try_from(format!("{}{}", self.base_path, path_and_query))
+            PathAndQuery::try_from(format!("{}{}", self.base_path, target.as_str()))
+                .unwrap_or_else(|_| PathAndQuery::from_static("/"))
         };
-        let target = target.unwrap_or_else(|_| PathAndQuery::from_static("/"));
-        parts.version = Version::HTTP_11;
-        let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
-
         if let Some(pool) = &self.plain {
             // A connection of our own: the request line is in origin form.
             parts.uri = Uri::from(target);
-            let upstream_req = Request::from_parts(parts, Limited::new(body, limit));
+            let upstream_req = Request::from_parts(parts, body);
             let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req)).await;
             return match sent {
-                Err(_) => Err(ProxyError::Timeout {
+                Err(_) => Err(SendError::Sent(ProxyError::Timeout {
                     upstream: self.name.clone(),
                     timeout: self.timeout,
-                }),
-                Ok(Err(crate::pool::PoolError::Exchange(e))) if caused_by_body_limit(&e) => {
-                    Err(ProxyError::BodyTooLarge { limit: max_body })
+                })),
+                Ok(Err((crate::pool::PoolError::Exchange(e), _))) if caused_by_body_limit(&e) => {
+                    Err(SendError::Sent(ProxyError::BodyTooLarge {
+                        limit: max_body,
+                    }))
                 }
-                Ok(Err(crate::pool::PoolError::Exchange(e))) if client_body_error(&e).is_some() => {
-                    Err(ProxyError::ClientBody(
+                Ok(Err((crate::pool::PoolError::Exchange(e), _)))
+                    if client_body_error(&e).is_some() =>
+                {
+                    Err(SendError::Sent(ProxyError::ClientBody(
                         client_body_error(&e).unwrap_or_default(),
-                    ))
+                    )))
                 }
-                Ok(Err(source)) => Err(ProxyError::Plain {
-                    upstream: self.name.clone(),
-                    source,
-                }),
-                Ok(Ok((mut resp, back))) => {
-                    strip_hop_by_hop(resp.headers_mut());
+                Ok(Err((source, unsent))) => {
+                    let error = ProxyError::Plain {
+                        upstream: self.name.clone(),
+                        source,
+                    };
+                    Err(match unsent {
+                        Some(req) => {
+                            let (parts, body) = req.into_parts();
+                            SendError::Unsent(
+                                error,
+                                Box::new(Outbound::again(
+                                    parts,
+                                    body,
+                                    max_body,
+                                    upgrade,
+                                    &self.base_path,
+                                )),
+                            )
+                        }
+                        None => SendError::Sent(error),
+                    })
+                }
+                Ok(Ok((mut resp, mut back))) => {
+                    if keep_upgrade(&mut resp, upgrade.is_some()) {
+                        back.discard();
+                    }
                     Ok((resp, Some(Box::new(back) as crate::body::Guard)))
                 }
             };
@@ -288,40 +316,165 @@ impl Upstream {
         uri.authority = Some(self.authority.clone());
         uri.path_and_query = Some(target);
         parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
-        let upstream_req = Request::from_parts(parts, Limited::new(body, limit));
+        let upstream_req = Request::from_parts(parts, body);
         let sent = tokio::time::timeout(self.timeout, self.client().request(upstream_req)).await;
         let mut resp = match sent {
             Err(_) => {
-                return Err(ProxyError::Timeout {
+                return Err(SendError::Sent(ProxyError::Timeout {
                     upstream: self.name.clone(),
                     timeout: self.timeout,
-                })
+                }))
             }
             Ok(Err(e)) if caused_by_body_limit(&e) => {
-                return Err(ProxyError::BodyTooLarge { limit: max_body })
+                return Err(SendError::Sent(ProxyError::BodyTooLarge {
+                    limit: max_body,
+                }))
             }
             Ok(Err(e)) if client_body_error(&e).is_some() => {
-                return Err(ProxyError::ClientBody(
+                return Err(SendError::Sent(ProxyError::ClientBody(
                     client_body_error(&e).unwrap_or_default(),
-                ))
+                )))
             }
+            // hyper-util's client keeps the request: it cannot be sent elsewhere.
             Ok(Err(e)) if e.is_connect() => {
-                return Err(ProxyError::Connect {
+                return Err(SendError::Sent(ProxyError::Connect {
                     upstream: self.name.clone(),
                     source: e,
-                })
+                }))
             }
             Ok(Err(e)) => {
-                return Err(ProxyError::Upstream {
+                return Err(SendError::Sent(ProxyError::Upstream {
                     upstream: self.name.clone(),
                     source: e,
-                })
+                }))
             }
             Ok(Ok(resp)) => resp,
         };
-        strip_hop_by_hop(resp.headers_mut());
+        keep_upgrade(&mut resp, upgrade.is_some());
         Ok((resp, None))
     }
+}
+
+/// A request with its headers rewritten for the upstream, not yet bound to a server.
+pub struct Outbound {
+    parts: http::request::Parts,
+    /// The client's path and query; each server prepends its base path.
+    target: PathAndQuery,
+    body: UpstreamBody,
+    max_body: u64,
+    /// The `Upgrade` header of an upgrade request (kept, unlike other hop-by-hop headers).
+    upgrade: Option<HeaderValue>,
+}
+
+impl Outbound {
+    pub fn new(
+        req: Request<Incoming>,
+        client: &ClientIdentity,
+        peer: IpAddr,
+        proto: &'static str,
+        port: u16,
+        max_body: u64,
+    ) -> Outbound {
+        let (mut parts, body) = req.into_parts();
+        let upgrade = crate::tunnel::requested_upgrade(&parts.headers);
+        let host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        strip_hop_by_hop(&mut parts.headers);
+        if let Some(h) = host {
+            parts.headers.insert(header::HOST, h);
+        }
+        if let Some(u) = &upgrade {
+            parts.headers.insert(header::UPGRADE, u.clone());
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
+        set_forwarded_headers(&mut parts.headers, client, peer, proto, port);
+        let target = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.version = Version::HTTP_11;
+        let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
+        Outbound {
+            parts,
+            target,
+            body: Limited::new(body, limit),
+            max_body,
+            upgrade,
+        }
+    }
+
+    /// A request that came back unsent from a server with `base_path`: the
+    /// client's path is its URI without that prefix.
+    fn again(
+        parts: http::request::Parts,
+        body: UpstreamBody,
+        max_body: u64,
+        upgrade: Option<HeaderValue>,
+        base_path: &str,
+    ) -> Outbound {
+        let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let target = PathAndQuery::try_from(sent.strip_prefix(base_path).unwrap_or(sent))
+            .unwrap_or_else(|_| PathAndQuery::from_static("/"));
+        Outbound {
+            parts,
+            target,
+            body,
+            max_body,
+            upgrade,
+        }
+    }
+
+    pub fn method(&self) -> &http::Method {
+        &self.parts.method
+    }
+
+    /// Whether the client asked for a protocol upgrade (a WebSocket handshake).
+    pub fn is_upgrade(&self) -> bool {
+        self.upgrade.is_some()
+    }
+}
+
+/// Why a send failed; `Unsent` holds the request, which no server has seen.
+pub enum SendError {
+    Unsent(ProxyError, Box<Outbound>),
+    Sent(ProxyError),
+}
+
+impl SendError {
+    pub fn error(&self) -> &ProxyError {
+        match self {
+            SendError::Unsent(e, _) | SendError::Sent(e) => e,
+        }
+    }
+
+    pub fn into_error(self) -> ProxyError {
+        match self {
+            SendError::Unsent(e, _) | SendError::Sent(e) => e,
+        }
+    }
+}
+
+/// Strips the response's hop-by-hop headers, except the `Upgrade` and
+/// `Connection` of a 101 answer to an upgrade request; true for such an answer.
+fn keep_upgrade(resp: &mut Response<Incoming>, asked: bool) -> bool {
+    let upgraded = asked && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+    let upgrade = upgraded
+        .then(|| resp.headers().get(header::UPGRADE).cloned())
+        .flatten();
+    strip_hop_by_hop(resp.headers_mut());
+    if let Some(u) = upgrade {
+        resp.headers_mut().insert(header::UPGRADE, u);
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    upgraded
 }
 
 /// Warns, loudly, about every upstream whose certificate is not verified;

@@ -65,6 +65,8 @@ pub fn connection_builder(request_header_timeout: Duration) -> auto::Builder<Tok
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .adaptive_window(false)
         .max_send_buf_size(H2_SEND_BUF)
+        // RFC 8441: WebSockets over HTTP/2 (extended CONNECT).
+        .enable_connect_protocol()
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20));
     builder
@@ -274,7 +276,8 @@ async fn serve_connection<I>(
         }
     });
     let builder = connection_builder(timeouts.header);
-    let conn = builder.serve_connection(io, service);
+    // With upgrades: a 101 answer hands the socket to a tunnel (WebSockets).
+    let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     // hyper-util's auto builder waits for the first bytes (to tell HTTP/1.1
     // from HTTP/2) before hyper's header timer starts: `watch` closes a

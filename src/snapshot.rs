@@ -11,11 +11,11 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
 
+use crate::balance::Balancer;
 use crate::config::{Action, Config, KeyPart, LimiterConfig};
 use crate::identity::{ApiKey, Client, Identity};
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
 use crate::metrics::{Counter, Histogram, Metrics, RouteSeries};
-use crate::proxy::Upstream;
 use crate::router::Router;
 
 pub struct Snapshot {
@@ -25,7 +25,7 @@ pub struct Snapshot {
     pub router: Router,
     pub routes: Vec<Route>,
     pub limiters: Vec<Limiter>,
-    pub upstreams: Vec<Arc<Upstream>>,
+    pub upstreams: Vec<Arc<Balancer>>,
     /// `tollgate_upstream_duration_seconds`, parallel to `upstreams`.
     pub upstream_durations: Vec<Arc<Histogram>>,
     /// The request series of requests that matched no route.
@@ -93,13 +93,13 @@ impl Snapshot {
         metrics: &Metrics,
     ) -> Snapshot {
         let identity = Identity::new(&config.identity, previous.map(|p| &p.identity), metrics);
-        let upstreams: Vec<Arc<Upstream>> = config
+        let upstreams: Vec<Arc<Balancer>> = config
             .upstreams
             .iter()
             .map(|u| {
                 previous
                     .and_then(|p| p.upstreams.iter().find(|old| old.serves(u)).cloned())
-                    .unwrap_or_else(|| Arc::new(Upstream::new(u)))
+                    .unwrap_or_else(|| Arc::new(Balancer::new(u, metrics)))
             })
             .collect();
         let limiters = config

@@ -237,7 +237,12 @@ pub struct Upstream {
 
 impl Upstream {
     pub async fn start() -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Upstream::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// Starts on `addr` (a killed upstream's, to bring it back).
+    pub async fn start_on(addr: SocketAddr) -> Upstream {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Seen::default());
         let stop = CancellationToken::new();
@@ -249,11 +254,17 @@ impl Upstream {
                     a = listener.accept() => match a { Ok((s, _)) => s, Err(_) => continue },
                 };
                 let seen = s.clone();
+                let killed = st.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| handle_upstream(seen.clone(), req));
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                    // Killed: the socket closes mid-exchange, like a crashed server.
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = killed.cancelled() => {}
+                    }
                 });
             }
         });
@@ -262,6 +273,11 @@ impl Upstream {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting and closes every open connection, like a crashed server.
+    pub fn kill(&self) {
+        self.stop.cancel();
     }
 }
 
@@ -807,5 +823,74 @@ impl AccessCapture {
             .iter()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
             .collect()
+    }
+}
+
+/// A WebSocket upstream on 127.0.0.1 port 0 that echoes every message and
+/// counts the sessions it opened and saw closed.
+pub struct WsEcho {
+    pub addr: SocketAddr,
+    pub opened: Arc<AtomicUsize>,
+    pub closed: Arc<AtomicUsize>,
+    stop: CancellationToken,
+}
+
+impl WsEcho {
+    pub async fn start() -> WsEcho {
+        use futures_util::{SinkExt, StreamExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (opened, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let stop = CancellationToken::new();
+        let (o, c, st) = (opened.clone(), closed.clone(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    _ = st.cancelled() => return,
+                    a = listener.accept() => match a { Ok((s, _)) => s, Err(_) => continue },
+                };
+                let (o, c) = (o.clone(), c.clone());
+                tokio::spawn(async move {
+                    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                        return;
+                    };
+                    o.fetch_add(1, Ordering::SeqCst);
+                    while let Some(Ok(msg)) = ws.next().await {
+                        if msg.is_close() {
+                            break;
+                        }
+                        if (msg.is_text() || msg.is_binary()) && ws.send(msg).await.is_err() {
+                            break;
+                        }
+                    }
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        WsEcho {
+            addr,
+            opened,
+            closed,
+            stop,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for WsEcho {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Waits (at most `limit`) until `check` holds; panics with `what` if it never does.
+pub async fn eventually(limit: Duration, what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
