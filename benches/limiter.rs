@@ -65,6 +65,8 @@ fn open(backend: Backend) -> Store {
             key: vec![KeyPart::Client],
             shadow: false,
             overrides: vec![],
+            count: None,
+            ban: None,
         })
         .collect();
     let config = StoreConfig {

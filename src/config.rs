@@ -28,6 +28,8 @@ use crate::tls::CertSet;
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
 
+mod protect;
+
 // ---------------------------------------------------------------- raw schema
 
 /// A string value in which `${ENV_VAR}` is replaced from the environment.
@@ -268,6 +270,10 @@ pub struct RawLimiter {
     pub mode: Option<Text>,
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
+    /// Only responses that match are counted (see `limiter/count.rs`).
+    pub count: Option<protect::RawCount>,
+    /// Refuse a key outright after repeated rejections.
+    pub ban: Option<protect::RawBan>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -518,6 +524,10 @@ pub struct LimiterConfig {
     pub key: Vec<KeyPart>,
     pub shadow: bool,
     pub overrides: Vec<OverrideConfig>,
+    /// `count:` — which responses count; `None`: every request does.
+    pub count: Option<crate::limiter::count::CountRule>,
+    /// `ban:` — refuse a key outright after repeated rejections.
+    pub ban: Option<crate::limiter::ban::BanRule>,
 }
 
 #[derive(Debug, Clone)]
@@ -1291,6 +1301,14 @@ impl Validator {
                 );
             }
         }
+        let count = raw
+            .count
+            .as_ref()
+            .and_then(|c| self.count_rule(name, c, &algorithm));
+        let ban = raw
+            .ban
+            .as_ref()
+            .and_then(|b| self.ban_rule(name, b, &algorithm, shadow));
         if self.problems.len() > before {
             return None;
         }
@@ -1299,6 +1317,8 @@ impl Validator {
             algorithm,
             key,
             shadow,
+            count,
+            ban,
             overrides: raw
                 .overrides
                 .iter()

@@ -59,6 +59,12 @@ pub struct LimiterMetrics {
     pub delayed: Counter,
     pub rejected: Counter,
     pub would_reject: Counter,
+    /// Refused outright because the key is banned.
+    pub banned: Counter,
+    /// `count:` — requests given back because their response did not count.
+    pub not_counted: Counter,
+    /// `ban:` — bans this limiter started.
+    pub bans_started: Counter,
 }
 
 pub struct Limiter {
@@ -66,6 +72,10 @@ pub struct Limiter {
     pub algorithm: Algorithm,
     pub key: Vec<KeyPart>,
     pub shadow: bool,
+    /// `count:` — only responses that match count.
+    pub count: Option<crate::limiter::count::CountRule>,
+    /// `ban:` — and the span its strikes count in.
+    pub ban: Option<(crate::limiter::ban::BanRule, Nanos)>,
     /// Key value (as [`Limiter::request_key`] builds it) → its own policy.
     overrides: HashMap<String, Algorithm>,
     /// [`Limiter::describe`] of `algorithm`, written once: a 429 only clones it.
@@ -167,6 +177,11 @@ impl Limiter {
             algorithm: config.algorithm.clone(),
             key: config.key.clone(),
             shadow: config.shadow,
+            count: config.count.clone(),
+            ban: config
+                .ban
+                .clone()
+                .and_then(|b| Some((b, config.algorithm.ban_window()?))),
             overrides,
             policy: Limiter::describe_policy(&config.algorithm).into(),
             metrics: LimiterMetrics {
@@ -174,6 +189,9 @@ impl Limiter {
                 delayed: c("delayed"),
                 rejected: c("rejected"),
                 would_reject: c("would_reject"),
+                banned: c("banned"),
+                not_counted: c("not_counted"),
+                bans_started: metrics.counter("tollgate_bans_total", &[("limiter", &config.name)]),
             },
         }
     }

@@ -63,6 +63,8 @@ fn limiters() -> Vec<LimiterConfig> {
             key: vec![KeyPart::Client],
             shadow: false,
             overrides: vec![],
+            count: None,
+            ban: None,
         })
         .collect()
 }

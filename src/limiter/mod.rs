@@ -14,7 +14,9 @@
 //! to the others: a fixed window counts the attempt anyway (SPEC §4), every
 //! other algorithm only pays for requests that were actually admitted.
 
+pub mod ban;
 pub mod concurrency;
+pub mod count;
 pub mod fixed_window;
 pub mod leaky_bucket;
 pub mod sliding_window;
@@ -77,6 +79,12 @@ pub trait Rule {
     /// that leaves before its ticket gives its place back where it can.
     /// Most algorithms ignore it.
     fn release(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
+
+    /// `count:` — the request recorded with `ticket` (see [`Algorithm::ticket`])
+    /// got a response that does not count: give back what it took, as far as
+    /// it still weighs on the state. Never gives back more than the request
+    /// took (see `count.rs`). Only algorithms that accept `count:` override it.
+    fn refund(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
 }
 
 /// A validated limiter policy: which algorithm and its parameters.
@@ -220,6 +228,53 @@ impl Algorithm {
 
     pub fn release(&self, state: &mut State, ticket: Nanos, now: Nanos) {
         dispatch!(self, state, r, s => r.release(s, ticket, now), ())
+    }
+
+    /// `count:` — see [`Rule::refund`]; a state of another algorithm is left alone.
+    pub fn refund(&self, state: &mut State, ticket: Nanos, now: Nanos) {
+        dispatch!(self, state, r, s => r.refund(s, ticket, now), ())
+    }
+
+    /// Whether `count:` makes sense here: the algorithm records each request
+    /// as a unit that can be handed back. A leaky bucket delays rather than
+    /// counts, and a concurrency slot is given back by every response anyway.
+    pub fn accepts_count(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_) | Algorithm::TokenBucket(_)
+        )
+    }
+
+    /// Whether `record` takes a unit also for a refused request (a fixed
+    /// window counts every attempt, SPEC §4); the others take one only on
+    /// admission, and a refund must match what was taken.
+    pub fn counts_refused(&self) -> bool {
+        matches!(self, Algorithm::FixedWindow(_))
+    }
+
+    /// What identifies the unit a request took, for [`Algorithm::refund`],
+    /// from the store's decision instant `at` and the quota after recording:
+    /// the instant itself for windows (it names the window, or the log
+    /// entry), and for a token bucket the theoretical arrival time right
+    /// after this request (`at + debt`), which tells how much of its token
+    /// is still unpaid when the refund comes.
+    pub fn ticket(&self, at: Nanos, quota: &Quota) -> Nanos {
+        match self {
+            Algorithm::TokenBucket(_) => at.saturating_add(quota.reset_after),
+            _ => at,
+        }
+    }
+
+    /// The span a `ban:` counts rejections in: the window, or for a bucket
+    /// the time it takes to refill completely. `None` for concurrency.
+    pub fn ban_window(&self) -> Option<Nanos> {
+        match self {
+            Algorithm::FixedWindow(p) => Some(p.window),
+            Algorithm::SlidingWindow(p) => Some(p.window),
+            Algorithm::TokenBucket(p) => Some(p.capacity.saturating_mul(p.interval).max(1)),
+            Algorithm::LeakyBucket(p) => Some(p.capacity.max(1).saturating_mul(p.interval).max(1)),
+            Algorithm::Concurrency(_) => None,
+        }
     }
 
     /// The same policy with another quota (per-key `overrides`).

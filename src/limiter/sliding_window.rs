@@ -108,6 +108,16 @@ impl Rule for SlidingWindow {
         }
     }
 
+    /// `count:` — the ticket is the admission's instant: its log entry is
+    /// removed (one entry, if several share the instant). An entry already
+    /// dropped (out of the window, or beyond the newest `limit`) no longer
+    /// weighs on any answer, so nothing is given back for it.
+    fn refund(&self, state: &mut State, ticket: Nanos, _now: Nanos) {
+        if let Some(i) = state.admitted.iter().position(|&t| t == ticket) {
+            state.admitted.remove(i);
+        }
+    }
+
     /// Once the newest entry has left the window the log says nothing.
     fn expires_at(&self, state: &State) -> Nanos {
         state

@@ -90,6 +90,18 @@ impl Rule for TokenBucket {
         }
     }
 
+    /// `count:` — the ticket is `tat` just after the request took its token.
+    /// Debt is repaid oldest first, so at `now` the part of that token still
+    /// unpaid is `min(interval, ticket - now)` (nothing once `now >= ticket`:
+    /// the bucket refilled it already). Giving back only that part never
+    /// hands out a token the bucket would not have had without the request.
+    fn refund(&self, state: &mut State, ticket: Nanos, now: Nanos) {
+        let unpaid = ticket.saturating_sub(now).min(self.interval);
+        if state.tat > now {
+            state.tat = state.tat.saturating_sub(unpaid).max(now);
+        }
+    }
+
     /// From `tat` on the bucket is full and the state equals `State::default()`
     /// in every answer.
     fn expires_at(&self, state: &State) -> Nanos {

@@ -146,6 +146,19 @@ impl Table {
         }
     }
 
+    /// `count:` — gives back the unit a request took (see [`Algorithm::refund`]).
+    pub fn refund(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
+        let mut shard = self.shards[shard_of(key)].lock();
+        let track = self.track_changes;
+        let Shard { map, changed } = &mut *shard;
+        if let Some(e) = map.get_mut(key) {
+            if usable(e, algorithm) {
+                algorithm.refund(&mut e.state, ticket, now);
+                mark(e, key, changed, track);
+            }
+        }
+    }
+
     /// Puts loaded state in place (start-up), without marking it changed.
     pub fn load(&self, key: &str, state: State, shape: u32, expires_at: Nanos) {
         let mut shard = self.shards[shard_of(key)].lock();

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::ban::{self, BanChange, Bans};
 use super::memory::{Change, Table};
 use super::StoreError;
 use crate::clock::{iso8601, parse_iso8601};
@@ -101,6 +102,7 @@ impl Sqlite {
     pub fn open(
         path: &Path,
         table: Arc<Table>,
+        bans: Arc<Bans>,
         flush_interval: Duration,
         limiters: &[LimiterConfig],
         now: Nanos,
@@ -118,6 +120,11 @@ impl Sqlite {
             .map_err(open_err)?;
         conn.execute_batch(SCHEMA).map_err(open_err)?;
         load(&conn, &table, limiters, now).map_err(open_err)?;
+        conn.execute_batch(ban::SCHEMA).map_err(open_err)?;
+        let banned = ban::load(&conn, &bans, limiters, now).map_err(open_err)?;
+        if banned > 0 {
+            tracing::info!(bans = banned, "loaded bans in force from SQLite");
+        }
 
         let (tx, rx) = mpsc::sync_channel(64);
         let audit_buffer = AuditBuffer::default();
@@ -125,6 +132,7 @@ impl Sqlite {
         let writer = Writer {
             conn,
             table,
+            bans,
             healthy: healthy.clone(),
             audit: Vec::new(),
             audit_buffer: audit_buffer.clone(),
@@ -215,6 +223,7 @@ impl Drop for Sqlite {
 struct Writer {
     conn: Connection,
     table: Arc<Table>,
+    bans: Arc<Bans>,
     healthy: Arc<AtomicBool>,
     audit: Vec<AuditRow>,
     audit_buffer: AuditBuffer,
@@ -255,6 +264,7 @@ impl Writer {
 
     fn flush(&mut self) -> Result<(), String> {
         let changes = self.table.take_changes();
+        let ban_changes = self.bans.take_changes();
         {
             let mut buffer = self.audit_buffer.lock();
             if self.audit.is_empty() {
@@ -263,10 +273,14 @@ impl Writer {
                 self.audit.append(&mut buffer);
             }
         }
-        if changes.is_empty() && self.audit.is_empty() {
+        if changes.is_empty() && ban_changes.is_empty() && self.audit.is_empty() {
             return Ok(());
         }
-        let result = write(&mut self.conn, &changes, &self.audit);
+        let result = write(&mut self.conn, &changes, &ban_changes, &self.audit);
+        if result.is_err() {
+            // Bans are few and must not be lost: the next flush tries again.
+            self.bans.restore(ban_changes);
+        }
         match &result {
             Ok(()) => {
                 self.audit.clear();
@@ -309,6 +323,7 @@ impl Writer {
             "DELETE FROM limiter_state WHERE expires_at <= ?1",
             params![plan.now as i64],
         )?;
+        ban::prune(&tx, plan.now)?;
         if let Some(cutoff) = plan.audit_cutoff {
             tx.execute(
                 "DELETE FROM api_calls WHERE time < ?1",
@@ -319,8 +334,14 @@ impl Writer {
     }
 }
 
-fn write(conn: &mut Connection, changes: &[Change], audit: &[AuditRow]) -> rusqlite::Result<()> {
+fn write(
+    conn: &mut Connection,
+    changes: &[Change],
+    bans: &[BanChange],
+    audit: &[AuditRow],
+) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
+    ban::write(&tx, bans)?;
     {
         let mut upsert_window = tx.prepare_cached(
             "INSERT INTO rate_limit_windows (key, window_start, count) VALUES (?1, ?2, ?3)
@@ -552,6 +573,8 @@ mod tests {
             key: vec![KeyPart::Client],
             shadow: false,
             overrides: vec![],
+            count: None,
+            ban: None,
         }
     }
 
@@ -577,6 +600,7 @@ mod tests {
             let db = Sqlite::open(
                 &path,
                 table.clone(),
+                Arc::new(Bans::new(true)),
                 Duration::from_secs(3600),
                 &limiters,
                 now,
@@ -627,6 +651,7 @@ mod tests {
         let db = Sqlite::open(
             &dir.path().join("a.db"),
             table,
+            Arc::new(Bans::new(true)),
             Duration::from_secs(3600),
             &[],
             0,
