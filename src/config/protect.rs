@@ -150,3 +150,72 @@ impl Validator {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::parse;
+    use crate::limiter::NANOS_PER_SEC as S;
+    use http::StatusCode;
+
+    fn errors(yaml: &str) -> String {
+        parse(yaml).expect_err("must be rejected").to_string()
+    }
+
+    #[test]
+    fn a_failed_login_limiter_with_count_and_ban_is_accepted() {
+        let c = parse(
+            "limiters:\n  failed_logins:\n    limit: 5\n    window: 15m\n    key: ip\n    count: { status: [403, 401, 401], header: X-Login-Failed }\n    ban: { after: 3, for: 1h, status: 403 }\n",
+        )
+        .unwrap();
+        let l = &c.limiters[0];
+        let count = l.count.as_ref().unwrap();
+        assert_eq!(count.status, vec![401, 403], "sorted and deduplicated");
+        assert_eq!(count.header.as_ref().unwrap().as_str(), "x-login-failed");
+        let ban = l.ban.as_ref().unwrap();
+        assert_eq!((ban.after, ban.duration), (3, 3600 * S));
+        assert_eq!(ban.status, StatusCode::FORBIDDEN);
+        let single = parse("limiters:\n  l: { limit: 5, window: 1m, count: { status: 401 } }\n")
+            .unwrap();
+        assert_eq!(single.limiters[0].count.as_ref().unwrap().status, vec![401]);
+    }
+
+    #[test]
+    fn count_is_refused_where_it_makes_no_sense_with_the_reason() {
+        let e = errors("limiters:\n  c: { algorithm: concurrency, max_in_flight: 2, count: { status: [401] } }\n");
+        assert!(e.contains("limiters.c.count"), "{e}");
+        assert!(e.contains("frees its slot"), "{e}");
+        let e = errors("limiters:\n  q: { algorithm: leaky_bucket, capacity: 2, leak_per_second: 1, count: { status: [401] } }\n");
+        assert!(e.contains("limiters.q.count"), "{e}");
+        assert!(e.contains("delays requests"), "{e}");
+    }
+
+    #[test]
+    fn every_mistake_in_count_and_ban_is_reported_with_its_path() {
+        let e = errors(
+            "limiters:\n  l:\n    limit: 5\n    window: 1m\n    count: { status: [401, 999], header: \"bad header\" }\n    ban: { after: 0, for: 0s, status: 404 }\n",
+        );
+        for needle in [
+            "limiters.l.count.status[1]",
+            "limiters.l.count.header",
+            "limiters.l.ban.after",
+            "limiters.l.ban.for",
+            "limiters.l.ban.status",
+        ] {
+            assert!(e.contains(needle), "{needle} missing in {e}");
+        }
+        let e = errors("limiters:\n  l: { limit: 5, window: 1m, count: {} }\n");
+        assert!(e.contains("say which responses count"), "{e}");
+        let e = errors("limiters:\n  l: { limit: 5, window: 1m, ban: { after: 3 } }\n");
+        assert!(e.contains("`ban` needs `for`"), "{e}");
+        let e = errors("limiters:\n  l: { limit: 5, window: 1m, ban: { after: 3, for: 1h, within: 1m } }\n");
+        assert!(e.contains("within"), "unknown keys are errors: {e}");
+    }
+
+    #[test]
+    fn ban_is_refused_on_a_shadow_limiter_and_on_concurrency() {
+        let e = errors("limiters:\n  s: { limit: 5, window: 1m, mode: shadow, ban: { after: 3, for: 1h } }\n");
+        assert!(e.contains("limiters.s.ban") && e.contains("shadow"), "{e}");
+        let e = errors("limiters:\n  c: { algorithm: concurrency, max_in_flight: 2, ban: { after: 3, for: 1h } }\n");
+        assert!(e.contains("limiters.c.ban") && e.contains("concurrency"), "{e}");
+    }
+}

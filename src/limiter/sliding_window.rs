@@ -142,6 +142,22 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_refund_removes_the_admission_and_frees_its_slot() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        for i in 0..5 {
+            attempt(&rule, &mut state, T0 + i * S);
+        }
+        assert!(rule.check(&state, T0 + 5 * S).is_deny());
+        rule.refund(&mut state, T0 + 2 * S, T0 + 5 * S);
+        assert_eq!(rule.check(&state, T0 + 5 * S), Verdict::Allow);
+        assert_eq!(state.admitted.len(), 4);
+        // An unknown ticket changes nothing.
+        rule.refund(&mut state, T0 + 2 * S, T0 + 5 * S);
+        assert_eq!(state.admitted.len(), 4);
+    }
+
     /// check, then record with the limiter's own answer, as a lone limiter does.
     fn attempt(rule: &SlidingWindow, state: &mut State, now: Nanos) -> Verdict {
         let verdict = rule.check(state, now);
