@@ -25,7 +25,7 @@ pub struct Metrics {
 
 const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, exempt, no_route, unauthorized, bad_request, store_error)."),
-    ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: responses that did not match)."),
+    ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
     ("tollgate_bans_total", "Bans started, by limiter (ban: after N rejections within the window)."),
     ("tollgate_upstream_errors_total", "Failed forwards by upstream and kind (connect, timeout, body_too_large, other)."),
     ("tollgate_store_errors_total", "Store calls that failed, by backend and the on_error policy applied."),

@@ -27,6 +27,7 @@ use tollgate::store::Store;
 use tollgate::{App, Listeners, RunOptions};
 
 pub mod certs;
+pub mod php;
 
 /// A tollgate running in this process on real sockets.
 pub struct Proxy {
