@@ -123,7 +123,10 @@ pub async fn settle(
             continue;
         }
         let algorithm = l.algorithm_for(l.value_of(&unit.store_key));
-        match store.refund(&unit.store_key, algorithm, unit.ticket, now).await {
+        match store
+            .refund(&unit.store_key, algorithm, unit.ticket, now)
+            .await
+        {
             Ok(()) => {
                 inc(&l.metrics.not_counted);
                 if let Some((_, o)) = views.iter_mut().find(|(i, _)| *i == unit.limiter) {

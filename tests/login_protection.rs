@@ -151,8 +151,16 @@ async fn parallel_wrong_passwords_never_get_more_than_the_limit_to_php() {
     for t in tasks {
         statuses.push(t.await.unwrap());
     }
-    assert_eq!(statuses.iter().filter(|&&s| s == 401).count(), 5, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 15, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 401).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        15,
+        "{statuses:?}"
+    );
     assert_eq!(failed(&php), 5, "exactly the limit reached PHP");
 }
 
@@ -168,13 +176,22 @@ async fn a_header_set_by_the_app_decides_what_counts() {
     let c = client();
     for _ in 0..6 {
         // `X-Login-Failed: 0` on success: not counted.
-        assert_eq!(login(&c, &proxy, "right", "?style=header").await.status, 200);
+        assert_eq!(
+            login(&c, &proxy, "right", "?style=header").await.status,
+            200
+        );
     }
     for i in 0..5 {
         let a = login(&c, &proxy, "wrong", "?style=header").await;
-        assert_eq!(a.status, 200, "failure {i}: the app answers 200 with the header");
+        assert_eq!(
+            a.status, 200,
+            "failure {i}: the app answers 200 with the header"
+        );
     }
-    assert_eq!(login(&c, &proxy, "wrong", "?style=header").await.status, 429);
+    assert_eq!(
+        login(&c, &proxy, "wrong", "?style=header").await.status,
+        429
+    );
     assert_eq!(failed(&php), 5);
 }
 
@@ -220,7 +237,11 @@ async fn a_ban_outlasts_the_window_survives_a_restart_and_delete_status_lifts_it
     assert_eq!(after_restart.status, 429);
     assert_eq!(after_restart.body["type"], "client-banned");
     assert_eq!(after_restart.body["banned_until"], ban_end);
-    assert_eq!(php.hits().len(), hits_before_restart, "banned requests never reach PHP");
+    assert_eq!(
+        php.hits().len(),
+        hits_before_restart,
+        "banned requests never reach PHP"
+    );
     let metrics = c
         .get(proxy.admin_url("/metrics"))
         .send()

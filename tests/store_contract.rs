@@ -7,12 +7,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
+use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
     sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, Verdict,
     NANOS_PER_SEC as S,
 };
-use tollgate::limiter::ban::BanRule;
 use tollgate::store::{Banned, Check, Store};
 
 /// 2 s into a 10 s window.
@@ -229,7 +229,10 @@ async fn ban_contract(store: &Store) {
     let key = "fixed:ip:203.0.113.9";
     let rule = three_for_an_hour();
     assert_eq!(store.strike(key, &rule, 10 * S, T0).await.unwrap(), None);
-    assert_eq!(store.strike(key, &rule, 10 * S, T0 + S).await.unwrap(), None);
+    assert_eq!(
+        store.strike(key, &rule, 10 * S, T0 + S).await.unwrap(),
+        None
+    );
     assert_eq!(store.banned(&[key], T0 + S).await.unwrap(), vec![None]);
     let ban = store.strike(key, &rule, 10 * S, T0 + 2 * S).await.unwrap();
     assert_eq!(
@@ -251,7 +254,10 @@ async fn ban_contract(store: &Store) {
         ]
     );
     assert_eq!(store.active_bans(T0 + 3 * S), 1);
-    assert_eq!(store.banned(&[key], T0 + 3602 * S).await.unwrap(), vec![None]);
+    assert_eq!(
+        store.banned(&[key], T0 + 3602 * S).await.unwrap(),
+        vec![None]
+    );
     store.reset(&[key.to_string()]).await.unwrap();
     assert_eq!(store.banned(&[key], T0 + 3 * S).await.unwrap(), vec![None]);
     assert_eq!(store.active_bans(T0 + 3 * S), 0);
@@ -364,7 +370,11 @@ async fn sqlite_bans_survive_a_reopen_and_a_lifted_one_stays_lifted() {
     );
     let conn = rusqlite::Connection::open(dir.path().join("contract.db")).unwrap();
     let utc: String = conn
-        .query_row("SELECT until_utc FROM limiter_bans WHERE key = ?1", [banned], |r| r.get(0))
+        .query_row(
+            "SELECT until_utc FROM limiter_bans WHERE key = ?1",
+            [banned],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(utc, "2026-01-01T01:00:02Z");
 }
@@ -739,20 +749,32 @@ mod redis {
         let other = open_redis(&twin._server, Duration::from_millis(500));
         let k = key("fixed");
         let rule = three_for_an_hour();
-        assert_eq!(twin.store.strike(&k, &rule, 60 * S, T0).await.unwrap(), None);
+        assert_eq!(
+            twin.store.strike(&k, &rule, 60 * S, T0).await.unwrap(),
+            None
+        );
         // Strikes count across proxies: the third, on another proxy, bans.
         assert_eq!(other.strike(&k, &rule, 60 * S, T0).await.unwrap(), None);
         let ban = twin.store.strike(&k, &rule, 60 * S, T0).await.unwrap();
         assert_eq!(ban.map(|b| b.remaining), Some(3600 * S));
         let seen = other.banned(&[k.as_str()], T0).await.unwrap()[0].expect("banned everywhere");
-        assert!(seen.remaining <= 3600 * S && seen.remaining > 3590 * S, "{seen:?}");
+        assert!(
+            seen.remaining <= 3600 * S && seen.remaining > 3590 * S,
+            "{seen:?}"
+        );
         let ban_key = format!("contract:{{contract}}!ban:{k}");
-        let reply = twin._server.command(&["PTTL", &ban_key]).expect("Redis answers");
+        let reply = twin
+            ._server
+            .command(&["PTTL", &ban_key])
+            .expect("Redis answers");
         let ttl: i64 = reply.trim_start_matches(':').parse().unwrap();
         assert!(ttl > 3_590_000 && ttl <= 3_600_000, "PTTL {ttl}");
         assert_eq!(twin.store.active_bans(T0), 1, "this proxy saw it");
-        other.reset(&[k.clone()]).await.unwrap();
-        assert_eq!(twin.store.banned(&[k.as_str()], T0).await.unwrap(), vec![None]);
+        other.reset(std::slice::from_ref(&k)).await.unwrap();
+        assert_eq!(
+            twin.store.banned(&[k.as_str()], T0).await.unwrap(),
+            vec![None]
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -762,10 +784,16 @@ mod redis {
         let rule = three_for_an_hour();
         let window = 300 * MS;
         for _ in 0..4 {
-            assert_eq!(twin.store.strike(&k, &rule, window, T0).await.unwrap(), None);
+            assert_eq!(
+                twin.store.strike(&k, &rule, window, T0).await.unwrap(),
+                None
+            );
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
-        assert_eq!(twin.store.banned(&[k.as_str()], T0).await.unwrap(), vec![None]);
+        assert_eq!(
+            twin.store.banned(&[k.as_str()], T0).await.unwrap(),
+            vec![None]
+        );
     }
 
     async fn hit_once(store: &Store) -> Result<Outcome, tollgate::store::StoreError> {

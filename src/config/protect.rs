@@ -115,7 +115,10 @@ impl Validator {
         }
         let after = match raw.after {
             None => {
-                self.err(at(""), "`ban` needs `after`: how many rejections start a ban");
+                self.err(
+                    at(""),
+                    "`ban` needs `after`: how many rejections start a ban",
+                );
                 1
             }
             Some(0) => {
@@ -174,8 +177,8 @@ mod tests {
         let ban = l.ban.as_ref().unwrap();
         assert_eq!((ban.after, ban.duration), (3, 3600 * S));
         assert_eq!(ban.status, StatusCode::FORBIDDEN);
-        let single = parse("limiters:\n  l: { limit: 5, window: 1m, count: { status: 401 } }\n")
-            .unwrap();
+        let single =
+            parse("limiters:\n  l: { limit: 5, window: 1m, count: { status: 401 } }\n").unwrap();
         assert_eq!(single.limiters[0].count.as_ref().unwrap().status, vec![401]);
     }
 
@@ -207,15 +210,22 @@ mod tests {
         assert!(e.contains("say which responses count"), "{e}");
         let e = errors("limiters:\n  l: { limit: 5, window: 1m, ban: { after: 3 } }\n");
         assert!(e.contains("`ban` needs `for`"), "{e}");
-        let e = errors("limiters:\n  l: { limit: 5, window: 1m, ban: { after: 3, for: 1h, within: 1m } }\n");
+        let e = errors(
+            "limiters:\n  l: { limit: 5, window: 1m, ban: { after: 3, for: 1h, within: 1m } }\n",
+        );
         assert!(e.contains("within"), "unknown keys are errors: {e}");
     }
 
     #[test]
     fn ban_is_refused_on_a_shadow_limiter_and_on_concurrency() {
-        let e = errors("limiters:\n  s: { limit: 5, window: 1m, mode: shadow, ban: { after: 3, for: 1h } }\n");
+        let e = errors(
+            "limiters:\n  s: { limit: 5, window: 1m, mode: shadow, ban: { after: 3, for: 1h } }\n",
+        );
         assert!(e.contains("limiters.s.ban") && e.contains("shadow"), "{e}");
         let e = errors("limiters:\n  c: { algorithm: concurrency, max_in_flight: 2, ban: { after: 3, for: 1h } }\n");
-        assert!(e.contains("limiters.c.ban") && e.contains("concurrency"), "{e}");
+        assert!(
+            e.contains("limiters.c.ban") && e.contains("concurrency"),
+            "{e}"
+        );
     }
 }

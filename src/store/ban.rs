@@ -169,9 +169,7 @@ impl Bans {
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             let before = shard.map.len();
-            shard
-                .map
-                .retain(|_, e| e.state.expires_at(e.window) > now);
+            shard.map.retain(|_, e| e.state.expires_at(e.window) > now);
             let gone = before - shard.map.len();
             self.len.fetch_sub(gone as u64, Ordering::Relaxed);
         }
