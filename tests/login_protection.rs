@@ -3,6 +3,7 @@
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::php::PhpServer;
@@ -261,4 +262,52 @@ async fn a_ban_outlasts_the_window_survives_a_restart_and_delete_status_lifts_it
     assert_eq!(reset.status(), 200);
     assert_eq!(login(&c, &proxy, "right", "").await.status, 200);
     assert_eq!(status_of(&c, &proxy).await["ban"]["banned"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
+    use common::redis_server::RedisServer;
+    use tollgate::clock::SystemClock;
+
+    let redis = RedisServer::start();
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let yaml = format!(
+        "store: {{ backend: redis, url: \"{}\", prefix: \"login:\", timeout: 500ms, on_error: deny }}\n{}",
+        redis.url(),
+        config(
+            &php,
+            "{ status: [401, 403] }",
+            "    ban: { after: 2, for: 1h, status: 403 }\n"
+        )
+    );
+    // Redis decides on its own clock: keep clear of a 15-minute boundary.
+    common::wait_for_window_room(Duration::from_secs(15 * 60), Duration::from_secs(30));
+    let a = Proxy::start_with_clock(&yaml, Arc::new(SystemClock)).await;
+    let b = Proxy::start_with_clock(&yaml, Arc::new(SystemClock)).await;
+    let c = client();
+    for i in 0..5 {
+        let proxy = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(login(&c, proxy, "right", "").await.status, 200);
+        assert_eq!(login(&c, proxy, "wrong", "").await.status, 401, "failure {i}");
+    }
+    // Five failures through two proxies: the limit is reached for both.
+    assert_eq!(login(&c, &a, "wrong", "").await.status, 429);
+    assert_eq!(login(&c, &b, "wrong", "").await.status, 429);
+    assert_eq!(failed(&php), 5);
+    // The second refusal (on b) banned the key for the whole fleet, with 403.
+    let on_a = login(&c, &a, "right", "").await;
+    assert_eq!(on_a.status, 403, "{}", on_a.body);
+    assert_eq!(on_a.body["type"], "client-banned");
+    let retry = on_a.retry_after.expect("Retry-After");
+    assert!((3590..=3600).contains(&retry), "{retry}");
+    assert_eq!(status_of(&c, &a).await["ban"]["banned"], true);
+
+    let reset = c
+        .delete(b.admin_url("/status?key=127.0.0.1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 200);
+    assert_eq!(login(&c, &a, "right", "").await.status, 200, "lifted everywhere");
 }
