@@ -289,7 +289,11 @@ async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
     for i in 0..5 {
         let proxy = if i % 2 == 0 { &a } else { &b };
         assert_eq!(login(&c, proxy, "right", "").await.status, 200);
-        assert_eq!(login(&c, proxy, "wrong", "").await.status, 401, "failure {i}");
+        assert_eq!(
+            login(&c, proxy, "wrong", "").await.status,
+            401,
+            "failure {i}"
+        );
     }
     // Five failures through two proxies: the limit is reached for both.
     assert_eq!(login(&c, &a, "wrong", "").await.status, 429);
@@ -309,5 +313,9 @@ async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
         .await
         .unwrap();
     assert_eq!(reset.status(), 200);
-    assert_eq!(login(&c, &a, "right", "").await.status, 200, "lifted everywhere");
+    assert_eq!(
+        login(&c, &a, "right", "").await.status,
+        200,
+        "lifted everywhere"
+    );
 }
