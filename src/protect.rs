@@ -103,8 +103,8 @@ pub async fn strike(store: &Store, snap: &Snapshot, refused: &[(usize, &str)], n
 /// Gives back every unit whose answer does not count. `answer`: the
 /// response's status and headers, or `None` when tollgate refused the
 /// request itself (nothing reached the application, so nothing counts).
-/// The quotas in `views` are raised accordingly, so the rate-limit headers
-/// of this very response show the unit returned.
+/// The quotas in `views` of answered requests are raised accordingly, so
+/// the rate-limit headers of this very response show the unit returned.
 pub async fn settle(
     store: &Store,
     snap: &Snapshot,
@@ -129,8 +129,12 @@ pub async fn settle(
         {
             Ok(()) => {
                 inc(&l.metrics.not_counted);
-                if let Some((_, o)) = views.iter_mut().find(|(i, _)| *i == unit.limiter) {
-                    o.quota.remaining = (o.quota.remaining + 1).min(o.quota.limit);
+                // Only an admitted request's quota reads exactly without its
+                // unit; a refused one's already said 0 left, and still does.
+                if answer.is_some() {
+                    if let Some((_, o)) = views.iter_mut().find(|(i, _)| *i == unit.limiter) {
+                        o.quota = algorithm.quota_without_one(o.quota);
+                    }
                 }
             }
             Err(e) => {

@@ -26,6 +26,8 @@ fn config(php: &PhpServer, count: &str, ban: &str) -> String {
 struct Answer {
     status: u16,
     retry_after: Option<u64>,
+    /// `X-RateLimit-Remaining`.
+    remaining: Option<u64>,
     body: serde_json::Value,
 }
 
@@ -42,11 +44,16 @@ async fn login(c: &reqwest::Client, proxy: &Proxy, password: &str, query: &str) 
         .headers()
         .get("retry-after")
         .and_then(|v| v.to_str().ok()?.parse().ok());
+    let remaining = resp
+        .headers()
+        .get("x-ratelimit-remaining")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     let text = resp.text().await.unwrap();
     let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
     Answer {
         status,
         retry_after,
+        remaining,
         body,
     }
 }
@@ -80,10 +87,12 @@ async fn only_failed_logins_count_and_the_sixth_failure_is_refused_before_php() 
             let a = login(&c, &proxy, "wrong", "").await;
             assert_eq!(a.status, 401, "failure {wrong} reaches PHP");
             wrong += 1;
+            assert_eq!(a.remaining, Some(5 - wrong), "a failure counts");
         } else {
             let a = login(&c, &proxy, "right", "").await;
             assert_eq!(a.status, 200, "login {i}");
             assert_eq!(a.body["login"], "ok");
+            assert_eq!(a.remaining, Some(5 - wrong), "a success is given back");
         }
     }
     assert_eq!(wrong, 5);
@@ -93,6 +102,7 @@ async fn only_failed_logins_count_and_the_sixth_failure_is_refused_before_php() 
 
     let sixth = login(&c, &proxy, "wrong", "").await;
     assert_eq!(sixth.status, 429, "the sixth failure is refused");
+    assert_eq!(sixth.remaining, Some(0));
     assert_eq!(sixth.body["type"], "rate-limit-exceeded");
     assert_eq!(sixth.body["limiter"], "failed_logins");
     assert_eq!(failed(&php), 5, "and never reached PHP");

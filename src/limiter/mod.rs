@@ -265,6 +265,26 @@ impl Algorithm {
         }
     }
 
+    /// The quota an admitted request reported, as it would read without
+    /// that request's unit (the rate-limit headers of an answer that did not
+    /// count): one more left in a window; a token bucket one interval less in debt.
+    pub fn quota_without_one(&self, quota: Quota) -> Quota {
+        match self {
+            Algorithm::TokenBucket(p) => {
+                let debt = quota.reset_after.saturating_sub(p.interval);
+                Quota {
+                    remaining: p.capacity.saturating_sub(debt.div_ceil(p.interval.max(1))),
+                    reset_after: debt,
+                    ..quota
+                }
+            }
+            _ => Quota {
+                remaining: quota.remaining.saturating_add(1).min(quota.limit),
+                ..quota
+            },
+        }
+    }
+
     /// The span a `ban:` counts rejections in: the window, or for a bucket
     /// the time it takes to refill completely. `None` for concurrency.
     pub fn ban_window(&self) -> Option<Nanos> {
@@ -299,6 +319,33 @@ pub fn ceil_secs(ns: Nanos) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quota_without_one_request_matches_the_state_without_it() {
+        let bucket = Algorithm::TokenBucket(token_bucket::TokenBucket {
+            capacity: 5,
+            interval: NANOS_PER_SEC,
+        });
+        let window = Algorithm::FixedWindow(fixed_window::FixedWindow {
+            limit: 5,
+            window: 60 * NANOS_PER_SEC,
+        });
+        let now = 6_000 * NANOS_PER_SEC;
+        for a in [bucket, window] {
+            let (mut with, mut without) = (a.fresh_state(), a.fresh_state());
+            for _ in 0..2 {
+                a.record(&mut with, now, true);
+                a.record(&mut without, now, true);
+            }
+            a.record(&mut with, now, true);
+            assert_eq!(
+                a.quota_without_one(a.quota(&with, now)).remaining,
+                a.quota(&without, now).remaining,
+                "{}",
+                a.name()
+            );
+        }
+    }
 
     #[test]
     fn shape_fingerprints_are_stable_and_tell_shapes_apart() {
