@@ -13,10 +13,10 @@
 //!   Redis clock, so the whole fleet shares a ban the moment it starts.
 //!
 //! Bound: strikes exist only for keys a limiter refused, and the table holds
-//! at most [`MAX_ENTRIES`]; when full, expired entries are swept, and if it
-//! is still full a new key's strike is not kept (counted in
-//! `tollgate_ban_strikes_dropped_total`): existing bans stay in force, and
-//! the limiter itself still refuses the key.
+//! at most [`MAX_ENTRIES`]; when full, expired entries are swept (at most
+//! once a second), and if it is still full a new key's strike is not kept
+//! (counted in `tollgate_ban_strikes_dropped_total`): existing bans and
+//! strikes stay in force, and the limiter itself still refuses the key.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -64,8 +64,13 @@ pub type BanChange = (Box<str>, Option<Nanos>);
 pub struct Bans {
     shards: Box<[Mutex<Shard>]>,
     track_changes: bool,
+    /// Keys held at most ([`MAX_ENTRIES`] outside tests).
+    max: usize,
     len: AtomicU64,
     dropped: AtomicU64,
+    /// When a full table was last swept (Unix ns): at most once a second,
+    /// so a flood of new keys against a full table costs no sweep each.
+    last_full_sweep: AtomicU64,
 }
 
 fn shard_of(key: &str) -> usize {
@@ -76,11 +81,17 @@ fn shard_of(key: &str) -> usize {
 
 impl Bans {
     pub fn new(track_changes: bool) -> Bans {
+        Bans::with_max(track_changes, MAX_ENTRIES)
+    }
+
+    pub fn with_max(track_changes: bool, max: usize) -> Bans {
         Bans {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             track_changes,
+            max,
             len: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            last_full_sweep: AtomicU64::new(0),
         }
     }
 
@@ -96,13 +107,21 @@ impl Bans {
 
     /// Counts one rejection of `key`; returns the ban when this strike starts one.
     pub fn strike(&self, key: &str, rule: &BanRule, window: Nanos, now: Nanos) -> Option<Banned> {
-        if self.len.load(Ordering::Relaxed) as usize >= MAX_ENTRIES {
-            self.sweep(now);
+        if self.len.load(Ordering::Relaxed) as usize >= self.max {
+            let last = self.last_full_sweep.load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= NANOS_PER_SEC
+                && self
+                    .last_full_sweep
+                    .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.sweep(now);
+            }
         }
         let mut shard = self.shards[shard_of(key)].lock();
         let Shard { map, changed } = &mut *shard;
         if !map.contains_key(key) {
-            if self.len.load(Ordering::Relaxed) as usize >= MAX_ENTRIES {
+            if self.len.load(Ordering::Relaxed) as usize >= self.max {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
@@ -141,7 +160,7 @@ impl Bans {
 
     /// A ban seen elsewhere (Redis), remembered only for the active-bans gauge.
     pub fn note(&self, key: &str, until: Nanos) {
-        if self.len.load(Ordering::Relaxed) as usize >= MAX_ENTRIES {
+        if self.len.load(Ordering::Relaxed) as usize >= self.max {
             return;
         }
         self.load(key, until);
@@ -359,5 +378,51 @@ impl Redis {
                 remaining,
             }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    const T0: Nanos = 1_767_225_600 * NANOS_PER_SEC;
+
+    fn once() -> BanRule {
+        BanRule {
+            after: 1,
+            duration: 60 * NANOS_PER_SEC,
+            status: StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+
+    #[test]
+    fn a_full_table_keeps_its_bans_drops_new_strikes_and_counts_them() {
+        let bans = Bans::with_max(false, 3);
+        let w = 10 * NANOS_PER_SEC;
+        for k in ["l:a", "l:b", "l:c"] {
+            assert!(bans.strike(k, &once(), w, T0).is_some());
+        }
+        assert!(bans.strike("l:d", &once(), w, T0).is_none());
+        assert_eq!(bans.dropped(), 1);
+        assert!(bans.banned("l:a", T0 + 1).is_some(), "existing bans stay");
+        assert!(bans.banned("l:d", T0 + 1).is_none());
+        // Once the bans have ended, a sweep makes room again.
+        let later = T0 + 61 * NANOS_PER_SEC;
+        assert!(bans.strike("l:d", &once(), w, later).is_some());
+        assert_eq!(bans.active(later), 1);
+    }
+
+    #[test]
+    fn a_started_ban_and_a_lift_are_handed_to_the_writer_and_a_failed_write_retries() {
+        let bans = Bans::new(true);
+        let w = 10 * NANOS_PER_SEC;
+        bans.strike("l:a", &once(), w, T0);
+        let changes = bans.take_changes();
+        assert_eq!(changes, vec![("l:a".into(), Some(T0 + 60 * NANOS_PER_SEC))]);
+        bans.restore(changes);
+        assert_eq!(bans.take_changes().len(), 1, "handed over again");
+        assert_eq!(bans.lift(&["l:a".to_string()]), 1);
+        assert_eq!(bans.take_changes(), vec![("l:a".into(), None)]);
     }
 }
