@@ -2,6 +2,7 @@
 
 use std::io::BufRead;
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -26,6 +27,9 @@ impl PhpServer {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
+            // Its own process group: with workers, php forks, and the
+            // workers must go when the test ends, not only the parent.
+            .process_group(0)
             .spawn();
         let mut child = match spawned {
             Ok(c) => c,
@@ -67,6 +71,10 @@ impl PhpServer {
 
 impl Drop for PhpServer {
     fn drop(&mut self) {
+        // The whole group: the parent and every worker it forked.
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
