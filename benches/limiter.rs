@@ -66,6 +66,8 @@ fn open(backend: Backend) -> Store {
             shadow: false,
             overrides: vec![],
             reject: None,
+            count: None,
+            ban: None,
         })
         .collect();
     let config = StoreConfig {
@@ -107,6 +109,37 @@ async fn measure(
     started.elapsed().as_nanos() as f64 / iters as f64
 }
 
+/// `count:` — nanoseconds per request whose answer did not count: the
+/// check that takes the unit plus the refund that gives it back.
+async fn measure_refund(store: &Store, algorithm: &Algorithm, key: &str, iters: usize) -> f64 {
+    let started = Instant::now();
+    for i in 0..iters {
+        let now = T0 + i as u64 * 1_000;
+        let check = [Check {
+            key,
+            overflow: "overflow",
+            algorithm,
+            shadow: false,
+        }];
+        let out = store.check(&check, now).await.expect("local");
+        let ticket = algorithm.ticket(out[0].at, &out[0].quota);
+        store
+            .refund(key, algorithm, ticket, now)
+            .await
+            .expect("local");
+    }
+    started.elapsed().as_nanos() as f64 / iters as f64
+}
+
+/// `ban:` — nanoseconds per ban lookup (the extra step of a route with `ban:`).
+async fn measure_ban_lookup(store: &Store, key: &str, iters: usize) -> f64 {
+    let started = Instant::now();
+    for i in 0..iters {
+        black_box(store.banned(&[key], T0 + i as u64).await.expect("local"));
+    }
+    started.elapsed().as_nanos() as f64 / iters as f64
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -121,7 +154,7 @@ fn main() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     println!(
-        "{:<8} {:<15} {:>12} {:>16}",
+        "{:<8} {:<22} {:>12} {:>16}",
         "store", "algorithm", "hot key ns", "100k keys ns"
     );
     for (store_name, backend) in [
@@ -148,8 +181,27 @@ fn main() {
                 }
                 (median(h), median(s))
             });
-            println!("{store_name:<8} {name:<15} {h:>12.0} {s:>16.0}");
+            println!("{store_name:<8} {name:<22} {h:>12.0} {s:>16.0}");
+            if algorithm.accepts_count() {
+                let key = format!("{name}:ip:198.51.100.1");
+                let r = runtime.block_on(async {
+                    let mut r = Vec::new();
+                    for _ in 0..runs {
+                        r.push(measure_refund(&store, &algorithm, &key, iters).await);
+                    }
+                    median(r)
+                });
+                println!("{store_name:<8} {:<22} {r:>12.0}", format!("{name}+refund"));
+            }
         }
+        let b = runtime.block_on(async {
+            let mut b = Vec::new();
+            for _ in 0..runs {
+                b.push(measure_ban_lookup(&store, "fixed_window:ip:203.0.113.9", iters).await);
+            }
+            median(b)
+        });
+        println!("{store_name:<8} {:<22} {b:>12.0}", "ban lookup");
         store.shutdown().expect("the last save wrote everything");
     }
     if !full {

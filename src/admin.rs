@@ -308,6 +308,20 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
         let value = &key[l.name.len() + 1..];
         let algorithm = l.algorithm_for(value);
         let q = app.shared.store.peek(&key, algorithm, now).await?;
+        let ban = match &l.ban {
+            None => Value::Null,
+            Some((rule, _)) => {
+                let b = app.shared.store.banned(&[key.as_str()], now).await?[0];
+                json!({
+                    "after": rule.after,
+                    "for_seconds": ceil_secs(rule.duration),
+                    "banned": b.is_some(),
+                    "until": b.map(|b| b.until.div_ceil(NANOS_PER_SEC)),
+                    "until_utc": b.map(|b| crate::clock::iso8601(b.until.div_ceil(NANOS_PER_SEC))),
+                    "retry_after_seconds": b.map(|b| ceil_secs(b.remaining).max(1)),
+                })
+            }
+        };
         limiters.push(json!({
                 "limiter": l.name,
                 "algorithm": algorithm.name(),
@@ -318,6 +332,7 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
                 "window_seconds": q.window.map(ceil_secs),
                 "reset_after_seconds": ceil_secs(q.reset_after),
                 "reset": (now + q.reset_after).div_ceil(NANOS_PER_SEC),
+                "ban": ban,
         }));
     }
     Ok(
@@ -440,6 +455,16 @@ async fn metrics_text(app: &App, snap: &Snapshot) -> String {
                 s.tunnels.len() as f64,
             ),
             gauge(
+                "tollgate_active_bans",
+                "Keys banned now (memory, SQLite: exact; Redis: the bans this proxy has seen).",
+                s.store.active_bans(s.clock.now()) as f64,
+            ),
+            counter(
+                "tollgate_ban_strikes_dropped_total",
+                "New keys whose rejections were not counted towards a ban because the ban table was full.",
+                s.store.ban_strikes_dropped(),
+            ),
+            gauge(
                 "tollgate_uptime_seconds",
                 "Seconds since start.",
                 s.started.elapsed().as_secs_f64(),
@@ -509,6 +534,8 @@ pub fn effective_config(c: &Config) -> Value {
             "mode": if l.shadow { "shadow" } else { "enforce" },
             // Override keys may be API keys: shown the way logs show keys.
             "overrides": l.overrides.iter().map(|o| json!({"key": if o.key.parse::<std::net::IpAddr>().is_ok() { o.key.clone() } else { ApiKey::from_secret(&o.key).short }, "limit": o.limit})).collect::<Vec<_>>(),
+            "count": l.count.as_ref().map(|c| json!({"status": c.status, "header": c.header.as_ref().map(|h| h.as_str())})),
+            "ban": l.ban.as_ref().map(|b| json!({"after": b.after, "for_seconds": ceil_secs(b.duration), "status": b.status.as_u16()})),
         })).collect::<Vec<_>>(),
         "routes": c.routes.iter().map(|r| json!({
             "name": r.name,

@@ -82,6 +82,8 @@ struct Limits {
     slots: Release,
     /// The store's clock at the decision (Redis' for a fleet): headers count from it.
     at: Nanos,
+    /// `count:` units to give back unless the answer counts.
+    units: Vec<crate::protect::Unit>,
 }
 
 impl App {
@@ -205,6 +207,13 @@ impl App {
             trail.record.decision = Decision::Exempt;
             tracing::debug!(client = %client.ip, route = %route.name, "exempt client passed without limits");
         } else if !route.limiters.is_empty() {
+            let store = &self.shared.store;
+            if let Some(ban) =
+                crate::protect::banned(store, snap, route, &client, req.headers(), now).await
+            {
+                inc(&route.metrics.rejected);
+                return Err(ban);
+            }
             match self.limit(snap, route, &client, req.headers(), now).await {
                 Ok(l) => limits = Some(l),
                 // `limit` counted it (and answered from the local table for `local`).
@@ -232,6 +241,11 @@ impl App {
 
         if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
             inc(&route.metrics.rejected);
+            if let Some(l) = limits.as_mut() {
+                let at = self.shared.clock.now();
+                let store = &self.shared.store;
+                crate::protect::settle(store, snap, &mut l.units, &mut l.views, None, at).await;
+            }
             let shape = snap.config.routes[index].reject.as_ref().or_else(|| {
                 snap.config
                     .limiters
@@ -371,6 +385,12 @@ impl App {
                 resp
             }
         };
+        if let Some(l) = limits.as_mut().filter(|l| !l.units.is_empty()) {
+            let answer = Some((resp.status(), resp.headers()));
+            let at = self.shared.clock.now();
+            let store = &self.shared.store;
+            crate::protect::settle(store, snap, &mut l.units, &mut l.views, answer, at).await;
+        }
         headers_of(&limits, &mut resp);
         Ok(resp)
     }
@@ -411,6 +431,7 @@ impl App {
                 }
             })
             .collect();
+        let mut shared_store = true;
         let outcomes = match self.shared.store.check(&checks, now).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
@@ -419,6 +440,9 @@ impl App {
                 if policy != OnError::Local {
                     return Err(e);
                 }
+                // Units taken in the local table stay there: a refund
+                // would go to the shared store, which never counted them.
+                shared_store = false;
                 self.shared.store.check_local(&checks, now)
             }
         };
@@ -428,6 +452,8 @@ impl App {
         let mut delay = 0;
         let mut queued = Release::new(true);
         let mut slots = Release::new(false);
+        let mut units = Vec::new();
+        let mut refused: Vec<(usize, &str)> = Vec::new();
         let admitted = !outcomes
             .iter()
             .zip(&checks)
@@ -443,6 +469,7 @@ impl App {
                 }
                 Verdict::Deny { retry_after } => {
                     inc(&l.metrics.rejected);
+                    refused.push((a.limiter, &a.store_key));
                     let d = denial.get_or_insert_with(|| Denial {
                         limiter: l.name.clone(),
                         quota: o.quota,
@@ -471,6 +498,16 @@ impl App {
             if admitted && matches!(c.algorithm, crate::limiter::Algorithm::Concurrency(_)) {
                 slots.push(self, snap, a.limiter, counted_on, now);
             }
+            if l.count.is_some() && shared_store && (admitted || c.algorithm.counts_refused()) {
+                units.push(crate::protect::Unit {
+                    limiter: a.limiter,
+                    store_key: a.store_key.clone(),
+                    ticket: c.algorithm.ticket(o.at, &o.quota),
+                });
+            }
+        }
+        if !refused.is_empty() && shared_store {
+            crate::protect::strike(&self.shared.store, snap, &refused, now).await;
         }
         Ok(Limits {
             views: applied.iter().map(|a| a.limiter).zip(outcomes).collect(),
@@ -479,6 +516,7 @@ impl App {
             queued,
             slots,
             at,
+            units,
         })
     }
 

@@ -37,6 +37,8 @@ pub use balance::{BalanceConfig, HealthCheck, Policy};
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
 
+mod protect;
+
 // ---------------------------------------------------------------- raw schema
 
 /// A string value in which `${ENV_VAR}` is replaced from the environment.
@@ -307,6 +309,10 @@ pub struct RawLimiter {
     #[serde(default)]
     pub overrides: Vec<RawOverride>,
     pub reject: Option<observe::RawReject>,
+    /// Only responses that match are counted (see `limiter/count.rs`).
+    pub count: Option<protect::RawCount>,
+    /// Refuse a key outright after repeated rejections.
+    pub ban: Option<protect::RawBan>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -631,6 +637,10 @@ pub struct LimiterConfig {
     pub overrides: Vec<OverrideConfig>,
     /// How this limiter's rejections look; `None`: the default 429 problem+json.
     pub reject: Option<RejectShape>,
+    /// `count:` — which responses count; `None`: every request does.
+    pub count: Option<crate::limiter::count::CountRule>,
+    /// `ban:` — refuse a key outright after repeated rejections.
+    pub ban: Option<crate::limiter::ban::BanRule>,
 }
 
 #[derive(Debug, Clone)]
@@ -1649,6 +1659,14 @@ impl Validator {
             .reject
             .as_ref()
             .map(|r| self.reject(&format!("limiters.{name}.reject"), r));
+        let count = raw
+            .count
+            .as_ref()
+            .and_then(|c| self.count_rule(name, c, &algorithm));
+        let ban = raw
+            .ban
+            .as_ref()
+            .and_then(|b| self.ban_rule(name, b, &algorithm, shadow));
         if self.problems.len() > before {
             return None;
         }
@@ -1658,6 +1676,8 @@ impl Validator {
             algorithm,
             key,
             shadow,
+            count,
+            ban,
             overrides: raw
                 .overrides
                 .iter()

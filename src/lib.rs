@@ -13,6 +13,7 @@
 //! - [`router`]: which route, on the normalized path;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`];
 //! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
+//! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
 //! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
 //!
 //! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
@@ -37,6 +38,7 @@ pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod problem;
+pub mod protect;
 pub mod proxy;
 pub mod reload;
 pub mod request_id;

@@ -146,7 +146,8 @@ pub struct Metrics {
 
 const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Requests by route and limiter decision (allowed, rejected, exempt, store_error)."),
-    ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters)."),
+    ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
+    ("tollgate_bans_total", "Bans started, by limiter (ban: after N rejections within the window)."),
     ("tollgate_upstream_errors_total", "Failed forwards by upstream and kind (connect, timeout, body_too_large, other, no_live_server, queue_full, queue_timeout)."),
     ("tollgate_store_errors_total", "Store calls that failed, by backend and the on_error policy applied."),
     ("tollgate_store_unsaved_dropped_total", "SQLite: keys whose change was given up because too many waited for a failing disk (exact in memory; saved when they change again)."),

@@ -35,6 +35,19 @@ pub struct Denial {
     pub key: String,
 }
 
+/// Why a request was refused outright: its key is banned (`ban:` on a limiter).
+#[derive(Debug, Clone)]
+pub struct BanDenial {
+    pub limiter: String,
+    /// The client key as shown to humans.
+    pub key: String,
+    /// When the ban ends (Unix ns).
+    pub until: Nanos,
+    pub retry_after: Nanos,
+    /// 429 or 403, as the limiter's `ban.status` says.
+    pub status: StatusCode,
+}
+
 /// Everything tollgate answers on its own.
 #[derive(Debug, Clone)]
 pub enum Problem {
@@ -50,6 +63,7 @@ pub enum Problem {
         limit: u64,
     },
     RateLimited(Box<Denial>),
+    Banned(Box<BanDenial>),
     UpstreamUnreachable {
         upstream: String,
     },
@@ -83,6 +97,7 @@ impl Problem {
             Problem::NoRoute => StatusCode::NOT_FOUND,
             Problem::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Problem::Banned(b) => b.status,
             Problem::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -184,6 +199,26 @@ impl Problem {
                 );
                 h.insert(RETRY_AFTER, HeaderValue::from(secs));
                 return resp;
+            }
+            Problem::Banned(b) => {
+                let secs = ceil_secs(b.retry_after).max(1);
+                retry_after = Some(secs);
+                let until = b.until.div_ceil(NANOS_PER_SEC);
+                let mut v = base(
+                    "client-banned",
+                    title,
+                    status,
+                    &format!(
+                        "Key '{}' is banned until {} after repeated rejections by '{}'.",
+                        b.key,
+                        crate::clock::iso8601(until),
+                        b.limiter
+                    ),
+                );
+                v["limiter"] = json!(b.limiter);
+                v["banned_until"] = json!(until);
+                v["retry_after"] = json!(secs);
+                v
             }
             Problem::UpstreamUnreachable { upstream } => base(
                 "upstream-unreachable",
@@ -480,6 +515,28 @@ mod tests {
         assert_eq!(resp.headers()[RETRY_AFTER], "5");
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"<p>a&lt;b 5 503 x-1 {{other}}</p>");
+    }
+
+    #[tokio::test]
+    async fn a_banned_answer_names_the_ban_and_its_end_with_the_chosen_status() {
+        let resp = Problem::Banned(Box::new(BanDenial {
+            limiter: "failed_logins".into(),
+            key: "ip:203.0.113.9".into(),
+            until: 1_767_229_200 * S,
+            retry_after: 3599 * S + 1,
+            status: StatusCode::FORBIDDEN,
+        }))
+        .into_response();
+        assert_eq!(resp.status(), 403);
+        assert_eq!(resp.headers()[RETRY_AFTER], "3600");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["type"], "client-banned");
+        assert_eq!(v["banned_until"], 1_767_229_200u64);
+        assert_eq!(
+            v["detail"],
+            "Key 'ip:203.0.113.9' is banned until 2026-01-01T01:00:00Z after repeated rejections by 'failed_logins'."
+        );
     }
 
     #[test]

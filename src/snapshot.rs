@@ -66,6 +66,12 @@ pub struct LimiterMetrics {
     pub rejected: Counter,
     pub would_reject: Counter,
     pub episode: Arc<crate::metrics::episode::Episode>,
+    /// Refused outright because the key is banned.
+    pub banned: Counter,
+    /// `count:` — requests given back because their response did not count.
+    pub not_counted: Counter,
+    /// `ban:` — bans this limiter started.
+    pub bans_started: Counter,
 }
 
 pub struct Limiter {
@@ -73,6 +79,10 @@ pub struct Limiter {
     pub algorithm: Algorithm,
     pub key: Vec<KeyPart>,
     pub shadow: bool,
+    /// `count:` — only responses that match count.
+    pub count: Option<crate::limiter::count::CountRule>,
+    /// `ban:` — and the span its strikes count in.
+    pub ban: Option<(crate::limiter::ban::BanRule, Nanos)>,
     /// Key value (as [`Limiter::request_key`] builds it) → its own policy.
     overrides: HashMap<String, Algorithm>,
     /// [`Limiter::describe`] of `algorithm`, written once: a 429 only clones it.
@@ -185,6 +195,11 @@ impl Limiter {
             algorithm: config.algorithm.clone(),
             key: config.key.clone(),
             shadow: config.shadow,
+            count: config.count.clone(),
+            ban: config
+                .ban
+                .clone()
+                .and_then(|b| Some((b, config.algorithm.ban_window()?))),
             overrides,
             policy: Limiter::describe_policy(&config.algorithm).into(),
             overflow_key: store_key(&config.name, OVERFLOW),
@@ -194,6 +209,9 @@ impl Limiter {
                 rejected: c("rejected"),
                 would_reject: c("would_reject"),
                 episode: metrics.episodes.of(&config.name),
+                banned: c("banned"),
+                not_counted: c("not_counted"),
+                bans_started: metrics.counter("tollgate_bans_total", &[("limiter", &config.name)]),
             },
         }
     }

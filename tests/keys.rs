@@ -191,6 +191,8 @@ fn open(path: &std::path::Path, max_keys: usize, now: Nanos) -> Store {
         shadow: false,
         overrides: vec![],
         reject: None,
+        count: None,
+        ban: None,
     }];
     Store::open(&config, &limiters, now).expect("store opens")
 }

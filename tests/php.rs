@@ -2,8 +2,7 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,31 +14,9 @@ use tollgate::clock::SystemClock;
 /// The app docker-compose.yml serves: it prints the `$_SERVER` fields as JSON.
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docker/compose/app/index.php");
 
-/// `php -S` serving [`SCRIPT`]; every request it gets is a line in `hits`.
-struct Php {
-    addr: SocketAddr,
-    #[allow(dead_code)] // held: dropping it stops php
-    server: PhpServer,
-    hits: PathBuf,
-}
-
-impl Php {
-    fn start(dir: &Path) -> Php {
-        let hits = dir.join("php-hits.log");
-        let server = PhpServer::start(Path::new(SCRIPT), &[("TOLLGATE_TEST_HITS", &hits)]);
-        Php {
-            addr: server.addr,
-            server,
-            hits,
-        }
-    }
-
-    /// How many requests reached PHP.
-    fn hits(&self) -> usize {
-        std::fs::read_to_string(&self.hits)
-            .map(|s| s.lines().count())
-            .unwrap_or(0)
-    }
+/// `php -S` serving [`SCRIPT`]; every request it gets is counted.
+fn start_php(dir: &Path) -> PhpServer {
+    PhpServer::start(Path::new(SCRIPT), dir, 1)
 }
 
 fn json(text: &str) -> serde_json::Value {
@@ -58,7 +35,7 @@ fn body_of(answer: &str) -> &str {
 #[tokio::test]
 async fn php_sees_the_client_over_https_and_never_a_spoofed_forwarded_for_first() {
     let dir = tempfile::tempdir().unwrap();
-    let php = Php::start(dir.path());
+    let php = start_php(dir.path());
     let ca = Ca::new("test CA");
     let (cert, key) = ca.issue(&["shop.test"]).write(dir.path(), "shop");
     let yaml = format!(
@@ -86,13 +63,13 @@ async fn php_sees_the_client_over_https_and_never_a_spoofed_forwarded_for_first(
     assert_eq!(server["HTTP_X_FORWARDED_PROTO"], "https");
     assert_eq!(server["HTTP_HOST"], "shop.test");
     assert_eq!(server["REQUEST_URI"], "/index.php?a=1");
-    assert_eq!(php.hits(), 1);
+    assert_eq!(php.hits().len(), 1);
 }
 
 #[tokio::test]
 async fn behind_a_trusted_load_balancer_php_gets_the_real_client_and_the_chain() {
     let dir = tempfile::tempdir().unwrap();
-    let php = Php::start(dir.path());
+    let php = start_php(dir.path());
     let yaml = format!(
         "identity: {{ trusted_proxies: [\"127.0.0.1/32\"] }}\nupstreams:\n  php: {{ url: \"http://{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
         php.addr
@@ -120,7 +97,7 @@ async fn behind_a_trusted_load_balancer_php_gets_the_real_client_and_the_chain()
 async fn the_limit_answers_429_itself_and_php_never_sees_those_requests() {
     common::wait_for_window_room(Duration::from_secs(60), Duration::from_secs(10));
     let dir = tempfile::tempdir().unwrap();
-    let php = Php::start(dir.path());
+    let php = start_php(dir.path());
     let yaml = format!(
         "upstreams:\n  php: {{ url: \"http://{}\" }}\nlimiters:\n  strict: {{ algorithm: fixed_window, limit: 3, window: 60s, key: client }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php, limiters: [strict] }}\n",
         php.addr
@@ -145,5 +122,9 @@ async fn the_limit_answers_429_itself_and_php_never_sees_those_requests() {
         }
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    assert_eq!(php.hits(), 3, "the rejected requests never reached PHP");
+    assert_eq!(
+        php.hits().len(),
+        3,
+        "the rejected requests never reached PHP"
+    );
 }

@@ -7,12 +7,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
+use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
     sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, Verdict,
     NANOS_PER_SEC as S,
 };
-use tollgate::store::{Check, Store};
+use tollgate::store::{Banned, Check, Store};
 
 /// 2 s into a 10 s window.
 const T0: Nanos = 1_767_225_602 * S;
@@ -64,6 +65,8 @@ fn limiters() -> Vec<LimiterConfig> {
             shadow: false,
             overrides: vec![],
             reject: None,
+            count: None,
+            ban: None,
         })
         .collect()
 }
@@ -167,6 +170,103 @@ async fn concurrency_contract(store: &Store) {
     assert_eq!(hit(store, "conc", T0 + S).await, Verdict::Allow);
 }
 
+/// One request's outcome, and the ticket a `count:` refund gives back with.
+async fn take(store: &Store, name: &str, now: Nanos) -> (Verdict, Nanos) {
+    let a = algorithm(name);
+    let key = format!("{name}:ip:203.0.113.9");
+    let o = store
+        .check(
+            &[Check {
+                key: &key,
+                overflow: "test:*overflow",
+                algorithm: &a,
+                shadow: false,
+            }],
+            now,
+        )
+        .await
+        .unwrap()[0];
+    (o.verdict, a.ticket(o.at, &o.quota))
+}
+
+/// `count:` — every counting algorithm: a full key gets room back when an
+/// admitted request's unit is refunded, and exactly one request's worth.
+async fn refund_contract(store: &Store) {
+    for name in ["fixed", "sliding", "token"] {
+        let mut last = 0;
+        for _ in 0..3 {
+            let (v, ticket) = take(store, name, T0).await;
+            assert_eq!(v, Verdict::Allow, "{name}");
+            last = ticket;
+        }
+        let (refused, refused_ticket) = take(store, name, T0).await;
+        assert!(refused.is_deny(), "{name} is full");
+        let key = format!("{name}:ip:203.0.113.9");
+        let a = algorithm(name);
+        if a.counts_refused() {
+            // The app gives back a refused attempt's unit too: it never got an answer.
+            store.refund(&key, &a, refused_ticket, T0).await.unwrap();
+        }
+        store.refund(&key, &a, last, T0).await.unwrap();
+        assert_eq!(
+            take(store, name, T0).await.0,
+            Verdict::Allow,
+            "{name}: the refund freed one unit"
+        );
+        assert!(
+            take(store, name, T0).await.0.is_deny(),
+            "{name}: and only one"
+        );
+    }
+}
+
+fn three_for_an_hour() -> BanRule {
+    BanRule {
+        after: 3,
+        duration: 3600 * S,
+        status: http::StatusCode::TOO_MANY_REQUESTS,
+    }
+}
+
+/// `ban:` — the `after`-th strike within the window bans until exactly `for` later; a reset lifts it.
+async fn ban_contract(store: &Store) {
+    let key = "fixed:ip:203.0.113.9";
+    let rule = three_for_an_hour();
+    assert_eq!(store.strike(key, &rule, 10 * S, T0).await.unwrap(), None);
+    assert_eq!(
+        store.strike(key, &rule, 10 * S, T0 + S).await.unwrap(),
+        None
+    );
+    assert_eq!(store.banned(&[key], T0 + S).await.unwrap(), vec![None]);
+    let ban = store.strike(key, &rule, 10 * S, T0 + 2 * S).await.unwrap();
+    assert_eq!(
+        ban,
+        Some(Banned {
+            until: T0 + 3602 * S,
+            remaining: 3600 * S
+        })
+    );
+    let other = "fixed:ip:198.51.100.7";
+    assert_eq!(
+        store.banned(&[other, key], T0 + 3 * S).await.unwrap(),
+        vec![
+            None,
+            Some(Banned {
+                until: T0 + 3602 * S,
+                remaining: 3599 * S
+            })
+        ]
+    );
+    assert_eq!(store.active_bans(T0 + 3 * S), 1);
+    assert_eq!(
+        store.banned(&[key], T0 + 3602 * S).await.unwrap(),
+        vec![None]
+    );
+    store.reset(&[key.to_string()]).await.unwrap();
+    assert_eq!(store.banned(&[key], T0 + 3 * S).await.unwrap(), vec![None]);
+    assert_eq!(store.active_bans(T0 + 3 * S), 0);
+}
+
 macro_rules! contract {
     ($store:ident) => {
         mod $store {
@@ -201,6 +301,18 @@ macro_rules! contract {
                 let dir = tempfile::tempdir().unwrap();
                 concurrency_contract(&open(stringify!($store), dir.path())).await;
             }
+
+            #[tokio::test]
+            async fn a_refund_gives_back_exactly_one_unit_for_each_counting_algorithm() {
+                let dir = tempfile::tempdir().unwrap();
+                refund_contract(&open(stringify!($store), dir.path())).await;
+            }
+
+            #[tokio::test]
+            async fn the_third_strike_in_a_window_bans_until_its_end_and_a_reset_lifts_it() {
+                let dir = tempfile::tempdir().unwrap();
+                ban_contract(&open(stringify!($store), dir.path())).await;
+            }
         }
     };
 }
@@ -229,6 +341,46 @@ async fn sqlite_state_of_every_persisted_algorithm_survives_a_reopen() {
         before.iter().all(|q| q.remaining < q.limit),
         "every limiter had counted something: {before:?}"
     );
+}
+
+#[tokio::test]
+async fn sqlite_bans_survive_a_reopen_and_a_lifted_one_stays_lifted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (banned, lifted) = ("fixed:ip:203.0.113.9", "fixed:ip:198.51.100.7");
+    {
+        let store = open("sqlite", dir.path());
+        for key in [banned, lifted] {
+            for _ in 0..3 {
+                store
+                    .strike(key, &three_for_an_hour(), 10 * S, T0)
+                    .await
+                    .unwrap();
+            }
+        }
+        store.flush().unwrap();
+        store.reset(&[lifted.to_string()]).await.unwrap();
+        store.shutdown().expect("the last save");
+    }
+    let store = open("sqlite", dir.path());
+    assert_eq!(
+        store.banned(&[banned, lifted], T0 + S).await.unwrap(),
+        vec![
+            Some(Banned {
+                until: T0 + 3600 * S,
+                remaining: 3599 * S
+            }),
+            None
+        ]
+    );
+    let conn = rusqlite::Connection::open(dir.path().join("contract.db")).unwrap();
+    let utc: String = conn
+        .query_row(
+            "SELECT until_utc FROM limiter_bans WHERE key = ?1",
+            [banned],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(utc, "2026-01-01T01:00:02Z");
 }
 
 #[tokio::test]
@@ -539,6 +691,116 @@ mod redis {
         let removed = twin.store.reset(&[key("sliding"), key("token")]).await;
         assert_eq!(removed.unwrap(), 1);
         assert_eq!(twin.remaining("sliding").await, 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refund_gives_back_exactly_what_the_rust_arithmetic_gives_back() {
+        let twin = Twin::start();
+        // Windows of a minute and an hour's bucket: nothing refills while the test runs.
+        let slow = |name: &str| match name {
+            "fixed" => Algorithm::FixedWindow(FixedWindow {
+                limit: 3,
+                window: 60 * S,
+            }),
+            "sliding" => Algorithm::SlidingWindow(SlidingWindow {
+                limit: 3,
+                window: 60 * S,
+            }),
+            _ => Algorithm::TokenBucket(TokenBucket {
+                capacity: 3,
+                interval: 3600 * S,
+            }),
+        };
+        wait_for_window_room(Duration::from_secs(60), Duration::from_secs(5));
+        for name in ["fixed", "sliding", "token"] {
+            let a = slow(name);
+            let k = format!("refund-{name}:ip:203.0.113.9");
+            let once = || async {
+                let checks = [Check {
+                    key: &k,
+                    overflow: "test:*overflow",
+                    algorithm: &a,
+                    shadow: false,
+                }];
+                let got = twin.store.check(&checks, T0).await.unwrap()[0];
+                let want = twin.model.check(&checks, got.at)[0];
+                assert_eq!(got, want, "{name}: Redis and the Rust arithmetic disagree");
+                got
+            };
+            let mut tickets = Vec::new();
+            for _ in 0..3 {
+                let o = once().await;
+                assert_eq!(o.verdict, Verdict::Allow, "{name}");
+                tickets.push((o.at, a.ticket(o.at, &o.quota)));
+            }
+            let refused = once().await;
+            assert!(refused.verdict.is_deny(), "{name} is full");
+            if a.counts_refused() {
+                let ticket = a.ticket(refused.at, &refused.quota);
+                twin.store.refund(&k, &a, ticket, T0).await.unwrap();
+                twin.model.refund(&k, &a, ticket, refused.at);
+            }
+            // The middle request's answer did not count.
+            let (at, ticket) = tickets[1];
+            twin.store.refund(&k, &a, ticket, T0).await.unwrap();
+            twin.model.refund(&k, &a, ticket, at);
+            let o = once().await;
+            assert_eq!(o.verdict, Verdict::Allow, "{name}: one unit came back");
+            assert!(once().await.verdict.is_deny(), "{name}: only one");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_ban_is_shared_by_the_fleet_expires_in_redis_and_a_reset_lifts_it() {
+        let twin = Twin::start();
+        let other = open_redis(&twin._server, Duration::from_millis(500));
+        let k = key("fixed");
+        let rule = three_for_an_hour();
+        assert_eq!(
+            twin.store.strike(&k, &rule, 60 * S, T0).await.unwrap(),
+            None
+        );
+        // Strikes count across proxies: the third, on another proxy, bans.
+        assert_eq!(other.strike(&k, &rule, 60 * S, T0).await.unwrap(), None);
+        let ban = twin.store.strike(&k, &rule, 60 * S, T0).await.unwrap();
+        assert_eq!(ban.map(|b| b.remaining), Some(3600 * S));
+        let seen = other.banned(&[k.as_str()], T0).await.unwrap()[0].expect("banned everywhere");
+        assert!(
+            seen.remaining <= 3600 * S && seen.remaining > 3590 * S,
+            "{seen:?}"
+        );
+        let ban_key = format!("contract:{{contract}}!ban:{k}");
+        let reply = twin
+            ._server
+            .command(&["PTTL", &ban_key])
+            .expect("Redis answers");
+        let ttl: i64 = reply.trim_start_matches(':').parse().unwrap();
+        assert!(ttl > 3_590_000 && ttl <= 3_600_000, "PTTL {ttl}");
+        assert_eq!(twin.store.active_bans(T0), 1, "this proxy saw it");
+        other.reset(std::slice::from_ref(&k)).await.unwrap();
+        assert_eq!(
+            twin.store.banned(&[k.as_str()], T0).await.unwrap(),
+            vec![None]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn strikes_spread_over_more_than_the_window_never_ban_in_redis() {
+        let twin = Twin::start();
+        let k = key("fixed");
+        let rule = three_for_an_hour();
+        let window = 300 * MS;
+        for _ in 0..4 {
+            assert_eq!(
+                twin.store.strike(&k, &rule, window, T0).await.unwrap(),
+                None
+            );
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        assert_eq!(
+            twin.store.banned(&[k.as_str()], T0).await.unwrap(),
+            vec![None]
+        );
     }
 
     async fn hit_once(store: &Store) -> Result<Outcome, tollgate::store::StoreError> {

@@ -151,7 +151,7 @@ fn header_dump(dir: &Path) -> PhpServer {
         "<?php\n$h = [];\nforeach ($_SERVER as $k => $v) { if (strncmp($k, 'HTTP_', 5) === 0) { $h[$k] = $v; } }\nheader('Content-Type: application/json');\necho json_encode($h, JSON_UNESCAPED_SLASHES);\n",
     )
     .unwrap();
-    PhpServer::start(&script, &[])
+    PhpServer::start(&script, dir, 1)
 }
 
 const FORGED: &str = "X-Forwarded-Host: evil.example\r\nX-Forwarded-Port: 1\r\nX-Forwarded-Prefix: /evil\r\nX-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\nClient-IP: 6.6.6.6\r\nTrue-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Cluster-Client-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6;host=evil.example\r\n";

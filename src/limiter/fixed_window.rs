@@ -66,6 +66,15 @@ impl Rule for FixedWindow {
         }
     }
 
+    /// `count:` — the ticket is the instant the attempt was recorded; it
+    /// is given back only while its window is still the current one (a
+    /// finished window's count no longer matters).
+    fn refund(&self, state: &mut State, ticket: Nanos, _now: Nanos) {
+        if state.window_start == self.window_start(ticket) {
+            state.count = state.count.saturating_sub(1);
+        }
+    }
+
     /// Kept for two windows so a restart or `/status` can still see the last one.
     fn expires_at(&self, state: &State) -> Nanos {
         state.window_start.saturating_add(2 * self.window)
@@ -122,6 +131,22 @@ mod tests {
         assert_eq!(rule.check(&state, next), Verdict::Allow);
         assert_eq!(rule.quota(&state, next).remaining, 5);
         assert_eq!(rule.quota(&state, next).reset_after, 60 * S);
+    }
+
+    #[test]
+    fn a_refund_gives_back_one_attempt_of_its_own_window_only() {
+        let rule = strict();
+        let mut state = State::default();
+        let now = 1_767_225_620 * S;
+        for _ in 0..5 {
+            rule.record(&mut state, now, true);
+        }
+        rule.refund(&mut state, now, now + S);
+        assert_eq!(state.count, 4);
+        assert_eq!(rule.check(&state, now + S), Verdict::Allow);
+        // A ticket from the previous window gives back nothing now.
+        rule.refund(&mut state, now - 60 * S, now + S);
+        assert_eq!(state.count, 4);
     }
 
     #[test]

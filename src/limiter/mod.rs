@@ -14,7 +14,9 @@
 //! to the others: a fixed window counts the attempt anyway (SPEC §4), every
 //! other algorithm only pays for requests that were actually admitted.
 
+pub mod ban;
 pub mod concurrency;
+pub mod count;
 pub mod fixed_window;
 pub mod leaky_bucket;
 pub mod sliding_window;
@@ -83,6 +85,12 @@ pub trait Rule {
     /// that leaves before its ticket gives its place back where it can.
     /// Most algorithms ignore it.
     fn release(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
+
+    /// `count:` — the request recorded with `ticket` (see [`Algorithm::ticket`])
+    /// got a response that does not count: give back what it took, as far as
+    /// it still weighs on the state. Never gives back more than the request
+    /// took (see `count.rs`). Only algorithms that accept `count:` override it.
+    fn refund(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
 }
 
 /// A validated limiter policy: which algorithm and its parameters.
@@ -232,6 +240,73 @@ impl Algorithm {
         dispatch!(self, state, r, s => r.release(s, ticket, now), ())
     }
 
+    /// `count:` — see [`Rule::refund`]; a state of another algorithm is left alone.
+    pub fn refund(&self, state: &mut State, ticket: Nanos, now: Nanos) {
+        dispatch!(self, state, r, s => r.refund(s, ticket, now), ())
+    }
+
+    /// Whether `count:` makes sense here: the algorithm records each request
+    /// as a unit that can be handed back. A leaky bucket delays rather than
+    /// counts, and a concurrency slot is given back by every response anyway.
+    pub fn accepts_count(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_) | Algorithm::TokenBucket(_)
+        )
+    }
+
+    /// Whether `record` takes a unit also for a refused request (a fixed
+    /// window counts every attempt, SPEC §4); the others take one only on
+    /// admission, and a refund must match what was taken.
+    pub fn counts_refused(&self) -> bool {
+        matches!(self, Algorithm::FixedWindow(_))
+    }
+
+    /// What identifies the unit a request took, for [`Algorithm::refund`],
+    /// from the store's decision instant `at` and the quota after recording:
+    /// the instant itself for windows (it names the window, or the log
+    /// entry), and for a token bucket the theoretical arrival time right
+    /// after this request (`at + debt`), which tells how much of its token
+    /// is still unpaid when the refund comes.
+    pub fn ticket(&self, at: Nanos, quota: &Quota) -> Nanos {
+        match self {
+            Algorithm::TokenBucket(_) => at.saturating_add(quota.reset_after),
+            _ => at,
+        }
+    }
+
+    /// The quota an admitted request reported, as it would read without
+    /// that request's unit (the rate-limit headers of an answer that did not
+    /// count): one more left in a window; a token bucket one interval less in debt.
+    pub fn quota_without_one(&self, quota: Quota) -> Quota {
+        match self {
+            Algorithm::TokenBucket(p) => {
+                let debt = quota.reset_after.saturating_sub(p.interval);
+                Quota {
+                    remaining: p.capacity.saturating_sub(debt.div_ceil(p.interval.max(1))),
+                    reset_after: debt,
+                    ..quota
+                }
+            }
+            _ => Quota {
+                remaining: quota.remaining.saturating_add(1).min(quota.limit),
+                ..quota
+            },
+        }
+    }
+
+    /// The span a `ban:` counts rejections in: the window, or for a bucket
+    /// the time it takes to refill completely. `None` for concurrency.
+    pub fn ban_window(&self) -> Option<Nanos> {
+        match self {
+            Algorithm::FixedWindow(p) => Some(p.window),
+            Algorithm::SlidingWindow(p) => Some(p.window),
+            Algorithm::TokenBucket(p) => Some(p.capacity.saturating_mul(p.interval).max(1)),
+            Algorithm::LeakyBucket(p) => Some(p.capacity.max(1).saturating_mul(p.interval).max(1)),
+            Algorithm::Concurrency(_) => None,
+        }
+    }
+
     /// The same policy with another quota (per-key `overrides`).
     pub fn with_limit(&self, limit: u64) -> Algorithm {
         let mut a = self.clone();
@@ -254,6 +329,33 @@ pub fn ceil_secs(ns: Nanos) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quota_without_one_request_matches_the_state_without_it() {
+        let bucket = Algorithm::TokenBucket(token_bucket::TokenBucket {
+            capacity: 5,
+            interval: NANOS_PER_SEC,
+        });
+        let window = Algorithm::FixedWindow(fixed_window::FixedWindow {
+            limit: 5,
+            window: 60 * NANOS_PER_SEC,
+        });
+        let now = 6_000 * NANOS_PER_SEC;
+        for a in [bucket, window] {
+            let (mut with, mut without) = (a.fresh_state(), a.fresh_state());
+            for _ in 0..2 {
+                a.record(&mut with, now, true);
+                a.record(&mut without, now, true);
+            }
+            a.record(&mut with, now, true);
+            assert_eq!(
+                a.quota_without_one(a.quota(&with, now)).remaining,
+                a.quota(&without, now).remaining,
+                "{}",
+                a.name()
+            );
+        }
+    }
 
     #[test]
     fn shape_fingerprints_are_stable_and_tell_shapes_apart() {

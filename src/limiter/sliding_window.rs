@@ -108,6 +108,16 @@ impl Rule for SlidingWindow {
         }
     }
 
+    /// `count:` — the ticket is the admission's instant: its log entry is
+    /// removed (one entry, if several share the instant). An entry already
+    /// dropped (out of the window, or beyond the newest `limit`) no longer
+    /// weighs on any answer, so nothing is given back for it.
+    fn refund(&self, state: &mut State, ticket: Nanos, _now: Nanos) {
+        if let Some(i) = state.admitted.iter().position(|&t| t == ticket) {
+            state.admitted.remove(i);
+        }
+    }
+
     /// Once the newest entry has left the window the log says nothing.
     fn expires_at(&self, state: &State) -> Nanos {
         state
@@ -130,6 +140,22 @@ mod tests {
             limit: 5,
             window: 60 * S,
         }
+    }
+
+    #[test]
+    fn a_refund_removes_the_admission_and_frees_its_slot() {
+        let rule = five_per_minute();
+        let mut state = State::default();
+        for i in 0..5 {
+            attempt(&rule, &mut state, T0 + i * S);
+        }
+        assert!(rule.check(&state, T0 + 5 * S).is_deny());
+        rule.refund(&mut state, T0 + 2 * S, T0 + 5 * S);
+        assert_eq!(rule.check(&state, T0 + 5 * S), Verdict::Allow);
+        assert_eq!(state.admitted.len(), 4);
+        // An unknown ticket changes nothing.
+        rule.refund(&mut state, T0 + 2 * S, T0 + 5 * S);
+        assert_eq!(state.admitted.len(), 4);
     }
 
     /// check, then record with the limiter's own answer, as a lone limiter does.

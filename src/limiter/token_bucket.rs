@@ -90,6 +90,18 @@ impl Rule for TokenBucket {
         }
     }
 
+    /// `count:` — the ticket is `tat` just after the request took its token.
+    /// Debt is repaid oldest first, so at `now` the part of that token still
+    /// unpaid is `min(interval, ticket - now)` (nothing once `now >= ticket`:
+    /// the bucket refilled it already). Giving back only that part never
+    /// hands out a token the bucket would not have had without the request.
+    fn refund(&self, state: &mut State, ticket: Nanos, now: Nanos) {
+        let unpaid = ticket.saturating_sub(now).min(self.interval);
+        if state.tat > now {
+            state.tat = state.tat.saturating_sub(unpaid).max(now);
+        }
+    }
+
     /// From `tat` on the bucket is full and the state equals `State::default()`
     /// in every answer.
     fn expires_at(&self, state: &State) -> Nanos {
@@ -117,6 +129,73 @@ mod tests {
         let verdict = rule.check(state, now);
         rule.record(state, now, !verdict.is_deny());
         verdict
+    }
+
+    #[test]
+    fn a_refund_right_away_leaves_the_bucket_as_if_nothing_happened() {
+        let rule = five_at_two_per_second();
+        let mut state = State::default();
+        attempt(&rule, &mut state, T0);
+        let before = state.clone();
+        attempt(&rule, &mut state, T0);
+        let ticket = state.tat;
+        rule.refund(&mut state, ticket, T0);
+        assert_eq!(state, before);
+        // Once refilled, a late refund gives nothing back.
+        let mut full = State::default();
+        attempt(&rule, &mut full, T0);
+        let ticket = full.tat;
+        rule.refund(&mut full, ticket, T0 + S);
+        assert_eq!(rule.quota(&full, T0 + S).remaining, 5);
+    }
+
+    proptest! {
+        /// Requests answered late and in any order: after the refunds of those
+        /// whose answer did not count, the debt is never below that of a
+        /// bucket that saw only the admissions that counted. A refund never
+        /// hands out a token the bucket would not have had.
+        #[test]
+        fn refunds_never_make_the_bucket_more_generous_than_counting_only_matches(
+            reqs in proptest::collection::vec((0u64..2_000, any::<bool>(), 0u64..3_000), 1..40)
+        ) {
+            let rule = five_at_two_per_second();
+            let ms = 1_000_000;
+            // Events: (time, kind 1 = request / 0 = answer, index).
+            let mut t = T0;
+            let mut events = Vec::new();
+            for (i, (gap, _, delay)) in reqs.iter().enumerate() {
+                t += gap * ms;
+                events.push((t, 1, i));
+                events.push((t + delay * ms, 0, i));
+            }
+            events.sort();
+            let mut ours = State::default();
+            let mut tickets = vec![None; reqs.len()];
+            let mut end = T0;
+            for (now, kind, i) in events {
+                end = now;
+                if kind == 1 {
+                    if attempt(&rule, &mut ours, now) == Verdict::Allow {
+                        tickets[i] = Some((now, ours.tat));
+                    }
+                } else if let Some((_, ticket)) = tickets[i] {
+                    if !reqs[i].1 {
+                        rule.refund(&mut ours, ticket, now);
+                    }
+                }
+            }
+            // The same admissions, only those that counted, in request order.
+            let mut ideal = State::default();
+            for (i, t) in tickets.iter().enumerate() {
+                if let (Some((at, _)), true) = (t, reqs[i].1) {
+                    rule.record(&mut ideal, *at, true);
+                }
+            }
+            prop_assert!(
+                TokenBucket::debt(&ours, end) >= TokenBucket::debt(&ideal, end),
+                "ours {:?} ideal {:?} at {}", ours, ideal, end
+            );
+        }
     }
 
     #[test]

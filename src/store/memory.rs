@@ -372,6 +372,28 @@ impl Table {
             .release(key, algorithm, ticket, now, false);
     }
 
+    /// `count:` — gives back the unit a request took (see [`Algorithm::refund`]).
+    /// A request counted on an overflow key (the table was full) is not
+    /// refunded: the shared count stays the stricter one.
+    pub fn refund(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
+        let mut shard = self.shards[self.shard_of(key)].lock();
+        let track = self.track_changes;
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = &mut *shard;
+        if let Some(e) = map.get_mut(key) {
+            if usable(e, algorithm) {
+                algorithm.refund(&mut e.state, ticket, now);
+                e.rests_at = algorithm.rests_at(&e.state);
+                *next_rest = (*next_rest).min(e.rests_at);
+                mark(e, key, changed, track);
+            }
+        }
+    }
+
     /// Puts loaded state in place (start-up), without marking it changed.
     /// State already at rest is not worth a slot, and state that does not
     /// fit is dropped: both are deleted from the file with the next write, so

@@ -9,6 +9,7 @@
 //! The [`redis`] backend shares counters across a fleet; its table only
 //! serves `on_error: local` while Redis is unreachable.
 
+pub mod ban;
 pub mod breaker;
 pub mod durability;
 pub mod lock;
@@ -20,7 +21,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::config::{Backend, LimiterConfig, StoreConfig};
+use crate::limiter::ban::BanRule;
 use crate::limiter::{Algorithm, Nanos, Quota, Verdict};
+
+pub use ban::Banned;
 
 pub use sqlite::AuditRow;
 
@@ -112,6 +116,8 @@ pub struct Store {
     table: Arc<memory::Table>,
     sqlite: Option<sqlite::Sqlite>,
     redis: Option<self::redis::Redis>,
+    /// Strikes and bans of local stores; for Redis only the bans this proxy saw (for the gauge).
+    bans: Arc<ban::Bans>,
     backend: &'static str,
 }
 
@@ -126,6 +132,7 @@ impl Store {
             table: Arc::new(memory::Table::with_max_keys(false, max_keys)),
             sqlite: None,
             redis: None,
+            bans: Arc::new(ban::Bans::new(false)),
             backend: "memory",
         }
     }
@@ -140,9 +147,11 @@ impl Store {
             Backend::Memory => Ok(Store::memory_bounded(config.max_keys)),
             Backend::Sqlite { path } => {
                 let table = Arc::new(memory::Table::with_max_keys(true, config.max_keys));
+                let bans = Arc::new(ban::Bans::new(true));
                 let sqlite = sqlite::Sqlite::open(
                     path,
                     table.clone(),
+                    bans.clone(),
                     config.flush_interval,
                     limiters,
                     now,
@@ -151,6 +160,7 @@ impl Store {
                     table,
                     sqlite: Some(sqlite),
                     redis: None,
+                    bans,
                     backend: "sqlite",
                 })
             }
@@ -164,6 +174,7 @@ impl Store {
                 table: Arc::new(memory::Table::with_max_keys(false, config.max_keys)),
                 sqlite: None,
                 redis: Some(self::redis::Redis::open(url, prefix, *timeout)?),
+                bans: Arc::new(ban::Bans::new(false)),
                 backend: "redis",
             }),
         }
@@ -217,14 +228,89 @@ impl Store {
         }
     }
 
-    /// Forgets these keys everywhere (admin `DELETE /status`); returns how many existed.
+    /// `count:` — the request recorded with `ticket` got an answer that does
+    /// not count: gives its unit back (see `limiter/count.rs`).
+    pub async fn refund(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        ticket: Nanos,
+        now: Nanos,
+    ) -> Result<(), StoreError> {
+        match &self.redis {
+            Some(r) => r.refund(key, algorithm, ticket).await,
+            None => {
+                self.table.refund(key, algorithm, ticket, now);
+                Ok(())
+            }
+        }
+    }
+
+    /// The ban on each of these store keys at `now`, if any.
+    pub async fn banned(
+        &self,
+        keys: &[&str],
+        now: Nanos,
+    ) -> Result<Vec<Option<Banned>>, StoreError> {
+        match &self.redis {
+            Some(r) => {
+                let found = r.banned(keys).await?;
+                for (k, b) in keys.iter().zip(&found) {
+                    if let Some(b) = b {
+                        self.bans.note(k, now + b.remaining);
+                    }
+                }
+                Ok(found)
+            }
+            None => Ok(keys.iter().map(|k| self.bans.banned(k, now)).collect()),
+        }
+    }
+
+    /// Counts one rejection of `key` by a limiter with `ban:`; returns the
+    /// ban when this strike starts one. `window` is the span strikes count in.
+    pub async fn strike(
+        &self,
+        key: &str,
+        rule: &BanRule,
+        window: Nanos,
+        now: Nanos,
+    ) -> Result<Option<Banned>, StoreError> {
+        match &self.redis {
+            Some(r) => {
+                let started = r.strike(key, rule, window).await?;
+                if let Some(b) = started {
+                    self.bans.note(key, now + b.remaining);
+                }
+                Ok(started)
+            }
+            None => Ok(self.bans.strike(key, rule, window, now)),
+        }
+    }
+
+    /// Keys banned now: exact for local stores; for Redis, the bans this proxy has seen.
+    pub fn active_bans(&self, now: Nanos) -> usize {
+        self.bans.active(now)
+    }
+
+    /// New keys whose strikes were not kept because the ban table was full.
+    pub fn ban_strikes_dropped(&self) -> u64 {
+        self.bans.dropped()
+    }
+
+    /// Forgets these keys everywhere, bans included (admin `DELETE /status`);
+    /// returns how many counters and bans existed.
     pub async fn reset(&self, keys: &[String]) -> Result<usize, StoreError> {
         let local = self
             .table
             .remove_where(true, |k, _| keys.iter().any(|x| x == k));
+        let lifted = self.bans.lift(keys);
         match &self.redis {
-            Some(r) => r.reset(keys).await,
-            None => Ok(local),
+            Some(r) => {
+                let mut all: Vec<String> = keys.to_vec();
+                all.extend(keys.iter().map(|k| ban::redis_key(k)));
+                r.reset(&all).await
+            }
+            None => Ok(local + lifted),
         }
     }
 
@@ -250,6 +336,7 @@ impl Store {
             live.get(limiter)
                 .is_none_or(|linger| rests_at.saturating_add(*linger) <= now)
         });
+        self.bans.sweep(now);
         if let Some(s) = &self.sqlite {
             s.prune(now, limiters, audit_retention);
         }

@@ -5,6 +5,11 @@
 --             kind, shadow ('1'/'0'), p1, p2, p3, p4, p5 (see below). Checks
 --             every limiter, decides admission, records, returns quotas.
 --   'peek'    same arguments; computes the quotas and writes nothing.
+--   'refund'  KEYS[1]; ARGV[2] kind (fw, sw, tb), ARGV[3] window or interval,
+--             ARGV[4] ticket: for fw the window start, for sw the entry, for
+--             tb the instant the bucket was full again right after the
+--             request (decimal Unix ns). Gives back what one `count:`
+--             request took, as far as it still weighs (see count.rs).
 --   'release' KEYS[1]; ARGV[2] kind: 'cc' then the member to remove, or
 --             'lb' then the interval and the ticket (Unix ns) to give back.
 --
@@ -89,6 +94,38 @@ local function usable(k, kind, shape)
     redis.call('DEL', k)
   end
   return ok
+end
+
+if mode == 'refund' then
+  local k, kind = KEYS[1], ARGV[2]
+  local shape = kind .. ':' .. ARGV[3]
+  local ty = redis.call('TYPE', k)['ok']
+  if kind == 'sw' then
+    if ty == 'list' and redis.call('LINDEX', k, 0) == shape then
+      return redis.call('LREM', k, 1, ARGV[4])
+    end
+    return 0
+  end
+  if ty ~= 'hash' or redis.call('HGET', k, 's') ~= shape then
+    return 0
+  end
+  if kind == 'fw' then
+    local n = tonumber(redis.call('HGET', k, 'n') or '0')
+    if redis.call('HGET', k, 'w') == ARGV[4] and n > 0 then
+      redis.call('HSET', k, 'n', int(n - 1))
+      return 1
+    end
+  elseif kind == 'tb' then
+    local unpaid = math.min(tonumber(ARGV[3]), math.max(0, rel(ARGV[4])))
+    local debt = math.max(0, rel(redis.call('HGET', k, 't')) or 0)
+    if debt > 0 and unpaid > 0 then
+      debt = math.max(0, debt - unpaid)
+      redis.call('HSET', k, 't', at(debt))
+      expire(k, debt)
+      return 1
+    end
+  end
+  return 0
 end
 
 if mode == 'release' then

@@ -260,6 +260,34 @@ impl Redis {
         });
     }
 
+    /// `count:` — gives back the unit a request took (see `limiter/count.rs`);
+    /// `ticket` is in Redis' clock. Awaited by the request, so the client's
+    /// next request already sees it; bounded by the timeout like every call.
+    pub async fn refund(
+        &self,
+        store_key: &str,
+        algorithm: &Algorithm,
+        ticket: Nanos,
+    ) -> Result<(), StoreError> {
+        let args: [String; 3] = match algorithm {
+            Algorithm::FixedWindow(f) => [
+                "fw".into(),
+                f.window.to_string(),
+                (ticket - ticket % f.window.max(1)).to_string(),
+            ],
+            Algorithm::SlidingWindow(s) => ["sw".into(), s.window.to_string(), ticket.to_string()],
+            Algorithm::TokenBucket(t) => ["tb".into(), t.interval.to_string(), ticket.to_string()],
+            _ => return Ok(()),
+        };
+        let mut call = self.inner.script.prepare_invoke();
+        call.arg("refund").key(self.key(store_key)).arg(&args[..]);
+        let call = &call;
+        let _: i64 = self
+            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .await?;
+        Ok(())
+    }
+
     /// Deletes these store keys in Redis; returns how many existed.
     pub async fn reset(&self, keys: &[String]) -> Result<usize, StoreError> {
         if keys.is_empty() {
@@ -305,7 +333,7 @@ impl Redis {
     /// dead (Redis restarted since the last call) is retried once, within the
     /// same timeout, on the connection the manager re-opens: a proxy that saw
     /// no traffic during an outage must not fail its first request after it.
-    async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    pub(super) async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         F: Fn(ConnectionManager) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::ban::{self, BanChange, Bans};
 use super::durability::{backoff, Durability, Unsaved, MAX_UNSAVED_KEYS};
 use super::lock::FileLock;
 use super::memory::{Change, Table};
@@ -149,6 +150,7 @@ impl Sqlite {
     pub fn open(
         path: &Path,
         table: Arc<Table>,
+        bans: Arc<Bans>,
         flush_interval: Duration,
         limiters: &[LimiterConfig],
         now: Nanos,
@@ -156,6 +158,7 @@ impl Sqlite {
         Sqlite::open_with(
             path,
             table,
+            bans,
             WriterOptions::new(flush_interval),
             limiters,
             now,
@@ -165,6 +168,7 @@ impl Sqlite {
     pub fn open_with(
         path: &Path,
         table: Arc<Table>,
+        bans: Arc<Bans>,
         options: WriterOptions,
         limiters: &[LimiterConfig],
         now: Nanos,
@@ -173,6 +177,12 @@ impl Sqlite {
         let lock = FileLock::acquire(path)?;
         let conn = connect(path, options.busy_timeout)?;
         load(&conn, &table, limiters, now).map_err(|e| open_error(path, e))?;
+        conn.execute_batch(ban::SCHEMA)
+            .map_err(|e| open_error(path, e))?;
+        let banned = ban::load(&conn, &bans, limiters, now).map_err(|e| open_error(path, e))?;
+        if banned > 0 {
+            tracing::info!(bans = banned, "loaded bans in force from SQLite");
+        }
 
         let (tx, rx) = mpsc::sync_channel(64);
         let audit_buffer = AuditBuffer::default();
@@ -185,6 +195,7 @@ impl Sqlite {
             options: options.clone(),
             table: table.clone(),
             durability: durability.clone(),
+            bans,
             audit: Vec::new(),
             audit_buffer: audit_buffer.clone(),
             audit_dropped: audit_dropped.clone(),
@@ -386,6 +397,7 @@ struct Writer {
     options: WriterOptions,
     table: Arc<Table>,
     durability: Arc<Durability>,
+    bans: Arc<Bans>,
     audit: Vec<AuditRow>,
     audit_buffer: AuditBuffer,
     audit_dropped: Arc<AtomicU64>,
@@ -434,6 +446,7 @@ impl Writer {
     fn attempt(&mut self, cap: usize) -> Result<(), String> {
         let file = self.reopen_if_moved();
         let changes = self.table.take_changes();
+        let ban_changes = self.bans.take_changes();
         {
             let mut buffer = self.audit_buffer.lock();
             if self.audit.is_empty() {
@@ -442,16 +455,20 @@ impl Writer {
                 self.audit.append(&mut buffer);
             }
         }
-        if changes.is_empty() && self.audit.is_empty() && file.is_ok() {
+        if changes.is_empty() && ban_changes.is_empty() && self.audit.is_empty() && file.is_ok() {
             return Ok(());
         }
         let result = file.and_then(|()| {
             let conn = self.conn.as_mut().expect("open after reopen_if_moved");
-            write(conn, &changes, &self.audit).map_err(|e| {
+            write(conn, &changes, &ban_changes, &self.audit).map_err(|e| {
                 self.disk_full = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
                 e.to_string()
             })
         });
+        if result.is_err() {
+            // Bans are few and must not be lost: the next flush tries again.
+            self.bans.restore(ban_changes);
+        }
         match result {
             Ok(()) => {
                 self.audit.clear();
@@ -549,7 +566,7 @@ impl Writer {
             // missing file would make each chunk wait or fail the same way.
             let worth_trying = self.disk_full && refused_in_a_row < 3;
             match self.conn.as_mut() {
-                Some(conn) if worth_trying => match write(conn, chunk, &[]) {
+                Some(conn) if worth_trying => match write(conn, chunk, &[], &[]) {
                     Ok(()) => refused_in_a_row = 0,
                     Err(_) => {
                         refused_in_a_row += 1;
@@ -564,7 +581,7 @@ impl Writer {
                 && self
                     .conn
                     .as_mut()
-                    .is_some_and(|conn| write(conn, &[], &self.audit).is_ok());
+                    .is_some_and(|conn| write(conn, &[], &[], &self.audit).is_ok());
             if !written {
                 unsaved.audit_rows = self.audit.len();
             }
@@ -612,6 +629,7 @@ impl Writer {
             "DELETE FROM limiter_state WHERE expires_at <= ?1",
             params![plan.now as i64],
         )?;
+        ban::prune(&tx, plan.now)?;
         if let Some(cutoff) = plan.audit_cutoff {
             tx.execute(
                 "DELETE FROM api_calls WHERE time < ?1",
@@ -640,8 +658,14 @@ fn give_space_back(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-fn write(conn: &mut Connection, changes: &[Change], audit: &[AuditRow]) -> rusqlite::Result<()> {
+fn write(
+    conn: &mut Connection,
+    changes: &[Change],
+    bans: &[BanChange],
+    audit: &[AuditRow],
+) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
+    ban::write(&tx, bans)?;
     {
         let mut upsert_window = tx.prepare_cached(
             "INSERT INTO rate_limit_windows (key, window_start, count) VALUES (?1, ?2, ?3)
@@ -877,6 +901,8 @@ mod tests {
             shadow: false,
             overrides: vec![],
             reject: None,
+            count: None,
+            ban: None,
         }
     }
 
@@ -902,6 +928,7 @@ mod tests {
             let db = Sqlite::open(
                 &path,
                 table.clone(),
+                Arc::new(Bans::new(true)),
                 Duration::from_secs(3600),
                 &limiters,
                 now,
@@ -989,7 +1016,15 @@ mod tests {
             busy_timeout: Duration::from_millis(50),
             max_unsaved,
         };
-        Sqlite::open_with(path, table.clone(), options, limiters, NOW).unwrap()
+        Sqlite::open_with(
+            path,
+            table.clone(),
+            Arc::new(Bans::new(true)),
+            options,
+            limiters,
+            NOW,
+        )
+        .unwrap()
     }
 
     const NOW: Nanos = 1_767_225_620 * NANOS_PER_SEC;
@@ -1101,6 +1136,7 @@ mod tests {
         let err = Sqlite::open(
             &path,
             Arc::new(Table::new(true)),
+            Arc::new(Bans::new(true)),
             Duration::from_secs(1),
             &[],
             NOW,
@@ -1130,6 +1166,7 @@ mod tests {
         let err = Sqlite::open(
             &path,
             Arc::new(Table::new(true)),
+            Arc::new(Bans::new(true)),
             Duration::from_secs(1),
             &[l],
             NOW,
@@ -1226,6 +1263,7 @@ mod tests {
         let db = Sqlite::open(
             &path,
             Arc::new(Table::new(true)),
+            Arc::new(Bans::new(true)),
             Duration::from_secs(3600),
             &[],
             0,
@@ -1256,6 +1294,7 @@ mod tests {
         Sqlite::open(
             &path,
             Arc::new(Table::new(true)),
+            Arc::new(Bans::new(true)),
             Duration::from_secs(3600),
             &[],
             0,
@@ -1271,6 +1310,7 @@ mod tests {
         let db = Sqlite::open(
             &dir.path().join("a.db"),
             table,
+            Arc::new(Bans::new(true)),
             Duration::from_secs(3600),
             &[],
             0,

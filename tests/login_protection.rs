@@ -1,0 +1,331 @@
+//! Brute-force protection in front of a real PHP login form (`php -S`): only failed logins count (`count:`), repeat offenders are banned (`ban:`), bans survive a restart.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::php::PhpServer;
+use common::{client, get_json, Proxy};
+use tollgate::clock::ManualClock;
+use tollgate::limiter::{Nanos, NANOS_PER_SEC as S};
+
+/// 20 s into a 15-minute window: the manual clock never crosses a boundary by itself.
+const T0: Nanos = 1_767_225_620 * S;
+
+const LOGIN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/login.php");
+
+fn config(php: &PhpServer, count: &str, ban: &str) -> String {
+    format!(
+        "upstreams:\n  php: {{ url: \"http://{}\" }}\nlimiters:\n  failed_logins:\n    limit: 5\n    window: 15m\n    key: ip\n    count: {count}\n{ban}routes:\n  - {{ name: login, match: {{ path: /login.php }}, upstream: php, limiters: [failed_logins] }}\n",
+        php.addr
+    )
+}
+
+struct Answer {
+    status: u16,
+    retry_after: Option<u64>,
+    /// `X-RateLimit-Remaining`.
+    remaining: Option<u64>,
+    body: serde_json::Value,
+}
+
+async fn login(c: &reqwest::Client, proxy: &Proxy, password: &str, query: &str) -> Answer {
+    let resp = c
+        .post(proxy.url(&format!("/login.php{query}")))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("user=alice&password={password}"))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let remaining = resp
+        .headers()
+        .get("x-ratelimit-remaining")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let text = resp.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    Answer {
+        status,
+        retry_after,
+        remaining,
+        body,
+    }
+}
+
+/// What `GET /status?key=127.0.0.1` says about the limiter.
+async fn status_of(c: &reqwest::Client, proxy: &Proxy) -> serde_json::Value {
+    let v = get_json(c, &proxy.admin_url("/status?key=127.0.0.1")).await;
+    v["limiters"][0].clone()
+}
+
+fn failed(php: &PhpServer) -> usize {
+    php.hits().iter().filter(|h| *h == "failed").count()
+}
+
+fn start_php(dir: &Path) -> PhpServer {
+    PhpServer::start(Path::new(LOGIN), dir, 4)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_failed_logins_count_and_the_sixth_failure_is_refused_before_php() {
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let clock = ManualClock::at(T0);
+    let proxy = Proxy::start_with_clock(&config(&php, "{ status: [401, 403] }", ""), clock).await;
+    let c = client();
+
+    // Ten right and five wrong, interleaved: right, right, wrong, …
+    let mut wrong = 0;
+    for i in 0..15 {
+        if i % 3 == 2 {
+            let a = login(&c, &proxy, "wrong", "").await;
+            assert_eq!(a.status, 401, "failure {wrong} reaches PHP");
+            wrong += 1;
+            assert_eq!(a.remaining, Some(5 - wrong), "a failure counts");
+        } else {
+            let a = login(&c, &proxy, "right", "").await;
+            assert_eq!(a.status, 200, "login {i}");
+            assert_eq!(a.body["login"], "ok");
+            assert_eq!(a.remaining, Some(5 - wrong), "a success is given back");
+        }
+    }
+    assert_eq!(wrong, 5);
+    let s = status_of(&c, &proxy).await;
+    assert_eq!(s["remaining"], 0, "only the five failures counted: {s}");
+    assert_eq!(php.hits().len(), 15);
+
+    let sixth = login(&c, &proxy, "wrong", "").await;
+    assert_eq!(sixth.status, 429, "the sixth failure is refused");
+    assert_eq!(sixth.remaining, Some(0));
+    assert_eq!(sixth.body["type"], "rate-limit-exceeded");
+    assert_eq!(sixth.body["limiter"], "failed_logins");
+    assert_eq!(failed(&php), 5, "and never reached PHP");
+    assert_eq!(
+        status_of(&c, &proxy).await["remaining"],
+        0,
+        "a refused attempt does not eat into the next window either"
+    );
+
+    let metrics = c
+        .get(proxy.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // The ten successes, and the refused sixth attempt (it never got an answer).
+    assert!(
+        metrics.contains(
+            "tollgate_limiter_decisions_total{limiter=\"failed_logins\",result=\"not_counted\"} 11"
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_wrong_passwords_never_get_more_than_the_limit_to_php() {
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let proxy = Proxy::start_with_clock(
+        &config(&php, "{ status: [401, 403] }", ""),
+        ManualClock::at(T0),
+    )
+    .await;
+    let c = client();
+    // Twenty at once, each failure taking PHP 100 ms: none has been
+    // answered when the others are checked, so only taking the unit before
+    // forwarding keeps them out.
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let c = c.clone();
+            let url = proxy.url("/login.php");
+            tokio::spawn(async move {
+                c.post(url)
+                    .header("content-type", "application/x-www-form-urlencoded")
+                    .body("user=alice&password=guess")
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 401).count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        15,
+        "{statuses:?}"
+    );
+    assert_eq!(failed(&php), 5, "exactly the limit reached PHP");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_set_by_the_app_decides_what_counts() {
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let proxy = Proxy::start_with_clock(
+        &config(&php, "{ header: X-Login-Failed }", ""),
+        ManualClock::at(T0),
+    )
+    .await;
+    let c = client();
+    for _ in 0..6 {
+        // `X-Login-Failed: 0` on success: not counted.
+        assert_eq!(
+            login(&c, &proxy, "right", "?style=header").await.status,
+            200
+        );
+    }
+    for i in 0..5 {
+        let a = login(&c, &proxy, "wrong", "?style=header").await;
+        assert_eq!(
+            a.status, 200,
+            "failure {i}: the app answers 200 with the header"
+        );
+    }
+    assert_eq!(
+        login(&c, &proxy, "wrong", "?style=header").await.status,
+        429
+    );
+    assert_eq!(failed(&php), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ban_outlasts_the_window_survives_a_restart_and_delete_status_lifts_it() {
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let yaml = config(
+        &php,
+        "{ status: [401, 403] }",
+        "    ban: { after: 2, for: 1h }\n",
+    );
+    let clock = ManualClock::at(T0);
+    let proxy = Proxy::start_in(&yaml, clock.clone(), tempfile::tempdir().unwrap(), None).await;
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(login(&c, &proxy, "wrong", "").await.status, 401);
+    }
+    // Two refusals within the window: the second starts a one-hour ban.
+    assert_eq!(login(&c, &proxy, "wrong", "").await.status, 429);
+    assert_eq!(login(&c, &proxy, "wrong", "").await.status, 429);
+    let banned = login(&c, &proxy, "right", "").await;
+    assert_eq!(banned.status, 429);
+    assert_eq!(banned.body["type"], "client-banned", "{}", banned.body);
+    assert_eq!(banned.retry_after, Some(3600));
+    let ban_end = T0 / S + 3600;
+    assert_eq!(banned.body["banned_until"], ban_end);
+    let s = status_of(&c, &proxy).await;
+    assert_eq!(s["ban"]["banned"], true, "{s}");
+    assert_eq!(s["ban"]["until"], ban_end);
+
+    // The limiter's window ends; the ban does not.
+    clock.advance(Duration::from_secs(20 * 60));
+    let later = login(&c, &proxy, "right", "").await;
+    assert_eq!(later.body["type"], "client-banned");
+    assert_eq!(later.retry_after, Some(3600 - 20 * 60));
+    let hits_before_restart = php.hits().len();
+
+    // A restart on the same SQLite file keeps the ban.
+    let dir = proxy.stop().await;
+    let proxy = Proxy::start_in(&yaml, clock.clone(), dir, None).await;
+    let after_restart = login(&c, &proxy, "right", "").await;
+    assert_eq!(after_restart.status, 429);
+    assert_eq!(after_restart.body["type"], "client-banned");
+    assert_eq!(after_restart.body["banned_until"], ban_end);
+    assert_eq!(
+        php.hits().len(),
+        hits_before_restart,
+        "banned requests never reach PHP"
+    );
+    let metrics = c
+        .get(proxy.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("tollgate_active_bans 1"), "{metrics}");
+
+    // DELETE /status lifts it at once.
+    let reset = c
+        .delete(proxy.admin_url("/status?key=127.0.0.1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 200);
+    assert_eq!(login(&c, &proxy, "right", "").await.status, 200);
+    assert_eq!(status_of(&c, &proxy).await["ban"]["banned"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
+    use common::redis_server::RedisServer;
+    use tollgate::clock::SystemClock;
+
+    let redis = RedisServer::start();
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let yaml = format!(
+        "store: {{ backend: redis, url: \"{}\", prefix: \"login:\", timeout: 500ms, on_error: deny }}\n{}",
+        redis.url(),
+        config(
+            &php,
+            "{ status: [401, 403] }",
+            "    ban: { after: 2, for: 1h, status: 403 }\n"
+        )
+    );
+    // Redis decides on its own clock: keep clear of a 15-minute boundary.
+    common::wait_for_window_room(Duration::from_secs(15 * 60), Duration::from_secs(30));
+    let a = Proxy::start_with_clock(&yaml, Arc::new(SystemClock)).await;
+    let b = Proxy::start_with_clock(&yaml, Arc::new(SystemClock)).await;
+    let c = client();
+    for i in 0..5 {
+        let proxy = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(login(&c, proxy, "right", "").await.status, 200);
+        assert_eq!(
+            login(&c, proxy, "wrong", "").await.status,
+            401,
+            "failure {i}"
+        );
+    }
+    // Five failures through two proxies: the limit is reached for both.
+    assert_eq!(login(&c, &a, "wrong", "").await.status, 429);
+    assert_eq!(login(&c, &b, "wrong", "").await.status, 429);
+    assert_eq!(failed(&php), 5);
+    // The second refusal (on b) banned the key for the whole fleet, with 403.
+    let on_a = login(&c, &a, "right", "").await;
+    assert_eq!(on_a.status, 403, "{}", on_a.body);
+    assert_eq!(on_a.body["type"], "client-banned");
+    let retry = on_a.retry_after.expect("Retry-After");
+    assert!((3590..=3600).contains(&retry), "{retry}");
+    assert_eq!(status_of(&c, &a).await["ban"]["banned"], true);
+
+    let reset = c
+        .delete(b.admin_url("/status?key=127.0.0.1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 200);
+    assert_eq!(
+        login(&c, &a, "right", "").await.status,
+        200,
+        "lifted everywhere"
+    );
+}
