@@ -209,7 +209,7 @@ impl App {
                     .enabled
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
                 let result = upstream
-                    .forward(req, &client, conn.peer.ip(), conn.proto, max_body)
+                    .forward(req, &client, conn.peer, conn.proto, max_body)
                     .await;
                 let resp = match result {
                     Ok((resp, connection)) => {

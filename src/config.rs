@@ -24,6 +24,9 @@ use crate::limiter::{
 };
 use crate::tls::CertSet;
 
+mod fastcgi;
+pub use fastcgi::{FastCgiAddress, FastCgiConfig};
+
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
@@ -252,6 +255,10 @@ pub struct RawUpstream {
     /// PEM CA bundle that verifies an https:// upstream instead of the system roots.
     pub ca: Option<Text>,
     pub insecure_skip_verify: Option<bool>,
+    /// fastcgi:// only: the document root as php-fpm sees it.
+    pub root: Option<Text>,
+    /// fastcgi:// only: a directory's default script (index.php).
+    pub index: Option<Text>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -470,6 +477,8 @@ pub struct UpstreamConfig {
     pub timeout: Duration,
     /// How an https:// upstream's certificate is verified (unused for http://).
     pub tls: UpstreamTls,
+    /// Set for a fastcgi:// upstream (php-fpm); `url` is then only for display.
+    pub fastcgi: Option<FastCgiConfig>,
 }
 
 /// Trust for an https:// upstream.
@@ -1064,6 +1073,17 @@ impl Validator {
     }
 
     fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
+        if raw.url.0.starts_with("fastcgi://") {
+            return self.fastcgi_upstream(name, raw);
+        }
+        for (field, set) in [("root", raw.root.is_some()), ("index", raw.index.is_some())] {
+            if set {
+                self.err(
+                    format!("upstreams.{name}.{field}"),
+                    "applies to fastcgi:// upstreams only",
+                );
+            }
+        }
         let path = format!("upstreams.{name}.url");
         let url: Uri = match raw.url.0.parse() {
             Ok(u) => u,
@@ -1077,7 +1097,10 @@ impl Validator {
             _ => {
                 self.err(
                     path,
-                    format!("{:?} must start with http:// or https://", raw.url.0),
+                    format!(
+                        "{:?} must start with http://, https:// or fastcgi://",
+                        raw.url.0
+                    ),
                 );
                 return None;
             }
@@ -1133,6 +1156,7 @@ impl Validator {
             connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
             timeout: dur(raw.timeout, Duration::from_secs(30)),
             tls,
+            fastcgi: None,
         })
     }
 

@@ -12,7 +12,8 @@
 //! - [`router`]: which route, on the normalized path;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`];
 //! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
-//! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
+//! - [`proxy`]: forwarding to the upstream (HTTP, or [`fastcgi`] to php-fpm);
+//!   [`problem`]: everything answered locally.
 //!
 //! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
 //! (validate, then swap, or keep the old), [`admin`], [`metrics`], and
@@ -23,6 +24,7 @@ pub mod app;
 pub mod body;
 pub mod clock;
 pub mod config;
+pub mod fastcgi;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;

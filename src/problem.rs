@@ -45,6 +45,12 @@ pub enum Problem {
     UpstreamUnreachable { upstream: String },
     StoreUnavailable,
     UpstreamTimeout { upstream: String },
+    /// A FastCGI upstream's request names no script or static file under its root.
+    FileNotFound,
+    /// A static file asked for with a method other than GET or HEAD.
+    MethodNotAllowed,
+    /// A body without Content-Length for a FastCGI script (PHP reads exactly that many bytes).
+    LengthRequired,
 }
 
 impl Problem {
@@ -58,6 +64,9 @@ impl Problem {
             Problem::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Problem::FileNotFound => StatusCode::NOT_FOUND,
+            Problem::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Problem::LengthRequired => StatusCode::LENGTH_REQUIRED,
         }
     }
 
@@ -130,6 +139,19 @@ impl Problem {
                 title,
                 status,
                 &format!("The upstream '{upstream}' did not answer in time."),
+            ),
+            Problem::FileNotFound => base("not-found", title, status, "No file at this path."),
+            Problem::MethodNotAllowed => base(
+                "method-not-allowed",
+                title,
+                status,
+                "A static file answers GET and HEAD only.",
+            ),
+            Problem::LengthRequired => base(
+                "length-required",
+                title,
+                status,
+                "A request body for a PHP script needs a Content-Length.",
             ),
         };
         let mut resp = Response::new(Body::full(body.to_string()));

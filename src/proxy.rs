@@ -1,7 +1,7 @@
 //! Forwarding to an upstream: hop-by-hop headers, X-Forwarded-*, timeouts, a pooled keep-alive client.
 
 use std::error::Error as StdError;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -37,6 +37,8 @@ pub struct Upstream {
     plain: Option<std::sync::Arc<crate::pool::Pool>>,
     /// What the pool was built from, to reuse it when a reload leaves it unchanged.
     config: (Uri, Duration, Duration, UpstreamTls),
+    /// fastcgi:// upstreams (php-fpm) take their own path; see `crate::fastcgi`.
+    fastcgi: Option<crate::fastcgi::FastCgi>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +65,12 @@ pub enum ProxyError {
         #[source]
         source: crate::pool::PoolError,
     },
+    #[error("forwarding to FastCGI upstream {upstream} failed: {source}")]
+    FastCgi {
+        upstream: String,
+        #[source]
+        source: crate::fastcgi::FastCgiError,
+    },
 }
 
 impl ProxyError {
@@ -77,6 +85,7 @@ impl ProxyError {
                 crate::pool::PoolError::Exchange(_) => "other",
                 _ => "connect",
             },
+            ProxyError::FastCgi { source, .. } => source.kind(),
         }
     }
 }
@@ -89,6 +98,10 @@ impl From<ProxyError> for Problem {
             | ProxyError::Plain { upstream, .. } => Problem::UpstreamUnreachable { upstream },
             ProxyError::Timeout { upstream, .. } => Problem::UpstreamTimeout { upstream },
             ProxyError::BodyTooLarge { limit } => Problem::BodyTooLarge { limit },
+            ProxyError::FastCgi { upstream, source } => match source {
+                crate::fastcgi::FastCgiError::Timeout(_) => Problem::UpstreamTimeout { upstream },
+                _ => Problem::UpstreamUnreachable { upstream },
+            },
         }
     }
 }
@@ -158,7 +171,7 @@ impl Upstream {
             base_path,
             timeout: config.timeout,
             clients,
-            plain: (!https)
+            plain: (!https && config.fastcgi.is_none())
                 .then(|| crate::pool::Pool::new(authority.clone(), config.connect_timeout)),
             config: (
                 config.url.clone(),
@@ -166,6 +179,9 @@ impl Upstream {
                 config.timeout,
                 config.tls.clone(),
             ),
+            fastcgi: config.fastcgi.as_ref().map(|f| {
+                crate::fastcgi::FastCgi::new(&config.name, f, config.connect_timeout, config.timeout)
+            }),
         }
     }
 
@@ -181,6 +197,11 @@ impl Upstream {
             && self.config.0 == config.url
             && (self.config.1, self.config.2) == (config.connect_timeout, config.timeout)
             && self.config.3 == config.tls
+            && match (&self.fastcgi, &config.fastcgi) {
+                (Some(f), Some(c)) => f.serves(c),
+                (None, None) => true,
+                _ => false,
+            }
     }
 
     /// Sends the request on and returns the upstream's response head as soon as it arrives.
@@ -188,10 +209,10 @@ impl Upstream {
         &self,
         req: Request<Incoming>,
         client: &ClientIdentity,
-        peer: IpAddr,
+        peer: SocketAddr,
         proto: &'static str,
         max_body: u64,
-    ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), ProxyError> {
+    ) -> Result<(Response<crate::body::Forwarded>, Option<crate::body::Guard>), ProxyError> {
         let (mut parts, body) = req.into_parts();
         let host = parts.headers.get(header::HOST).cloned().or_else(|| {
             parts
@@ -203,7 +224,26 @@ impl Upstream {
         if let Some(h) = host {
             parts.headers.insert(header::HOST, h);
         }
-        set_forwarded_headers(&mut parts.headers, client, peer, proto);
+        set_forwarded_headers(&mut parts.headers, client, peer.ip(), proto);
+
+        if let Some(fastcgi) = &self.fastcgi {
+            let answer = fastcgi
+                .forward(parts, body, client.ip, peer, proto, max_body)
+                .await;
+            return match answer {
+                Ok(mut resp) => {
+                    strip_hop_by_hop(resp.headers_mut());
+                    Ok((resp.map(crate::body::Forwarded::Streamed), None))
+                }
+                Err(crate::fastcgi::FastCgiError::BodyTooLarge) => {
+                    Err(ProxyError::BodyTooLarge { limit: max_body })
+                }
+                Err(source) => Err(ProxyError::FastCgi {
+                    upstream: self.name.clone(),
+                    source,
+                }),
+            };
+        }
 
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let target = if self.base_path.is_empty() {
@@ -234,7 +274,10 @@ impl Upstream {
                 }),
                 Ok(Ok((mut resp, back))) => {
                     strip_hop_by_hop(resp.headers_mut());
-                    Ok((resp, Some(Box::new(back) as crate::body::Guard)))
+                    Ok((
+                        resp.map(crate::body::Forwarded::from),
+                        Some(Box::new(back) as crate::body::Guard),
+                    ))
                 }
             };
         }
@@ -271,7 +314,7 @@ impl Upstream {
             Ok(Ok(resp)) => resp,
         };
         strip_hop_by_hop(resp.headers_mut());
-        Ok((resp, None))
+        Ok((resp.map(crate::body::Forwarded::from), None))
     }
 }
 
