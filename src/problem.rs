@@ -40,11 +40,17 @@ pub enum Problem {
     BadRequest(String),
     UnknownApiKey(String),
     NoRoute,
-    BodyTooLarge { limit: u64 },
+    BodyTooLarge {
+        limit: u64,
+    },
     RateLimited(Box<Denial>),
-    UpstreamUnreachable { upstream: String },
+    UpstreamUnreachable {
+        upstream: String,
+    },
     StoreUnavailable,
-    UpstreamTimeout { upstream: String },
+    UpstreamTimeout {
+        upstream: String,
+    },
     /// A FastCGI upstream's request names no script or static file under its root.
     FileNotFound,
     /// A static file asked for with a method other than GET or HEAD.

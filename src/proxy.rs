@@ -180,7 +180,12 @@ impl Upstream {
                 config.tls.clone(),
             ),
             fastcgi: config.fastcgi.as_ref().map(|f| {
-                crate::fastcgi::FastCgi::new(&config.name, f, config.connect_timeout, config.timeout)
+                crate::fastcgi::FastCgi::new(
+                    &config.name,
+                    f,
+                    config.connect_timeout,
+                    config.timeout,
+                )
             }),
         }
     }

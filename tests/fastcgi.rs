@@ -47,7 +47,8 @@ echo 'moved';
 "#;
 
 /// An "image" an attacker uploaded: PHP code that marks that it ran.
-const EVIL: &str = r#"<?php file_put_contents(__DIR__ . '/../../evil-ran', 'yes'); echo 'EVIL RAN';"#;
+const EVIL: &str =
+    r#"<?php file_put_contents(__DIR__ . '/../../evil-ran', 'yes'); echo 'EVIL RAN';"#;
 
 /// The document root: scripts, an upload, static and private files.
 fn site(dir: &Path) -> PathBuf {
@@ -139,10 +140,18 @@ async fn php_sees_the_real_client_its_script_path_info_query_method_and_headers(
     assert_eq!(r.status, 200, "{}", r.text());
     let s = r.json();
     let root = dir.path().join("www");
-    assert_eq!(s["REMOTE_ADDR"], "127.0.0.1", "the client, not a claimed address");
-    assert!(s["REMOTE_PORT"].as_str().is_some_and(|p| p.parse::<u16>().is_ok()));
+    assert_eq!(
+        s["REMOTE_ADDR"], "127.0.0.1",
+        "the client, not a claimed address"
+    );
+    assert!(s["REMOTE_PORT"]
+        .as_str()
+        .is_some_and(|p| p.parse::<u16>().is_ok()));
     assert_eq!(s["SCRIPT_NAME"], "/index.php");
-    assert_eq!(s["SCRIPT_FILENAME"], format!("{}/index.php", root.display()));
+    assert_eq!(
+        s["SCRIPT_FILENAME"],
+        format!("{}/index.php", root.display())
+    );
     assert_eq!(s["PATH_INFO"], "/a/b");
     assert_eq!(s["PHP_SELF"], "/index.php/a/b");
     assert_eq!(s["REQUEST_URI"], "/index.php/a/b?x=1&y=%C3%A9");
@@ -184,15 +193,24 @@ async fn behind_a_trusted_load_balancer_remote_addr_is_the_client_it_vouches_for
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let s = r.json();
-    assert_eq!(s["REMOTE_ADDR"], "203.0.113.7", "the rightmost untrusted address");
-    assert_eq!(s["REMOTE_PORT"], serde_json::Value::Null, "the balancer's port is not the client's");
+    assert_eq!(
+        s["REMOTE_ADDR"], "203.0.113.7",
+        "the rightmost untrusted address"
+    );
+    assert_eq!(
+        s["REMOTE_PORT"],
+        serde_json::Value::Null,
+        "the balancer's port is not the client's"
+    );
     assert_eq!(s["HTTP_X_REAL_IP"], "203.0.113.7");
 }
 
 #[tokio::test]
 async fn a_5_mb_post_body_reaches_php_intact() {
     let (proxy, _fpm, _dir) = start("", true).await;
-    let body: Vec<u8> = (0..5 * 1024 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let body: Vec<u8> = (0..5 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
     let expected = hex(&Sha256::digest(&body));
     let r = send(
         client()
@@ -238,7 +256,11 @@ async fn an_uploaded_jpg_never_runs_even_when_php_fpm_would_let_it() {
     let ran = dir.path().join("evil-ran");
     // The classic: php-fpm, told about a missing x.php, would fall back to
     // evil.jpg (fix_pathinfo) and run it (limit_extensions allows .jpg).
-    for path in ["/uploads/evil.jpg/x.php", "/uploads/evil.jpg/x.php/more", "/uploads/evil.jpg%2Fx.php"] {
+    for path in [
+        "/uploads/evil.jpg/x.php",
+        "/uploads/evil.jpg/x.php/more",
+        "/uploads/evil.jpg%2Fx.php",
+    ] {
         let r = send(c.get(proxy.url(path))).await;
         assert_eq!(r.status, 404, "{path}: {}", r.text());
         assert!(!r.text().contains("EVIL RAN"), "{path}");
@@ -260,8 +282,18 @@ async fn static_files_are_served_and_source_secrets_and_hidden_files_are_not() {
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["content-type"], "text/css; charset=utf-8");
     assert_eq!(r.text(), "body { color: red }");
-    assert_eq!(send(c.post(proxy.url("/style.css")).body("x")).await.status, 405);
-    for path in ["/config.inc", "/.env", "/missing.php", "/uploads/", "/../www/config.inc", "/INDEX.PHP"] {
+    assert_eq!(
+        send(c.post(proxy.url("/style.css")).body("x")).await.status,
+        405
+    );
+    for path in [
+        "/config.inc",
+        "/.env",
+        "/missing.php",
+        "/uploads/",
+        "/../www/config.inc",
+        "/INDEX.PHP",
+    ] {
         let r = send(c.get(proxy.url(path))).await;
         assert_eq!(r.status, 404, "{path}: {}", r.text());
         assert!(!r.text().contains("hunter2"), "{path}");
@@ -355,7 +387,10 @@ async fn a_20_mb_response_streams_without_tollgate_holding_it() {
     assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let done = dir.path().join("big-done");
-    assert!(!done.exists(), "php finished while the client read nothing: something buffered 20 MiB");
+    assert!(
+        !done.exists(),
+        "php finished while the client read nothing: something buffered 20 MiB"
+    );
     let during = rss_kib(process.child.id());
     assert!(
         during < before + 10 * 1024,
@@ -379,11 +414,32 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
         let line_end = b.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap();
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap();
         if size == 0 {
             return out;
         }
         out.extend_from_slice(&b[line_end + 2..line_end + 2 + size]);
         b = &b[line_end + 2 + size + 2..];
     }
+}
+
+#[tokio::test]
+async fn php_fpm_children_exiting_after_max_requests_cost_no_failed_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = site(dir.path());
+    // Every child exits after one request and closes its kept connection;
+    // the relay passes the close on a moment later, as a busy network does.
+    let fpm = PhpFpm::start(dir.path(), &root, 2, "pm.max_requests = 1");
+    let (relay, opened) = counting_relay(fpm.tcp).await;
+    let proxy = Proxy::start(&yaml(&format!("fastcgi://{relay}"), &root, "")).await;
+    let c = client();
+    for i in 0..20 {
+        let r = send(c.get(proxy.url(&format!("/index.php?i={i}")))).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    assert!(
+        opened.load(Ordering::SeqCst) >= 10,
+        "the children really exited"
+    );
 }

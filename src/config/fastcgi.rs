@@ -49,7 +49,10 @@ impl Validator {
         let mut ok = true;
         let address = if rest.starts_with('/') {
             if rest.len() == 1 {
-                self.err(at("url"), "a unix socket URL needs a path: fastcgi:///run/php/php-fpm.sock");
+                self.err(
+                    at("url"),
+                    "a unix socket URL needs a path: fastcgi:///run/php/php-fpm.sock",
+                );
                 ok = false;
             }
             FastCgiAddress::Unix(PathBuf::from(rest))
@@ -78,7 +81,10 @@ impl Validator {
                 PathBuf::new()
             }
             Some(r) if !r.0.starts_with('/') || r.0.trim_end_matches('/').is_empty() => {
-                self.err(at("root"), format!("{:?} must be an absolute path other than /", r.0));
+                self.err(
+                    at("root"),
+                    format!("{:?} must be an absolute path other than /", r.0),
+                );
                 ok = false;
                 PathBuf::new()
             }
@@ -86,7 +92,10 @@ impl Validator {
         };
         let index = raw.index.as_ref().map_or("index.php", |i| i.0.as_str());
         if index.is_empty() || index.contains('/') || index.starts_with('.') {
-            self.err(at("index"), format!("{index:?} must be a file name such as index.php"));
+            self.err(
+                at("index"),
+                format!("{index:?} must be a file name such as index.php"),
+            );
             ok = false;
         }
         if raw.ca.is_some() {
@@ -94,7 +103,10 @@ impl Validator {
             ok = false;
         }
         if raw.insecure_skip_verify.is_some() {
-            self.err(at("insecure_skip_verify"), "applies to https:// upstreams only");
+            self.err(
+                at("insecure_skip_verify"),
+                "applies to https:// upstreams only",
+            );
             ok = false;
         }
         if !ok {
@@ -138,24 +150,57 @@ mod tests {
         assert_eq!(f.index, "index.php");
         let sock = c.upstreams.iter().find(|u| u.name == "sock").unwrap();
         let f = sock.fastcgi.as_ref().unwrap();
-        assert_eq!(f.address, FastCgiAddress::Unix("/run/php/php-fpm.sock".into()));
+        assert_eq!(
+            f.address,
+            FastCgiAddress::Unix("/run/php/php-fpm.sock".into())
+        );
         assert_eq!(f.index, "app.php");
     }
 
     #[test]
     fn every_fastcgi_mistake_is_reported_with_its_path() {
         let cases = [
-            ("{ url: \"fastcgi://127.0.0.1\", root: /srv }", "upstreams.php.url"),
-            ("{ url: \"fastcgi://127.0.0.1:9000/x\", root: /srv }", "upstreams.php.url"),
+            (
+                "{ url: \"fastcgi://127.0.0.1\", root: /srv }",
+                "upstreams.php.url",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000/x\", root: /srv }",
+                "upstreams.php.url",
+            ),
             ("{ url: \"fastcgi:///\", root: /srv }", "needs a path"),
-            ("{ url: \"fastcgi://127.0.0.1:9000\" }", "upstreams.php.root"),
-            ("{ url: \"fastcgi://127.0.0.1:9000\", root: srv }", "must be an absolute path"),
-            ("{ url: \"fastcgi://127.0.0.1:9000\", root: / }", "must be an absolute path"),
-            ("{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, index: ../x.php }", "upstreams.php.index"),
-            ("{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, insecure_skip_verify: true }", "https:// upstreams only"),
-            ("{ url: \"http://127.0.0.1:9000\", root: /srv }", "upstreams.php.root: applies to fastcgi://"),
-            ("{ url: \"http://127.0.0.1:9000\", index: a.php }", "upstreams.php.index: applies to fastcgi://"),
-            ("{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, docroot: /x }", "unknown field"),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\" }",
+                "upstreams.php.root",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\", root: srv }",
+                "must be an absolute path",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\", root: / }",
+                "must be an absolute path",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, index: ../x.php }",
+                "upstreams.php.index",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, insecure_skip_verify: true }",
+                "https:// upstreams only",
+            ),
+            (
+                "{ url: \"http://127.0.0.1:9000\", root: /srv }",
+                "upstreams.php.root: applies to fastcgi://",
+            ),
+            (
+                "{ url: \"http://127.0.0.1:9000\", index: a.php }",
+                "upstreams.php.index: applies to fastcgi://",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, docroot: /x }",
+                "unknown field",
+            ),
         ];
         for (upstream, expected) in cases {
             let yaml = format!("upstreams:\n  php: {upstream}\n");

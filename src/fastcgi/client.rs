@@ -217,18 +217,19 @@ impl Pool {
 
     /// Sends one request (`head`: BEGIN_REQUEST and PARAMS; `body` as STDIN)
     /// and returns php-fpm's CGI header block and the rest of its output.
+    /// `replayable`: an idempotent request without a body, which may be
+    /// sent again if a kept connection turns out dead before any answer.
     pub async fn exchange(
         self: &Arc<Pool>,
         head: Bytes,
-        body: Option<Limited<Incoming>>,
+        mut body: Option<Limited<Incoming>>,
+        replayable: bool,
         upstream: Arc<str>,
     ) -> Result<(Head, ResponseBody), FastCgiError> {
         let slot = self.slot();
+        let replayable = replayable && body.is_none();
         let empty_stdin = codec::header(codec::STDIN, 0);
-        let mut conn = loop {
-            // An idle connection php-fpm closed in the meantime fails on the
-            // first write, before any of the request body was read: retry on a
-            // new one. A new connection's failure is final.
+        loop {
             let (mut conn, reused) = match self.idle(slot) {
                 Some(c) => (c, true),
                 None => (self.connect().await?, false),
@@ -240,81 +241,107 @@ impl Pool {
                 conn.stream.write_all(&head).await
             };
             match written {
-                Ok(()) => break conn,
+                Ok(()) => {}
+                // php-fpm closed a kept connection (a child exited after
+                // `pm.max_requests`): nothing ran and none of the body was
+                // read, so a new connection can take the request.
                 Err(_) if reused => continue,
                 Err(e) => return Err(FastCgiError::Io(e)),
             }
-        };
-        if let Some(mut body) = body {
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| {
-                    if e.is::<LengthLimitError>() {
-                        FastCgiError::BodyTooLarge
-                    } else {
-                        FastCgiError::ClientBody(e)
-                    }
-                })?;
-                let Ok(data) = frame.into_data() else {
-                    continue; // trailers: CGI has no place for them
-                };
-                for chunk in data.chunks(codec::MAX_CONTENT) {
-                    let header = codec::header(codec::STDIN, chunk.len());
-                    let mut record = Buf::chain(&header[..], chunk);
-                    conn.stream
-                        .write_all_buf(&mut record)
-                        .await
-                        .map_err(FastCgiError::Io)?;
-                }
+            if let Some(body) = body.take() {
+                send_body(&mut conn, body).await?;
+                conn.stream
+                    .write_all(&empty_stdin)
+                    .await
+                    .map_err(FastCgiError::Io)?;
             }
+            let (head, rest, ended) = match read_head(&mut conn, &upstream).await {
+                Ok(read) => read,
+                // The same race, noticed later: the request went out on a
+                // dead connection and nothing came back.
+                Err((_, false)) if reused && replayable => continue,
+                Err((e, _)) => return Err(e),
+            };
+            let mut body = ResponseBody {
+                conn: Some(conn),
+                pool: self.clone(),
+                slot,
+                pending: (!rest.is_empty()).then_some(rest),
+                upstream,
+            };
+            if ended {
+                // A small answer came whole: the connection is free already.
+                body.finish();
+            }
+            return Ok((head, body));
+        }
+    }
+}
+
+/// The request body as STDIN records, as it arrives from the client.
+async fn send_body(conn: &mut Conn, mut body: Limited<Incoming>) -> Result<(), FastCgiError> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.is::<LengthLimitError>() {
+                FastCgiError::BodyTooLarge
+            } else {
+                FastCgiError::ClientBody(e)
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: CGI has no place for them
+        };
+        for chunk in data.chunks(codec::MAX_CONTENT) {
+            let header = codec::header(codec::STDIN, chunk.len());
+            let mut record = Buf::chain(&header[..], chunk);
             conn.stream
-                .write_all(&empty_stdin)
+                .write_all_buf(&mut record)
                 .await
                 .map_err(FastCgiError::Io)?;
         }
+    }
+    Ok(())
+}
 
-        // Read until the CGI header block is complete; what follows it is body.
-        let mut head_bytes = BytesMut::new();
-        let mut ended = false;
-        let parsed = loop {
-            if let Some(end) = super::response::head_end(&head_bytes) {
-                let head = super::response::parse_head(&head_bytes[..end.0])?;
-                break (head, head_bytes.split_off(end.1).freeze());
-            }
-            if ended {
-                return Err(FastCgiError::NoHead);
-            }
-            if head_bytes.len() > MAX_HEAD {
-                return Err(FastCgiError::HeadTooLarge);
-            }
-            match conn.record().await? {
-                None => return Err(FastCgiError::Closed),
-                Some(r) => match r.kind {
-                    codec::STDOUT => head_bytes.extend_from_slice(&r.content),
-                    codec::STDERR => log_stderr(&upstream, &r.content),
-                    codec::END_REQUEST => {
-                        let (_, status) = codec::end_request(&r.content);
-                        if status != codec::REQUEST_COMPLETE {
-                            return Err(FastCgiError::Refused(status));
-                        }
-                        ended = true;
-                    }
-                    _ => {}
-                },
-            }
-        };
-        let (head, rest) = parsed;
-        let mut body = ResponseBody {
-            conn: Some(conn),
-            pool: self.clone(),
-            slot,
-            pending: (!rest.is_empty()).then_some(rest),
-            upstream,
-        };
-        if ended {
-            // A small answer came whole: the connection is free already.
-            body.finish();
+/// Reads until the CGI header block is complete: (head, the body bytes that
+/// came with it, whether END_REQUEST came too). On failure, also says
+/// whether anything at all came back.
+async fn read_head(
+    conn: &mut Conn,
+    upstream: &str,
+) -> Result<(Head, Bytes, bool), (FastCgiError, bool)> {
+    let mut head_bytes = BytesMut::new();
+    let mut ended = false;
+    let mut received = false;
+    loop {
+        if let Some(end) = super::response::head_end(&head_bytes) {
+            let head = super::response::parse_head(&head_bytes[..end.0]).map_err(|e| (e, true))?;
+            return Ok((head, head_bytes.split_off(end.1).freeze(), ended));
         }
-        Ok((head, body))
+        if ended {
+            return Err((FastCgiError::NoHead, true));
+        }
+        if head_bytes.len() > MAX_HEAD {
+            return Err((FastCgiError::HeadTooLarge, true));
+        }
+        let record = match conn.record().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err((FastCgiError::Closed, received)),
+            Err(e) => return Err((e, received)),
+        };
+        received = true;
+        match record.kind {
+            codec::STDOUT => head_bytes.extend_from_slice(&record.content),
+            codec::STDERR => log_stderr(upstream, &record.content),
+            codec::END_REQUEST => {
+                let (_, status) = codec::end_request(&record.content);
+                if status != codec::REQUEST_COMPLETE {
+                    return Err((FastCgiError::Refused(status), true));
+                }
+                ended = true;
+            }
+            _ => {}
+        }
     }
 }
 

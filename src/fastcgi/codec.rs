@@ -197,8 +197,15 @@ mod tests {
         assert!(p.push(b"HTTP_COOKIE", &long));
         p.finish();
         let records = decode_params(out);
-        assert_eq!(records.len(), 2, "one record of pairs, then the empty terminator");
-        assert_eq!(records[0][0], (b"SCRIPT_NAME".to_vec(), b"/index.php".to_vec()));
+        assert_eq!(
+            records.len(),
+            2,
+            "one record of pairs, then the empty terminator"
+        );
+        assert_eq!(
+            records[0][0],
+            (b"SCRIPT_NAME".to_vec(), b"/index.php".to_vec())
+        );
         assert_eq!(records[0][1], (b"HTTP_COOKIE".to_vec(), long));
         assert!(records[1].is_empty());
     }
@@ -210,7 +217,10 @@ mod tests {
         let value = vec![b'v'; 40_000];
         assert!(p.push(b"HTTP_A", &value));
         assert!(p.push(b"HTTP_B", &value));
-        assert!(!p.push(b"HTTP_HUGE", &vec![b'v'; 70_000]), "a pair over 64 KiB is refused");
+        assert!(
+            !p.push(b"HTTP_HUGE", &vec![b'v'; 70_000]),
+            "a pair over 64 KiB is refused"
+        );
         p.finish();
         let records = decode_params(out);
         assert_eq!(records.len(), 3);
@@ -228,7 +238,24 @@ mod tests {
         assert_eq!(parse(&mut buf).unwrap(), None);
         buf.put_slice(b"c");
         buf.put_slice(&[0; 5]);
-        buf.put_slice(&[VERSION, END_REQUEST, 0, 1, 0, 8, 0, 0, 0, 0, 0, 7, REQUEST_COMPLETE, 0, 0, 0]);
+        buf.put_slice(&[
+            VERSION,
+            END_REQUEST,
+            0,
+            1,
+            0,
+            8,
+            0,
+            0,
+            0,
+            0,
+            0,
+            7,
+            REQUEST_COMPLETE,
+            0,
+            0,
+            0,
+        ]);
         let r = parse(&mut buf).unwrap().unwrap();
         assert_eq!((r.kind, &r.content[..]), (STDOUT, &b"abc"[..]));
         let r = parse(&mut buf).unwrap().unwrap();

@@ -103,7 +103,11 @@ impl FastCgi {
             name: Arc::from(name),
             pool: client::Pool::new(config.address.clone(), connect_timeout),
             config: config.clone(),
-            root: config.root.to_string_lossy().trim_end_matches('/').to_string(),
+            root: config
+                .root
+                .to_string_lossy()
+                .trim_end_matches('/')
+                .to_string(),
             timeout,
         }
     }
@@ -151,10 +155,13 @@ impl FastCgi {
                     proto,
                 };
                 let head = cgi.params(&parts);
-                let body = has_body.then(|| {
-                    Limited::new(body, usize::try_from(max_body).unwrap_or(usize::MAX))
-                });
-                let exchange = self.pool.exchange(head, body, self.name.clone());
+                let body = has_body
+                    .then(|| Limited::new(body, usize::try_from(max_body).unwrap_or(usize::MAX)));
+                let replayable =
+                    matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+                let exchange = self
+                    .pool
+                    .exchange(head, body, replayable, self.name.clone());
                 let (head, body) = tokio::time::timeout(self.timeout, exchange)
                     .await
                     .map_err(|_| FastCgiError::Timeout(self.timeout))??;
@@ -202,11 +209,8 @@ impl Cgi<'_> {
             }
         };
         let headers = &parts.headers;
-        let header = |name: header::HeaderName| {
-            headers
-                .get(name)
-                .map_or(&b""[..], HeaderValue::as_bytes)
-        };
+        let header =
+            |name: header::HeaderName| headers.get(name).map_or(&b""[..], HeaderValue::as_bytes);
         let uri = &parts.uri;
         let request_uri = uri.path_and_query().map_or("/", |p| p.as_str());
         let host = headers
@@ -219,7 +223,10 @@ impl Cgi<'_> {
             .and_then(|a| a.port_u16())
             .unwrap_or(if https { 443 } else { 80 });
 
-        push(b"SCRIPT_FILENAME", format!("{}{}", self.root, self.script).as_bytes());
+        push(
+            b"SCRIPT_FILENAME",
+            format!("{}{}", self.root, self.script).as_bytes(),
+        );
         push(b"SCRIPT_NAME", self.script.as_bytes());
         push(b"PATH_INFO", self.path_info.as_bytes());
         if !self.path_info.is_empty() {

@@ -115,8 +115,15 @@ pub fn static_type(path: &Path) -> Option<&'static str> {
 /// What a request resolves to on disk (blocking: run it off the runtime).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Target {
-    Script { script: String, path_info: String },
-    Static { file: PathBuf, content_type: &'static str, len: u64 },
+    Script {
+        script: String,
+        path_info: String,
+    },
+    Static {
+        file: PathBuf,
+        content_type: &'static str,
+        len: u64,
+    },
     NotFound,
 }
 
@@ -124,7 +131,10 @@ pub enum Target {
 /// symlink followed, stays inside root.
 fn inside(root: &Path, relative: &str) -> Option<(PathBuf, std::fs::Metadata)> {
     let root = root.canonicalize().ok()?;
-    let file = root.join(relative.trim_start_matches('/')).canonicalize().ok()?;
+    let file = root
+        .join(relative.trim_start_matches('/'))
+        .canonicalize()
+        .ok()?;
     if !file.starts_with(&root) {
         return None;
     }
@@ -155,9 +165,7 @@ pub fn resolve(root: &Path, index: &str, split: Split) -> Target {
     };
     match inside(root, &script) {
         // Followed symlinks included: the file that runs is a .php file.
-        Some((file, meta))
-            if meta.is_file() && file.extension().is_some_and(|e| e == "php") =>
-        {
+        Some((file, meta)) if meta.is_file() && file.extension().is_some_and(|e| e == "php") => {
             Target::Script { script, path_info }
         }
         _ => Target::NotFound,
@@ -263,11 +271,30 @@ mod tests {
             }
         );
         assert_eq!(r("/uploads/evil.jpg/x.php"), Target::NotFound);
-        assert_eq!(r("/evil.php"), Target::NotFound, "a .php symlink to a .jpg never runs");
-        assert_eq!(r("/source.txt"), Target::NotFound, "PHP source is never served");
-        assert_eq!(r("/link.css"), Target::NotFound, "a symlink out of root is refused");
+        assert_eq!(
+            r("/evil.php"),
+            Target::NotFound,
+            "a .php symlink to a .jpg never runs"
+        );
+        assert_eq!(
+            r("/source.txt"),
+            Target::NotFound,
+            "PHP source is never served"
+        );
+        assert_eq!(
+            r("/link.css"),
+            Target::NotFound,
+            "a symlink out of root is refused"
+        );
         assert_eq!(r("/missing.php"), Target::NotFound);
-        assert!(matches!(r("/uploads/evil.jpg"), Target::Static { content_type: "image/jpeg", len: 13, .. }));
+        assert!(matches!(
+            r("/uploads/evil.jpg"),
+            Target::Static {
+                content_type: "image/jpeg",
+                len: 13,
+                ..
+            }
+        ));
         assert!(matches!(r("/style.css"), Target::Static { .. }));
         assert_eq!(r("/uploads/"), Target::NotFound, "no index.php in uploads/");
     }
