@@ -259,6 +259,8 @@ pub struct RawUpstream {
     pub root: Option<Text>,
     /// fastcgi:// only: a directory's default script (index.php).
     pub index: Option<Text>,
+    /// fastcgi:// only: the script that answers paths naming no file (front controller).
+    pub fallback: Option<Text>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -1076,7 +1078,11 @@ impl Validator {
         if raw.url.0.starts_with("fastcgi://") {
             return self.fastcgi_upstream(name, raw);
         }
-        for (field, set) in [("root", raw.root.is_some()), ("index", raw.index.is_some())] {
+        for (field, set) in [
+            ("root", raw.root.is_some()),
+            ("index", raw.index.is_some()),
+            ("fallback", raw.fallback.is_some()),
+        ] {
             if set {
                 self.err(
                     format!("upstreams.{name}.{field}"),

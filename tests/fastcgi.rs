@@ -443,3 +443,33 @@ async fn php_fpm_children_exiting_after_max_requests_cost_no_failed_request() {
         "the children really exited"
     );
 }
+
+#[tokio::test]
+async fn with_a_fallback_a_pretty_url_runs_the_front_controller_with_its_own_request_uri() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = site(dir.path());
+    let fpm = PhpFpm::start(dir.path(), &root, 2, CARELESS_POOL);
+    let yaml = format!(
+        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\", fallback: /index.php }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
+        fpm.socket.display(),
+        root.display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    let r = send(c.get(proxy.url("/2024/05/hello-world/?replytocom=3"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let s = r.json();
+    assert_eq!(s["SCRIPT_NAME"], "/index.php");
+    assert_eq!(s["REQUEST_URI"], "/2024/05/hello-world/?replytocom=3");
+    assert_eq!(s["QUERY_STRING"], "replytocom=3");
+    // Never a way around the script check, nor to hidden files.
+    assert_eq!(
+        send(c.get(proxy.url("/uploads/evil.jpg/x.php")))
+            .await
+            .status,
+        404
+    );
+    assert_eq!(send(c.get(proxy.url("/missing.php"))).await.status, 404);
+    assert_eq!(send(c.get(proxy.url("/.env"))).await.status, 404);
+    assert!(!dir.path().join("evil-ran").exists());
+}

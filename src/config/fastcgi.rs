@@ -35,6 +35,9 @@ pub struct FastCgiConfig {
     pub root: PathBuf,
     /// A directory's default file (`index.php`).
     pub index: String,
+    /// The script (`/index.php`) run for a path that names no file, with the
+    /// request's own REQUEST_URI: nginx's `try_files $uri $uri/ /index.php?$args`.
+    pub fallback: Option<String>,
 }
 
 impl Validator {
@@ -98,6 +101,21 @@ impl Validator {
             );
             ok = false;
         }
+        let fallback = raw.fallback.as_ref().map(|f| f.0.clone());
+        if let Some(f) = &fallback {
+            let plain = f.starts_with('/')
+                && f.ends_with(".php")
+                && f[1..]
+                    .split('/')
+                    .all(|seg| !seg.is_empty() && !seg.starts_with('.'));
+            if !plain {
+                self.err(
+                    at("fallback"),
+                    format!("{f:?} must be a script path under root such as /index.php"),
+                );
+                ok = false;
+            }
+        }
         if raw.ca.is_some() {
             self.err(at("ca"), "applies to https:// upstreams only");
             ok = false;
@@ -127,6 +145,7 @@ impl Validator {
                 address,
                 root,
                 index: index.to_string(),
+                fallback,
             }),
         })
     }

@@ -127,11 +127,18 @@ impl FastCgi {
         let Some(split) = path::split(parts.uri.path()) else {
             return Ok(own(Problem::FileNotFound));
         };
-        let (root, index) = (self.config.root.clone(), self.config.index.clone());
+        let config = self.config.clone();
         // Stats and symlink checks are blocking file-system calls.
-        let target = tokio::task::spawn_blocking(move || path::resolve(&root, &index, split))
-            .await
-            .unwrap_or(Target::NotFound);
+        let target = tokio::task::spawn_blocking(move || {
+            path::resolve(
+                &config.root,
+                &config.index,
+                config.fallback.as_deref(),
+                split,
+            )
+        })
+        .await
+        .unwrap_or(Target::NotFound);
         match target {
             Target::NotFound => Ok(own(Problem::FileNotFound)),
             Target::Static {

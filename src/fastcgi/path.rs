@@ -143,8 +143,19 @@ fn inside(root: &Path, relative: &str) -> Option<(PathBuf, std::fs::Metadata)> {
 }
 
 /// Checks the split against the files under `root`; `index` names a
-/// directory's default file.
-pub fn resolve(root: &Path, index: &str, split: Split) -> Target {
+/// directory's default file; `fallback` the script for a path that names
+/// no file (a missing `.php` stays a 404, as with nginx's `try_files`).
+pub fn resolve(root: &Path, index: &str, fallback: Option<&str>, split: Split) -> Target {
+    let other = matches!(split, Split::Other { .. });
+    match (resolve_named(root, index, split), fallback) {
+        (Target::NotFound, Some(script)) if other => {
+            script_file(root, script.to_string(), String::new())
+        }
+        (target, _) => target,
+    }
+}
+
+fn resolve_named(root: &Path, index: &str, split: Split) -> Target {
     let (script, path_info) = match split {
         Split::Script { script, path_info } => (script, path_info),
         Split::Other { path, directory } => {
@@ -163,6 +174,10 @@ pub fn resolve(root: &Path, index: &str, split: Split) -> Target {
             }
         }
     };
+    script_file(root, script, path_info)
+}
+
+fn script_file(root: &Path, script: String, path_info: String) -> Target {
     match inside(root, &script) {
         // Followed symlinks included: the file that runs is a .php file.
         Some((file, meta)) if meta.is_file() && file.extension().is_some_and(|e| e == "php") => {
@@ -255,7 +270,7 @@ mod tests {
         std::os::unix::fs::symlink(root.join("uploads/evil.jpg"), root.join("evil.php")).unwrap();
         std::os::unix::fs::symlink(root.join("index.php"), root.join("source.txt")).unwrap();
 
-        let r = |p: &str| resolve(&root, "index.php", split(p).unwrap());
+        let r = |p: &str| resolve(&root, "index.php", None, split(p).unwrap());
         assert_eq!(
             r("/index.php/a"),
             Target::Script {
@@ -297,5 +312,20 @@ mod tests {
         ));
         assert!(matches!(r("/style.css"), Target::Static { .. }));
         assert_eq!(r("/uploads/"), Target::NotFound, "no index.php in uploads/");
+
+        let front = |p: &str| resolve(&root, "index.php", Some("/index.php"), split(p).unwrap());
+        let index = Target::Script {
+            script: "/index.php".into(),
+            path_info: "".into(),
+        };
+        assert_eq!(front("/2024/hello-world/"), index);
+        assert_eq!(front("/uploads/"), index);
+        assert_eq!(
+            front("/missing.php"),
+            Target::NotFound,
+            "a missing script stays missing"
+        );
+        assert_eq!(front("/uploads/evil.jpg/x.php"), Target::NotFound);
+        assert!(matches!(front("/style.css"), Target::Static { .. }));
     }
 }
