@@ -71,6 +71,9 @@ pids+=($!)
 mkdir -p "$work/nginx"
 cat > "$work/nginx.conf" <<EOF
 worker_processes 2;
+# The master runs as whoever runs the bench; workers as the same user, so
+# they can open the temp document root and php-fpm's socket.
+user $(id -un);
 daemon off;
 pid $work/nginx.pid;
 error_log $work/nginx/error.log warn;

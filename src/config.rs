@@ -261,6 +261,8 @@ pub struct RawUpstream {
     pub index: Option<Text>,
     /// fastcgi:// only: the script that answers paths naming no file (front controller).
     pub fallback: Option<Text>,
+    /// fastcgi:// only: connections to php-fpm at most (its pm.max_children).
+    pub max_conns: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -1082,6 +1084,7 @@ impl Validator {
             ("root", raw.root.is_some()),
             ("index", raw.index.is_some()),
             ("fallback", raw.fallback.is_some()),
+            ("max_conns", raw.max_conns.is_some()),
         ] {
             if set {
                 self.err(

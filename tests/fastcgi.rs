@@ -473,3 +473,33 @@ async fn with_a_fallback_a_pretty_url_runs_the_front_controller_with_its_own_req
     assert_eq!(send(c.get(proxy.url("/.env"))).await.status, 404);
     assert!(!dir.path().join("evil-ran").exists());
 }
+
+#[tokio::test]
+async fn more_requests_than_php_fpm_children_wait_for_a_connection_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = site(dir.path());
+    std::fs::write(root.join("slow.php"), "<?php usleep(200000); echo 'done';").unwrap();
+    // A php-fpm child serves one kept connection until it closes: with more
+    // connections than children, the extra ones would wait for ever.
+    let fpm = PhpFpm::start(dir.path(), &root, 2, "");
+    let yaml = format!(
+        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\", max_conns: 2, timeout: 8s }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
+        fpm.socket.display(),
+        root.display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    for _round in 0..2 {
+        let all: Vec<_> = (0..8)
+            .map(|_| {
+                let (c, url) = (c.clone(), proxy.url("/slow.php"));
+                tokio::spawn(async move { send(c.get(url)).await })
+            })
+            .collect();
+        for t in all {
+            let r = t.await.unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.text(), "done");
+        }
+    }
+}

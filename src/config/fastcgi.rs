@@ -38,6 +38,9 @@ pub struct FastCgiConfig {
     /// The script (`/index.php`) run for a path that names no file, with the
     /// request's own REQUEST_URI: nginx's `try_files $uri $uri/ /index.php?$args`.
     pub fallback: Option<String>,
+    /// Connections to php-fpm at most, busy or idle (php-fpm's
+    /// `pm.max_children`); requests beyond wait for one.
+    pub max_conns: usize,
 }
 
 impl Validator {
@@ -116,6 +119,14 @@ impl Validator {
                 ok = false;
             }
         }
+        let max_conns = raw.max_conns.unwrap_or(5);
+        if max_conns == 0 {
+            self.err(
+                at("max_conns"),
+                "must be at least 1 (php-fpm's pm.max_children)",
+            );
+            ok = false;
+        }
         if raw.ca.is_some() {
             self.err(at("ca"), "applies to https:// upstreams only");
             ok = false;
@@ -146,6 +157,7 @@ impl Validator {
                 root,
                 index: index.to_string(),
                 fallback,
+                max_conns: max_conns as usize,
             }),
         })
     }

@@ -19,6 +19,7 @@ use hyper::body::Incoming;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::codec::{self, Record};
 use super::FastCgiError;
@@ -145,6 +146,11 @@ pub struct Pool {
     address: Address,
     connect_timeout: Duration,
     idle: Vec<Mutex<Vec<Conn>>>,
+    /// One per request talking to php-fpm (`max_conns`). A php-fpm child
+    /// stays bound to a kept connection until it closes, so tollgate must
+    /// never hold more connections than php-fpm has children: a request
+    /// opens one only while holding a permit and finding no idle one.
+    permits: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -156,10 +162,11 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    pub fn new(address: Address, connect_timeout: Duration) -> Arc<Pool> {
+    pub fn new(address: Address, connect_timeout: Duration, max_conns: usize) -> Arc<Pool> {
         Arc::new(Pool {
             address,
             connect_timeout,
+            permits: Arc::new(Semaphore::new(max_conns.max(1))),
             idle: (0..=crate::workers::count())
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
@@ -170,14 +177,23 @@ impl Pool {
         crate::workers::current().min(self.idle.len() - 1)
     }
 
-    /// An idle connection of this worker that is still open, if any.
+    /// An idle connection that is still open: this worker's first, then
+    /// another's (each one ties up a php-fpm child, so none may sit unused
+    /// while a request waits).
     fn idle(&self, slot: usize) -> Option<Conn> {
-        loop {
-            let conn = self.idle[slot].lock().pop()?;
-            if conn.buf.is_empty() && conn.stream.is_idle_and_open() {
-                return Some(conn);
+        let n = self.idle.len();
+        for i in 0..n {
+            let list = &self.idle[(slot + i) % n];
+            loop {
+                let Some(conn) = list.lock().pop() else {
+                    break;
+                };
+                if conn.buf.is_empty() && conn.stream.is_idle_and_open() {
+                    return Some(conn);
+                }
             }
         }
+        None
     }
 
     fn put(&self, slot: usize, conn: Conn) {
@@ -227,6 +243,12 @@ impl Pool {
         upstream: Arc<str>,
     ) -> Result<(Head, ResponseBody), FastCgiError> {
         let slot = self.slot();
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         let replayable = replayable && body.is_none();
         let empty_stdin = codec::header(codec::STDIN, 0);
         loop {
@@ -268,6 +290,7 @@ impl Pool {
                 slot,
                 pending: (!rest.is_empty()).then_some(rest),
                 upstream,
+                permit: Some(permit),
             };
             if ended {
                 // A small answer came whole: the connection is free already.
@@ -366,6 +389,8 @@ pub struct ResponseBody {
     slot: usize,
     pending: Option<Bytes>,
     upstream: Arc<str>,
+    /// Released once the connection is back in the idle list or closed.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl ResponseBody {
@@ -376,6 +401,7 @@ impl ResponseBody {
                 self.pool.put(self.slot, conn);
             }
         }
+        self.permit = None;
     }
 }
 
@@ -398,11 +424,11 @@ impl http_body::Body for ResponseBody {
             let record = match ready!(conn.poll_record(cx)) {
                 Ok(Some(r)) => r,
                 Ok(None) => {
-                    this.conn = None;
+                    (this.conn, this.permit) = (None, None);
                     return Poll::Ready(Some(Err(FastCgiError::Closed)));
                 }
                 Err(e) => {
-                    this.conn = None;
+                    (this.conn, this.permit) = (None, None);
                     return Poll::Ready(Some(Err(e)));
                 }
             };
@@ -416,7 +442,7 @@ impl http_body::Body for ResponseBody {
                     if status == codec::REQUEST_COMPLETE {
                         this.finish();
                     } else {
-                        this.conn = None;
+                        (this.conn, this.permit) = (None, None);
                     }
                     return Poll::Ready(None);
                 }

@@ -101,7 +101,7 @@ impl FastCgi {
     ) -> FastCgi {
         FastCgi {
             name: Arc::from(name),
-            pool: client::Pool::new(config.address.clone(), connect_timeout),
+            pool: client::Pool::new(config.address.clone(), connect_timeout, config.max_conns),
             config: config.clone(),
             root: config
                 .root
