@@ -106,7 +106,20 @@ impl PhpFpm {
 }
 
 impl Drop for PhpFpm {
+    /// SIGTERM, not SIGKILL: the master then stops its children; killed
+    /// outright it would leave them running, orphaned.
     fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
