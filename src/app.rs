@@ -308,14 +308,7 @@ impl App {
                 trail.record.upstream = Some(upstream.name.clone());
                 let asked = Instant::now();
                 let result = upstream
-                    .forward(
-                        req,
-                        &client,
-                        conn.peer.ip(),
-                        conn.proto,
-                        conn.port,
-                        max_body,
-                    )
+                    .forward(req, &client, conn.peer, conn.proto, conn.port, max_body)
                     .await;
                 let waited = asked.elapsed();
                 snap.upstream_durations[*u].observe(waited);

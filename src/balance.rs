@@ -9,7 +9,6 @@
 //! guard, like a concurrency slot), so `max_conns` bounds what the server is
 //! really busy with, streaming included.
 
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -295,11 +294,11 @@ impl Balancer {
         &self,
         req: Request<Incoming>,
         client: &ClientIdentity,
-        peer: IpAddr,
+        peer: std::net::SocketAddr,
         proto: &'static str,
         port: u16,
         max_body: u64,
-    ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), BalanceError> {
+    ) -> Result<(Response<crate::body::Forwarded>, Option<crate::body::Guard>), BalanceError> {
         let mut outbound = Outbound::new(req, client, peer, proto, port, max_body);
         let retryable = idempotent(outbound.method());
         let mut tried: Vec<usize> = Vec::new();

@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 
 /// A request body on its way to the upstream, cut off at `server.max_request_body`.
@@ -41,10 +42,28 @@ impl Drop for Tracked {
     }
 }
 
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A body tollgate produces itself while streaming (a FastCGI response, a file).
+pub type Streamed = BoxBody<Bytes, BoxError>;
+
+/// What an upstream answers with: an HTTP upstream's body as hyper reads it,
+/// or a body another protocol's client streams.
+pub enum Forwarded {
+    Http(Incoming),
+    Streamed(Streamed),
+}
+
+impl From<Incoming> for Forwarded {
+    fn from(b: Incoming) -> Forwarded {
+        Forwarded::Http(b)
+    }
+}
+
 pub enum Body {
     Full(Option<Bytes>),
     Upstream {
-        inner: Incoming,
+        inner: Forwarded,
         _guard: Option<Guard>,
     },
     Tracked(Box<Tracked>),
@@ -69,9 +88,9 @@ impl Body {
         }))
     }
 
-    pub fn upstream(inner: Incoming, guard: Option<Guard>) -> Body {
+    pub fn upstream(inner: impl Into<Forwarded>, guard: Option<Guard>) -> Body {
         Body::Upstream {
-            inner,
+            inner: inner.into(),
             _guard: guard,
         }
     }
@@ -79,15 +98,24 @@ impl Body {
 
 impl http_body::Body for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Upstream { inner, .. } => Pin::new(inner).poll_frame(cx),
+            Body::Upstream {
+                inner: Forwarded::Http(inner),
+                ..
+            } => Pin::new(inner)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(BoxError::from))),
+            Body::Upstream {
+                inner: Forwarded::Streamed(inner),
+                ..
+            } => Pin::new(inner).poll_frame(cx),
             Body::Tracked(t) => {
                 let polled = Pin::new(&mut t.inner).poll_frame(cx);
                 match &polled {
@@ -107,7 +135,10 @@ impl http_body::Body for Body {
     fn is_end_stream(&self) -> bool {
         match self {
             Body::Full(b) => b.is_none(),
-            Body::Upstream { inner, .. } => inner.is_end_stream(),
+            Body::Upstream { inner, .. } => match inner {
+                Forwarded::Http(b) => b.is_end_stream(),
+                Forwarded::Streamed(b) => b.is_end_stream(),
+            },
             Body::Tracked(t) => t.inner.is_end_stream(),
         }
     }
@@ -115,7 +146,10 @@ impl http_body::Body for Body {
     fn size_hint(&self) -> SizeHint {
         match self {
             Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Body::Upstream { inner, .. } => inner.size_hint(),
+            Body::Upstream { inner, .. } => match inner {
+                Forwarded::Http(b) => b.size_hint(),
+                Forwarded::Streamed(b) => b.size_hint(),
+            },
             Body::Tracked(t) => t.inner.size_hint(),
         }
     }

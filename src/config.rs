@@ -33,6 +33,9 @@ pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
 pub mod balance;
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 
+mod fastcgi;
+pub use fastcgi::{FastCgiAddress, FastCgiConfig};
+
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
@@ -282,6 +285,8 @@ pub struct RawUpstream {
     pub balance: Option<Text>,
     pub max_fails: Option<u32>,
     pub fail_timeout: Option<Dur>,
+    /// Per server: requests in flight (http), or connections to php-fpm
+    /// (fastcgi://, its pm.max_children; default 5).
     pub max_conns: Option<u32>,
     pub queue: Option<u32>,
     pub queue_timeout: Option<Dur>,
@@ -292,6 +297,12 @@ pub struct RawUpstream {
     /// PEM CA bundle that verifies an https:// upstream instead of the system roots.
     pub ca: Option<Text>,
     pub insecure_skip_verify: Option<bool>,
+    /// fastcgi:// only: the document root as php-fpm sees it.
+    pub root: Option<Text>,
+    /// fastcgi:// only: a directory's default script (index.php).
+    pub index: Option<Text>,
+    /// fastcgi:// only: the script that answers paths naming no file (front controller).
+    pub fallback: Option<Text>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -544,6 +555,8 @@ pub struct UpstreamConfig {
     pub tls: UpstreamTls,
     /// The servers (`url` is the first) and how requests spread over them.
     pub balance: BalanceConfig,
+    /// Set for a fastcgi:// upstream (php-fpm); `url` is then only for display.
+    pub fastcgi: Option<FastCgiConfig>,
 }
 
 /// One configured API key: the secret itself, or its SHA-256 (`sha256:<hex>`)
@@ -1386,7 +1399,10 @@ impl Validator {
             _ => {
                 self.err(
                     path,
-                    format!("{:?} must start with http:// or https://", text.0),
+                    format!(
+                        "{:?} must start with http://, https:// or fastcgi://",
+                        text.0
+                    ),
                 );
                 return None;
             }
@@ -1403,6 +1419,25 @@ impl Validator {
     }
 
     fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
+        if raw
+            .url
+            .as_ref()
+            .is_some_and(|u| u.0.starts_with("fastcgi://"))
+        {
+            return self.fastcgi_upstream(name, raw);
+        }
+        for (field, set) in [
+            ("root", raw.root.is_some()),
+            ("index", raw.index.is_some()),
+            ("fallback", raw.fallback.is_some()),
+        ] {
+            if set {
+                self.err(
+                    format!("upstreams.{name}.{field}"),
+                    "applies to fastcgi:// upstreams only",
+                );
+            }
+        }
         let written: Vec<(String, &Text)> = match (&raw.url, &raw.servers) {
             (Some(url), None) => vec![(format!("upstreams.{name}.url"), url)],
             (None, Some(list)) if !list.is_empty() => list
@@ -1497,6 +1532,7 @@ impl Validator {
                 },
                 servers,
             )?,
+            fastcgi: None,
         })
     }
 

@@ -19,7 +19,11 @@ const REFUSED_METHODS: [Method; 2] = [Method::CONNECT, Method::TRACE];
 /// absolute-form target naming another host than Host, a `*` target, or a
 /// method tollgate does not proxy.
 pub fn check_request<B>(req: &Request<B>) -> Result<(), Problem> {
-    if REFUSED_METHODS.contains(req.method()) {
+    // RFC 8441's extended CONNECT (HTTP/2, `:protocol websocket`) opens a
+    // WebSocket, not a tunnel to anywhere: the tunnel module turns it into
+    // the HTTP/1.1 handshake for the route's upstream.
+    let extended_connect = req.extensions().get::<hyper::ext::Protocol>().is_some();
+    if REFUSED_METHODS.contains(req.method()) && !extended_connect {
         return Err(Problem::MethodNotAllowed {
             method: req.method().to_string(),
         });

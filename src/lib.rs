@@ -14,7 +14,8 @@
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`];
 //! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
 //! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
-//! - [`proxy`]: forwarding to the upstream; [`problem`]: everything answered locally.
+//! - [`proxy`]: forwarding to the upstream (HTTP, or [`fastcgi`] to php-fpm);
+//!   [`problem`]: everything answered locally.
 //!
 //! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
 //! (validate, then swap, or keep the old), [`admin`] (and its live
@@ -31,6 +32,7 @@ pub mod config;
 pub mod config_scan;
 pub mod connections;
 pub mod dashboard;
+pub mod fastcgi;
 pub mod framing;
 pub mod identity;
 pub mod limiter;

@@ -83,6 +83,12 @@ pub enum Problem {
         upstream: String,
         retry_after: u64,
     },
+    /// A FastCGI upstream's request names no script or static file under its root.
+    FileNotFound,
+    /// A static file asked for with a method other than GET or HEAD.
+    StaticMethodNotAllowed,
+    /// A body without Content-Length for a FastCGI script (PHP reads exactly that many bytes).
+    LengthRequired,
 }
 
 /// What a 405 lists in `Allow`: the methods any route can forward.
@@ -104,6 +110,9 @@ impl Problem {
             Problem::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Problem::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             Problem::UpstreamBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::FileNotFound => StatusCode::NOT_FOUND,
+            Problem::StaticMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Problem::LengthRequired => StatusCode::LENGTH_REQUIRED,
         }
     }
 
@@ -263,6 +272,22 @@ impl Problem {
                     &format!("Every server of the upstream '{upstream}' is busy; try again later."),
                 )
             }
+            Problem::FileNotFound => base("not-found", title, status, "No file at this path."),
+            Problem::StaticMethodNotAllowed => {
+                allow = Some("GET, HEAD");
+                base(
+                    "method-not-allowed",
+                    title,
+                    status,
+                    "A static file answers GET and HEAD only.",
+                )
+            }
+            Problem::LengthRequired => base(
+                "length-required",
+                title,
+                status,
+                "A request body for a PHP script needs a Content-Length.",
+            ),
         };
         if let Some(id) = request_id {
             body["request_id"] = json!(id);

@@ -1,7 +1,7 @@
 //! Forwarding to an upstream: hop-by-hop headers, X-Forwarded-*, timeouts, a pooled keep-alive client.
 
 use std::error::Error as StdError;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,7 +18,7 @@ use crate::config::{UpstreamConfig, UpstreamTls};
 use crate::identity::Client as ClientIdentity;
 use crate::problem::Problem;
 
-pub use crate::body::UpstreamBody;
+pub use crate::body::{Forwarded, UpstreamBody};
 
 /// One configured upstream with its connection pool.
 #[derive(Debug)]
@@ -37,6 +37,8 @@ pub struct Upstream {
     plain: Option<std::sync::Arc<crate::pool::Pool>>,
     /// What the pool was built from, to reuse it when a reload leaves it unchanged.
     config: (Uri, Duration, Duration, UpstreamTls),
+    /// fastcgi:// upstreams (php-fpm) take their own path; see `crate::fastcgi`.
+    fastcgi: Option<crate::fastcgi::FastCgi>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,6 +68,12 @@ pub enum ProxyError {
         #[source]
         source: crate::pool::PoolError,
     },
+    #[error("forwarding to FastCGI upstream {upstream} failed: {source}")]
+    FastCgi {
+        upstream: String,
+        #[source]
+        source: crate::fastcgi::FastCgiError,
+    },
 }
 
 impl ProxyError {
@@ -86,6 +94,7 @@ impl ProxyError {
                 crate::pool::PoolError::Exchange(_) => "other",
                 _ => "connect",
             },
+            ProxyError::FastCgi { source, .. } => source.kind(),
         }
     }
 }
@@ -101,6 +110,10 @@ impl From<ProxyError> for Problem {
             ProxyError::ClientBody(_) => {
                 Problem::BadRequest("The request body is malformed or ended early.".into())
             }
+            ProxyError::FastCgi { upstream, source } => match source {
+                crate::fastcgi::FastCgiError::Timeout(_) => Problem::UpstreamTimeout { upstream },
+                _ => Problem::UpstreamUnreachable { upstream },
+            },
         }
     }
 }
@@ -193,7 +206,7 @@ impl Upstream {
             base_path,
             timeout: config.timeout,
             clients,
-            plain: (!https)
+            plain: (!https && config.fastcgi.is_none())
                 .then(|| crate::pool::Pool::new(authority.clone(), config.connect_timeout)),
             config: (
                 config.url.clone(),
@@ -201,6 +214,14 @@ impl Upstream {
                 config.timeout,
                 config.tls.clone(),
             ),
+            fastcgi: config.fastcgi.as_ref().map(|f| {
+                crate::fastcgi::FastCgi::new(
+                    &config.name,
+                    f,
+                    config.connect_timeout,
+                    config.timeout,
+                )
+            }),
         }
     }
 
@@ -216,6 +237,11 @@ impl Upstream {
             && self.config.0 == config.url
             && (self.config.1, self.config.2) == (config.connect_timeout, config.timeout)
             && self.config.3 == config.tls
+            && match (&self.fastcgi, &config.fastcgi) {
+                (Some(f), Some(c)) => f.serves(c),
+                (None, None) => true,
+                _ => false,
+            }
     }
 
     /// Sends the request on and returns the upstream's response head as soon as it arrives.
@@ -223,11 +249,11 @@ impl Upstream {
         &self,
         req: Request<Incoming>,
         client: &ClientIdentity,
-        peer: IpAddr,
+        peer: SocketAddr,
         proto: &'static str,
         port: u16,
         max_body: u64,
-    ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), ProxyError> {
+    ) -> Result<(Response<Forwarded>, Option<crate::body::Guard>), ProxyError> {
         let outbound = Outbound::new(req, client, peer, proto, port, max_body);
         self.send(outbound).await.map_err(SendError::into_error)
     }
@@ -237,13 +263,16 @@ impl Upstream {
     pub async fn send(
         &self,
         outbound: Outbound,
-    ) -> Result<(Response<Incoming>, Option<crate::body::Guard>), SendError> {
+    ) -> Result<(Response<Forwarded>, Option<crate::body::Guard>), SendError> {
         let Outbound {
             mut parts,
             target,
             body,
             max_body,
             upgrade,
+            client_ip,
+            peer,
+            proto,
         } = outbound;
         // An HTTP/1.0 client may send no Host; the upstream speaks HTTP/1.1,
         // which requires one, so it gets the server's own name (as nginx does).
@@ -251,6 +280,25 @@ impl Upstream {
             if let Ok(h) = HeaderValue::from_str(self.authority.as_str()) {
                 parts.headers.insert(header::HOST, h);
             }
+        }
+        if let Some(fastcgi) = &self.fastcgi {
+            // php-fpm gets the request as CGI parameters: the client as it connected.
+            let answer = fastcgi.forward(parts, body, client_ip, peer, proto).await;
+            return match answer {
+                Ok(mut resp) => {
+                    strip_hop_by_hop(resp.headers_mut());
+                    Ok((resp.map(Forwarded::Streamed), None))
+                }
+                Err(crate::fastcgi::FastCgiError::BodyTooLarge) => {
+                    Err(SendError::Sent(ProxyError::BodyTooLarge {
+                        limit: max_body,
+                    }))
+                }
+                Err(source) => Err(SendError::Sent(ProxyError::FastCgi {
+                    upstream: self.name.clone(),
+                    source,
+                })),
+            };
         }
         let target = if self.base_path.is_empty() {
             target.clone()
@@ -296,6 +344,7 @@ impl Upstream {
                                     max_body,
                                     upgrade,
                                     &self.base_path,
+                                    (client_ip, peer, proto),
                                 )),
                             )
                         }
@@ -306,7 +355,10 @@ impl Upstream {
                     if keep_upgrade(&mut resp, upgrade.is_some()) {
                         back.discard();
                     }
-                    Ok((resp, Some(Box::new(back) as crate::body::Guard)))
+                    Ok((
+                        resp.map(Forwarded::from),
+                        Some(Box::new(back) as crate::body::Guard),
+                    ))
                 }
             };
         }
@@ -351,7 +403,7 @@ impl Upstream {
             Ok(Ok(resp)) => resp,
         };
         keep_upgrade(&mut resp, upgrade.is_some());
-        Ok((resp, None))
+        Ok((resp.map(Forwarded::from), None))
     }
 }
 
@@ -364,13 +416,17 @@ pub struct Outbound {
     max_body: u64,
     /// The `Upgrade` header of an upgrade request (kept, unlike other hop-by-hop headers).
     upgrade: Option<HeaderValue>,
+    /// For a FastCGI server, which is told the client directly (`REMOTE_ADDR`, …).
+    client_ip: IpAddr,
+    peer: SocketAddr,
+    proto: &'static str,
 }
 
 impl Outbound {
     pub fn new(
         req: Request<Incoming>,
         client: &ClientIdentity,
-        peer: IpAddr,
+        peer: SocketAddr,
         proto: &'static str,
         port: u16,
         max_body: u64,
@@ -393,7 +449,7 @@ impl Outbound {
                 .headers
                 .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         }
-        set_forwarded_headers(&mut parts.headers, client, peer, proto, port);
+        set_forwarded_headers(&mut parts.headers, client, peer.ip(), proto, port);
         let target = parts
             .uri
             .path_and_query()
@@ -407,6 +463,9 @@ impl Outbound {
             body: Limited::new(body, limit),
             max_body,
             upgrade,
+            client_ip: client.ip,
+            peer,
+            proto,
         }
     }
 
@@ -418,6 +477,7 @@ impl Outbound {
         max_body: u64,
         upgrade: Option<HeaderValue>,
         base_path: &str,
+        client: (IpAddr, SocketAddr, &'static str),
     ) -> Outbound {
         let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let target = PathAndQuery::try_from(sent.strip_prefix(base_path).unwrap_or(sent))
@@ -428,6 +488,9 @@ impl Outbound {
             body,
             max_body,
             upgrade,
+            client_ip: client.0,
+            peer: client.1,
+            proto: client.2,
         }
     }
 

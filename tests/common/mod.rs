@@ -1,6 +1,7 @@
 //! Test harness: a real tollgate on 127.0.0.1 port 0 from YAML, a stub upstream, raw HTTP helpers.
 #![allow(dead_code)]
 
+pub mod php_fpm;
 pub mod redis_server;
 pub mod tmpfs;
 

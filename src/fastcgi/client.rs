@@ -1,0 +1,469 @@
+//! Connections to php-fpm (TCP or a unix socket), idle ones kept per worker, and one request/response exchange on them.
+//!
+//! Like `crate::pool` for HTTP: each worker thread keeps its own bounded
+//! list of idle connections (opened with FCGI_KEEP_CONN), so a request
+//! takes a connection without contention. A connection goes back only
+//! after php-fpm ended the request cleanly (END_REQUEST, status
+//! complete) with nothing left unread; anything else closes it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::{Frame, SizeHint};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::codec::{self, Record};
+use super::FastCgiError;
+
+/// More idle connections than this per worker are closed instead of kept
+/// (php-fpm pools are small: more would only hold its children's sockets).
+const MAX_IDLE_PER_WORKER: usize = 64;
+
+/// Each read asks for at least this much room; records are at most 64 KiB.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// The CGI header block php-fpm sends before the body may not exceed this.
+const MAX_HEAD: usize = 64 * 1024;
+
+pub use crate::config::FastCgiAddress as Address;
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Whether an idle connection is still usable: php-fpm closes one when
+    /// a child exits (`pm.max_requests`, a restart), which shows as EOF.
+    fn is_idle_and_open(&self) -> bool {
+        let mut probe = [0u8; 1];
+        let r = match self {
+            Stream::Tcp(s) => s.try_read(&mut probe),
+            Stream::Unix(s) => s.try_read(&mut probe),
+        };
+        matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// One connection and the bytes read from it but not parsed yet.
+pub struct Conn {
+    stream: Stream,
+    buf: BytesMut,
+}
+
+impl Conn {
+    /// The next whole record, or None at EOF.
+    fn poll_record(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Record>, FastCgiError>> {
+        loop {
+            if let Some(r) = codec::parse(&mut self.buf).map_err(FastCgiError::Protocol)? {
+                return Poll::Ready(Ok(Some(r)));
+            }
+            if self.buf.capacity() - self.buf.len() < codec::HEADER_LEN {
+                self.buf.reserve(READ_CHUNK);
+            }
+            let n = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.stream),
+                cx,
+                &mut self.buf
+            ))
+            .map_err(FastCgiError::Io)?;
+            if n == 0 {
+                return Poll::Ready(Ok(None));
+            }
+        }
+    }
+
+    async fn record(&mut self) -> Result<Option<Record>, FastCgiError> {
+        std::future::poll_fn(|cx| self.poll_record(cx)).await
+    }
+}
+
+pub struct Pool {
+    address: Address,
+    connect_timeout: Duration,
+    idle: Vec<Mutex<Vec<Conn>>>,
+    /// One per request talking to php-fpm (`max_conns`). A php-fpm child
+    /// stays bound to a kept connection until it closes, so tollgate must
+    /// never hold more connections than php-fpm has children: a request
+    /// opens one only while holding a permit and finding no idle one.
+    permits: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+impl Pool {
+    pub fn new(address: Address, connect_timeout: Duration, max_conns: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            address,
+            connect_timeout,
+            permits: Arc::new(Semaphore::new(max_conns.max(1))),
+            idle: (0..=crate::workers::count())
+                .map(|_| Mutex::new(Vec::new()))
+                .collect(),
+        })
+    }
+
+    fn slot(&self) -> usize {
+        crate::workers::current().min(self.idle.len() - 1)
+    }
+
+    /// An idle connection that is still open: this worker's first, then
+    /// another's (each one ties up a php-fpm child, so none may sit unused
+    /// while a request waits).
+    fn idle(&self, slot: usize) -> Option<Conn> {
+        let n = self.idle.len();
+        for i in 0..n {
+            let list = &self.idle[(slot + i) % n];
+            loop {
+                let Some(conn) = list.lock().pop() else {
+                    break;
+                };
+                if conn.buf.is_empty() && conn.stream.is_idle_and_open() {
+                    return Some(conn);
+                }
+            }
+        }
+        None
+    }
+
+    fn put(&self, slot: usize, conn: Conn) {
+        let mut idle = self.idle[slot].lock();
+        if idle.len() < MAX_IDLE_PER_WORKER {
+            idle.push(conn);
+        }
+    }
+
+    async fn connect(&self) -> Result<Conn, FastCgiError> {
+        let connecting = async {
+            match &self.address {
+                Address::Tcp(a) => {
+                    let s = TcpStream::connect(a.as_str()).await?;
+                    // Records go out as separate writes: never wait for an ACK.
+                    s.set_nodelay(true)?;
+                    Ok(Stream::Tcp(s))
+                }
+                Address::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p).await?)),
+            }
+        };
+        let stream = tokio::time::timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| FastCgiError::ConnectTimeout {
+                address: self.address.to_string(),
+                timeout: self.connect_timeout,
+            })?
+            .map_err(|source| FastCgiError::Connect {
+                address: self.address.to_string(),
+                source,
+            })?;
+        Ok(Conn {
+            stream,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+        })
+    }
+
+    /// Sends one request (`head`: BEGIN_REQUEST and PARAMS; `body` as STDIN)
+    /// and returns php-fpm's CGI header block and the rest of its output.
+    /// `replayable`: an idempotent request without a body, which may be
+    /// sent again if a kept connection turns out dead before any answer.
+    pub async fn exchange(
+        self: &Arc<Pool>,
+        head: Bytes,
+        mut body: Option<Limited<Incoming>>,
+        replayable: bool,
+        upstream: Arc<str>,
+    ) -> Result<(Head, ResponseBody), FastCgiError> {
+        let slot = self.slot();
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let replayable = replayable && body.is_none();
+        let empty_stdin = codec::header(codec::STDIN, 0);
+        loop {
+            let (mut conn, reused) = match self.idle(slot) {
+                Some(c) => (c, true),
+                None => (self.connect().await?, false),
+            };
+            let written = if body.is_none() {
+                let mut all = Buf::chain(&head[..], &empty_stdin[..]);
+                conn.stream.write_all_buf(&mut all).await
+            } else {
+                conn.stream.write_all(&head).await
+            };
+            match written {
+                Ok(()) => {}
+                // php-fpm closed a kept connection (a child exited after
+                // `pm.max_requests`): nothing ran and none of the body was
+                // read, so a new connection can take the request.
+                Err(_) if reused => continue,
+                Err(e) => return Err(FastCgiError::Io(e)),
+            }
+            if let Some(body) = body.take() {
+                send_body(&mut conn, body).await?;
+                conn.stream
+                    .write_all(&empty_stdin)
+                    .await
+                    .map_err(FastCgiError::Io)?;
+            }
+            let (head, rest, ended) = match read_head(&mut conn, &upstream).await {
+                Ok(read) => read,
+                // The same race, noticed later: the request went out on a
+                // dead connection and nothing came back.
+                Err((_, false)) if reused && replayable => continue,
+                Err((e, _)) => return Err(e),
+            };
+            let mut body = ResponseBody {
+                conn: Some(conn),
+                pool: self.clone(),
+                slot,
+                pending: (!rest.is_empty()).then_some(rest),
+                upstream,
+                permit: Some(permit),
+            };
+            if ended {
+                // A small answer came whole: the connection is free already.
+                body.finish();
+            }
+            return Ok((head, body));
+        }
+    }
+}
+
+/// The request body as STDIN records, as it arrives from the client.
+async fn send_body(conn: &mut Conn, mut body: Limited<Incoming>) -> Result<(), FastCgiError> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            if e.is::<LengthLimitError>() {
+                FastCgiError::BodyTooLarge
+            } else {
+                FastCgiError::ClientBody(e)
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: CGI has no place for them
+        };
+        for chunk in data.chunks(codec::MAX_CONTENT) {
+            let header = codec::header(codec::STDIN, chunk.len());
+            let mut record = Buf::chain(&header[..], chunk);
+            conn.stream
+                .write_all_buf(&mut record)
+                .await
+                .map_err(FastCgiError::Io)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads until the CGI header block is complete: (head, the body bytes that
+/// came with it, whether END_REQUEST came too). On failure, also says
+/// whether anything at all came back.
+async fn read_head(
+    conn: &mut Conn,
+    upstream: &str,
+) -> Result<(Head, Bytes, bool), (FastCgiError, bool)> {
+    let mut head_bytes = BytesMut::new();
+    let mut ended = false;
+    let mut received = false;
+    loop {
+        if let Some(end) = super::response::head_end(&head_bytes) {
+            let head = super::response::parse_head(&head_bytes[..end.0]).map_err(|e| (e, true))?;
+            return Ok((head, head_bytes.split_off(end.1).freeze(), ended));
+        }
+        if ended {
+            return Err((FastCgiError::NoHead, true));
+        }
+        if head_bytes.len() > MAX_HEAD {
+            return Err((FastCgiError::HeadTooLarge, true));
+        }
+        let record = match conn.record().await {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err((FastCgiError::Closed, received)),
+            Err(e) => return Err((e, received)),
+        };
+        received = true;
+        match record.kind {
+            codec::STDOUT => head_bytes.extend_from_slice(&record.content),
+            codec::STDERR => log_stderr(upstream, &record.content),
+            codec::END_REQUEST => {
+                let (_, status) = codec::end_request(&record.content);
+                if status != codec::REQUEST_COMPLETE {
+                    return Err((FastCgiError::Refused(status), true));
+                }
+                ended = true;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// php-fpm's STDERR (PHP notices and warnings when `log_errors` sends them
+/// there), logged one line per record and cut at 1 KiB so a noisy script
+/// cannot flood the log with one record.
+fn log_stderr(upstream: &str, content: &[u8]) {
+    let text = String::from_utf8_lossy(&content[..content.len().min(1024)]);
+    tracing::warn!(upstream, stderr = %text.trim_end(), "php-fpm wrote to stderr");
+}
+
+pub use super::response::Head;
+
+/// The rest of php-fpm's output after the header block, read as the client
+/// takes it: hyper polls this only when it can send more, so a large
+/// response is never held whole.
+pub struct ResponseBody {
+    /// None once END_REQUEST was read (the connection went back) or the
+    /// exchange failed (the connection was dropped).
+    conn: Option<Conn>,
+    pool: Arc<Pool>,
+    slot: usize,
+    pending: Option<Bytes>,
+    upstream: Arc<str>,
+    /// Released once the connection is back in the idle list or closed.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl ResponseBody {
+    /// END_REQUEST was read: the connection can carry the next request.
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if conn.buf.is_empty() {
+                self.pool.put(self.slot, conn);
+            }
+        }
+        self.permit = None;
+    }
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = FastCgiError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, FastCgiError>>> {
+        let this = &mut *self;
+        if let Some(b) = this.pending.take() {
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let record = match ready!(conn.poll_record(cx)) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    (this.conn, this.permit) = (None, None);
+                    return Poll::Ready(Some(Err(FastCgiError::Closed)));
+                }
+                Err(e) => {
+                    (this.conn, this.permit) = (None, None);
+                    return Poll::Ready(Some(Err(e)));
+                }
+            };
+            match record.kind {
+                codec::STDOUT if !record.content.is_empty() => {
+                    return Poll::Ready(Some(Ok(Frame::data(record.content))));
+                }
+                codec::STDERR => log_stderr(&this.upstream, &record.content),
+                codec::END_REQUEST => {
+                    let (_, status) = codec::end_request(&record.content);
+                    if status == codec::REQUEST_COMPLETE {
+                        this.finish();
+                    } else {
+                        (this.conn, this.permit) = (None, None);
+                    }
+                    return Poll::Ready(None);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_none() && self.conn.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseBody")
+            .field("upstream", &self.upstream)
+            .finish()
+    }
+}

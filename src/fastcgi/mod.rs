@@ -1,0 +1,396 @@
+//! FastCGI upstreams (php-fpm): a request becomes a PHP script run with nginx's `fastcgi_params`, a static file, or a 404.
+//!
+//! Why a codec of our own rather than a crate: the maintained client
+//! (`fastcgi-client`) reads the request body from an `AsyncRead`, hands
+//! back a response stream that borrows the connection (so it cannot go
+//! back to a per-worker pool when the body is done) and ships no pool; the
+//! wire format a responder needs is small (see `codec`), and owning it lets
+//! the response body be a zero-copy slice of what was read.
+//!
+//! Layout: `path` decides what a URL names under `root`; this file builds
+//! the CGI parameters; `client` sends them with the body and streams the
+//! answer back; `response` parses php-fpm's CGI header block.
+
+pub mod client;
+pub mod codec;
+pub mod path;
+pub mod response;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{Method, Response, Version};
+use http_body::{Body as _, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use crate::body::{BoxError, Streamed};
+use crate::config::FastCgiConfig;
+use crate::problem::Problem;
+use path::Target;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FastCgiError {
+    #[error("cannot connect to php-fpm at {address}: {source}")]
+    Connect {
+        address: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot connect to php-fpm at {address} within {timeout:?}")]
+    ConnectTimeout { address: String, timeout: Duration },
+    #[error("php-fpm did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the exchange with php-fpm failed: {0}")]
+    Io(#[source] io::Error),
+    #[error("php-fpm broke the protocol: {0}")]
+    Protocol(#[source] codec::CodecError),
+    #[error("php-fpm sent an invalid CGI header block: {0}")]
+    BadHead(&'static str),
+    #[error("php-fpm's CGI header block exceeds 64 KiB")]
+    HeadTooLarge,
+    #[error("php-fpm ended the request without a CGI header block")]
+    NoHead,
+    #[error("php-fpm closed the connection before the end of the request")]
+    Closed,
+    #[error("php-fpm refused the request (FastCGI protocol status {0}: 1 = no multiplexing, 2 = overloaded)")]
+    Refused(u8),
+    #[error("reading the client's request body failed: {0}")]
+    ClientBody(#[source] BoxError),
+    #[error("the request body exceeds the limit")]
+    BodyTooLarge,
+}
+
+impl FastCgiError {
+    /// The metric label for this failure.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout { .. } => "connect",
+            FastCgiError::Timeout(_) => "timeout",
+            FastCgiError::BodyTooLarge => "body_too_large",
+            FastCgiError::Refused(_) => "refused",
+            _ => "other",
+        }
+    }
+}
+
+/// One `fastcgi://` upstream: where php-fpm listens and the document root.
+#[derive(Debug)]
+pub struct FastCgi {
+    name: Arc<str>,
+    pool: Arc<client::Pool>,
+    config: FastCgiConfig,
+    /// `root` as a string without a trailing `/`, the prefix of SCRIPT_FILENAME.
+    root: String,
+    timeout: Duration,
+}
+
+impl FastCgi {
+    pub fn new(
+        name: &str,
+        config: &FastCgiConfig,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> FastCgi {
+        FastCgi {
+            name: Arc::from(name),
+            pool: client::Pool::new(config.address.clone(), connect_timeout, config.max_conns),
+            config: config.clone(),
+            root: config
+                .root
+                .to_string_lossy()
+                .trim_end_matches('/')
+                .to_string(),
+            timeout,
+        }
+    }
+
+    /// Answers a request whose headers tollgate already prepared (hop-by-hop
+    /// removed, forwarding headers set): runs its script, serves its static
+    /// file, or answers 404 itself.
+    pub async fn forward(
+        &self,
+        parts: http::request::Parts,
+        body: crate::body::UpstreamBody,
+        client_ip: IpAddr,
+        peer: SocketAddr,
+        proto: &'static str,
+    ) -> Result<Response<Streamed>, FastCgiError> {
+        let Some(split) = path::split(parts.uri.path()) else {
+            return Ok(own(Problem::FileNotFound));
+        };
+        let config = self.config.clone();
+        // Stats and symlink checks are blocking file-system calls.
+        let target = tokio::task::spawn_blocking(move || {
+            path::resolve(
+                &config.root,
+                &config.index,
+                config.fallback.as_deref(),
+                split,
+            )
+        })
+        .await
+        .unwrap_or(Target::NotFound);
+        match target {
+            Target::NotFound => Ok(own(Problem::FileNotFound)),
+            Target::Static {
+                file,
+                content_type,
+                len,
+            } => Ok(serve_static(&parts.method, file, content_type, len).await),
+            Target::Script { script, path_info } => {
+                let has_body = !body.is_end_stream();
+                if has_body && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+                    // PHP reads exactly CONTENT_LENGTH bytes of input; a
+                    // chunked body would reach the script empty.
+                    return Ok(own(Problem::LengthRequired));
+                }
+                let cgi = Cgi {
+                    root: &self.root,
+                    script: &script,
+                    path_info: &path_info,
+                    client_ip,
+                    peer,
+                    proto,
+                };
+                let head = cgi.params(&parts);
+                // Already cut off at `max_body` (`Limited`) by the caller.
+                let body = has_body.then_some(body);
+                let replayable =
+                    matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+                let exchange = self
+                    .pool
+                    .exchange(head, body, replayable, self.name.clone());
+                let (head, body) = tokio::time::timeout(self.timeout, exchange)
+                    .await
+                    .map_err(|_| FastCgiError::Timeout(self.timeout))??;
+                let mut resp = Response::new(Streamed::new(body.map_err(BoxError::from)));
+                *resp.status_mut() = head.status;
+                *resp.headers_mut() = head.headers;
+                Ok(resp)
+            }
+        }
+    }
+
+    /// Whether this upstream can serve `config` unchanged (a reload keeps its pool).
+    pub fn serves(&self, config: &FastCgiConfig) -> bool {
+        self.config == *config
+    }
+}
+
+fn own(problem: Problem) -> Response<Streamed> {
+    problem.into_response().map(Streamed::new)
+}
+
+/// The request as php-fpm is told about it.
+struct Cgi<'a> {
+    root: &'a str,
+    script: &'a str,
+    path_info: &'a str,
+    client_ip: IpAddr,
+    peer: SocketAddr,
+    proto: &'static str,
+}
+
+impl Cgi<'_> {
+    /// BEGIN_REQUEST and the PARAMS records: what nginx's `fastcgi_params`
+    /// and `fastcgi.conf` send, with PATH_INFO split at the script.
+    fn params(&self, parts: &http::request::Parts) -> Bytes {
+        let mut out = BytesMut::with_capacity(2048);
+        codec::begin_request(&mut out, true);
+        let mut p = codec::Params::new(&mut out);
+        let mut push = |name: &[u8], value: &[u8]| {
+            if !p.push(name, value) {
+                tracing::warn!(
+                    param = %String::from_utf8_lossy(name),
+                    "a FastCGI parameter over 64 KiB was not sent"
+                );
+            }
+        };
+        let headers = &parts.headers;
+        let header =
+            |name: header::HeaderName| headers.get(name).map_or(&b""[..], HeaderValue::as_bytes);
+        let uri = &parts.uri;
+        let request_uri = uri.path_and_query().map_or("/", |p| p.as_str());
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<http::uri::Authority>().ok());
+        let https = self.proto == "https";
+        let port = host
+            .as_ref()
+            .and_then(|a| a.port_u16())
+            .unwrap_or(if https { 443 } else { 80 });
+
+        push(
+            b"SCRIPT_FILENAME",
+            format!("{}{}", self.root, self.script).as_bytes(),
+        );
+        push(b"SCRIPT_NAME", self.script.as_bytes());
+        push(b"PATH_INFO", self.path_info.as_bytes());
+        if !self.path_info.is_empty() {
+            push(
+                b"PATH_TRANSLATED",
+                format!("{}{}", self.root, self.path_info).as_bytes(),
+            );
+        }
+        push(b"QUERY_STRING", uri.query().unwrap_or("").as_bytes());
+        push(b"REQUEST_METHOD", parts.method.as_str().as_bytes());
+        push(b"CONTENT_TYPE", header(header::CONTENT_TYPE));
+        push(b"CONTENT_LENGTH", header(header::CONTENT_LENGTH));
+        push(b"REQUEST_URI", request_uri.as_bytes());
+        push(
+            b"DOCUMENT_URI",
+            format!("{}{}", self.script, self.path_info).as_bytes(),
+        );
+        push(b"DOCUMENT_ROOT", self.root.as_bytes());
+        push(b"SERVER_PROTOCOL", protocol(parts.version).as_bytes());
+        push(b"REQUEST_SCHEME", self.proto.as_bytes());
+        if https {
+            push(b"HTTPS", b"on");
+        }
+        push(b"GATEWAY_INTERFACE", b"CGI/1.1");
+        push(
+            b"SERVER_SOFTWARE",
+            concat!("tollgate/", env!("CARGO_PKG_VERSION")).as_bytes(),
+        );
+        push(b"REMOTE_ADDR", self.client_ip.to_string().as_bytes());
+        // The port is the client's only when it connected to us itself;
+        // behind a load balancer it would be the balancer's.
+        if self.peer.ip().to_canonical() == self.client_ip {
+            push(b"REMOTE_PORT", self.peer.port().to_string().as_bytes());
+        }
+        push(
+            b"SERVER_NAME",
+            host.as_ref().map_or("", |a| a.host()).as_bytes(),
+        );
+        push(b"SERVER_PORT", port.to_string().as_bytes());
+        // php-cgi's cgi.force_redirect wants it; php-fpm ignores it.
+        push(b"REDIRECT_STATUS", b"200");
+
+        let mut name = Vec::with_capacity(64);
+        for key in headers.keys() {
+            let k = key.as_str();
+            // httpoxy: a client's `Proxy` header must not become HTTP_PROXY,
+            // which PHP HTTP clients read as their outgoing proxy. A name with
+            // `_` would alias a dashed one (`X_Real_IP` → HTTP_X_REAL_IP)
+            // and overwrite what tollgate set: dropped, as nginx does.
+            if k == "proxy" || k.contains('_') || k == "content-type" || k == "content-length" {
+                continue;
+            }
+            name.clear();
+            name.extend_from_slice(b"HTTP_");
+            name.extend(k.bytes().map(|b| match b {
+                b'-' => b'_',
+                b => b.to_ascii_uppercase(),
+            }));
+            let mut values = headers.get_all(key).iter();
+            let first = values.next().map_or(&b""[..], HeaderValue::as_bytes);
+            match values.next() {
+                None => push(&name, first),
+                Some(second) => {
+                    let sep: &[u8] = if key == header::COOKIE { b"; " } else { b", " };
+                    let mut joined = first.to_vec();
+                    for v in std::iter::once(second).chain(values) {
+                        joined.extend_from_slice(sep);
+                        joined.extend_from_slice(v.as_bytes());
+                    }
+                    push(&name, &joined);
+                }
+            }
+        }
+        p.finish();
+        out.freeze()
+    }
+}
+
+fn protocol(v: Version) -> &'static str {
+    match v {
+        Version::HTTP_09 => "HTTP/0.9",
+        Version::HTTP_10 => "HTTP/1.0",
+        Version::HTTP_2 => "HTTP/2.0",
+        Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/1.1",
+    }
+}
+
+async fn serve_static(
+    method: &Method,
+    file: PathBuf,
+    content_type: &'static str,
+    len: u64,
+) -> Response<Streamed> {
+    if method != Method::GET && method != Method::HEAD {
+        return own(Problem::StaticMethodNotAllowed);
+    }
+    let Ok(f) = tokio::fs::File::open(&file).await else {
+        return own(Problem::FileNotFound);
+    };
+    let mut resp = Response::new(Streamed::new(FileBody {
+        file: f,
+        buf: BytesMut::new(),
+        left: len,
+    }));
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+/// A static file, read in 64 KiB pieces as the client takes them
+/// (tokio runs each read on its blocking pool).
+struct FileBody {
+    file: tokio::fs::File,
+    buf: BytesMut,
+    /// Bytes still to send: the length announced in Content-Length.
+    left: u64,
+}
+
+impl http_body::Body for FileBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.left == 0 {
+            return Poll::Ready(None);
+        }
+        if this.buf.capacity() < 64 * 1024 {
+            this.buf.reserve(64 * 1024);
+        }
+        let n = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut this.file),
+            cx,
+            &mut this.buf
+        ))?;
+        if n == 0 {
+            return Poll::Ready(Some(Err("the file shrank while it was sent".into())));
+        }
+        let n = n.min(usize::try_from(this.left).unwrap_or(usize::MAX));
+        this.left -= n as u64;
+        let chunk = this.buf.split_to(n).freeze();
+        this.buf.clear();
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
+    }
+}
