@@ -26,6 +26,8 @@ use crate::tls::CertSet;
 pub use crate::tls::{CertConfig, UpstreamTls};
 
 mod admin_token;
+/// Duplicate keys and nesting depth, checked on the text before serde reads it.
+mod scan;
 
 mod observe;
 pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
@@ -787,7 +789,7 @@ pub fn load_file_text(path: &Path) -> Result<(Config, String), ConfigError> {
 
 /// Parses and validates YAML text.
 pub fn parse(text: &str) -> Result<Config, ConfigError> {
-    let problems = crate::config_scan::scan(text);
+    let problems = scan::scan(text);
     if !problems.is_empty() {
         return Err(ConfigError {
             file: None,

@@ -29,7 +29,6 @@ pub mod balance;
 pub mod body;
 pub mod clock;
 pub mod config;
-pub mod config_scan;
 pub mod connections;
 pub mod dashboard;
 pub mod fastcgi;

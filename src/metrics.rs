@@ -147,6 +147,9 @@ pub struct Metrics {
 const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Requests by route and limiter decision (allowed, rejected, exempt, store_error)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
+    ("tollgate_connections_refused_total", "Client connections closed at once because a cap was reached, by reason (max_connections, max_connections_per_ip)."),
+    ("tollgate_connections_closed_total", "Client connections closed by a timer, by reason (no_request: nothing sent within request_header_timeout; idle: idle_timeout)."),
+    ("tollgate_unknown_api_keys_total", "Requests with an API key no key source lists, by result (refused: 401; limited: 429 after too many from one IP)."),
     ("tollgate_bans_total", "Bans started, by limiter (ban: after N rejections within the window)."),
     ("tollgate_upstream_errors_total", "Failed forwards by upstream and kind (connect, timeout, body_too_large, other, no_live_server, queue_full, queue_timeout)."),
     ("tollgate_store_errors_total", "Store calls that failed, by backend and the on_error policy applied."),

@@ -177,8 +177,6 @@ impl Sqlite {
         let lock = FileLock::acquire(path)?;
         let conn = connect(path, options.busy_timeout)?;
         load(&conn, &table, limiters, now).map_err(|e| open_error(path, e))?;
-        conn.execute_batch(ban::SCHEMA)
-            .map_err(|e| open_error(path, e))?;
         let banned = ban::load(&conn, &bans, limiters, now).map_err(|e| open_error(path, e))?;
         if banned > 0 {
             tracing::info!(bans = banned, "loaded bans in force from SQLite");
@@ -361,6 +359,7 @@ fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError
     conn.pragma_update(None, "journal_size_limit", 16 * 1024 * 1024)
         .map_err(err)?;
     conn.execute_batch(SCHEMA).map_err(err)?;
+    conn.execute_batch(ban::SCHEMA).map_err(err)?;
     add_request_id_column(&conn).map_err(err)?;
     Ok(conn)
 }

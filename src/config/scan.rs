@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use yaml_rust2::parser::{Event, Parser};
 
-use crate::config::ConfigProblem;
+use super::ConfigProblem;
 
 /// Deeper than any tollgate config needs (it uses about 6 levels).
 pub const MAX_DEPTH: usize = 64;
