@@ -207,6 +207,21 @@ pub fn normalize(path: &str) -> std::borrow::Cow<'_, str> {
         return path.into();
     }
     let decoded = decode_unreserved(path);
+    let segments = segments(&decoded);
+    let mut out = String::with_capacity(decoded.len().max(1));
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out.into()
+}
+
+/// The segments of a decoded path with empty and `.` segments dropped and
+/// `..` resolved (never above the root): what a file system would walk.
+pub fn segments(decoded: &str) -> Vec<&str> {
     let mut segments: Vec<&str> = Vec::new();
     for seg in decoded.split('/') {
         match seg {
@@ -217,15 +232,7 @@ pub fn normalize(path: &str) -> std::borrow::Cow<'_, str> {
             s => segments.push(s),
         }
     }
-    let mut out = String::with_capacity(decoded.len().max(1));
-    for s in &segments {
-        out.push('/');
-        out.push_str(s);
-    }
-    if out.is_empty() {
-        out.push('/');
-    }
-    out.into()
+    segments
 }
 
 /// Starts with `/`, has no escape, no empty, `.` or `..` segment, no trailing `/`.

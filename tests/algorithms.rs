@@ -177,14 +177,7 @@ routes:
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
     }
-    let metrics = c
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&c, &proxy.admin_url("/metrics")).await;
     assert!(
         metrics.contains(
             "tollgate_limiter_decisions_total{limiter=\"trial\",result=\"would_reject\"} 2"

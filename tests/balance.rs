@@ -145,14 +145,7 @@ async fn a_get_to_a_dead_server_is_retried_on_the_next_one() {
         assert_eq!(r.status(), 200, "request {i}");
     }
     assert_eq!(served(&a), 10);
-    let metrics = http
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&http, &proxy.admin_url("/metrics")).await;
     assert!(
         metrics.contains("tollgate_upstream_retries_total{upstream=\"app\"} 5"),
         "{metrics}"

@@ -179,14 +179,7 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
         assert_eq!(config["version"], 1, "{what}");
         assert!(config["last_reload_error"].is_string(), "{what}: {config}");
     }
-    let metrics = c
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&c, &proxy.admin_url("/metrics")).await;
     assert!(
         metrics.contains(&format!(
             "tollgate_config_reloads_total{{result=\"error\"}} {}",

@@ -28,16 +28,7 @@ pub fn split(raw_path: &str) -> Option<Split> {
         return None;
     }
     let directory = decoded.ends_with('/');
-    let mut segments: Vec<&str> = Vec::new();
-    for seg in decoded.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                segments.pop();
-            }
-            s => segments.push(s),
-        }
-    }
+    let segments = crate::router::segments(&decoded);
     let script_end = segments.iter().position(|s| s.ends_with(".php"));
     let named = script_end.map_or(&segments[..], |i| &segments[..=i]);
     // Dot files and directories (.env, .git, .user.ini, .htaccess) are

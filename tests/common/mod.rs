@@ -676,6 +676,11 @@ pub async fn burst(c: &reqwest::Client, url: &str, n: usize) -> Vec<u16> {
     statuses
 }
 
+/// GETs `url` and returns the body as text, whatever the status.
+pub async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    c.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 /// GETs `url` and parses the body as JSON, whatever the status.
 pub async fn get_json(c: &reqwest::Client, url: &str) -> serde_json::Value {
     let text = c.get(url).send().await.unwrap().text().await.unwrap();
