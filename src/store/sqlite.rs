@@ -1028,13 +1028,22 @@ mod tests {
 
     const NOW: Nanos = 1_767_225_620 * NANOS_PER_SEC;
 
-    #[test]
-    fn a_change_that_failed_to_persist_is_written_by_the_next_flush() {
+    /// A store in a fresh directory with one fixed-window limiter `l`:
+    /// (the directory, kept alive; the file; the limiter's algorithm; the table; the store).
+    fn one_limiter_store(
+        file: &str,
+    ) -> (tempfile::TempDir, PathBuf, Algorithm, Arc<Table>, Sqlite) {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f.db");
+        let path = dir.path().join(file);
         let (l, a) = fixed_limiter("l");
         let table = Arc::new(Table::new(true));
         let db = open_quick(&path, &table, &[l], MAX_UNSAVED_KEYS);
+        (dir, path, a, table, db)
+    }
+
+    #[test]
+    fn a_change_that_failed_to_persist_is_written_by_the_next_flush() {
+        let (_dir, path, a, table, db) = one_limiter_store("f.db");
         count(&table, "l:ip:quiet", &a, NOW);
         count(&table, "l:ip:quiet", &a, NOW);
         count(&table, "l:ip:busy", &a, NOW);
@@ -1095,11 +1104,7 @@ mod tests {
 
     #[test]
     fn the_last_save_says_what_a_locked_file_did_not_take() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.db");
-        let (l, a) = fixed_limiter("l");
-        let table = Arc::new(Table::new(true));
-        let db = open_quick(&path, &table, &[l], MAX_UNSAVED_KEYS);
+        let (_dir, path, a, table, db) = one_limiter_store("s.db");
         for i in 0..3 {
             count(&table, &format!("l:ip:{i}"), &a, NOW);
         }
@@ -1113,11 +1118,7 @@ mod tests {
 
     #[test]
     fn a_file_deleted_under_the_writer_is_made_again_with_every_live_counter() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("d.db");
-        let (l, a) = fixed_limiter("l");
-        let table = Arc::new(Table::new(true));
-        let db = open_quick(&path, &table, &[l], MAX_UNSAVED_KEYS);
+        let (_dir, path, a, table, db) = one_limiter_store("d.db");
         count(&table, "l:ip:old", &a, NOW);
         db.flush().unwrap();
         std::fs::remove_file(&path).unwrap();
