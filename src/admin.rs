@@ -25,6 +25,7 @@ use crate::config::{Backend, Config};
 use crate::identity::ApiKey;
 use crate::key;
 use crate::limiter::{ceil_secs, NANOS_PER_SEC};
+use crate::problem::admin_error;
 use crate::snapshot::Snapshot;
 use guard::Refusal;
 
@@ -92,24 +93,12 @@ fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
 }
 
 fn not_allowed(allow: &'static str) -> Response<Body> {
-    let mut resp = problem(
+    let mut resp = admin_error(
         StatusCode::METHOD_NOT_ALLOWED,
         "Method not allowed on this admin path.",
     );
     resp.headers_mut()
         .insert(http::header::ALLOW, HeaderValue::from_static(allow));
-    resp
-}
-
-fn problem(status: StatusCode, detail: &str) -> Response<Body> {
-    let mut resp = json_response(
-        status,
-        json!({"type": "admin-error", "title": status.canonical_reason().unwrap_or("Error"), "status": status.as_u16(), "detail": detail}),
-    );
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
     resp
 }
 
@@ -126,7 +115,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
     match guard::admit(&req, token, open) {
         Ok(()) => {}
         Err(Refusal::Unauthorized) => {
-            let mut resp = problem(
+            let mut resp = admin_error(
                 StatusCode::UNAUTHORIZED,
                 "This admin call needs `Authorization: Bearer <token>`.",
             );
@@ -136,7 +125,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
         }
         Err(Refusal::ForeignHost) => {
             tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
-            return problem(
+            return admin_error(
                 StatusCode::FORBIDDEN,
                 "Without admin.token this API answers only Host: localhost, 127.0.0.1 or [::1].",
             );
@@ -180,13 +169,13 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
             resp
         }
         (&Method::GET, "/status") | (&Method::DELETE, "/status") => match query_key {
-            None => problem(
+            None => admin_error(
                 StatusCode::BAD_REQUEST,
                 "Pass the client as ?key=<IP or API key>.",
             ),
             Some(k) if req.method() == Method::GET => match status(app, &snap, &k).await {
                 Ok(v) => json_response(StatusCode::OK, v),
-                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+                Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
             },
             Some(k) => {
                 let keys: Vec<String> = status_keys(&snap, &k)
@@ -198,7 +187,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
                         StatusCode::OK,
                         json!({"key": key::for_admin_client(&snap.identity, &k), "reset": removed}),
                     ),
-                    Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+                    Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
                 }
             }
         },
@@ -231,7 +220,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
             "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/" | "/dashboard.js"
             | "/dashboard.css" | "/dashboard.json",
         ) => not_allowed("GET"),
-        _ => problem(
+        _ => admin_error(
             StatusCode::NOT_FOUND,
             "Admin paths: / (dashboard), /dashboard.json, /status, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
         ),
