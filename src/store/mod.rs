@@ -94,8 +94,6 @@ pub enum StoreError {
         keys: usize,
         audit_rows: usize,
     },
-    #[error("the {0} store backend is not available in this build")]
-    Unsupported(&'static str),
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
     #[error("Redis failed: {0}")]
