@@ -21,9 +21,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::body::Body;
-use crate::config::{Backend, Config, KeyPart};
+use crate::config::{Backend, Config};
 use crate::identity::ApiKey;
+use crate::key;
 use crate::limiter::{ceil_secs, NANOS_PER_SEC};
+use crate::problem::admin_error;
 use crate::snapshot::Snapshot;
 use guard::Refusal;
 
@@ -91,24 +93,12 @@ fn asset(text: &'static str, content_type: &'static str) -> Response<Body> {
 }
 
 fn not_allowed(allow: &'static str) -> Response<Body> {
-    let mut resp = problem(
+    let mut resp = admin_error(
         StatusCode::METHOD_NOT_ALLOWED,
         "Method not allowed on this admin path.",
     );
     resp.headers_mut()
         .insert(http::header::ALLOW, HeaderValue::from_static(allow));
-    resp
-}
-
-fn problem(status: StatusCode, detail: &str) -> Response<Body> {
-    let mut resp = json_response(
-        status,
-        json!({"type": "admin-error", "title": status.canonical_reason().unwrap_or("Error"), "status": status.as_u16(), "detail": detail}),
-    );
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
     resp
 }
 
@@ -125,7 +115,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
     match guard::admit(&req, token, open) {
         Ok(()) => {}
         Err(Refusal::Unauthorized) => {
-            let mut resp = problem(
+            let mut resp = admin_error(
                 StatusCode::UNAUTHORIZED,
                 "This admin call needs `Authorization: Bearer <token>`.",
             );
@@ -135,7 +125,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
         }
         Err(Refusal::ForeignHost) => {
             tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
-            return problem(
+            return admin_error(
                 StatusCode::FORBIDDEN,
                 "Without admin.token this API answers only Host: localhost, 127.0.0.1 or [::1].",
             );
@@ -179,13 +169,13 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
             resp
         }
         (&Method::GET, "/status") | (&Method::DELETE, "/status") => match query_key {
-            None => problem(
+            None => admin_error(
                 StatusCode::BAD_REQUEST,
                 "Pass the client as ?key=<IP or API key>.",
             ),
             Some(k) if req.method() == Method::GET => match status(app, &snap, &k).await {
                 Ok(v) => json_response(StatusCode::OK, v),
-                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+                Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
             },
             Some(k) => {
                 let keys: Vec<String> = status_keys(&snap, &k)
@@ -195,9 +185,9 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
                 match app.shared.store.reset(&keys).await {
                     Ok(removed) => json_response(
                         StatusCode::OK,
-                        json!({"key": canonical_client(&snap, &k), "reset": removed}),
+                        json!({"key": key::for_admin_client(&snap.identity, &k), "reset": removed}),
                     ),
-                    Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+                    Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
                 }
             }
         },
@@ -230,7 +220,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
             "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/" | "/dashboard.js"
             | "/dashboard.css" | "/dashboard.json",
         ) => not_allowed("GET"),
-        _ => problem(
+        _ => admin_error(
             StatusCode::NOT_FOUND,
             "Admin paths: / (dashboard), /dashboard.json, /status, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
         ),
@@ -248,52 +238,18 @@ fn query_param(query: &str, name: &str) -> Option<String> {
     })
 }
 
-/// The `client` key for what an operator typed: an IP, an API key, or an
-/// already canonical `ip:…` / `key:…`.
-fn canonical_client(snap: &Snapshot, raw: &str) -> String {
-    if raw.starts_with("ip:") || raw.starts_with("key:") {
-        return raw.to_string();
-    }
-    match raw.parse::<std::net::IpAddr>() {
-        Ok(ip) => snap.identity.ip_key(ip),
-        Err(_) => ApiKey::from_secret(raw).id,
-    }
-}
-
 /// Every (limiter index, store key) the client `raw` can have, without counting.
 fn status_keys(snap: &Snapshot, raw: &str) -> Vec<(usize, String)> {
-    let client = canonical_client(snap, raw);
-    let is_ip = client.starts_with("ip:");
+    let client = key::for_admin_client(&snap.identity, raw);
     let mut out = Vec::new();
     for (i, l) in snap.limiters.iter().enumerate() {
-        let mut values = vec![String::new()];
-        for (n, part) in l.key.iter().enumerate() {
-            let options: Vec<String> = match part {
-                KeyPart::Client => vec![client.clone()],
-                KeyPart::Ip if is_ip => vec![client.clone()],
-                KeyPart::ApiKey if !is_ip => vec![client.clone()],
-                KeyPart::Ip | KeyPart::ApiKey | KeyPart::Header(_) => vec![],
-                KeyPart::Global => vec!["global".into()],
-                KeyPart::Route => snap
-                    .routes
-                    .iter()
-                    .filter(|r| r.limiters.contains(&i))
-                    .map(|r| format!("route:{}", r.name))
-                    .collect(),
-            };
-            values = values
-                .iter()
-                .flat_map(|v| {
-                    options.iter().map(move |o| {
-                        if n == 0 {
-                            o.clone()
-                        } else {
-                            format!("{v}|{o}")
-                        }
-                    })
-                })
-                .collect();
-        }
+        let routes: Vec<&str> = snap
+            .routes
+            .iter()
+            .filter(|r| r.limiters.contains(&i))
+            .map(|r| &*r.name)
+            .collect();
+        let values = key::values_for_client(&l.key, &client, &routes);
         out.extend(values.into_iter().map(|v| (i, l.store_key(&v))));
     }
     out
@@ -303,15 +259,15 @@ fn status_keys(snap: &Snapshot, raw: &str) -> Vec<(usize, String)> {
 async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::store::StoreError> {
     let now = app.shared.clock.now();
     let mut limiters: Vec<Value> = Vec::new();
-    for (i, key) in status_keys(snap, raw) {
+    for (i, store_key) in status_keys(snap, raw) {
         let l = &snap.limiters[i];
-        let value = &key[l.name.len() + 1..];
+        let value = key::value_of(&store_key);
         let algorithm = l.algorithm_for(value);
-        let q = app.shared.store.peek(&key, algorithm, now).await?;
+        let q = app.shared.store.peek(&store_key, algorithm, now).await?;
         let ban = match &l.ban {
             None => Value::Null,
             Some((rule, _)) => {
-                let b = app.shared.store.banned(&[key.as_str()], now).await?[0];
+                let b = app.shared.store.banned(&[store_key.as_str()], now).await?[0];
                 json!({
                     "after": rule.after,
                     "for_seconds": ceil_secs(rule.duration),
@@ -336,7 +292,7 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
         }));
     }
     Ok(
-        json!({"key": canonical_client(snap, raw), "limiters": limiters, "upstreams": upstreams_status(snap)}),
+        json!({"key": key::for_admin_client(&snap.identity, raw), "limiters": limiters, "upstreams": upstreams_status(snap)}),
     )
 }
 

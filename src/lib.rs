@@ -11,7 +11,8 @@
 //!   [`request_id`] and, at the end, one [`access`] record;
 //! - [`identity`]: who the client is (API key hash, or real IP behind trusted proxies);
 //! - [`router`]: which route, on the normalized path;
-//! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`];
+//! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`], each on its
+//!   own [`key`] (`<limiter>:<key value>`);
 //! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
 //! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
 //! - [`proxy`]: forwarding to the upstream (HTTP, or [`fastcgi`] to php-fpm);
@@ -34,6 +35,7 @@ pub mod dashboard;
 pub mod fastcgi;
 pub mod framing;
 pub mod identity;
+pub mod key;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;

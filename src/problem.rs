@@ -1,7 +1,8 @@
 //! Every answer tollgate writes itself: RFC 9457 problem+json bodies and the rate-limit headers.
 //!
 //! One place maps each failure to its status, so a 429 and a 502 look alike
-//! to a client, and no other module builds an error response by hand.
+//! to a client, and no other module builds an error response by hand: the
+//! admin API's refusals ([`admin_error`]) are written here too.
 
 use std::fmt::Write as _;
 
@@ -198,15 +199,9 @@ impl Problem {
                     violated: &d.violated,
                     request_id,
                 };
-                let mut resp =
-                    Response::new(Body::full(serde_json::to_vec(&body).unwrap_or_default()));
-                *resp.status_mut() = status;
-                let h = resp.headers_mut();
-                h.insert(
-                    CONTENT_TYPE,
-                    HeaderValue::from_static("application/problem+json"),
-                );
-                h.insert(RETRY_AFTER, HeaderValue::from(secs));
+                let mut resp = problem_json(status, serde_json::to_vec(&body).unwrap_or_default());
+                resp.headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from(secs));
                 return resp;
             }
             Problem::Banned(b) => {
@@ -292,12 +287,7 @@ impl Problem {
         if let Some(id) = request_id {
             body["request_id"] = json!(id);
         }
-        let mut resp = Response::new(Body::full(body.to_string()));
-        *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let mut resp = problem_json(status, body.to_string());
         if let Some(secs) = retry_after {
             resp.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
@@ -380,6 +370,29 @@ fn html_escape(out: &mut String, s: &str) {
 
 fn base(kind: &str, title: &str, status: StatusCode, detail: &str) -> Value {
     json!({ "type": kind, "title": title, "status": status.as_u16(), "detail": detail })
+}
+
+/// The admin API's answer to a call it refuses or cannot serve (bad path,
+/// method, token, or a store that does not answer): problem+json of type
+/// `admin-error`, kept apart from [`Problem`] because it is never a
+/// proxied request's answer and carries no request id.
+pub fn admin_error(status: StatusCode, detail: &str) -> Response<Body> {
+    let title = status.canonical_reason().unwrap_or("Error");
+    problem_json(
+        status,
+        format!("{}\n", base("admin-error", title, status, detail)),
+    )
+}
+
+/// Every problem+json response is finished here: status and media type.
+fn problem_json(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Body::full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    resp
 }
 
 // Named once: a `&str` key would be parsed into a header name on every response.
@@ -561,6 +574,19 @@ mod tests {
         assert_eq!(
             v["detail"],
             "Key 'ip:203.0.113.9' is banned until 2026-01-01T01:00:00Z after repeated rejections by 'failed_logins'."
+        );
+    }
+
+    #[tokio::test]
+    async fn an_admin_error_is_problem_json_of_its_own_type() {
+        let resp = admin_error(StatusCode::NOT_FOUND, "Admin paths: /status.");
+        assert_eq!(resp.status(), 404);
+        assert_eq!(resp.headers()[CONTENT_TYPE], "application/problem+json");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "admin-error", "title": "Not Found", "status": 404, "detail": "Admin paths: /status."})
         );
     }
 

@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use sha2::{Digest, Sha256};
 
 use crate::balance::Balancer;
 use crate::config::{Action, Config, KeyPart, LimiterConfig};
-use crate::identity::{ApiKey, Client, Identity};
+use crate::identity::{Client, Identity};
+use crate::key::{self, StoreKey};
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
 use crate::metrics::{Counter, Histogram, Metrics, RouteSeries};
 use crate::router::Router;
@@ -83,12 +83,11 @@ pub struct Limiter {
     pub count: Option<crate::limiter::count::CountRule>,
     /// `ban:` — and the span its strikes count in.
     pub ban: Option<(crate::limiter::ban::BanRule, Nanos)>,
-    /// Key value (as [`Limiter::request_key`] builds it) → its own policy.
+    /// Key value (as [`key::for_request`] builds it) → its own policy.
     overrides: HashMap<String, Algorithm>,
     /// [`Limiter::describe`] of `algorithm`, written once: a 429 only clones it.
     policy: Arc<str>,
-    /// `<limiter>:*overflow`: the one key every client shares once the store
-    /// tracks `store.max_keys` keys and none of them is at rest.
+    /// [`StoreKey::overflow`], built once.
     overflow_key: String,
     pub metrics: LimiterMetrics,
 }
@@ -179,7 +178,7 @@ impl Limiter {
             .iter()
             .map(|o| {
                 (
-                    canonical_override(&config.key, &o.key, identity),
+                    key::for_override(&config.key, &o.key, identity),
                     config.algorithm.with_limit(o.limit),
                 )
             })
@@ -202,7 +201,7 @@ impl Limiter {
                 .and_then(|b| Some((b, config.algorithm.ban_window()?))),
             overrides,
             policy: Limiter::describe_policy(&config.algorithm).into(),
-            overflow_key: store_key(&config.name, OVERFLOW),
+            overflow_key: StoreKey::overflow(&config.name),
             metrics: LimiterMetrics {
                 allowed: c("allowed"),
                 delayed: c("delayed"),
@@ -216,59 +215,20 @@ impl Limiter {
         }
     }
 
-    /// The store key of this request, `<limiter>:<key value>`, built in one
-    /// allocation; [`Limiter::value_of`] gives the key value back as a slice,
-    /// e.g. `ip:203.0.113.9` or `key:3f2a…|route:login`. `None` when a part
-    /// is missing (no API key, no such header): the limiter then does not
-    /// apply to the request.
+    /// The store key of this request (see [`key::for_request`]); `None`
+    /// when the limiter does not apply to it.
     pub fn request_key(&self, client: &Client, route: &str, headers: &HeaderMap) -> Option<String> {
-        let mut out = String::with_capacity(self.name.len() + 48);
-        out.push_str(&self.name);
-        out.push(':');
-        self.push_key_value(&mut out, client, route, headers)?;
-        Some(out)
+        key::for_request(&self.name, &self.key, client, route, headers)
     }
 
     /// The key value part of a store key this limiter built.
     pub fn value_of<'k>(&self, store_key: &'k str) -> &'k str {
-        &store_key[self.name.len() + 1..]
-    }
-
-    fn push_key_value(
-        &self,
-        out: &mut String,
-        client: &Client,
-        route: &str,
-        headers: &HeaderMap,
-    ) -> Option<()> {
-        for (i, part) in self.key.iter().enumerate() {
-            if i > 0 {
-                out.push('|');
-            }
-            match part {
-                KeyPart::Client => out.push_str(client.key()),
-                KeyPart::Ip => out.push_str(&client.ip_key),
-                KeyPart::ApiKey => out.push_str(&client.api_key.as_ref()?.id),
-                KeyPart::Route => {
-                    out.push_str("route:");
-                    out.push_str(route);
-                }
-                KeyPart::Global => out.push_str("global"),
-                KeyPart::Header(name) => {
-                    let v = headers.get(name)?.as_bytes();
-                    if v.is_empty() {
-                        return None;
-                    }
-                    push_header_value(out, v);
-                }
-            }
-        }
-        Some(())
+        key::value_of(store_key)
     }
 
     /// The store key for a key value: `<limiter>:<key value>`.
     pub fn store_key(&self, key_value: &str) -> String {
-        store_key(&self.name, key_value)
+        StoreKey::new(&self.name, key_value).to_key()
     }
 
     /// This limiter's overflow key (see [`crate::store::Check::overflow`]).
@@ -316,73 +276,6 @@ impl Limiter {
     }
 }
 
-/// The key value of a limiter's overflow key. Every value a request builds
-/// starts with `ip:`, `key:`, `route:`, `global` or `h:`, so no client can
-/// name it.
-const OVERFLOW: &str = "*overflow";
-
-fn store_key(limiter: &str, key_value: &str) -> String {
-    let mut k = String::with_capacity(limiter.len() + 1 + key_value.len());
-    k.push_str(limiter);
-    k.push(':');
-    k.push_str(key_value);
-    k
-}
-
-/// Header values are tenant ids and the like: kept readable when short,
-/// hashed when long or binary so a key never grows without bound.
-fn push_header_value(out: &mut String, v: &[u8]) {
-    out.push_str("h:");
-    if v.len() <= 64 && v.iter().all(|b| b.is_ascii_graphic() && *b != b'|') {
-        out.push_str(std::str::from_utf8(v).expect("ASCII"));
-    } else {
-        let digest = Sha256::digest(v);
-        out.push_str("sha:");
-        for b in &digest[..16] {
-            out.push_str(&format!("{b:02x}"));
-        }
-    }
-}
-
-/// Writes an override's key the way requests build theirs, so a secret API
-/// key in the config is compared by hash and an IP by its canonical form.
-fn canonical_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String {
-    let values: Vec<&str> = if parts.len() > 1 {
-        raw.split('|').collect()
-    } else {
-        vec![raw]
-    };
-    if values.len() != parts.len() {
-        return raw.to_string(); // cannot match; kept so `check` output stays honest
-    }
-    let mut out = String::new();
-    for (i, (part, value)) in parts.iter().zip(values).enumerate() {
-        if i > 0 {
-            out.push('|');
-        }
-        let value = value.trim();
-        let as_ip = value
-            .parse::<std::net::IpAddr>()
-            .ok()
-            .map(|ip| identity.ip_key(ip));
-        match part {
-            KeyPart::Client => match as_ip {
-                Some(ip_key) => out.push_str(&ip_key),
-                None => out.push_str(&ApiKey::from_secret(value).id),
-            },
-            KeyPart::Ip => out.push_str(&as_ip.unwrap_or_else(|| value.to_string())),
-            KeyPart::ApiKey => out.push_str(&ApiKey::from_secret(value).id),
-            KeyPart::Route => {
-                out.push_str("route:");
-                out.push_str(value.strip_prefix("route:").unwrap_or(value));
-            }
-            KeyPart::Global => out.push_str("global"),
-            KeyPart::Header(_) => push_header_value(&mut out, value.as_bytes()),
-        }
-    }
-    out
-}
-
 fn human(ns: Nanos) -> String {
     if ns.is_multiple_of(NANOS_PER_SEC) {
         format!("{}s", ns / NANOS_PER_SEC)
@@ -401,6 +294,7 @@ fn rate(interval: Nanos) -> String {
 mod tests {
     use super::*;
     use crate::config::parse;
+    use crate::identity::ApiKey;
 
     impl Limiter {
         fn key_value_for_test(

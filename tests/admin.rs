@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{client, Proxy};
+use common::{client, send, Proxy};
 use tollgate::clock::ManualClock;
 
 /// 20 s into a minute, so a 60 s window ends 40 s later, at 1_767_225_660.
@@ -39,19 +39,9 @@ async fn ping(c: &reqwest::Client, proxy: &Proxy) -> u16 {
     common::status(c, &proxy.url("/ping"), &[]).await
 }
 
-async fn json(r: reqwest::Response) -> serde_json::Value {
-    let text = r.text().await.unwrap();
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
-}
-
 async fn admin_get(c: &reqwest::Client, proxy: &Proxy, path: &str) -> (u16, serde_json::Value) {
-    let r = c.get(proxy.admin_url(path)).send().await.unwrap();
-    (r.status().as_u16(), json(r).await)
-}
-
-async fn reload(c: &reqwest::Client, proxy: &Proxy) -> (u16, serde_json::Value) {
-    let r = c.post(proxy.admin_url("/reload")).send().await.unwrap();
-    (r.status().as_u16(), json(r).await)
+    let answer = send(c.get(proxy.admin_url(path))).await;
+    (answer.status, answer.json())
 }
 
 /// The limiter named `name` in a `/status` answer.
@@ -102,13 +92,9 @@ async fn status_shows_every_limiter_without_counting_and_delete_resets_the_clien
     let (_, again) = admin_get(&c, &proxy, "/status?key=127.0.0.1").await;
     assert_eq!(again, status, "looking at the state must not count");
 
-    let r = c
-        .delete(proxy.admin_url("/status?key=127.0.0.1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let reset = json(r).await;
+    let r = send(c.delete(proxy.admin_url("/status?key=127.0.0.1"))).await;
+    assert_eq!(r.status, 200);
+    let reset = r.json();
     assert_eq!(reset["key"], "ip:127.0.0.1");
     assert_eq!(reset["reset"], 3, "{reset}");
     assert_eq!(
@@ -315,7 +301,7 @@ async fn reload_applies_a_changed_limit_to_the_running_counters() {
     assert_eq!(ping(&c, &proxy).await, 200);
 
     proxy.write_config(&limit_two("pong"));
-    let (code, body) = reload(&c, &proxy).await;
+    let (code, body) = proxy.reload().await;
     assert_eq!(
         (code, body),
         (200, serde_json::json!({"result": "ok", "version": 2}))
@@ -353,16 +339,11 @@ routes:
   - { name: app, match: { path_prefix: /app }, upstream: nowhere }
 ",
     );
-    let (code, body) = reload(&c, &proxy).await;
+    let (code, body) = proxy.reload().await;
     assert_eq!(code, 422, "{body}");
     assert_eq!(body["result"], "error");
     assert_eq!(body["version"], 1);
-    let errors: Vec<&str> = body["errors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e.as_str().unwrap())
-        .collect();
+    let errors = common::reload_errors(&body);
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(
         errors
@@ -397,7 +378,7 @@ routes:
 
     // A good reload clears the error.
     proxy.write_config(&limit_two("pong again"));
-    assert_eq!(reload(&c, &proxy).await.0, 200);
+    assert_eq!(proxy.reload().await.0, 200);
     let (_, config) = admin_get(&c, &proxy, "/config").await;
     assert_eq!(
         config["last_reload_error"],
@@ -418,15 +399,12 @@ async fn reload_with_a_yaml_syntax_error_answers_422_with_its_location_and_keeps
         "limiters:\n  strict: { limit: 100, window: 60s\nroutes: [\n",
     )
     .unwrap();
-    let (code, body) = reload(&c, &proxy).await;
+    let (code, body) = proxy.reload().await;
     assert_eq!(code, 422, "{body}");
     assert_eq!(body["version"], 1);
-    let errors = body["errors"].as_array().unwrap();
+    let errors = common::reload_errors(&body);
     assert!(!errors.is_empty());
-    assert!(
-        errors.iter().all(|e| e.as_str().unwrap().contains("line ")),
-        "{errors:?}"
-    );
+    assert!(errors.iter().all(|e| e.contains("line ")), "{errors:?}");
 
     assert_eq!(ping(&c, &proxy).await, 200);
     assert_eq!(
@@ -453,7 +431,7 @@ async fn counters_survive_a_reload_and_a_higher_limit_admits_at_once() {
 
     proxy.write_config(&limit_two("a different body"));
     assert_eq!(
-        reload(&c, &proxy).await,
+        proxy.reload().await,
         (200, serde_json::json!({"result": "ok", "version": 2}))
     );
     let r = c.get(proxy.url("/ping")).send().await.unwrap();
@@ -465,7 +443,7 @@ async fn counters_survive_a_reload_and_a_higher_limit_admits_at_once() {
 
     proxy.write_config(&limit_two("a different body").replace("limit: 2", "limit: 10"));
     assert_eq!(
-        reload(&c, &proxy).await,
+        proxy.reload().await,
         (200, serde_json::json!({"result": "ok", "version": 3}))
     );
     let r = c.get(proxy.url("/ping")).send().await.unwrap();
@@ -615,7 +593,7 @@ async fn a_reload_that_exposes_the_admin_without_a_token_is_rejected_and_the_old
     );
     assert!(exposed.contains("0.0.0.0:"), "{exposed}");
     std::fs::write(&proxy.config_path, exposed).unwrap();
-    let (status, body) = reload(&c, &proxy).await;
+    let (status, body) = proxy.reload().await;
     assert_eq!(status, 422, "{body}");
     let errors = body["errors"].to_string();
     assert!(
@@ -642,7 +620,7 @@ async fn a_token_file_is_read_at_reload_so_a_rotated_secret_applies() {
         limit_two("pong")
     );
     proxy.write_config(&yaml);
-    let (status, body) = reload(&c, &proxy).await;
+    let (status, body) = proxy.reload().await;
     assert_eq!(status, 200, "{body}");
     let get = |token: &'static str| c.get(proxy.admin_url("/config")).bearer_auth(token).send();
     assert_eq!(get("first").await.unwrap().status(), 200);
@@ -693,25 +671,24 @@ fn a_state_changing_call_without_a_token_is_logged() {
         common::http(proxy.admin, "POST", "/reload").unwrap().status,
         200
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let out = proxy.output();
-        let lines: Vec<&str> = out
-            .lines()
+    let logged = |out: &str| -> Vec<String> {
+        out.lines()
             .filter(|l| l.contains("admin call without a token changes state"))
-            .collect();
-        if lines.len() == 2 {
-            assert!(
-                lines[0].contains("DELETE") && lines[0].contains("/status"),
-                "{out}"
-            );
-            assert!(
-                lines[1].contains("POST") && lines[1].contains("/reload"),
-                "{out}"
-            );
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "not logged:\n{out}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+            .map(str::to_string)
+            .collect()
+    };
+    let both = common::eventually_blocking(std::time::Duration::from_secs(5), || {
+        logged(&proxy.output()).len() == 2
+    });
+    let out = proxy.output();
+    assert!(both, "not logged:\n{out}");
+    let lines = logged(&out);
+    assert!(
+        lines[0].contains("DELETE") && lines[0].contains("/status"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("POST") && lines[1].contains("/reload"),
+        "{out}"
+    );
 }

@@ -129,7 +129,7 @@ async fn concurrency_caps_requests_in_flight_and_frees_slots_when_bodies_end() {
 
 #[tokio::test]
 async fn a_concurrency_slot_is_freed_when_the_upstream_fails_or_the_client_leaves() {
-    let dead = common::closed_port().await;
+    let dead = common::free_addr();
     let upstream = Upstream::start().await;
     let yaml = format!(
         "upstreams:\n  dead: {{ url: \"http://{dead}\" }}\n  app: {{ url: \"{}\" }}\nlimiters:\n  one: {{ algorithm: concurrency, max_in_flight: 1, key: global }}\nroutes:\n  - {{ name: dead, match: {{ path_prefix: /dead }}, upstream: dead, limiters: [one] }}\n  - {{ name: app, match: {{ path_prefix: / }}, upstream: app, limiters: [one] }}\n",
@@ -150,7 +150,7 @@ async fn a_concurrency_slot_is_freed_when_the_upstream_fails_or_the_client_leave
     .await;
     assert!(gone.is_err());
     assert!(
-        common::certs::eventually(Duration::from_secs(5), || async {
+        common::eventually(Duration::from_secs(5), || async {
             common::status(&client(), &proxy.url("/x"), &[]).await == 200
         })
         .await,
@@ -177,7 +177,7 @@ routes:
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-ratelimit-remaining"], "0");
     }
-    let metrics = common::get_text(&c, &proxy.admin_url("/metrics")).await;
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains(
             "tollgate_limiter_decisions_total{limiter=\"trial\",result=\"would_reject\"} 2"

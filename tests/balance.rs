@@ -55,12 +55,13 @@ async fn least_conn_sends_new_requests_to_the_server_that_is_not_busy() {
         let (http, url) = (http.clone(), proxy.url("/slow/2000"));
         async move { http.get(url).send().await.unwrap().status() }
     });
-    eventually(
-        Duration::from_secs(5),
-        "the slow request reaches a server",
-        || a.seen.in_flight.load(Ordering::SeqCst) + b.seen.in_flight.load(Ordering::SeqCst) == 1,
-    )
-    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            a.seen.in_flight.load(Ordering::SeqCst) + b.seen.in_flight.load(Ordering::SeqCst) == 1
+        })
+        .await,
+        "the slow request reaches a server"
+    );
     let (busy, idle) = if a.seen.in_flight.load(Ordering::SeqCst) == 1 {
         (&a, &b)
     } else {
@@ -145,7 +146,7 @@ async fn a_get_to_a_dead_server_is_retried_on_the_next_one() {
         assert_eq!(r.status(), 200, "request {i}");
     }
     assert_eq!(served(&a), 10);
-    let metrics = common::get_text(&http, &proxy.admin_url("/metrics")).await;
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains("tollgate_upstream_retries_total{upstream=\"app\"} 5"),
         "{metrics}"
@@ -166,17 +167,21 @@ async fn max_conns_queues_the_third_request_and_refuses_the_overflow_with_retry_
         tokio::spawn(async move { http.get(url).send().await.unwrap().status() })
     };
     let first = [slow("/slow/1500"), slow("/slow/1500")];
-    eventually(Duration::from_secs(5), "two requests at the server", || {
-        a.seen.in_flight.load(Ordering::SeqCst) == 2
-    })
-    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            a.seen.in_flight.load(Ordering::SeqCst) == 2
+        })
+        .await,
+        "two requests at the server"
+    );
     let queued = slow("/queued");
-    eventually(
-        Duration::from_secs(5),
-        "the third request waits in the queue",
-        || proxy.app.snapshot().upstreams[0].waiting() == 1,
-    )
-    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            proxy.app.snapshot().upstreams[0].waiting() == 1
+        })
+        .await,
+        "the third request waits in the queue"
+    );
     assert_eq!(
         served(&a),
         2,
@@ -230,12 +235,15 @@ async fn an_active_health_check_takes_a_failing_server_out_and_puts_it_back() {
     .await;
     let b_addr = b.addr;
     b.kill();
-    eventually(Duration::from_secs(5), "the check marks b down", || {
-        let snap = proxy.app.snapshot();
-        let u = &snap.upstreams[0];
-        !u.is_up(&u.servers[1], std::time::Instant::now())
-    })
-    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let snap = proxy.app.snapshot();
+            let u = &snap.upstreams[0];
+            !u.is_up(&u.servers[1], std::time::Instant::now())
+        })
+        .await,
+        "the check marks b down"
+    );
     let http = client();
     for i in 0..6 {
         let r = http
@@ -252,12 +260,15 @@ async fn an_active_health_check_takes_a_failing_server_out_and_puts_it_back() {
     }
     drop(b);
     let b = Upstream::start_on(b_addr).await;
-    eventually(Duration::from_secs(5), "the check puts b back", || {
-        let snap = proxy.app.snapshot();
-        let u = &snap.upstreams[0];
-        u.is_up(&u.servers[1], std::time::Instant::now())
-    })
-    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let snap = proxy.app.snapshot();
+            let u = &snap.upstreams[0];
+            u.is_up(&u.servers[1], std::time::Instant::now())
+        })
+        .await,
+        "the check puts b back"
+    );
     let before = served(&b);
     for i in 0..6 {
         http.get(proxy.url(&format!("/again/{i}")))

@@ -259,7 +259,7 @@ fn a_local_tollgate_yaml_comes_before_tollgate_config() {
 async fn healthcheck_exits_0_against_a_running_proxy_and_non_zero_against_a_closed_port() {
     let proxy = Proxy::start("").await;
     let up = format!("http://{}/healthz", proxy.admin);
-    let down = format!("http://{}/healthz", common::closed_port().await);
+    let down = format!("http://{}/healthz", common::free_addr());
     let probe = |url: String| {
         tokio::task::spawn_blocking(move || run(&mut tollgate(&["healthcheck", "--url", &url])))
     };
@@ -329,18 +329,15 @@ fn serve_refuses_to_start_with_an_exposed_admin_without_a_token() {
         .spawn()
         .unwrap();
     // A tollgate that wrongly starts would serve forever: a bounded wait, then kill.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let mut status = None;
+    let exited = common::eventually_blocking(Duration::from_secs(20), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let err = std::fs::read_to_string(&err_log).unwrap();
     let status = status.unwrap_or_else(|| panic!("tollgate started with an exposed admin: {err}"));
     assert!(!status.success());

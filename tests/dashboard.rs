@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{browser, client, Proxy};
 
@@ -43,8 +43,8 @@ async fn dashboard_json(c: &reqwest::Client, proxy: &Proxy) -> serde_json::Value
 /// Some traffic until the dashboard has a few samples with a rate in them
 /// and the limited key; returns the last data it saw.
 async fn traffic_until_charted(c: &reqwest::Client, proxy: &Proxy) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let last = std::cell::RefCell::new(serde_json::Value::Null);
+    let charted = common::eventually(Duration::from_secs(30), || async {
         for _ in 0..5 {
             common::status(c, &proxy.url("/ping"), &[]).await;
             common::status(c, &proxy.url("/hello"), &[]).await;
@@ -59,12 +59,14 @@ async fn traffic_until_charted(c: &reqwest::Client, proxy: &Proxy) -> serde_json
                         .iter()
                         .any(|v| v.as_f64().unwrap() > 0.0)
             });
-        if charted && !d["limited"].as_array().unwrap().is_empty() {
-            return d;
-        }
-        assert!(Instant::now() < deadline, "no chart data after 30 s: {d}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        let limited = !d["limited"].as_array().unwrap().is_empty();
+        *last.borrow_mut() = d;
+        charted && limited
+    })
+    .await;
+    let last = last.into_inner();
+    assert!(charted, "no chart data after 30 s: {last}");
+    last
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,14 +2,11 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::php_fpm::PhpFpm;
-use common::Proxy;
+use common::{client, send, Proxy, Tap};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -92,38 +89,6 @@ async fn start(extra: &str, tcp: bool) -> (Proxy, PhpFpm, tempfile::TempDir) {
     (proxy, fpm, dir)
 }
 
-struct Answer {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    body: bytes::Bytes,
-}
-
-impl Answer {
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-async fn send(req: reqwest::RequestBuilder) -> Answer {
-    let r = req.send().await.unwrap();
-    Answer {
-        status: r.status().as_u16(),
-        headers: r.headers().clone(),
-        body: r.bytes().await.unwrap(),
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn php_sees_the_real_client_its_script_path_info_query_method_and_headers() {
     let (proxy, _fpm, dir) = start("", false).await;
@@ -137,7 +102,7 @@ async fn php_sees_the_real_client_its_script_path_info_query_method_and_headers(
             .body("payload"),
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.status, 200, "{}", r.body);
     let s = r.json();
     let root = dir.path().join("www");
     assert_eq!(
@@ -175,7 +140,7 @@ async fn php_sees_the_real_client_its_script_path_info_query_method_and_headers(
 
     // A directory is its index script.
     let r = send(c.get(proxy.url("/docs/"))).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["SCRIPT_NAME"], "/docs/index.php");
     let r = send(c.get(proxy.url("/"))).await;
     assert_eq!(r.json()["SCRIPT_NAME"], "/index.php");
@@ -191,7 +156,7 @@ async fn behind_a_trusted_load_balancer_remote_addr_is_the_client_it_vouches_for
             .header("x-forwarded-for", "6.6.6.6, 203.0.113.7"),
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.status, 200, "{}", r.body);
     let s = r.json();
     assert_eq!(
         s["REMOTE_ADDR"], "203.0.113.7",
@@ -219,7 +184,7 @@ async fn a_5_mb_post_body_reaches_php_intact() {
             .body(body),
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.status, 200, "{}", r.body);
     let s = r.json();
     assert_eq!(s["body_len"], 5 * 1024 * 1024);
     assert_eq!(s["body_sha256"], expected);
@@ -242,11 +207,11 @@ async fn a_body_without_a_length_is_refused_before_php_runs() {
 async fn a_302_with_location_and_two_cookies_passes_through() {
     let (proxy, _fpm, _dir) = start("", false).await;
     let r = send(client().get(proxy.url("/redirect.php"))).await;
-    assert_eq!(r.status, 302, "{}", r.text());
+    assert_eq!(r.status, 302, "{}", r.body);
     assert_eq!(r.headers["location"], "/login.php");
     let cookies: Vec<_> = r.headers.get_all("set-cookie").iter().collect();
     assert_eq!(cookies, ["a=1", "b=2"]);
-    assert_eq!(r.text(), "moved");
+    assert_eq!(r.body, "moved");
 }
 
 #[tokio::test]
@@ -262,15 +227,15 @@ async fn an_uploaded_jpg_never_runs_even_when_php_fpm_would_let_it() {
         "/uploads/evil.jpg%2Fx.php",
     ] {
         let r = send(c.get(proxy.url(path))).await;
-        assert_eq!(r.status, 404, "{path}: {}", r.text());
-        assert!(!r.text().contains("EVIL RAN"), "{path}");
+        assert_eq!(r.status, 404, "{path}: {}", r.body);
+        assert!(!r.body.contains("EVIL RAN"), "{path}");
     }
     // The image itself is a static file: its bytes, never run.
     let r = send(c.get(proxy.url("/uploads/evil.jpg"))).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["content-type"], "image/jpeg");
     assert_eq!(r.headers["x-content-type-options"], "nosniff");
-    assert_eq!(r.text(), EVIL);
+    assert_eq!(r.body, EVIL);
     assert!(!ran.exists(), "evil.jpg was executed");
 }
 
@@ -281,7 +246,7 @@ async fn static_files_are_served_and_source_secrets_and_hidden_files_are_not() {
     let r = send(c.get(proxy.url("/style.css"))).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.headers["content-type"], "text/css; charset=utf-8");
-    assert_eq!(r.text(), "body { color: red }");
+    assert_eq!(r.body, "body { color: red }");
     assert_eq!(
         send(c.post(proxy.url("/style.css")).body("x")).await.status,
         405
@@ -295,8 +260,8 @@ async fn static_files_are_served_and_source_secrets_and_hidden_files_are_not() {
         "/INDEX.PHP",
     ] {
         let r = send(c.get(proxy.url(path))).await;
-        assert_eq!(r.status, 404, "{path}: {}", r.text());
-        assert!(!r.text().contains("hunter2"), "{path}");
+        assert_eq!(r.status, 404, "{path}: {}", r.body);
+        assert!(!r.body.contains("hunter2"), "{path}");
     }
 }
 
@@ -307,26 +272,7 @@ async fn php_fpm_down_is_a_502() {
     let url = format!("fastcgi://{}", dir.path().join("nobody.sock").display());
     let proxy = Proxy::start(&yaml(&url, &root, "")).await;
     let r = send(client().get(proxy.url("/index.php"))).await;
-    assert_eq!(r.status, 502, "{}", r.text());
-}
-
-/// Counts the connections tollgate opens to php-fpm by relaying them.
-async fn counting_relay(to: SocketAddr) -> (SocketAddr, Arc<AtomicUsize>) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let count = Arc::new(AtomicUsize::new(0));
-    let counted = count.clone();
-    tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = l.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                if let Ok(mut out) = tokio::net::TcpStream::connect(to).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                }
-            });
-        }
-    });
-    (addr, count)
+    assert_eq!(r.status, 502, "{}", r.body);
 }
 
 #[tokio::test]
@@ -334,31 +280,22 @@ async fn connections_to_php_fpm_are_kept_and_reused() {
     let dir = tempfile::tempdir().unwrap();
     let root = site(dir.path());
     let fpm = PhpFpm::start(dir.path(), &root, 3, "");
-    let (relay, opened) = counting_relay(fpm.tcp).await;
-    let proxy = Proxy::start(&yaml(&format!("fastcgi://{relay}"), &root, "")).await;
+    // Counts the connections tollgate opens to php-fpm by relaying them.
+    let relay = Tap::start(fpm.tcp).await;
+    let proxy = Proxy::start(&yaml(&format!("fastcgi://{}", relay.addr), &root, "")).await;
     let c = client();
     for i in 0..30 {
         let r = send(c.get(proxy.url(&format!("/index.php?i={i}")))).await;
-        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(r.json()["GET"]["i"], i.to_string());
     }
-    let n = opened.load(Ordering::SeqCst);
+    let n = relay.recorded().len();
     // One per worker thread at most; without FCGI_KEEP_CONN it would be 30.
     assert!(n <= 3, "{n} connections for 30 sequential requests");
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Resident memory of a process in KiB, from /proc.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
 }
 
 /// The real binary, so its RSS is tollgate's alone: a client that stops
@@ -373,7 +310,7 @@ async fn a_20_mb_response_streams_without_tollgate_holding_it() {
     let mut process = common::Process::serve(&yaml(&url, &root, ""), dir.path());
     let warm = common::http(process.addr, "GET", "/index.php").unwrap();
     assert_eq!(warm.status, 200, "{}", warm.body);
-    let before = rss_kib(process.child.id());
+    let before = process.rss_kib();
 
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(64 * 1024).unwrap();
@@ -391,7 +328,7 @@ async fn a_20_mb_response_streams_without_tollgate_holding_it() {
         !done.exists(),
         "php finished while the client read nothing: something buffered 20 MiB"
     );
-    let during = rss_kib(process.child.id());
+    let during = process.rss_kib();
     assert!(
         during < before + 10 * 1024,
         "tollgate grew from {before} KiB to {during} KiB"
@@ -401,27 +338,13 @@ async fn a_20_mb_response_streams_without_tollgate_holding_it() {
     rest.extend_from_slice(&first[..n]);
     s.read_to_end(&mut rest).await.unwrap();
     let text_end = rest.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-    let body = dechunk(&rest[text_end..]);
+    let body = common::dechunk(&rest[text_end..]);
     assert_eq!(body.len(), 20 << 20);
     let chunk = b"0123456789abcdef".repeat(4096);
     assert!(body.chunks(chunk.len()).all(|c| c == &chunk[..]));
     assert!(done.exists());
     process.signal("TERM");
     process.wait_exit(Duration::from_secs(10));
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = b.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size =
-            usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap();
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[line_end + 2..line_end + 2 + size]);
-        b = &b[line_end + 2 + size + 2..];
-    }
 }
 
 #[tokio::test]
@@ -431,17 +354,15 @@ async fn php_fpm_children_exiting_after_max_requests_cost_no_failed_request() {
     // Every child exits after one request and closes its kept connection;
     // the relay passes the close on a moment later, as a busy network does.
     let fpm = PhpFpm::start(dir.path(), &root, 2, "pm.max_requests = 1");
-    let (relay, opened) = counting_relay(fpm.tcp).await;
-    let proxy = Proxy::start(&yaml(&format!("fastcgi://{relay}"), &root, "")).await;
+    // Counts the connections tollgate opens to php-fpm by relaying them.
+    let relay = Tap::start(fpm.tcp).await;
+    let proxy = Proxy::start(&yaml(&format!("fastcgi://{}", relay.addr), &root, "")).await;
     let c = client();
     for i in 0..20 {
         let r = send(c.get(proxy.url(&format!("/index.php?i={i}")))).await;
-        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
     }
-    assert!(
-        opened.load(Ordering::SeqCst) >= 10,
-        "the children really exited"
-    );
+    assert!(relay.recorded().len() >= 10, "the children really exited");
 }
 
 #[tokio::test]
@@ -457,7 +378,7 @@ async fn with_a_fallback_a_pretty_url_runs_the_front_controller_with_its_own_req
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     let r = send(c.get(proxy.url("/2024/05/hello-world/?replytocom=3"))).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.status, 200, "{}", r.body);
     let s = r.json();
     assert_eq!(s["SCRIPT_NAME"], "/index.php");
     assert_eq!(s["REQUEST_URI"], "/2024/05/hello-world/?replytocom=3");
@@ -498,8 +419,8 @@ async fn more_requests_than_php_fpm_children_wait_for_a_connection_instead_of_ha
             .collect();
         for t in all {
             let r = t.await.unwrap();
-            assert_eq!(r.status, 200, "{}", r.text());
-            assert_eq!(r.text(), "done");
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(r.body, "done");
         }
     }
 }

@@ -14,7 +14,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::tmpfs::Tmpfs;
-use common::{http, http_with, metric, run_to_exit, wait_for_window_room, Process, Reply};
+use common::{
+    eventually_blocking, http, http_with, metric, run_to_exit, wait_for_window_room, Process, Reply,
+};
 
 /// A day-long window: a scenario of seconds almost never has to wait for room in it.
 const WINDOW: Duration = Duration::from_secs(86_400);
@@ -59,15 +61,6 @@ fn try_stored(db: &Path) -> rusqlite::Result<HashMap<String, i64>> {
         .collect()
 }
 
-/// Polls `what` every 50 ms until it holds, at most `limit`.
-fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn ready(p: &Process) -> (u16, serde_json::Value) {
     let r = admin(p, "/readyz");
     (r.status, r.json())
@@ -103,23 +96,28 @@ fn a_disk_that_fills_up_keeps_limits_exact_reports_failing_and_saves_every_count
     let db = disk.path().join("t.db");
     let mut p = Process::serve(&two_per_user(&db), dir.path());
     assert_eq!(hit(&p, "early"), 200);
-    eventually(Duration::from_secs(5), "the first count is saved", || {
-        stored(&db).get("early") == Some(&1)
-    });
+    assert!(
+        eventually_blocking(Duration::from_secs(5), || {
+            stored(&db).get("early") == Some(&1)
+        }),
+        "the first count is saved"
+    );
 
     let filler = disk.fill();
     let full = users(40, "full");
     three_each(&p, &full);
-    eventually(
-        Duration::from_secs(10),
-        "/readyz reports the store failing",
-        || ready(&p).0 == 503,
+    assert!(
+        eventually_blocking(Duration::from_secs(10), || ready(&p).0 == 503),
+        "/readyz reports the store failing"
     );
     // `unsaved_keys` is as of the last failed attempt, and attempts back off.
-    eventually(
-        Duration::from_secs(15),
-        "every outage key waits for a retry",
-        || ready(&p).1["store"]["unsaved_keys"].as_u64().unwrap() >= 40,
+    assert!(
+        eventually_blocking(Duration::from_secs(15), || ready(&p).1["store"]
+            ["unsaved_keys"]
+            .as_u64()
+            .unwrap()
+            >= 40),
+        "every outage key waits for a retry"
     );
     let (_, body) = ready(&p);
     assert_eq!(body["store"]["healthy"], false, "{body}");
@@ -147,10 +145,9 @@ fn a_disk_that_fills_up_keeps_limits_exact_reports_failing_and_saves_every_count
     );
 
     std::fs::remove_file(filler).unwrap();
-    eventually(
-        Duration::from_secs(15),
-        "the store recovers once the disk has room",
-        || ready(&p).0 == 200,
+    assert!(
+        eventually_blocking(Duration::from_secs(15), || ready(&p).0 == 200),
+        "the store recovers once the disk has room"
     );
     let on_disk = stored(&db);
     for u in &full {
@@ -226,10 +223,10 @@ fn a_second_tollgate_on_the_same_file_refuses_to_start_and_the_first_keeps_servi
     assert!(status.success(), "check does not take the lock:\n{out}");
 
     assert_eq!(hit(&first, "still"), 200);
-    eventually(
-        Duration::from_secs(5),
-        "the first still writes the file",
-        || stored(&db).get("still") == Some(&1),
+    assert!(
+        eventually_blocking(Duration::from_secs(5), || stored(&db).get("still")
+            == Some(&1)),
+        "the first still writes the file"
     );
 }
 
@@ -265,24 +262,29 @@ fn a_file_deleted_under_a_running_tollgate_is_made_again_with_every_live_counter
     let db = dir.path().join("t.db");
     let p = Process::serve(&two_per_user(&db), dir.path());
     three_each(&p, &users(3, "before"));
-    eventually(Duration::from_secs(5), "saved", || stored(&db).len() == 3);
+    assert!(
+        eventually_blocking(Duration::from_secs(5), || stored(&db).len() == 3),
+        "saved"
+    );
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
     }
     assert_eq!(hit(&p, "after"), 200);
-    eventually(Duration::from_secs(10), "tollgate notices", || {
-        p.output().contains("was deleted under the running process")
-    });
-    eventually(
-        Duration::from_secs(10),
-        "the file is back with every counter",
-        || {
+    assert!(
+        eventually_blocking(Duration::from_secs(10), || {
+            p.output().contains("was deleted under the running process")
+        }),
+        "tollgate notices"
+    );
+    assert!(
+        eventually_blocking(Duration::from_secs(10), || {
             let on_disk = stored_or_empty(&db);
             on_disk.get("after") == Some(&1)
                 && users(3, "before")
                     .iter()
                     .all(|u| on_disk.get(u) == Some(&3))
-        },
+        }),
+        "the file is back with every counter"
     );
 }
 
@@ -293,7 +295,10 @@ fn a_file_replaced_under_a_running_tollgate_gets_every_live_counter_written_to_i
     let db = dir.path().join("t.db");
     let p = Process::serve(&two_per_user(&db), dir.path());
     three_each(&p, &users(3, "mine"));
-    eventually(Duration::from_secs(5), "saved", || stored(&db).len() == 3);
+    assert!(
+        eventually_blocking(Duration::from_secs(5), || stored(&db).len() == 3),
+        "saved"
+    );
     // Someone restores an old copy over the live file.
     let old = dir.path().join("old.db");
     rusqlite::Connection::open(&old)
@@ -303,9 +308,12 @@ fn a_file_replaced_under_a_running_tollgate_gets_every_live_counter_written_to_i
     std::fs::rename(&old, &db).unwrap();
     // Nothing here reads the new file before tollgate has let go of the old
     // one's `-wal` (a reader would see the old WAL against the new file).
-    eventually(Duration::from_secs(10), "tollgate notices", || {
-        p.output().contains("SQLite file open again")
-    });
+    assert!(
+        eventually_blocking(Duration::from_secs(10), || {
+            p.output().contains("SQLite file open again")
+        }),
+        "tollgate notices"
+    );
     assert!(
         p.output()
             .contains("was replaced under the running process"),
@@ -313,14 +321,13 @@ fn a_file_replaced_under_a_running_tollgate_gets_every_live_counter_written_to_i
         p.output()
     );
     assert_eq!(hit(&p, "later"), 200);
-    eventually(
-        Duration::from_secs(10),
-        "the new file holds every live counter",
-        || {
+    assert!(
+        eventually_blocking(Duration::from_secs(10), || {
             let on_disk = stored_or_empty(&db);
             on_disk.get("later") == Some(&1)
                 && users(3, "mine").iter().all(|u| on_disk.get(u) == Some(&3))
-        },
+        }),
+        "the new file holds every live counter"
     );
 }
 
@@ -373,9 +380,12 @@ fn another_program_holding_the_write_lock_for_10s_delays_no_request_and_loses_no
     let db = dir.path().join("t.db");
     let p = Process::serve(&two_per_user(&db), dir.path());
     assert_eq!(hit(&p, "first"), 200);
-    eventually(Duration::from_secs(5), "saved", || {
-        stored(&db).contains_key("first")
-    });
+    assert!(
+        eventually_blocking(Duration::from_secs(5), || {
+            stored(&db).contains_key("first")
+        }),
+        "saved"
+    );
 
     use std::io::{BufRead, Write};
     let mut sqlite3 = std::process::Command::new("sqlite3")
@@ -405,9 +415,10 @@ fn another_program_holding_the_write_lock_for_10s_delays_no_request_and_loses_no
         slowest < Duration::from_secs(1),
         "a request waited on the lock: {slowest:?}"
     );
-    eventually(Duration::from_secs(9), "/readyz reports the lock", || {
-        ready(&p).0 == 503
-    });
+    assert!(
+        eventually_blocking(Duration::from_secs(9), || { ready(&p).0 == 503 }),
+        "/readyz reports the lock"
+    );
     assert!(
         ready(&p).1["store"]["last_error"]
             .as_str()
@@ -421,13 +432,12 @@ fn another_program_holding_the_write_lock_for_10s_delays_no_request_and_loses_no
     drop(stdin);
     assert!(sqlite3.wait().unwrap().success());
 
-    eventually(
-        Duration::from_secs(15),
-        "every count reaches the file once the lock is gone",
-        || {
+    assert!(
+        eventually_blocking(Duration::from_secs(15), || {
             let on_disk = stored(&db);
             during.iter().all(|u| on_disk.get(u) == Some(&3))
-        },
+        }),
+        "every count reaches the file once the lock is gone"
     );
     assert_eq!(ready(&p).0, 200);
 }

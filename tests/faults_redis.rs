@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use common::redis_server::RedisServer;
-use common::{http, metric, Process};
+use common::{eventually_blocking, http, metric, Process};
 
 const TIMEOUT: Duration = Duration::from_millis(250);
 /// Scheduling on a loaded CI machine; the point is "bounded", not "fast".
@@ -119,13 +119,8 @@ fn redis_frozen_under_load_answers_every_request_within_the_timeout_and_opens_th
         after_open.iter().max().unwrap()
     );
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http(p.admin, "GET", "/readyz").unwrap().status != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "the breaker never closed:\n{}",
-            p.output()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let closed = eventually_blocking(Duration::from_secs(10), || {
+        http(p.admin, "GET", "/readyz").unwrap().status == 200
+    });
+    assert!(closed, "the breaker never closed:\n{}", p.output());
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis_server::RedisServer;
-use common::{http, wait_for_window_room, Process, Proxy, Reply};
+use common::{eventually_blocking, http, wait_for_window_room, Process, Proxy, Reply};
 use tollgate::clock::ManualClock;
 use tollgate::limiter::NANOS_PER_SEC as S;
 
@@ -136,15 +136,10 @@ fn outage(on_error: &str, while_down: impl Fn(&[Reply])) {
 
     redis.restart();
     for p in [&a, &b] {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while http(p.admin, "GET", "/readyz").unwrap().status != 200 {
-            assert!(
-                Instant::now() < deadline,
-                "never ready again:\n{}",
-                p.output()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let ready = eventually_blocking(Duration::from_secs(5), || {
+            http(p.admin, "GET", "/readyz").unwrap().status == 200
+        });
+        assert!(ready, "never ready again:\n{}", p.output());
     }
     shared("after Redis restarted (empty), without restarting tollgate");
 }

@@ -5,19 +5,13 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{client, Proxy, Upstream};
+use common::{eventually, forward_all, Proxy, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::clock::ManualClock;
 
 /// 20 s into a minute, so the limited route's window never rolls over mid-test.
 const T0: u64 = 1_767_225_620 * 1_000_000_000;
-
-fn forward_all(url: &str, extra: &str) -> String {
-    format!(
-        "upstreams:\n  app: {{ url: \"{url}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\n{extra}"
-    )
-}
 
 /// Reads until the server closes the connection; how long that took, or `None` after `limit`.
 async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
@@ -31,18 +25,7 @@ async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
 
 /// The value of a metric line (`name{labels} value`) in `/metrics`.
 async fn metric(proxy: &Proxy, line_start: &str) -> Option<f64> {
-    let text = client()
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    common::metric(&proxy.metrics().await, line_start)
 }
 
 async fn get_on(s: &mut TcpStream, path: &str) -> String {
@@ -155,11 +138,13 @@ async fn past_max_connections_a_new_connection_is_closed_and_the_admin_api_still
     ))
     .await;
     let mut held = held_connections(proxy.addr, 3).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while metric(&proxy, "tollgate_open_connections").await != Some(3.0) {
-        assert!(Instant::now() < deadline, "three connections never counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            metric(&proxy, "tollgate_open_connections").await == Some(3.0)
+        })
+        .await,
+        "three connections never counted"
+    );
     let mut fourth = TcpStream::connect(proxy.addr).await.unwrap();
     let _ = fourth.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(
@@ -179,20 +164,20 @@ async fn past_max_connections_a_new_connection_is_closed_and_the_admin_api_still
     );
     // A closed connection frees its place.
     drop(held.pop());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    let served = || async {
         let mut s = TcpStream::connect(proxy.addr).await.unwrap();
-        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), async {
+        let answered = tokio::time::timeout(Duration::from_secs(2), async {
             s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await?;
             let mut buf = [0u8; 12];
             s.read_exact(&mut buf).await.map(|_| buf)
         })
-        .await
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no place was freed");
-    }
+        .await;
+        matches!(answered, Ok(Ok(_)))
+    };
+    assert!(
+        eventually(Duration::from_secs(5), served).await,
+        "no place was freed"
+    );
 }
 
 #[tokio::test]

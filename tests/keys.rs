@@ -185,14 +185,8 @@ fn open(path: &std::path::Path, max_keys: usize, now: Nanos) -> Store {
         max_keys,
     };
     let limiters = [LimiterConfig {
-        name: "w".into(),
-        algorithm: window(),
         key: vec![KeyPart::Ip],
-        shadow: false,
-        overrides: vec![],
-        reject: None,
-        count: None,
-        ban: None,
+        ..common::limiter("w", window())
     }];
     Store::open(&config, &limiters, now).expect("store opens")
 }

@@ -112,7 +112,7 @@ async fn only_failed_logins_count_and_the_sixth_failure_is_refused_before_php() 
         "a refused attempt does not eat into the next window either"
     );
 
-    let metrics = common::get_text(&c, &proxy.admin_url("/metrics")).await;
+    let metrics = proxy.metrics().await;
     // The ten successes, and the refused sixth attempt (it never got an answer).
     assert!(
         metrics.contains(
@@ -246,7 +246,7 @@ async fn a_ban_outlasts_the_window_survives_a_restart_and_delete_status_lifts_it
         hits_before_restart,
         "banned requests never reach PHP"
     );
-    let metrics = common::get_text(&c, &proxy.admin_url("/metrics")).await;
+    let metrics = proxy.metrics().await;
     assert!(metrics.contains("tollgate_active_bans 1"), "{metrics}");
 
     // DELETE /status lifts it at once.

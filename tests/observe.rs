@@ -4,14 +4,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{closed_port, AccessCapture, Proxy, Upstream};
+use common::{free_addr, AccessCapture, Proxy, Upstream};
 use serde_json::Value;
 
 const KEY: &str = "s3cret-key-0123456789";
 const WRONG_KEY: &str = "wrong-secret-9876543210";
 
 async fn every_kind_yaml(up: &Upstream, slow: &Upstream) -> String {
-    let down = closed_port().await;
+    let down = free_addr();
     format!(
         r#"
 log: {{ format: json }}
@@ -247,12 +247,7 @@ async fn a_stalled_log_writer_neither_blocks_requests_nor_grows_its_queue() {
         "dropped {dropped} of {total} in {:?}",
         started.elapsed()
     );
-    let metrics = reqwest::get(proxy.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains(&format!("tollgate_access_log_dropped_total {dropped}")),
         "{metrics}"
@@ -264,14 +259,13 @@ async fn a_stalled_log_writer_neither_blocks_requests_nor_grows_its_queue() {
     let log = AccessCapture::default();
     proxy.app.shared.access.redirect(Box::new(log.clone()));
     let (_, id, _) = send(c.get(&url)).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !log.lines().iter().any(|l| l.contains(&id)) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the log never caught up"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || async {
+            log.lines().iter().any(|l| l.contains(&id))
+        })
+        .await,
+        "the log never caught up"
+    );
 }
 
 #[tokio::test]
@@ -326,15 +320,6 @@ async fn a_trusted_peers_request_id_is_kept_end_to_end_and_an_untrusted_ones_rep
     assert_eq!(seen["x-request-id"], id.as_str());
 }
 
-async fn metrics_text(proxy: &Proxy) -> String {
-    reqwest::get(proxy.admin_url("/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn histograms_and_status_counters_follow_known_traffic() {
     let up = Upstream::start().await;
@@ -353,7 +338,7 @@ routes:
     let statuses = common::burst(&c, &proxy.url("/api/x"), 5).await;
     assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 3);
     assert_eq!(common::status(&c, &proxy.url("/other"), &[]).await, 404);
-    let m = metrics_text(&proxy).await;
+    let m = proxy.metrics().await;
     for want in [
         "tollgate_request_duration_seconds_count{route=\"api\",decision=\"allowed\"} 3",
         "tollgate_request_duration_seconds_count{route=\"api\",decision=\"rejected\"} 2",
@@ -397,7 +382,7 @@ routes: [{ name: ping, match: { path: /ping }, respond: { status: 200 }, limiter
         common::burst(&c, &proxy.url("/ping"), 3).await,
         [200, 200, 200]
     );
-    let m = metrics_text(&proxy).await;
+    let m = proxy.metrics().await;
     assert!(
         m.contains("tollgate_requests_total{route=\"ping\",decision=\"exempt\"} 3"),
         "{m}"
@@ -429,14 +414,14 @@ routes:
   - {{ name: down, match: {{ path_prefix: /down }}, upstream: down }}
 "#,
         up.url(),
-        closed_port().await
+        free_addr()
     ))
     .await;
     let c = common::client();
     common::burst(&c, &proxy.url("/api"), 4).await;
     common::burst(&c, &proxy.url("/down"), 1).await;
     common::burst(&c, &proxy.url("/nope"), 1).await;
-    let text = metrics_text(&proxy).await;
+    let text = proxy.metrics().await;
     assert!(text.contains("decision=\"shadow_rejected\"} 1"), "{text}");
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
@@ -580,7 +565,7 @@ fn with_log_format_json_every_line_the_binary_writes_is_one_json_object() {
 
 #[tokio::test]
 async fn a_fail_closed_store_error_is_logged_and_counted_as_store_error() {
-    let redis = closed_port().await;
+    let redis = free_addr();
     let proxy = Proxy::start(&format!(
         r#"
 log: {{ format: json }}
@@ -599,7 +584,7 @@ routes: [{{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }}, li
     let r = one_record(&records, &id);
     assert_eq!(r["decision"], "store_error");
     assert_eq!(r["route"], "ping");
-    let m = metrics_text(&proxy).await;
+    let m = proxy.metrics().await;
     assert!(
         m.contains("tollgate_requests_total{route=\"ping\",decision=\"store_error\"} 1"),
         "{m}"

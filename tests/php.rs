@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::certs::{self, Ca, Session};
 use common::php::PhpServer;
-use common::{raw, status_of, Proxy};
+use common::{raw, status_of, Proxy, Reply};
 use tollgate::clock::SystemClock;
 
 /// The app docker-compose.yml serves: it prints the `$_SERVER` fields as JSON.
@@ -17,19 +17,6 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docker/compose/app/in
 /// `php -S` serving [`SCRIPT`]; every request it gets is counted.
 fn start_php(dir: &Path) -> PhpServer {
     PhpServer::start(Path::new(SCRIPT), dir, 1)
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"))
-}
-
-/// The JSON object in a raw HTTP/1.1 answer (whatever the transfer coding around it).
-fn body_of(answer: &str) -> &str {
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    match (body.find('{'), body.rfind('}')) {
-        (Some(start), Some(end)) => &body[start..=end],
-        _ => body,
-    }
 }
 
 #[tokio::test]
@@ -82,7 +69,7 @@ async fn behind_a_trusted_load_balancer_php_gets_the_real_client_and_the_chain()
     )
     .await;
     assert_eq!(status_of(&answer), 200, "{answer}");
-    let server = json(body_of(&answer));
+    let server = Reply::parse(&answer).expect("an HTTP answer").json();
     // The load balancer (127.0.0.1, trusted) says its client was 198.51.100.7;
     // 6.6.6.6 is what that client claimed and nobody vouches for.
     assert_eq!(server["HTTP_X_REAL_IP"], "198.51.100.7");

@@ -5,24 +5,13 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{client, closed_port, raw, status_of, Proxy, Upstream};
+use common::{client, forward_all, free_addr, json, raw, status_of, Proxy, Reply, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::clock::ManualClock;
 
 /// 20 s into a minute (2026-01-01T00:00:20Z), so windows never roll over mid-test.
 const T0: u64 = 1_767_225_620 * 1_000_000_000;
-
-/// Everything under `/` goes to the upstream at `url`, with `extra` YAML appended.
-fn forward_all(url: &str, extra: &str) -> String {
-    format!(
-        "upstreams:\n  app: {{ url: \"{url}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\n{extra}"
-    )
-}
-
-fn json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"))
-}
 
 /// Asserts a problem+json answer of `status` and `kind`, and returns its body.
 async fn problem(resp: reqwest::Response, status: u16, kind: &str) -> serde_json::Value {
@@ -32,34 +21,6 @@ async fn problem(resp: reqwest::Response, status: u16, kind: &str) -> serde_json
     assert_eq!(body["type"], kind, "{body}");
     assert_eq!(body["status"], status, "{body}");
     body
-}
-
-/// Splits a raw HTTP/1.1 answer into its head (lower-cased) and its body,
-/// undoing chunked transfer coding when the head says so.
-fn split_raw(raw: &str) -> (String, String) {
-    let (head, rest) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
-    let head = head.to_ascii_lowercase();
-    if !head.contains("transfer-encoding: chunked") {
-        return (head, rest.to_string());
-    }
-    let mut body = String::new();
-    let mut rest = rest;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let size =
-            usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
-        if size == 0 || after.len() < size {
-            break;
-        }
-        body.push_str(&after[..size]);
-        rest = after[size..].trim_start_matches("\r\n");
-    }
-    (head, body)
-}
-
-/// The value of one header in a head returned by [`split_raw`].
-fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(str::trim))
 }
 
 fn seen_header(upstream: &Upstream, name: &str) -> Option<String> {
@@ -87,17 +48,20 @@ async fn a_forwarded_request_keeps_host_and_end_to_end_headers_and_loses_hop_by_
         X-Kept: yes\r\n\r\n";
     let answer = raw(proxy.addr, request.as_bytes(), Duration::from_secs(5)).await;
     assert_eq!(status_of(&answer), 200, "{answer}");
-    let (head, body) = split_raw(&answer);
-    assert!(header_of(&head, "x-upstream-hop").is_none(), "{head}");
+    let reply = Reply::parse(&answer).expect("an HTTP answer");
+    let head = reply.head.to_ascii_lowercase();
+    assert!(reply.header("x-upstream-hop").is_none(), "{head}");
     assert!(!head.contains("must-not-reach-client"), "{head}");
     assert!(
-        !header_of(&head, "connection")
+        !reply
+            .header("connection")
             .unwrap_or("")
+            .to_ascii_lowercase()
             .contains("x-upstream-hop"),
         "{head}"
     );
 
-    let seen = json(&body);
+    let seen = reply.json();
     assert_eq!(seen["method"], "GET");
     assert_eq!(seen["uri"], "/fwd?q=1");
     assert_eq!(seen["version"], "HTTP/1.1");
@@ -279,17 +243,18 @@ async fn a_chunked_body_over_max_request_body_is_a_413() {
 
     let answer = raw(proxy.addr, &chunked(3, 800), Duration::from_secs(5)).await;
     assert_eq!(status_of(&answer), 413, "{answer}");
-    let (head, body) = split_raw(&answer);
+    let reply = Reply::parse(&answer).expect("an HTTP answer");
     assert_eq!(
-        header_of(&head, "content-type"),
+        reply.header("content-type"),
         Some("application/problem+json")
     );
-    assert_eq!(json(&body)["type"], "body-too-large");
+    assert_eq!(reply.json()["type"], "body-too-large");
 
     // Under the limit, a chunked body goes through whole.
     let answer = raw(proxy.addr, &chunked(1, 800), Duration::from_secs(5)).await;
     assert_eq!(status_of(&answer), 200, "{answer}");
-    assert_eq!(split_raw(&answer).1, "c".repeat(800));
+    let reply = Reply::parse(&answer).expect("an HTTP answer");
+    assert_eq!(reply.body, "c".repeat(800));
 }
 
 const CL_AND_TE: &[u8] = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
@@ -314,7 +279,7 @@ async fn a_request_with_both_content_length_and_transfer_encoding_is_read_as_chu
         "the connection closed after one response: {answer}"
     );
     assert_eq!(upstream.seen.requests.load(Ordering::SeqCst), 1);
-    let seen = json(&split_raw(&answer).1);
+    let seen = Reply::parse(&answer).expect("an HTTP answer").json();
     assert_eq!(seen["headers"].get("content-length"), None, "{seen}");
     assert_eq!(seen["body_len"], 5, "the chunked framing won: {seen}");
 }
@@ -413,7 +378,7 @@ async fn a_client_that_stalls_or_trickles_its_request_head_is_cut_off() {
 
 #[tokio::test]
 async fn an_unreachable_upstream_is_a_502_problem() {
-    let down = closed_port().await;
+    let down = free_addr();
     let proxy = Proxy::start(&forward_all(&format!("http://{down}"), "")).await;
     let r = client().get(proxy.url("/x")).send().await.unwrap();
     let body = problem(r, 502, "upstream-unreachable").await;
@@ -493,7 +458,7 @@ async fn an_http2_prior_knowledge_request_is_forwarded_as_http_1_1() {
 
 #[tokio::test]
 async fn a_route_with_limiters_sends_the_rate_limit_headers_even_on_a_502() {
-    let down = closed_port().await;
+    let down = free_addr();
     let yaml = format!(
         "upstreams:\n  app: {{ url: \"http://{down}\" }}\nlimiters:\n  strict: {{ limit: 5, window: 60s }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app, limiters: [strict] }}\n"
     );

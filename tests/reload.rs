@@ -6,16 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{client, pin_yaml, Proxy, Upstream};
+use common::{client, eventually, pin_yaml, ping_yaml, Proxy, Upstream};
 use tollgate::clock::{ManualClock, SystemClock};
 
 const T0: u64 = 1_767_225_620 * 1_000_000_000;
-
-fn ping(limit: u32) -> String {
-    format!(
-        "limiters:\n  strict: {{ limit: {limit}, window: 60s }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [strict] }}\n"
-    )
-}
 
 /// Exhausts a limit of 1, lets `change` rewrite the config to a limit of
 /// 1000, and returns how long it took until a request was admitted again.
@@ -27,13 +21,14 @@ async fn limit_raised_by(proxy: &Proxy, change: impl FnOnce()) -> Duration {
     assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 429);
     let edited = Instant::now();
     change();
-    while edited.elapsed() < Duration::from_secs(2) {
-        if common::status(&c, &proxy.url("/ping"), &[]).await == 200 {
-            return edited.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the new limit was not enforced within 2 s");
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            common::status(&c, &proxy.url("/ping"), &[]).await == 200
+        })
+        .await,
+        "the new limit was not enforced within 2 s"
+    );
+    edited.elapsed()
 }
 
 async fn watched(yaml: &str) -> Proxy {
@@ -49,20 +44,20 @@ async fn watched(yaml: &str) -> Proxy {
 
 #[tokio::test]
 async fn editing_the_file_in_place_applies_the_new_limit_within_two_seconds() {
-    let proxy = watched(&ping(1)).await;
-    let took = limit_raised_by(&proxy, || proxy.write_config(&ping(1000))).await;
+    let proxy = watched(&ping_yaml(1)).await;
+    let took = limit_raised_by(&proxy, || proxy.write_config(&ping_yaml(1000))).await;
     eprintln!("reload latency (in-place write, 250 ms poll): {took:?}");
     assert_eq!(proxy.app.snapshot().version, 2);
 }
 
 #[tokio::test]
 async fn writing_a_temp_file_and_renaming_it_applies_the_new_limit() {
-    let proxy = watched(&ping(1)).await;
+    let proxy = watched(&ping_yaml(1)).await;
     limit_raised_by(&proxy, || {
         let tmp = proxy.dir.path().join(".tollgate.yaml.swp");
         std::fs::write(
             &tmp,
-            pin_yaml(&ping(1000), proxy.addr, proxy.admin, proxy.dir.path()),
+            pin_yaml(&ping_yaml(1000), proxy.addr, proxy.admin, proxy.dir.path()),
         )
         .unwrap();
         std::fs::rename(&tmp, &proxy.config_path).unwrap();
@@ -79,7 +74,7 @@ async fn a_configmap_style_symlink_swap_applies_the_new_limit() {
     symlink("..v1", root.join("..data")).unwrap();
     symlink("..data/tollgate.yaml", root.join("tollgate.yaml")).unwrap();
     let proxy = Proxy::start_in(
-        &ping(1),
+        &ping_yaml(1),
         ManualClock::at(T0),
         dir,
         Some(Duration::from_millis(250)),
@@ -93,7 +88,7 @@ async fn a_configmap_style_symlink_swap_applies_the_new_limit() {
         std::fs::create_dir(root.join("..v2")).unwrap();
         std::fs::write(
             root.join("..v2/tollgate.yaml"),
-            pin_yaml(&ping(1000), proxy.addr, proxy.admin, &root),
+            pin_yaml(&ping_yaml(1000), proxy.addr, proxy.admin, &root),
         )
         .unwrap();
         symlink("..v2", root.join("..data_tmp")).unwrap();
@@ -102,23 +97,9 @@ async fn a_configmap_style_symlink_swap_applies_the_new_limit() {
     .await;
 }
 
-/// Posts `/reload` and returns (HTTP status, JSON body).
-async fn post_reload(proxy: &Proxy) -> (u16, serde_json::Value) {
-    let r = client()
-        .post(proxy.admin_url("/reload"))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (
-        status,
-        serde_json::from_str(&r.text().await.unwrap()).unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving() {
-    let proxy = Proxy::start_with_clock(&ping(1), ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(&ping_yaml(1), ManualClock::at(T0)).await;
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy_addr = busy.local_addr().unwrap();
     let db = proxy.dir.path().join("tollgate.db");
@@ -137,18 +118,18 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
                 proxy.addr,
                 proxy.admin,
                 db.display(),
-                ping(5)
+                ping_yaml(5)
             ),
             "cannot listen on",
         ),
         (
             "store backend change",
-            pinned(&format!("store: {{ backend: memory }}\n{}", ping(5))),
+            pinned(&format!("store: {{ backend: memory }}\n{}", ping_yaml(5))),
             "restart",
         ),
         (
             "store.max_keys change",
-            pinned(&format!("store: {{ max_keys: 5000 }}\n{}", ping(5))),
+            pinned(&format!("store: {{ max_keys: 5000 }}\n{}", ping_yaml(5))),
             "store.max_keys cannot change while running",
         ),
     ];
@@ -157,15 +138,9 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
     assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     for (what, text, expected) in cases {
         std::fs::write(&proxy.config_path, text).unwrap();
-        let (code, body) = post_reload(&proxy).await;
+        let (code, body) = proxy.reload().await;
         assert_eq!(code, 422, "{what}: {body}");
-        let errors: Vec<&str> = body["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
-        let errors = errors.join("\n");
+        let errors = common::reload_errors(&body).join("\n");
         assert!(
             errors.contains(expected),
             "{what}: expected {expected:?} in {errors}"
@@ -179,7 +154,7 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
         assert_eq!(config["version"], 1, "{what}");
         assert!(config["last_reload_error"].is_string(), "{what}: {config}");
     }
-    let metrics = common::get_text(&c, &proxy.admin_url("/metrics")).await;
+    let metrics = proxy.metrics().await;
     assert!(
         metrics.contains(&format!(
             "tollgate_config_reloads_total{{result=\"error\"}} {}",
@@ -227,7 +202,7 @@ async fn fifty_reloads_under_load_drop_no_request_and_mix_no_configs() {
     for i in 0..50 {
         let expected = if i % 2 == 0 { "B" } else { "A" };
         proxy.write_config(&config(expected));
-        let (code, body) = post_reload(&proxy).await;
+        let (code, body) = proxy.reload().await;
         assert_eq!(code, 200, "{body}");
         // Once the reload answered, every new request is served by the new config.
         let served_now = probe.get(proxy.url("/x")).send().await.unwrap();
@@ -265,7 +240,7 @@ async fn a_request_in_flight_at_the_upstream_during_a_reload_completes() {
         tokio::spawn(async move { client().get(url).send().await.unwrap().status().as_u16() });
     upstream.seen.wait_for_in_flight().await;
     proxy.write_config(&yaml(20));
-    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(proxy.reload().await.0, 200);
     assert_eq!(
         proxy.app.snapshot().version,
         2,
@@ -281,20 +256,20 @@ async fn a_request_in_flight_at_the_upstream_during_a_reload_completes() {
 
 #[tokio::test]
 async fn a_lowered_limit_applies_to_the_current_count_and_a_new_window_starts_afresh() {
-    let proxy = Proxy::start_with_clock(&ping(5), ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(&ping_yaml(5), ManualClock::at(T0)).await;
     let c = client();
     for _ in 0..3 {
         assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     }
-    proxy.write_config(&ping(2));
-    assert_eq!(post_reload(&proxy).await.0, 200);
+    proxy.write_config(&ping_yaml(2));
+    assert_eq!(proxy.reload().await.0, 200);
     assert_eq!(
         common::status(&c, &proxy.url("/ping"), &[]).await,
         429,
         "3 used of a new limit of 2"
     );
     proxy.write_config("limiters:\n  strict: { limit: 2, window: 120s }\nroutes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200 }, limiters: [strict] }\n");
-    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(proxy.reload().await.0, 200);
     assert_eq!(
         common::status(&c, &proxy.url("/ping"), &[]).await,
         200,
@@ -304,22 +279,21 @@ async fn a_lowered_limit_applies_to_the_current_count_and_a_new_window_starts_af
 
 #[tokio::test]
 async fn a_removed_limiter_loses_its_state_in_memory_and_on_disk() {
-    let proxy = Proxy::start_with_clock(&ping(5), ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(&ping_yaml(5), ManualClock::at(T0)).await;
     let c = client();
     assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     assert_eq!(proxy.app.shared.store.table().keys_of("strict").len(), 1);
     proxy.write_config(
         "routes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200 } }\n",
     );
-    assert_eq!(post_reload(&proxy).await.0, 200);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !proxy.app.shared.store.table().keys_of("strict").is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "strict's keys are still in memory"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eq!(proxy.reload().await.0, 200);
+    assert!(
+        eventually(Duration::from_secs(2), || async {
+            proxy.app.shared.store.table().keys_of("strict").is_empty()
+        })
+        .await,
+        "strict's keys are still in memory"
+    );
     proxy.app.shared.store.flush().unwrap();
     let conn = rusqlite::Connection::open(proxy.dir.path().join("tollgate.db")).unwrap();
     let rows: i64 = conn
@@ -334,20 +308,20 @@ async fn a_removed_limiter_loses_its_state_in_memory_and_on_disk() {
 
 #[tokio::test]
 async fn listeners_follow_the_config_without_a_restart() {
-    let proxy = Proxy::start_with_clock(&ping(100), ManualClock::at(T0)).await;
-    let extra = common::closed_port().await;
-    let admin2 = common::closed_port().await;
+    let proxy = Proxy::start_with_clock(&ping_yaml(100), ManualClock::at(T0)).await;
+    let extra = common::free_addr();
+    let admin2 = common::free_addr();
     let db = proxy.dir.path().join("tollgate.db");
     let write = |listen: String, admin: std::net::SocketAddr| {
         std::fs::write(
             &proxy.config_path,
-            format!("server: {{ listen: [{listen}] }}\nadmin: {{ listen: \"{admin}\" }}\nstore: {{ path: \"{}\" }}\n{}", db.display(), ping(100)),
+            format!("server: {{ listen: [{listen}] }}\nadmin: {{ listen: \"{admin}\" }}\nstore: {{ path: \"{}\" }}\n{}", db.display(), ping_yaml(100)),
         )
         .unwrap();
     };
     let c = client();
     write(format!("\"{}\", \"{extra}\"", proxy.addr), proxy.admin);
-    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(proxy.reload().await.0, 200);
     assert_eq!(
         common::status(&c, &format!("http://{extra}/ping"), &[]).await,
         200,
@@ -360,7 +334,7 @@ async fn listeners_follow_the_config_without_a_restart() {
     );
 
     write(format!("\"{}\"", proxy.addr), admin2);
-    assert_eq!(post_reload(&proxy).await.0, 200);
+    assert_eq!(proxy.reload().await.0, 200);
     let fresh = client();
     assert!(
         fresh

@@ -17,14 +17,10 @@ fn forward_to(upstream: &Upstream, grace: &str) -> String {
 
 /// Polls until the public port refuses connections, at most `limit`.
 async fn refused_within(addr: std::net::SocketAddr, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if tokio::net::TcpStream::connect(addr).await.is_err() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
+    common::eventually(limit, || async {
+        tokio::net::TcpStream::connect(addr).await.is_err()
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

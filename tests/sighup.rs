@@ -2,28 +2,22 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{client, Proxy};
+use common::{client, ping_yaml, Proxy};
 use tollgate::clock::ManualClock;
 
 const T0: u64 = 1_767_225_620 * 1_000_000_000;
-
-fn ping(limit: u32) -> String {
-    format!(
-        "limiters:\n  strict: {{ limit: {limit}, window: 60s }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [strict] }}\n"
-    )
-}
 
 #[tokio::test]
 async fn sighup_reloads_the_config_in_the_same_process() {
     // Our own handler first, so the signal can never hit the default action.
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).unwrap();
-    let proxy = Proxy::start_with_clock(&ping(1), ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(&ping_yaml(1), ManualClock::at(T0)).await;
     let c = client();
     assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 429);
-    proxy.write_config(&ping(1000));
+    proxy.write_config(&ping_yaml(1000));
     let pid = std::process::id();
     let sent = std::process::Command::new("kill")
         .args(["-HUP", &pid.to_string()])
@@ -31,14 +25,13 @@ async fn sighup_reloads_the_config_in_the_same_process() {
         .unwrap();
     assert!(sent.success());
     assert!(hup.recv().await.is_some());
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while common::status(&c, &proxy.url("/ping"), &[]).await != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "SIGHUP did not apply the new limit within 2 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        common::eventually(Duration::from_secs(2), || async {
+            common::status(&c, &proxy.url("/ping"), &[]).await == 200
+        })
+        .await,
+        "SIGHUP did not apply the new limit within 2 s"
+    );
     assert_eq!(proxy.app.snapshot().version, 2);
     assert_eq!(std::process::id(), pid);
 }

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
+use tollgate::config::{Backend, LimiterConfig, OnError, StoreConfig};
 use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
@@ -58,16 +58,7 @@ fn algorithms() -> Vec<(&'static str, Algorithm)> {
 fn limiters() -> Vec<LimiterConfig> {
     algorithms()
         .into_iter()
-        .map(|(name, algorithm)| LimiterConfig {
-            name: name.into(),
-            algorithm,
-            key: vec![KeyPart::Client],
-            shadow: false,
-            overrides: vec![],
-            reject: None,
-            count: None,
-            ban: None,
-        })
+        .map(|(name, algorithm)| common::limiter(name, algorithm))
         .collect()
 }
 
@@ -522,11 +513,13 @@ mod redis {
 
         /// Releases are sent in the background: waits until Redis shows one more free.
         async fn wait_remaining(&self, name: &str, at_least: u64) {
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while self.remaining(name).await < at_least {
-                assert!(Instant::now() < deadline, "the release never reached Redis");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            assert!(
+                common::eventually(Duration::from_secs(3), || async {
+                    self.remaining(name).await >= at_least
+                })
+                .await,
+                "the release never reached Redis"
+            );
         }
     }
 
@@ -816,14 +809,13 @@ mod redis {
     }
 
     async fn wait_healthy(store: &Store, healthy: bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while store.healthy() != healthy {
-            assert!(
-                Instant::now() < deadline,
-                "the store never became healthy={healthy}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        assert!(
+            common::eventually(Duration::from_secs(5), || async {
+                store.healthy() == healthy
+            })
+            .await,
+            "the store never became healthy={healthy}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

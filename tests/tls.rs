@@ -5,8 +5,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::certs::{self, eventually, Ca, Session, TlsUpstream};
-use common::{raw, status_of, Proxy, Upstream};
+use common::certs::{self, Ca, Session, TlsUpstream};
+use common::{eventually, raw, status_of, Proxy, Upstream};
 use tokio::io::AsyncReadExt;
 use tollgate::clock::SystemClock;
 
@@ -203,12 +203,7 @@ async fn an_invalid_new_key_is_rejected_and_the_old_certificate_still_served() {
     let proxy = start(&config(&single(&cert, &key), &upstream.url(), ""), dir).await;
     let client = ca.client(&[b"http/1.1"]);
     let reloads_failed = || async {
-        let text = reqwest::get(proxy.admin_url("/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = proxy.metrics().await;
         text.contains("tollgate_config_reloads_total{result=\"error\"} 1")
     };
 

@@ -7,19 +7,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::php::PhpServer;
-use common::{raw, status_of, Proxy, Upstream};
+use common::{json, raw, status_of, Proxy, Reply, Upstream};
 use tollgate::clock::{ManualClock, SystemClock};
 
 const T0: u64 = 1_767_225_600_000_000_000; // 2026-01-01T00:00:00Z, a window start
 
-/// One request with extra header lines (`Name: value\r\n`…); its status and body.
+/// One request with extra header lines (`Name: value\r\n`…); its status and body (unchunked).
 async fn send(proxy: &Proxy, method: &str, target: &str, headers: &str) -> (u16, String) {
     let request = format!(
         "{method} {target} HTTP/1.1\r\nHost: shop.test\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
     );
     let answer = raw(proxy.addr, request.as_bytes(), Duration::from_secs(5)).await;
-    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (status_of(&answer), body.to_string())
+    match Reply::parse(&answer) {
+        Some(reply) => (reply.status, reply.body),
+        None => (status_of(&answer), String::new()),
+    }
 }
 
 /// `config.example.yaml` as shipped, with its upstream pointed at `upstream`
@@ -122,25 +124,18 @@ async fn an_api_keys_file_is_reloaded_with_the_config() {
 
     // An edit of the key file alone is a reload, like an edit of the config.
     std::fs::write(&keys, "k2\n").unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while send(&proxy, "GET", "/", &with("k2")).await.0 != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the new key file was never applied"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        common::eventually(Duration::from_secs(10), || async {
+            send(&proxy, "GET", "/", &with("k2")).await.0 == 200
+        })
+        .await,
+        "the new key file was never applied"
+    );
     assert_eq!(
         send(&proxy, "GET", "/", &with("k1")).await.0,
         401,
         "k1 was removed"
     );
-}
-
-/// The JSON object in a body, whatever the transfer coding around it.
-fn json_in(body: &str) -> serde_json::Value {
-    let (start, end) = (body.find('{').unwrap_or(0), body.rfind('}').unwrap_or(0));
-    serde_json::from_str(&body[start..=end]).unwrap_or_else(|e| panic!("{e}: {body:?}"))
 }
 
 /// A PHP script that answers with every header PHP received, as JSON.
@@ -178,7 +173,7 @@ async fn an_untrusted_clients_forged_edge_headers_never_reach_php() {
     let proxy = Proxy::start_in(&yaml, Arc::new(SystemClock), dir, None).await;
     let (status, body) = send(&proxy, "GET", "/reset-password", FORGED).await;
     assert_eq!(status, 200, "{body}");
-    let seen = json_in(&body);
+    let seen = json(&body);
     assert_eq!(
         seen["HTTP_X_FORWARDED_HOST"], "shop.test",
         "the Host the client used: {seen}"
@@ -206,7 +201,7 @@ async fn a_trusted_proxys_edge_headers_pass_to_php() {
     let proxy = Proxy::start_in(&yaml, Arc::new(SystemClock), dir, None).await;
     let (status, body) = send(&proxy, "GET", "/", FORGED).await;
     assert_eq!(status, 200, "{body}");
-    let seen = json_in(&body);
+    let seen = json(&body);
     assert_eq!(seen["HTTP_X_FORWARDED_HOST"], "evil.example");
     assert_eq!(seen["HTTP_X_FORWARDED_PORT"], "1");
     for field in FORGED_FIELDS {

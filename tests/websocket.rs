@@ -63,12 +63,13 @@ async fn a_websocket_echo_passes_through_tollgate_both_ways() {
         Message::binary(vec![0u8, 1, 2, 255])
     );
     ws.close(None).await.unwrap();
-    eventually(
-        Duration::from_secs(5),
-        "the upstream sees the close",
-        || echo.closed.load(Ordering::SeqCst) == 1,
-    )
-    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            echo.closed.load(Ordering::SeqCst) == 1
+        })
+        .await,
+        "the upstream sees the close"
+    );
     assert_eq!(echo.opened.load(Ordering::SeqCst), 1);
 }
 
@@ -103,30 +104,25 @@ async fn a_tunnel_holds_its_concurrency_slot_and_server_place_until_it_closes() 
         state["upstreams"][0]["servers"][0]["in_flight"], 1,
         "{state}"
     );
-    let metrics = client()
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = proxy.metrics().await;
     assert!(metrics.contains("tollgate_tunnels_open 1\n"), "{metrics}");
 
     ws.close(None).await.unwrap();
     drop(ws);
-    let mut again = None;
-    for _ in 0..100 {
+    let again = std::cell::RefCell::new(None);
+    let reconnected = eventually(Duration::from_secs(5), || async {
         match connect(&proxy).await {
             Ok(ws) => {
-                again = Some(ws);
-                break;
+                *again.borrow_mut() = Some(ws);
+                true
             }
-            Err(429) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(429) => false,
             Err(s) => panic!("unexpected {s}"),
         }
-    }
-    let mut again = again.expect("the slot came back when the tunnel closed");
+    })
+    .await;
+    assert!(reconnected, "the slot came back when the tunnel closed");
+    let mut again = again.into_inner().expect("connected");
     echo_once(&mut again, "b").await;
 }
 
@@ -140,12 +136,13 @@ async fn a_silent_tunnel_is_closed_after_tunnel_idle_timeout() {
         .await
         .expect("closed well within 5 s");
     assert!(!matches!(end, Some(Ok(Message::Text(_)))), "{end:?}");
-    eventually(
-        Duration::from_secs(5),
-        "the upstream side closes too",
-        || echo.closed.load(Ordering::SeqCst) == 1,
-    )
-    .await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            echo.closed.load(Ordering::SeqCst) == 1
+        })
+        .await,
+        "the upstream side closes too"
+    );
 }
 
 #[tokio::test]

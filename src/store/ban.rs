@@ -257,7 +257,7 @@ pub fn load(
     while let Some(row) = rows.next()? {
         let key: String = row.get(0)?;
         let until: i64 = row.get(1)?;
-        let limiter = key.split(':').next().unwrap_or("");
+        let limiter = crate::key::limiter_of(&key);
         if limiters.iter().any(|l| l.name == limiter) {
             bans.load(&key, until as Nanos);
             loaded += 1;

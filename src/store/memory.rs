@@ -522,13 +522,12 @@ impl Table {
         self.len() == 0
     }
 
-    /// Live keys whose limiter is `limiter` (prefix `limiter:`), for tests and status.
+    /// Live keys of the limiter `limiter` (its overflow key included), for tests and status.
     pub fn keys_of(&self, limiter: &str) -> HashSet<String> {
-        let prefix = format!("{limiter}:");
         let mut out = HashSet::new();
         for shard in self.shards.iter().chain(self.overflow.iter()) {
             for k in shard.lock().map.keys() {
-                if k.starts_with(&prefix) {
+                if crate::key::limiter_of(k) == limiter {
                     out.insert(k.to_string());
                 }
             }

@@ -31,7 +31,7 @@ pub use sqlite::AuditRow;
 /// One limiter of one request, as the store sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Check<'a> {
-    /// `<limiter name>:<key value>`, e.g. `strict:ip:203.0.113.9`.
+    /// `<limiter name>:<key value>`, e.g. `strict:ip:203.0.113.9` (see [`crate::key`]).
     pub key: &'a str,
     /// The limiter's overflow key: where the check is counted when the
     /// process already tracks `store.max_keys` keys and none of them rests.
@@ -94,8 +94,6 @@ pub enum StoreError {
         keys: usize,
         audit_rows: usize,
     },
-    #[error("the {0} store backend is not available in this build")]
-    Unsupported(&'static str),
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
     #[error("Redis failed: {0}")]
@@ -332,8 +330,7 @@ impl Store {
             })
             .collect();
         let removed = self.table.remove_where(false, |key, rests_at| {
-            let limiter = key.split(':').next().unwrap_or("");
-            live.get(limiter)
+            live.get(crate::key::limiter_of(key))
                 .is_none_or(|linger| rests_at.saturating_add(*linger) <= now)
         });
         self.bans.sweep(now);

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The browser binary: `$TOLLGATE_CHROMIUM`, else `chromium` on the PATH.
 pub fn chromium() -> PathBuf {
@@ -51,27 +51,21 @@ pub fn run(url: &str, extra: &[&str], budget_ms: u32) -> String {
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        if let Ok(out) = rx.recv_timeout(Duration::from_millis(200)) {
-            let out = out.expect("chromium ran");
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            assert!(
-                out.status.success(),
-                "chromium failed ({}):\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return stdout;
-        }
-        if Instant::now() > deadline {
-            let _ = Command::new("kill")
-                .arg("-KILL")
-                .arg(pid.to_string())
-                .status();
-            panic!("chromium did not finish within 90 s");
-        }
-    }
+    let Ok(out) = rx.recv_timeout(Duration::from_secs(90)) else {
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg(pid.to_string())
+            .status();
+        panic!("chromium did not finish within 90 s");
+    };
+    let out = out.expect("chromium ran");
+    assert!(
+        out.status.success(),
+        "chromium failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Takes a screenshot of `url` into `path` (PNG) after `budget_ms` of virtual time.

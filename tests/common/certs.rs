@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
@@ -15,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-use super::Seen;
+use super::{Answer, Seen};
 
 /// A test certificate authority.
 pub struct Ca {
@@ -139,20 +138,6 @@ pub fn alpn(stream: &TlsStream<TcpStream>) -> Option<Vec<u8>> {
 pub enum Session {
     H1(hyper::client::conn::http1::SendRequest<Empty<Bytes>>),
     H2(hyper::client::conn::http2::SendRequest<Empty<Bytes>>),
-}
-
-/// A completed response: status, headers, body text.
-pub struct Answer {
-    pub status: u16,
-    pub headers: http::HeaderMap,
-    pub body: String,
-    pub version: http::Version,
-}
-
-impl Answer {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {:?}", self.body))
-    }
 }
 
 impl Session {
@@ -290,23 +275,5 @@ impl TlsUpstream {
 impl Drop for TlsUpstream {
     fn drop(&mut self) {
         self.stop.cancel();
-    }
-}
-
-/// Polls `check` every 20 ms until it holds or `limit` passes.
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

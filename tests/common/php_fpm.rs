@@ -2,7 +2,9 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::eventually_blocking;
 
 /// One php-fpm master with two pools over the same scripts: `unix` on a
 /// socket and `tcp` on 127.0.0.1; killed on drop.
@@ -82,22 +84,17 @@ impl PhpFpm {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let unix = std::os::unix::net::UnixStream::connect(&self.socket).is_ok();
-            let tcp = std::net::TcpStream::connect(self.tcp).is_ok();
-            if unix && tcp {
-                return;
-            }
+        let listening = eventually_blocking(Duration::from_secs(20), || {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!(
                     "php-fpm exited with {status}:\n{}",
                     std::fs::read_to_string(&self.log).unwrap_or_default()
                 );
             }
-            assert!(Instant::now() < deadline, "php-fpm never listened");
-            std::thread::sleep(Duration::from_millis(25));
-        }
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                && std::net::TcpStream::connect(self.tcp).is_ok()
+        });
+        assert!(listening, "php-fpm never listened");
     }
 
     pub fn pid(&self) -> u32 {
@@ -113,12 +110,11 @@ impl Drop for PhpFpm {
             .arg("-TERM")
             .arg(self.child.id().to_string())
             .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let stopped = eventually_blocking(Duration::from_secs(10), || {
+            matches!(self.child.try_wait(), Ok(Some(_)))
+        });
+        if stopped {
+            return;
         }
         let _ = self.child.kill();
         let _ = self.child.wait();

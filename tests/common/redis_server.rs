@@ -2,7 +2,9 @@
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use super::eventually_blocking;
 
 pub struct RedisServer {
     pub port: u16,
@@ -49,14 +51,10 @@ impl RedisServer {
                 )
             });
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.command(&["PING"]).as_deref() != Some("+PONG") {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server never answered PING"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let answered = eventually_blocking(Duration::from_secs(10), || {
+            self.command(&["PING"]).as_deref() == Some("+PONG")
+        });
+        assert!(answered, "redis-server never answered PING");
     }
 
     /// Kills it (its data is gone: it never persists).
