@@ -137,15 +137,20 @@ impl PartialEq for CertSet {
 }
 
 impl CertSet {
-    /// Reads and checks every pair; the first unusable file is the error.
-    pub fn load(pairs: &[CertConfig]) -> Result<CertSet, TlsError> {
-        let provider = provider();
-        let mut set = CertSet {
+    /// A set with no pair, before the loader read the files (see `config::validate`).
+    pub fn empty() -> CertSet {
+        CertSet {
             exact: HashMap::new(),
             wildcard: HashMap::new(),
             default: None,
             digest: [0; 32],
-        };
+        }
+    }
+
+    /// Reads and checks every pair; the first unusable file is the error.
+    pub fn load(pairs: &[CertConfig]) -> Result<CertSet, TlsError> {
+        let provider = provider();
+        let mut set = CertSet::empty();
         let mut hasher = Sha256::new();
         let mut first = None;
         for pair in pairs {
