@@ -2011,7 +2011,7 @@ mod locate {
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = include_str!("../config.example.yaml");
+    const EXAMPLE: &str = include_str!("../../config.example.yaml");
 
     fn problems(yaml: &str) -> Vec<String> {
         match parse(yaml) {
