@@ -95,7 +95,7 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TlsConfig {
     pub certs: Vec<CertConfig>,
-    /// The pairs, read and checked when the config was validated.
+    /// The pairs, read and checked when the config was loaded (empty straight out of `validate`).
     pub loaded: Arc<CertSet>,
     /// TLS addresses; empty = every `server.listen` address serves TLS.
     pub listen: Vec<SocketAddr>,
