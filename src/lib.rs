@@ -18,7 +18,7 @@
 //! - [`proxy`]: forwarding to the upstream (HTTP, or [`fastcgi`] to php-fpm);
 //!   [`problem`]: everything answered locally.
 //!
-//! Around them: [`config`] (raw YAML → validated `Config`), [`reload`]
+//! Around them: [`config`] (raw YAML → pure validation → `Config`; `load` does the I/O), [`reload`]
 //! (validate, then swap, or keep the old), [`admin`] (and its live
 //! [`dashboard`], fed by one call on the rejection path), [`metrics`], and
 //! [`body`] (the response body: our own bytes or the upstream's, streamed).

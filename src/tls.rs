@@ -15,7 +15,7 @@
 //! # Certificates and rotation
 //!
 //! A [`CertSet`] is every configured pair, read and checked (the key matches
-//! the certificate) when the config is validated, so `tollgate check` and a
+//! the certificate) when the config is loaded, so `tollgate check` and a
 //! reload reject a broken pair with the file named. [`Terminator`] holds the
 //! set in force behind an `ArcSwapOption`: a handshake loads it once, without
 //! locks or file I/O; a reload (the file watch polls the certificate and key
@@ -56,7 +56,7 @@ pub struct CertConfig {
 pub enum UpstreamTls {
     /// The operating system's CA certificates (rustls-native-certs).
     SystemRoots,
-    /// Only the CA certificates of this file (`ca:`), read when the config was validated.
+    /// Only the CA certificates of this file (`ca:`), read when the config was loaded.
     Ca {
         path: PathBuf,
         certs: Vec<CertificateDer<'static>>,
@@ -137,15 +137,20 @@ impl PartialEq for CertSet {
 }
 
 impl CertSet {
-    /// Reads and checks every pair; the first unusable file is the error.
-    pub fn load(pairs: &[CertConfig]) -> Result<CertSet, TlsError> {
-        let provider = provider();
-        let mut set = CertSet {
+    /// A set with no pair, before the loader read the files (see `config::validate`).
+    pub fn empty() -> CertSet {
+        CertSet {
             exact: HashMap::new(),
             wildcard: HashMap::new(),
             default: None,
             digest: [0; 32],
-        };
+        }
+    }
+
+    /// Reads and checks every pair; the first unusable file is the error.
+    pub fn load(pairs: &[CertConfig]) -> Result<CertSet, TlsError> {
+        let provider = provider();
+        let mut set = CertSet::empty();
         let mut hasher = Sha256::new();
         let mut first = None;
         for pair in pairs {

@@ -1,13 +1,12 @@
-//! Who may call the admin API: the exposure rule for `admin.listen` and the loader step that reads `admin.token_file`.
+//! Who may call the admin API: the exposure rule for `admin.listen`, `admin.token` and `admin.token_file`.
 //!
-//! The rule is pure (it only sees what the YAML says); reading the file is
-//! the loader's job and happens after validation, on every load and reload,
-//! so a rotated secret is picked up by `SIGHUP` or `POST /reload`.
+//! The rule is pure (it only sees what the YAML says); reading the token
+//! file is the loader's job (`load.rs`) and happens after validation, on
+//! every load and reload, so a rotated secret is picked up by `SIGHUP` or
+//! `POST /reload`.
 
 use std::net::SocketAddr;
 use std::path::Path;
-
-use super::AdminConfig;
 
 /// What is wrong with this admin section, as (YAML path, message).
 pub(super) fn problems(
@@ -38,26 +37,6 @@ pub(super) fn problems(
         ));
     }
     out
-}
-
-/// Fills `admin.token` from `admin.token_file`, when one is named. The
-/// file holds the token alone; surrounding whitespace (a trailing newline
-/// from `echo` or a secret mount) is not part of it.
-pub(super) fn read_token_file(admin: &mut AdminConfig) -> Result<(), String> {
-    let Some(path) = &admin.token_file else {
-        return Ok(());
-    };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(format!(
-            "{} is empty; an empty token would let anyone in",
-            path.display()
-        ));
-    }
-    admin.token = Some(token.to_string());
-    Ok(())
 }
 
 #[cfg(test)]

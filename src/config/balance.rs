@@ -61,7 +61,7 @@ pub struct RawBalance<'a> {
     pub tunnel_idle_timeout: Option<Dur>,
 }
 
-impl Validator {
+impl Validator<'_> {
     /// Validates the balancing keys of upstream `name`; `servers` are its
     /// already validated URLs.
     pub(super) fn balance(

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use http::Uri;
 
-use super::{dur, RawUpstream, UpstreamConfig, UpstreamTls, Validator};
+use super::raw::RawUpstream;
+use super::{dur, UpstreamConfig, UpstreamTls, Validator};
 
 /// Where php-fpm listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +44,7 @@ pub struct FastCgiConfig {
     pub max_conns: usize,
 }
 
-impl Validator {
+impl Validator<'_> {
     /// `upstreams.<name>` with a `fastcgi://` URL; every problem is reported.
     pub(super) fn fastcgi_upstream(
         &mut self,

@@ -97,7 +97,7 @@ impl HeaderSets {
     }
 }
 
-impl Validator {
+impl Validator<'_> {
     pub(super) fn log(&mut self, raw: &RawLog) -> LogConfig {
         let format = match raw.format.as_ref().map(|t| t.0.as_str()) {
             None | Some("text") => LogFormat::Text,

@@ -34,7 +34,7 @@ pub struct RawBan {
     pub status: Option<u16>,
 }
 
-impl Validator {
+impl Validator<'_> {
     pub(super) fn count_rule(
         &mut self,
         name: &str,

@@ -103,6 +103,52 @@ pub enum Algorithm {
     Concurrency(concurrency::Concurrency),
 }
 
+/// Which algorithm, without its parameters: the one place the config
+/// spellings (`algorithm: token_bucket`) live, for validation, error
+/// messages, metrics and the admin API alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+    LeakyBucket,
+    Concurrency,
+}
+
+impl Kind {
+    /// Every algorithm, in the order a message lists them.
+    pub const ALL: [Kind; 5] = [
+        Kind::FixedWindow,
+        Kind::SlidingWindow,
+        Kind::TokenBucket,
+        Kind::LeakyBucket,
+        Kind::Concurrency,
+    ];
+
+    /// The name `algorithm:` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::FixedWindow => "fixed_window",
+            Kind::SlidingWindow => "sliding_window",
+            Kind::TokenBucket => "token_bucket",
+            Kind::LeakyBucket => "leaky_bucket",
+            Kind::Concurrency => "concurrency",
+        }
+    }
+
+    /// The algorithm `algorithm:` names, if any.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Every name, as a message offers them: `a, b, c or d`.
+    pub fn choices() -> String {
+        let names = Kind::ALL.map(Kind::name);
+        let (last, rest) = names.split_last().expect("at least one algorithm");
+        format!("{} or {last}", rest.join(", "))
+    }
+}
+
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
@@ -140,15 +186,20 @@ macro_rules! dispatch {
 }
 
 impl State {
-    /// The algorithm this state belongs to, as [`Algorithm::name`] spells it.
-    pub fn name(&self) -> &'static str {
+    /// The algorithm this state belongs to.
+    pub fn kind(&self) -> Kind {
         match self {
-            State::FixedWindow(_) => "fixed_window",
-            State::SlidingWindow(_) => "sliding_window",
-            State::TokenBucket(_) => "token_bucket",
-            State::LeakyBucket(_) => "leaky_bucket",
-            State::Concurrency(_) => "concurrency",
+            State::FixedWindow(_) => Kind::FixedWindow,
+            State::SlidingWindow(_) => Kind::SlidingWindow,
+            State::TokenBucket(_) => Kind::TokenBucket,
+            State::LeakyBucket(_) => Kind::LeakyBucket,
+            State::Concurrency(_) => Kind::Concurrency,
         }
+    }
+
+    /// The algorithm this state belongs to, as [`Kind::name`] spells it.
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 }
 
@@ -172,14 +223,19 @@ impl Shape {
 }
 
 impl Algorithm {
-    pub fn name(&self) -> &'static str {
+    pub fn kind(&self) -> Kind {
         match self {
-            Algorithm::FixedWindow(_) => "fixed_window",
-            Algorithm::SlidingWindow(_) => "sliding_window",
-            Algorithm::TokenBucket(_) => "token_bucket",
-            Algorithm::LeakyBucket(_) => "leaky_bucket",
-            Algorithm::Concurrency(_) => "concurrency",
+            Algorithm::FixedWindow(_) => Kind::FixedWindow,
+            Algorithm::SlidingWindow(_) => Kind::SlidingWindow,
+            Algorithm::TokenBucket(_) => Kind::TokenBucket,
+            Algorithm::LeakyBucket(_) => Kind::LeakyBucket,
+            Algorithm::Concurrency(_) => Kind::Concurrency,
         }
+    }
+
+    /// The config spelling, see [`Kind::name`].
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     pub fn shape(&self) -> Shape {
@@ -355,6 +411,18 @@ mod tests {
                 a.name()
             );
         }
+    }
+
+    #[test]
+    fn every_algorithm_name_reads_back_as_its_kind() {
+        for kind in Kind::ALL {
+            assert_eq!(Kind::from_name(kind.name()), Some(kind));
+        }
+        assert_eq!(Kind::from_name("gcra"), None);
+        assert_eq!(
+            Kind::choices(),
+            "fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency"
+        );
     }
 
     #[test]

@@ -1,0 +1,210 @@
+//! Everything validation leaves to the outside world: reading the config file, resolving listen names, and reading the certificate, CA, token and API key files it names.
+//!
+//! The order is: scan the text, deserialize it, [`survey`] the machine,
+//! validate (pure), then read the files. Certificates and CA bundles are
+//! read even when validation found problems, so `tollgate check` names a
+//! broken file and a misspelt key in one pass; the token and API key files
+//! only once everything else is valid. Every problem here carries a YAML
+//! path, exactly like a validation problem, and all are located at the end.
+//!
+//! All of this blocks (file reads, DNS): async callers run it on a blocking thread.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::error::locate_all;
+use super::raw::RawConfig;
+use super::validate::{self, Host};
+use super::{
+    locate, scan, AdminConfig, ApiKeyEntry, CertConfig, Config, ConfigError, ConfigProblem,
+    IdentityConfig, TlsConfig, UpstreamTls,
+};
+use crate::tls::{CertSet, TlsError};
+
+/// Reads and validates a config file.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    load_file_text(path).map(|(config, _)| config)
+}
+
+/// Reads and validates a config file, returning the text it was built from.
+pub fn load_file_text(path: &Path) -> Result<(Config, String), ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::single(Some(path), format!("cannot read config: {e}"), None))?;
+    match parse(&text) {
+        Ok(config) => Ok((config, text)),
+        Err(mut e) => {
+            e.file = Some(path.to_path_buf());
+            Err(e)
+        }
+    }
+}
+
+/// Parses and validates YAML text, then reads the files it names.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let problems = scan::scan(text);
+    if !problems.is_empty() {
+        return Err(ConfigError::new(problems));
+    }
+    let raw: RawConfig = if text.trim().is_empty() {
+        RawConfig::default()
+    } else {
+        serde_yaml::from_str(text).map_err(|e| {
+            let location = e.location().map(|l| (l.line(), l.column()));
+            ConfigError::single(None, clean_serde_message(&e.to_string()), location)
+        })?
+    };
+    let checked = validate::check(&raw, &survey(&raw));
+    let mut config = checked.config;
+    let mut problems = checked.problems;
+    if let Some(tls) = &mut config.server.tls {
+        problems.extend(read_certificates(tls, &checked.cert_paths));
+    }
+    problems.extend(read_upstream_cas(&mut config));
+    if problems.is_empty() {
+        problems.extend(read_token_file(&mut config.admin));
+    }
+    if problems.is_empty() {
+        problems.extend(read_key_file(&mut config.identity));
+    }
+    let index = locate::Index::build(text);
+    if problems.is_empty() {
+        locate_all(&mut config.warnings, &index);
+        Ok(config)
+    } else {
+        locate_all(&mut problems, &index);
+        Err(ConfigError::new(problems))
+    }
+}
+
+/// What validation needs from the machine: its cores, and the address of
+/// every listen name that is not a literal `IP:port` (a DNS lookup each).
+pub fn survey(raw: &RawConfig) -> Host {
+    let tls_listen = raw.server.tls.as_ref().and_then(|t| t.listen.as_ref());
+    let names = [raw.server.listen.as_ref(), tls_listen]
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l.entries("").into_iter().map(|(_, name)| name))
+        .chain(raw.admin.listen.as_ref().map(|t| t.0.as_str()));
+    let mut resolved = HashMap::new();
+    for name in names {
+        if name.parse::<SocketAddr>().is_ok() || resolved.contains_key(name) {
+            continue;
+        }
+        if let Some(addr) = name.to_socket_addrs().ok().and_then(|mut it| it.next()) {
+            resolved.insert(name.to_string(), addr);
+        }
+    }
+    Host {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        resolved,
+    }
+}
+
+/// Reads and checks every `server.tls` pair; `at` holds each pair's YAML path.
+fn read_certificates(tls: &mut TlsConfig, at: &[String]) -> Vec<ConfigProblem> {
+    let mut problems = Vec::new();
+    for (pair, path) in tls.certs.iter().zip(at) {
+        // One pair at a time, so every broken pair is reported with its own YAML path.
+        if let Err(e) = CertSet::load(std::slice::from_ref(pair)) {
+            let field = broken_file(pair, &e);
+            problems.push(ConfigProblem::at(format!("{path}.{field}"), e.to_string()));
+        }
+    }
+    if !problems.is_empty() {
+        return problems;
+    }
+    match CertSet::load(&tls.certs) {
+        Ok(set) => tls.loaded = Arc::new(set),
+        // A file changed between the two reads; the next reload sees it settled.
+        Err(e) => problems.push(ConfigProblem::at("server.tls", e.to_string())),
+    }
+    problems
+}
+
+/// Which of a pair's two keys (`cert` or `key`) names the file that failed.
+fn broken_file(pair: &CertConfig, e: &TlsError) -> &'static str {
+    match e {
+        TlsError::Read { path, .. } | TlsError::Pem { path, .. } if *path == pair.cert => "cert",
+        TlsError::NoCertificate { .. } | TlsError::Certificate { .. } => "cert",
+        _ => "key",
+    }
+}
+
+/// Reads the `ca:` bundle of every https:// upstream that names one.
+fn read_upstream_cas(config: &mut Config) -> Vec<ConfigProblem> {
+    let mut problems = Vec::new();
+    for upstream in &mut config.upstreams {
+        if let UpstreamTls::Ca { path, certs } = &mut upstream.tls {
+            match crate::tls::load_ca(path) {
+                Ok(read) => *certs = read,
+                Err(e) => problems.push(ConfigProblem::at(
+                    format!("upstreams.{}.ca", upstream.name),
+                    e.to_string(),
+                )),
+            }
+        }
+    }
+    problems
+}
+
+/// Fills `admin.token` from `admin.token_file`, when one is named. The
+/// file holds the token alone; surrounding whitespace (a trailing newline
+/// from `echo` or a secret mount) is not part of it. Read on every load and
+/// reload, so a rotated secret is picked up by `SIGHUP` or `POST /reload`.
+fn read_token_file(admin: &mut AdminConfig) -> Option<ConfigProblem> {
+    let path = admin.token_file.as_ref()?;
+    let at = |message: String| Some(ConfigProblem::at("admin.token_file", message));
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) => return at(format!("cannot read {}: {e}", path.display())),
+    };
+    let token = text.trim();
+    if token.is_empty() {
+        return at(format!(
+            "{} is empty; an empty token would let anyone in",
+            path.display()
+        ));
+    }
+    admin.token = Some(token.to_string());
+    None
+}
+
+/// Reads `identity.api_keys_file`: one key per line, plain or
+/// `sha256:<hex>`; blank lines and `#` comments are skipped. Its content is
+/// kept so the file watch can tell when it changes.
+fn read_key_file(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
+    let Some((path, _)) = identity.api_keys_file.clone() else {
+        return Vec::new();
+    };
+    let at = |message: String| vec![ConfigProblem::at("identity.api_keys_file", message)];
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) => return at(format!("cannot read {}: {e}", path.display())),
+    };
+    let Ok(text) = std::str::from_utf8(&bytes) else {
+        return at(format!("{} is not UTF-8 text", path.display()));
+    };
+    let mut problems = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match ApiKeyEntry::parse(line) {
+            Ok(entry) => identity.api_keys.push(entry),
+            Err(e) => problems.extend(at(format!("{} line {}: {e}", path.display(), n + 1))),
+        }
+    }
+    identity.api_keys_file = Some((path, Arc::from(bytes)));
+    problems
+}
+
+/// serde_yaml appends " at line L column C" itself; we print the location up front.
+fn clean_serde_message(msg: &str) -> String {
+    match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}

@@ -1,0 +1,99 @@
+//! Where a YAML path such as `routes[1].limiters[0]` sits in the text: its line and column, for error messages.
+
+use std::collections::HashMap;
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::Marker;
+
+enum Frame {
+    Map { prefix: String, key: Option<String> },
+    Seq { prefix: String, index: usize },
+}
+
+/// Every path of one document and where its node starts (1-based line and column).
+#[derive(Default)]
+pub struct Index {
+    marks: HashMap<String, (usize, usize)>,
+    stack: Vec<Frame>,
+}
+
+impl Index {
+    /// Indexes `text`; a document the YAML reader gives up on is indexed up to there.
+    pub fn build(text: &str) -> Index {
+        let mut index = Index::default();
+        let _ = Parser::new_from_str(text).load(&mut index, false);
+        index
+    }
+
+    /// The location of `path`, or of its closest ancestor that exists.
+    pub fn find(&self, path: &str) -> Option<(usize, usize)> {
+        let mut p = path;
+        loop {
+            if let Some(m) = self.marks.get(p) {
+                return Some(*m);
+            }
+            let cut = p.rfind(['.', '['])?;
+            p = &p[..cut];
+        }
+    }
+
+    /// The path the next node takes, and whether that node is a map key.
+    fn next_path(&mut self) -> (Option<String>, bool) {
+        match self.stack.last_mut() {
+            None => (Some(String::new()), false),
+            Some(Frame::Map { prefix, key }) => match key.take() {
+                None => (None, true),
+                Some(k) => (Some(join(prefix, &k)), false),
+            },
+            Some(Frame::Seq { prefix, index }) => {
+                let p = format!("{prefix}[{index}]");
+                *index += 1;
+                (Some(p), false)
+            }
+        }
+    }
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+impl MarkedEventReceiver for Index {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        let pos = (mark.line(), mark.col() + 1);
+        match ev {
+            Event::Scalar(value, ..) => {
+                let (path, is_key) = self.next_path();
+                if is_key {
+                    if let Some(Frame::Map { prefix, key }) = self.stack.last_mut() {
+                        self.marks.entry(join(prefix, &value)).or_insert(pos);
+                        *key = Some(value);
+                    }
+                } else if let Some(p) = path {
+                    self.marks.insert(p, pos);
+                }
+            }
+            Event::MappingStart(..) | Event::SequenceStart(..) => {
+                let (path, _) = self.next_path();
+                let prefix = path.unwrap_or_default();
+                self.marks.entry(prefix.clone()).or_insert(pos);
+                self.stack.push(if matches!(ev, Event::MappingStart(..)) {
+                    Frame::Map { prefix, key: None }
+                } else {
+                    Frame::Seq { prefix, index: 0 }
+                });
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                self.stack.pop();
+            }
+            Event::Alias(_) => {
+                self.next_path();
+            }
+            _ => {}
+        }
+    }
+}

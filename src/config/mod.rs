@@ -1,0 +1,393 @@
+//! Configuration: the validated types the proxy runs on, and the way in (`load_file`, `parse`).
+//!
+//! A config travels in three steps, one file each:
+//! - [`raw`]: the YAML as serde reads it (unknown keys rejected), `Raw*`
+//!   types that mirror what a human wrote, with strings and options;
+//! - [`validate`]: raw → [`Config`], every name resolved to an index and every
+//!   value checked, each problem with its YAML path; pure, so a table of
+//!   documents tests every rule;
+//! - `load`: everything that touches the outside world — reading the config
+//!   file, resolving listen names, reading the certificate, CA, token and API
+//!   key files — reporting its problems in the same path format.
+//!
+//! [`parse`] runs all three and reports *every* problem with its YAML line
+//! and column (`locate`), the way `nginx -t` does, so an operator fixes a
+//! config in one pass.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, Uri};
+use ipnet::IpNet;
+
+use crate::limiter::Algorithm;
+use crate::tls::CertSet;
+// TLS inputs are the TLS module's own types; the config names them.
+pub use crate::tls::{CertConfig, UpstreamTls};
+
+pub mod raw;
+pub mod validate;
+
+mod error;
+mod load;
+mod locate;
+/// Duplicate keys and nesting depth, checked on the text before serde reads it.
+mod scan;
+
+mod admin_token;
+mod observe;
+mod protect;
+
+pub mod balance;
+mod fastcgi;
+
+pub use balance::{BalanceConfig, HealthCheck, Policy};
+pub use error::{ConfigError, ConfigProblem};
+pub use fastcgi::{FastCgiAddress, FastCgiConfig};
+pub use load::{load_file, load_file_text, parse, survey};
+pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
+pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text};
+pub use validate::{validate, Host};
+
+// The section files (balance, fastcgi, observe, protect) extend the validator.
+use validate::{dur, nanos, Validator};
+
+/// The largest sliding-window limit: its exact log costs 8 bytes per admitted
+/// request and key, so a larger limit would let one key take megabytes.
+pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Problems that do not stop the config from running, with their YAML paths
+    /// (e.g. a route every limiter of which keys on values the client chooses).
+    pub warnings: Vec<ConfigProblem>,
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub store: StoreConfig,
+    pub audit: AuditConfig,
+    pub identity: IdentityConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub limiters: Vec<LimiterConfig>,
+    pub routes: Vec<RouteConfig>,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: Vec<SocketAddr>,
+    pub tls: Option<TlsConfig>,
+    pub request_header_timeout: Duration,
+    pub max_request_body: u64,
+    pub shutdown_grace: Duration,
+    /// Worker threads serving connections (each a single-threaded runtime).
+    pub workers: usize,
+    /// Open client connections on the public listeners; `None` = derived from the fd limit.
+    pub max_connections: Option<usize>,
+    /// Open connections per client address (IPv6: per /64); trusted proxies are exempt.
+    pub max_connections_per_ip: usize,
+    /// A connection with no request for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsConfig {
+    pub certs: Vec<CertConfig>,
+    /// The pairs, read and checked when the config was loaded (empty straight out of `validate`).
+    pub loaded: Arc<CertSet>,
+    /// TLS addresses; empty = every `server.listen` address serves TLS.
+    pub listen: Vec<SocketAddr>,
+    /// Plain listeners answer 308 to https:// (only with `listen`).
+    pub redirect_plain: bool,
+}
+
+/// What a public listener serves (see [`crate::tls`] for the choice of shape).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serve {
+    Http,
+    Https,
+    /// Plain HTTP that answers 308 to the https:// listener on this port.
+    RedirectToHttps {
+        port: u16,
+    },
+}
+
+impl ServerConfig {
+    /// Every public listener and what it serves: `server.listen`, then `server.tls.listen`.
+    pub fn public(&self) -> Vec<(SocketAddr, Serve)> {
+        let plain = self.plain_serves();
+        let tls = self.tls.iter().flat_map(|t| &t.listen);
+        self.listen
+            .iter()
+            .map(|a| (*a, plain))
+            .chain(tls.map(|a| (*a, Serve::Https)))
+            .collect()
+    }
+
+    /// What the listener configured at `addr` serves, if this config still has it.
+    /// Asked once per accepted connection, so it does not allocate.
+    pub fn serve_at(&self, addr: SocketAddr) -> Option<Serve> {
+        if self.listen.contains(&addr) {
+            return Some(self.plain_serves());
+        }
+        self.tls
+            .as_ref()
+            .filter(|t| t.listen.contains(&addr))
+            .map(|_| Serve::Https)
+    }
+
+    /// What the `server.listen` addresses serve.
+    fn plain_serves(&self) -> Serve {
+        match &self.tls {
+            None => Serve::Http,
+            Some(t) => match t.listen.first() {
+                None => Serve::Https,
+                Some(first) if t.redirect_plain => Serve::RedirectToHttps { port: first.port() },
+                Some(_) => Serve::Http,
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// `admin.token`, or the content of `admin.token_file` once the loader read it.
+    pub token: Option<String>,
+    /// Where the token came from, when it came from a file (re-read on every reload).
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    Memory,
+    Sqlite {
+        path: PathBuf,
+    },
+    Redis {
+        url: String,
+        prefix: String,
+        timeout: Duration,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    Allow,
+    Deny,
+    Local,
+}
+
+impl OnError {
+    /// The config spelling, also used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Allow => "allow",
+            OnError::Deny => "deny",
+            OnError::Local => "local",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub backend: Backend,
+    pub on_error: OnError,
+    pub prune_interval: Duration,
+    /// How often the writer thread persists counters; a `kill -9` loses at most this much.
+    pub flush_interval: Duration,
+    /// Limiter keys this process tracks at most (overflow keys included).
+    pub max_keys: usize,
+}
+
+/// `store.max_keys` when not given: 64 overflow slots + 64 shards × 14,336
+/// keys, the most whose shard tables stay at 16,384 buckets each. Measured
+/// (`cargo bench --bench keys_memory`): ~100 MB full, where 1,000,000 keys
+/// cost ~157 MB because every shard doubles to 32,768 buckets.
+pub const DEFAULT_MAX_KEYS: usize = 917_568;
+
+/// The smallest `store.max_keys`: 64 slots for overflow keys and one key per
+/// shard (the table asserts that this covers its layout).
+pub const MIN_MAX_KEYS: usize = 128;
+
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    pub enabled: bool,
+    pub retention: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct IdentityConfig {
+    pub api_key_header: HeaderName,
+    /// `identity.api_keys`, then the lines of `identity.api_keys_file`.
+    pub api_keys: Vec<ApiKeyEntry>,
+    /// The key file and its content as read with this config (the file watch compares it).
+    pub api_keys_file: Option<(PathBuf, Arc<[u8]>)>,
+    /// Unknown keys one IP may present per `unknown_key_window` before 429s.
+    pub unknown_key_limit: u64,
+    pub unknown_key_window: Duration,
+    pub trusted_proxies: Vec<IpNet>,
+    pub ipv6_prefix: u8,
+    pub exempt: Vec<IpNet>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub url: Uri,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
+    /// How an https:// upstream's certificate is verified (unused for http://).
+    pub tls: UpstreamTls,
+    /// The servers (`url` is the first) and how requests spread over them.
+    pub balance: BalanceConfig,
+    /// Set for a fastcgi:// upstream (php-fpm); `url` is then only for display.
+    pub fastcgi: Option<FastCgiConfig>,
+}
+
+/// One configured API key: the secret itself, or its SHA-256 (`sha256:<hex>`)
+/// so the config need not hold the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiKeyEntry {
+    Plain(String),
+    Sha256([u8; 32]),
+}
+
+impl ApiKeyEntry {
+    /// Parses one entry: `sha256:` followed by 64 hex digits, or a plain key.
+    pub fn parse(s: &str) -> Result<ApiKeyEntry, String> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err("an API key cannot be empty".into());
+        }
+        let Some(hex) = s.strip_prefix("sha256:") else {
+            return Ok(ApiKeyEntry::Plain(s.to_string()));
+        };
+        let digits: Vec<u8> = hex
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| {
+                std::str::from_utf8(pair)
+                    .ok()
+                    .filter(|p| p.len() == 2)
+                    .and_then(|p| u8::from_str_radix(p, 16).ok())
+            })
+            .collect::<Option<_>>()
+            .unwrap_or_default();
+        let digest: [u8; 32] = digits.try_into().map_err(|_| {
+            "`sha256:` must be followed by the 64 hex digits of the key's SHA-256 (e.g. `printf %s KEY | sha256sum`)".to_string()
+        })?;
+        Ok(ApiKeyEntry::Sha256(digest))
+    }
+}
+
+/// One part of a limiter's key (SPEC §2 `key`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    Client,
+    Ip,
+    ApiKey,
+    Route,
+    Global,
+    Header(HeaderName),
+}
+
+impl KeyPart {
+    /// Whether a client can pick this part's value freely (and so get a
+    /// fresh counter per value): a header always; an API key unless keys are
+    /// verified against `identity.api_keys` / `api_keys_file`.
+    pub fn chosen_by_client(&self, keys_verified: bool) -> bool {
+        match self {
+            KeyPart::Header(_) => true,
+            KeyPart::ApiKey => !keys_verified,
+            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global => false,
+        }
+    }
+}
+
+impl IdentityConfig {
+    /// Whether API keys are verified (a list or a key file is configured).
+    /// Without one, a key header identifies nobody.
+    pub fn has_key_source(&self) -> bool {
+        !self.api_keys.is_empty() || self.api_keys_file.is_some()
+    }
+}
+
+impl fmt::Display for KeyPart {
+    /// The config spelling (what `key:` accepts).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::Client => f.write_str("client"),
+            KeyPart::Ip => f.write_str("ip"),
+            KeyPart::ApiKey => f.write_str("api_key"),
+            KeyPart::Route => f.write_str("route"),
+            KeyPart::Global => f.write_str("global"),
+            KeyPart::Header(h) => write!(f, "header:{h}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LimiterConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub key: Vec<KeyPart>,
+    pub shadow: bool,
+    pub overrides: Vec<OverrideConfig>,
+    /// How this limiter's rejections look; `None`: the default 429 problem+json.
+    pub reject: Option<RejectShape>,
+    /// `count:` — which responses count; `None`: every request does.
+    pub count: Option<crate::limiter::count::CountRule>,
+    /// `ban:` — refuse a key outright after repeated rejections.
+    pub ban: Option<crate::limiter::ban::BanRule>,
+}
+
+#[derive(Debug, Clone)]
+pub struct OverrideConfig {
+    /// The key value as written in the config (may be a secret API key).
+    pub key: String,
+    pub limit: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub path: Option<String>,
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<Method>>,
+    pub host: Option<String>,
+    /// `match.query`: (name, value) pairs, compared with what PHP decodes.
+    pub query: Vec<(String, String)>,
+    pub action: Action,
+    /// Indexes into `Config::limiters`.
+    pub limiters: Vec<usize>,
+    /// Overrides the deciding limiter's `reject` on this route.
+    pub reject: Option<RejectShape>,
+    pub rate_limit_headers: HeaderSets,
+}
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Index into `Config::upstreams`.
+    Upstream(usize),
+    Respond {
+        status: StatusCode,
+        body: String,
+        content_type: String,
+    },
+}
+
+impl Config {
+    /// Logs every warning (at start and after each reload): a config that
+    /// runs but leaves a limit open must not go unnoticed.
+    pub fn log_warnings(&self) {
+        for w in &self.warnings {
+            tracing::warn!(warning = %w, "config warning");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

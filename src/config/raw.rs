@@ -1,0 +1,344 @@
+//! The YAML schema as serde reads it (unknown keys rejected), with the value types operators write: `${ENV}` text, durations, sizes, one-or-many lists.
+//!
+//! Nothing here is checked beyond its shape: `Raw*` mirror what a human
+//! wrote, with strings and options; [`super::validate`] turns them into
+//! [`super::Config`].
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use super::{balance, observe, protect};
+
+/// A string value in which `${ENV_VAR}` is replaced from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text(pub String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        expand_env(&raw, |name| std::env::var(name).ok())
+            .map(Text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Replaces every `${NAME}`; an unset variable is an error that names it.
+pub fn expand_env(raw: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unterminated `${{` in {raw:?}"))?;
+        let name = &after[..end];
+        if name.is_empty() {
+            return Err(format!("empty variable name `${{}}` in {raw:?}"));
+        }
+        let value =
+            lookup(name).ok_or_else(|| format!("environment variable {name} is not set"))?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// A duration written as `500ms`, `2s`, `1m`, `7d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dur(pub Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Text(s) = Text::deserialize(d)?;
+        humantime::parse_duration(s.trim()).map(Dur).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {s:?}: {e} (write e.g. 500ms, 2s, 1m, 7d)"
+            ))
+        })
+    }
+}
+
+/// A size in bytes written as `10MiB`, `512KiB`, `1MB` or a plain number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Number(u64),
+            Text(Text),
+        }
+        match Either::deserialize(d)? {
+            Either::Number(n) => Ok(Size(n)),
+            Either::Text(Text(s)) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (write e.g. 10MiB, 512KiB, 1048576)"))?;
+    let factor: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1000,
+        "KiB" => 1 << 10,
+        "MB" => 1000 * 1000,
+        "MiB" => 1 << 20,
+        "GB" => 1000 * 1000 * 1000,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?} (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// One value or a list of them (`listen: a` or `listen: [a, b]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(Text),
+    Many(Vec<Text>),
+}
+
+impl OneOrMany {
+    /// Each value with its YAML path: `path` itself for a single value,
+    /// `path[i]` for the entries of a list, so an error points at the entry.
+    pub fn entries(&self, path: &str) -> Vec<(String, &str)> {
+        match self {
+            OneOrMany::One(t) => vec![(path.to_string(), t.0.as_str())],
+            OneOrMany::Many(v) => v
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("{path}[{i}]"), t.0.as_str()))
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub admin: RawAdmin,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub audit: RawAudit,
+    #[serde(default)]
+    pub identity: RawIdentity,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub limiters: BTreeMap<String, RawLimiter>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub log: observe::RawLog,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<OneOrMany>,
+    pub tls: Option<RawTls>,
+    pub request_header_timeout: Option<Dur>,
+    pub max_request_body: Option<Size>,
+    pub shutdown_grace: Option<Dur>,
+    pub workers: Option<RawWorkers>,
+    pub max_connections: Option<u64>,
+    pub max_connections_per_ip: Option<u64>,
+    pub idle_timeout: Option<Dur>,
+}
+
+/// `auto` (one per core) or a number of worker threads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawWorkers {
+    Count(u64),
+    Auto(Text),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    pub cert: Option<Text>,
+    pub key: Option<Text>,
+    #[serde(default)]
+    pub certs: Vec<RawCert>,
+    /// TLS addresses; when given, `server.listen` stays plain HTTP.
+    pub listen: Option<OneOrMany>,
+    /// Plain listeners answer 308 to `https://` (needs `listen`).
+    pub redirect_plain: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCert {
+    pub cert: Text,
+    pub key: Text,
+    #[serde(default)]
+    pub hosts: Vec<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub listen: Option<Text>,
+    pub token: Option<Text>,
+    /// A file holding the token (Docker/Kubernetes secrets); read by the loader.
+    pub token_file: Option<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub backend: Option<Text>,
+    pub path: Option<Text>,
+    pub url: Option<Text>,
+    pub prefix: Option<Text>,
+    pub timeout: Option<Dur>,
+    pub on_error: Option<Text>,
+    pub prune_interval: Option<Dur>,
+    pub flush_interval: Option<Dur>,
+    pub max_keys: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    pub enabled: Option<bool>,
+    pub retention: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    pub api_key_header: Option<Text>,
+    #[serde(default)]
+    pub api_keys: Vec<Text>,
+    /// One key per line (plain or `sha256:<hex>`), read with the config.
+    pub api_keys_file: Option<Text>,
+    /// How many unknown keys one IP may try per window before its 401s become 429s.
+    pub unknown_keys: Option<RawUnknownKeys>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<Text>,
+    pub ipv6_prefix: Option<u8>,
+    #[serde(default)]
+    pub exempt: Vec<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUnknownKeys {
+    pub limit: Option<u64>,
+    pub window: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// One server; `servers` lists several (exactly one of the two).
+    pub url: Option<Text>,
+    pub servers: Option<Vec<Text>>,
+    pub balance: Option<Text>,
+    pub max_fails: Option<u32>,
+    pub fail_timeout: Option<Dur>,
+    /// Per server: requests in flight (http), or connections to php-fpm
+    /// (fastcgi://, its pm.max_children; default 5).
+    pub max_conns: Option<u32>,
+    pub queue: Option<u32>,
+    pub queue_timeout: Option<Dur>,
+    pub health: Option<balance::RawHealth>,
+    pub tunnel_idle_timeout: Option<Dur>,
+    pub connect_timeout: Option<Dur>,
+    pub timeout: Option<Dur>,
+    /// PEM CA bundle that verifies an https:// upstream instead of the system roots.
+    pub ca: Option<Text>,
+    pub insecure_skip_verify: Option<bool>,
+    /// fastcgi:// only: the document root as php-fpm sees it.
+    pub root: Option<Text>,
+    /// fastcgi:// only: a directory's default script (index.php).
+    pub index: Option<Text>,
+    /// fastcgi:// only: the script that answers paths naming no file (front controller).
+    pub fallback: Option<Text>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimiter {
+    pub algorithm: Option<Text>,
+    pub limit: Option<u64>,
+    pub window: Option<Dur>,
+    pub capacity: Option<u64>,
+    pub refill_per_second: Option<f64>,
+    pub leak_per_second: Option<f64>,
+    pub max_in_flight: Option<u64>,
+    pub key: Option<OneOrMany>,
+    pub mode: Option<Text>,
+    #[serde(default)]
+    pub overrides: Vec<RawOverride>,
+    pub reject: Option<observe::RawReject>,
+    /// Only responses that match are counted (see `limiter/count.rs`).
+    pub count: Option<protect::RawCount>,
+    /// Refuse a key outright after repeated rejections.
+    pub ban: Option<protect::RawBan>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOverride {
+    /// The key value this override applies to (an API key, an IP, a header value).
+    pub key: Text,
+    /// The quota for that key: limit, capacity or max_in_flight, by algorithm.
+    pub limit: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: Text,
+    #[serde(rename = "match", default)]
+    pub matcher: RawMatch,
+    pub upstream: Option<Text>,
+    pub respond: Option<RawRespond>,
+    #[serde(default)]
+    pub limiters: Vec<Text>,
+    pub reject: Option<observe::RawReject>,
+    pub rate_limit_headers: Option<Text>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMatch {
+    pub path: Option<Text>,
+    pub path_prefix: Option<Text>,
+    pub methods: Option<Vec<Text>>,
+    pub host: Option<Text>,
+    /// Query parameters that must all be present with these values.
+    pub query: Option<BTreeMap<String, Text>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRespond {
+    pub status: u16,
+    #[serde(default)]
+    pub body: Option<Text>,
+    pub content_type: Option<Text>,
+}

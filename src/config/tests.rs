@@ -1,0 +1,300 @@
+//! Config tests through `parse`: located messages, defaults, and the files a config names (certificates, CA bundles, API key files).
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::*;
+
+const EXAMPLE: &str = include_str!("../../config.example.yaml");
+
+fn problems(yaml: &str) -> Vec<String> {
+    match parse(yaml) {
+        Ok(_) => vec![],
+        Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
+#[test]
+fn the_example_config_is_valid() {
+    let c = parse(EXAMPLE).expect("example config parses");
+    assert_eq!(c.routes[0].name, "ping");
+    assert!(matches!(c.store.backend, Backend::Sqlite { .. }));
+}
+
+#[test]
+fn an_empty_file_gets_the_documented_defaults() {
+    let c = parse("").unwrap();
+    assert_eq!(c.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    assert_eq!(c.admin.listen, "127.0.0.1:9901".parse().unwrap());
+    assert_eq!(c.server.max_request_body, 10 << 20);
+    assert_eq!(c.store.flush_interval, Duration::from_millis(100));
+    assert_eq!(c.identity.ipv6_prefix, 64);
+}
+
+#[test]
+fn store_max_keys_has_a_default_and_a_floor() {
+    assert_eq!(parse("").unwrap().store.max_keys, DEFAULT_MAX_KEYS);
+    let c = parse("store: { max_keys: 5000 }").unwrap();
+    assert_eq!(c.store.max_keys, 5000);
+    let errs = problems("store: { max_keys: 100 }");
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("store.max_keys"), "{errs:?}");
+    assert!(!problems("store: { max_keys: -1 }").is_empty());
+}
+
+#[test]
+fn a_misspelt_key_is_an_error_with_its_location() {
+    let errs = problems("limiters:\n  strict:\n    limt: 5\n    window: 60s\n");
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("unknown field `limt`"), "{errs:?}");
+    assert!(errs[0].starts_with("line 3 column 5"), "{errs:?}");
+}
+
+#[test]
+fn a_route_naming_a_missing_limiter_or_upstream_is_rejected_with_locations() {
+    let yaml = "routes:\n  - name: a\n    match: { path: /a }\n    upstream: nowhere\n    limiters: [missing]\n";
+    let errs = problems(yaml);
+    assert_eq!(errs.len(), 2, "{errs:?}");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("line 4") && e.contains("no upstream named \"nowhere\"")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("line 5") && e.contains("no limiter named \"missing\"")),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn every_error_is_reported_not_just_the_first() {
+    let yaml = "identity:\n  trusted_proxies: [10.0.0.0/33]\nlimiters:\n  a: { algorithm: token_bucket, capacity: 0, refill_per_second: -1 }\n  b: { algorithm: fixed_window, limit: 5 }\n";
+    let errs = problems(yaml);
+    assert!(errs.len() >= 4, "{errs:?}");
+    assert!(errs.iter().any(|e| e.contains("invalid CIDR")));
+    assert!(errs
+        .iter()
+        .any(|e| e.contains("fixed_window needs `window`")));
+}
+
+#[test]
+fn fields_that_do_not_apply_to_the_algorithm_are_errors() {
+    let errs = problems("limiters:\n  a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1, limit: 3 }\n");
+    assert!(
+        errs[0].contains("`limit` does not apply to token_bucket"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn env_vars_are_expanded_and_an_unset_one_is_named() {
+    assert_eq!(
+        expand_env("a-${X}-b", |n| (n == "X").then(|| "1".into())),
+        Ok("a-1-b".into())
+    );
+    let err = expand_env("${TOLLGATE_SURELY_UNSET}", |_| None).unwrap_err();
+    assert!(err.contains("TOLLGATE_SURELY_UNSET"));
+    let errs = problems("admin:\n  token: ${TOLLGATE_TEST_SURELY_UNSET_VAR}\n");
+    assert!(
+        errs[0].contains("TOLLGATE_TEST_SURELY_UNSET_VAR is not set"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn sizes_and_durations_parse_in_operator_units() {
+    assert_eq!(parse_size("10MiB"), Ok(10 << 20));
+    assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+    assert_eq!(parse_size("1MB"), Ok(1_000_000));
+    assert!(parse_size("10 parsecs").is_err());
+    let c = parse("audit: { retention: 7d }\nserver: { shutdown_grace: 500ms }\n").unwrap();
+    assert_eq!(c.audit.retention, Duration::from_secs(7 * 86_400));
+    assert_eq!(c.server.shutdown_grace, Duration::from_millis(500));
+}
+
+#[test]
+fn the_admin_api_cannot_share_the_public_port() {
+    let errs =
+        problems("server: { listen: \"0.0.0.0:8080\" }\nadmin: { listen: \"127.0.0.1:8080\" }\n");
+    assert!(
+        errs[0].contains("admin API must never be on the public port"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn a_yaml_syntax_error_has_a_location() {
+    let errs = problems("server:\n  listen: [\"0.0.0.0:8080\"\nadmin: {}\n");
+    assert_eq!(errs.len(), 1);
+    assert!(errs[0].starts_with("line "), "{errs:?}");
+}
+
+/// A self-signed pair in `dir`, as (cert, key) paths.
+fn tls_pair(dir: &Path, name: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![format!("{name}.test")])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (c, k) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c.display().to_string(), k.display().to_string())
+}
+
+#[test]
+fn tls_listener_options_are_checked_with_their_locations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = tls_pair(dir.path(), "a");
+    let (_, other_key) = tls_pair(dir.path(), "b");
+    let table: [(String, &str); 4] = [
+        (
+            format!("server:\n  tls: {{ cert: {cert}, key: {key}, redirect_plain: true }}\n"),
+            "server.tls.redirect_plain: needs server.tls.listen",
+        ),
+        (
+            format!("server:\n  listen: [\"127.0.0.1:8080\"]\n  tls: {{ cert: {cert}, key: {key}, listen: [\"127.0.0.1:8080\"] }}\n"),
+            "server.tls.listen[0]: 127.0.0.1:8080 is also in server.listen",
+        ),
+        (
+            format!("server:\n  tls: {{ cert: {cert}, key: {other_key} }}\n"),
+            "server.tls.key: ",
+        ),
+        (
+            format!("server:\n  tls:\n    certs:\n      - {{ cert: {cert}, key: {key} }}\n      - {{ cert: {cert}, key: /nonexistent.key }}\n"),
+            "server.tls.certs[1].key: cannot read /nonexistent.key",
+        ),
+    ];
+    for (yaml, expected) in table {
+        let errs = problems(&yaml);
+        assert!(
+            errs.iter().any(|e| e.contains(expected)),
+            "{expected:?} not in {errs:?}"
+        );
+    }
+    let errs = problems(&format!(
+        "server:\n  tls: {{ cert: {cert}, key: {other_key} }}\n"
+    ));
+    assert!(
+        errs[0].contains("does not match the certificate"),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn tls_listen_keeps_server_listen_plain_and_redirect_targets_the_first_tls_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = tls_pair(dir.path(), "a");
+    let c = parse(&format!(
+        "server:\n  listen: [\"127.0.0.1:8080\"]\n  tls: {{ cert: {cert}, key: {key} }}\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.server.public(),
+        vec![("127.0.0.1:8080".parse().unwrap(), Serve::Https)]
+    );
+    let c = parse(&format!("server:\n  listen: [\"127.0.0.1:8080\"]\n  tls: {{ cert: {cert}, key: {key}, listen: [\"127.0.0.1:8443\"], redirect_plain: true }}\n")).unwrap();
+    assert_eq!(
+        c.server.public(),
+        vec![
+            (
+                "127.0.0.1:8080".parse().unwrap(),
+                Serve::RedirectToHttps { port: 8443 }
+            ),
+            ("127.0.0.1:8443".parse().unwrap(), Serve::Https),
+        ]
+    );
+}
+
+#[test]
+fn a_route_that_only_limits_client_chosen_values_is_a_warning_naming_it() {
+    let yaml = "limiters:\n  per_key: { limit: 5, window: 60s, key: api_key }\n  per_tenant: { limit: 5, window: 60s, key: [\"header:X-Tenant\", ip] }\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: open\n    match: { path: /a }\n    respond: { status: 200 }\n    limiters: [per_key, per_tenant]\n  - name: held\n    match: { path: /b }\n    respond: { status: 200 }\n    limiters: [per_key, per_ip]\n";
+    let c = parse(yaml).unwrap();
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    let w = c.warnings[0].to_string();
+    assert!(w.starts_with("line 9 column"), "{w}");
+    assert!(
+        w.contains("\"open\"") && w.contains("per_key, per_tenant") && w.contains("keyed on `ip`"),
+        "{w}"
+    );
+    // With keys verified, `api_key` holds; the header-keyed one still does not on its own.
+    let verified = parse(&format!("identity: {{ api_keys: [k1] }}\n{yaml}")).unwrap();
+    assert!(verified.warnings.is_empty(), "{:?}", verified.warnings);
+    let unverified_override = parse("limiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip, limit: 9 }, { key: 10.0.0.1, limit: 9 }] }\n").unwrap();
+    assert_eq!(
+        unverified_override.warnings.len(),
+        1,
+        "{:?}",
+        unverified_override.warnings
+    );
+    assert!(unverified_override.warnings[0]
+        .path
+        .ends_with("overrides[0].key"));
+}
+
+#[test]
+fn api_keys_are_read_from_a_file_and_a_bad_line_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("keys");
+    std::fs::write(&file, "# partners\nk1\n\nsha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n").unwrap();
+    let yaml = format!(
+        "identity:\n  api_keys: [k0]\n  api_keys_file: {}\n",
+        file.display()
+    );
+    let c = parse(&yaml).unwrap();
+    assert_eq!(c.identity.api_keys.len(), 3);
+    assert_eq!(
+        c.identity.api_keys[2],
+        ApiKeyEntry::parse(
+            "sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
+        )
+        .unwrap()
+    );
+    std::fs::write(&file, "k1\nsha256:nothex\n").unwrap();
+    let errs = problems(&yaml);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains("line 2: `sha256:` must be followed by the 64 hex digits"),
+        "{errs:?}"
+    );
+    assert!(
+        errs[0].starts_with("line 3 column"),
+        "located at identity.api_keys_file: {errs:?}"
+    );
+    let missing = problems("identity: { api_keys_file: /nonexistent/tollgate-keys }\n");
+    assert!(
+        missing[0].contains("cannot read /nonexistent/tollgate-keys"),
+        "{missing:?}"
+    );
+    assert!(
+        problems("identity: { api_keys: [\"sha256:12\"] }\n")[0].contains("identity.api_keys[0]")
+    );
+}
+
+#[test]
+fn upstream_tls_options_apply_to_https_only_and_a_ca_must_hold_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = tls_pair(dir.path(), "ca");
+    let table: [(String, &str); 4] = [
+        (format!("upstreams:\n  app: {{ url: \"http://a\", ca: {cert} }}\n"), "upstreams.app.ca: applies to https:// upstreams only"),
+        ("upstreams:\n  app: { url: \"http://a\", insecure_skip_verify: true }\n".to_string(), "upstreams.app.insecure_skip_verify: applies to https://"),
+        (format!("upstreams:\n  app: {{ url: \"https://a\", ca: {key} }}\n"), "no PEM certificate in it"),
+        (format!("upstreams:\n  app: {{ url: \"https://a\", ca: {cert}, insecure_skip_verify: true }}\n"), "contradict"),
+    ];
+    for (yaml, expected) in table {
+        let errs = problems(&yaml);
+        assert!(
+            errs.iter().any(|e| e.contains(expected)),
+            "{expected:?} not in {errs:?}"
+        );
+    }
+    let c = parse(&format!(
+        "upstreams:\n  app: {{ url: \"https://a\", ca: {cert} }}\n"
+    ))
+    .unwrap();
+    assert!(matches!(&c.upstreams[0].tls, UpstreamTls::Ca { certs, .. } if certs.len() == 1));
+}

@@ -1,0 +1,244 @@
+//! Validation of `limiters`: the algorithm and its parameters, the key, the mode, per-key overrides, and the `count:`/`ban:` hooks.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::{nanos, Validator};
+use crate::config::raw::RawLimiter;
+use crate::config::{KeyPart, LimiterConfig, OverrideConfig, MAX_SLIDING_WINDOW_LIMIT};
+use crate::limiter::{
+    concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
+    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Kind, Nanos,
+    NANOS_PER_SEC,
+};
+
+impl Validator<'_> {
+    pub(super) fn limiter(&mut self, name: &str, raw: &RawLimiter) -> Option<LimiterConfig> {
+        let at = |field: &str| format!("limiters.{name}.{field}");
+        let before = self.problems.len();
+        if !valid_name(name) {
+            self.err(
+                format!("limiters.{name}"),
+                "a limiter name uses only letters, digits, `_` and `-`",
+            );
+        }
+        let written = raw
+            .algorithm
+            .as_ref()
+            .map_or(Kind::FixedWindow.name(), |t| t.0.as_str());
+        let Some(kind) = Kind::from_name(written) else {
+            self.err(
+                at("algorithm"),
+                format!("unknown algorithm {written:?} ({})", Kind::choices()),
+            );
+            return None;
+        };
+        let algorithm_name = kind.name();
+        // Which fields each algorithm takes, all of them needed; anything else
+        // set is an error, because a stray `limit` on a token bucket would
+        // silently do nothing.
+        let fields: &[&str] = match kind {
+            Kind::FixedWindow | Kind::SlidingWindow => &["limit", "window"],
+            Kind::TokenBucket => &["capacity", "refill_per_second"],
+            Kind::LeakyBucket => &["capacity", "leak_per_second"],
+            Kind::Concurrency => &["max_in_flight"],
+        };
+        let present = [
+            ("limit", raw.limit.is_some()),
+            ("window", raw.window.is_some()),
+            ("capacity", raw.capacity.is_some()),
+            ("refill_per_second", raw.refill_per_second.is_some()),
+            ("leak_per_second", raw.leak_per_second.is_some()),
+            ("max_in_flight", raw.max_in_flight.is_some()),
+        ];
+        for (field, is_set) in present {
+            if is_set && !fields.contains(&field) {
+                self.err(
+                    at(field),
+                    format!("`{field}` does not apply to {algorithm_name}"),
+                );
+            }
+            if !is_set && fields.contains(&field) {
+                self.err(
+                    format!("limiters.{name}"),
+                    format!("{algorithm_name} needs `{field}`"),
+                );
+            }
+        }
+        let positive = |v: &mut Self, field: &str, n: Option<u64>| -> u64 {
+            let n = n.unwrap_or(1);
+            if n == 0 {
+                v.err(at(field), "must be at least 1");
+            }
+            n.max(1)
+        };
+        let rate_interval = |v: &mut Self, field: &str, r: Option<f64>| -> Nanos {
+            let r = r.unwrap_or(1.0);
+            if !(r.is_finite() && r > 0.0 && r <= 1e9) {
+                v.err(at(field), "must be a number greater than 0 and at most 1e9");
+                return NANOS_PER_SEC;
+            }
+            ((NANOS_PER_SEC as f64 / r).round() as Nanos).max(1)
+        };
+        let algorithm = match kind {
+            Kind::FixedWindow | Kind::SlidingWindow => {
+                let limit = positive(self, "limit", raw.limit);
+                let window = nanos(raw.window.map(|d| d.0).unwrap_or(Duration::from_secs(1)));
+                if window == 0 {
+                    self.err(at("window"), "must be greater than zero");
+                }
+                let window = window.max(1);
+                if kind == Kind::FixedWindow {
+                    Algorithm::FixedWindow(FixedWindow { limit, window })
+                } else {
+                    if limit > MAX_SLIDING_WINDOW_LIMIT {
+                        self.err(
+                            at("limit"),
+                            format!("sliding_window keeps an exact log of 8 bytes per request; at most {MAX_SLIDING_WINDOW_LIMIT} (use token_bucket or fixed_window for higher rates)"),
+                        );
+                    }
+                    Algorithm::SlidingWindow(SlidingWindow { limit, window })
+                }
+            }
+            Kind::TokenBucket => Algorithm::TokenBucket(TokenBucket {
+                capacity: positive(self, "capacity", raw.capacity),
+                interval: rate_interval(self, "refill_per_second", raw.refill_per_second),
+            }),
+            Kind::LeakyBucket => Algorithm::LeakyBucket(LeakyBucket {
+                capacity: raw.capacity.unwrap_or(0),
+                interval: rate_interval(self, "leak_per_second", raw.leak_per_second),
+            }),
+            Kind::Concurrency => Algorithm::Concurrency(Concurrency {
+                max_in_flight: positive(self, "max_in_flight", raw.max_in_flight),
+            }),
+        };
+        let key = match &raw.key {
+            None => vec![KeyPart::Client],
+            Some(k) => {
+                let entries = k.entries(&at("key"));
+                if entries.is_empty() {
+                    self.err(at("key"), "a key list needs at least one part");
+                }
+                let mut parts = Vec::new();
+                for (path, s) in entries {
+                    if let Some(p) = self.key_part(&path, s) {
+                        if parts.contains(&p) {
+                            self.err(path, format!("key part {s:?} is listed twice"));
+                        }
+                        parts.push(p);
+                    }
+                }
+                parts
+            }
+        };
+        let shadow = match raw.mode.as_ref().map(|t| t.0.as_str()).unwrap_or("enforce") {
+            "enforce" => false,
+            "shadow" => true,
+            other => {
+                self.err(
+                    at("mode"),
+                    format!("unknown mode {other:?} (enforce or shadow)"),
+                );
+                false
+            }
+        };
+        let mut seen = HashSet::new();
+        for (i, o) in raw.overrides.iter().enumerate() {
+            if !seen.insert(&o.key.0) {
+                self.err(
+                    format!("limiters.{name}.overrides[{i}].key"),
+                    "this key already has an override",
+                );
+            }
+            if o.limit == 0 && !matches!(algorithm, Algorithm::LeakyBucket(_)) {
+                self.err(
+                    format!("limiters.{name}.overrides[{i}].limit"),
+                    "must be at least 1",
+                );
+            }
+        }
+        let reject = raw
+            .reject
+            .as_ref()
+            .map(|r| self.reject(&format!("limiters.{name}.reject"), r));
+        let count = raw
+            .count
+            .as_ref()
+            .and_then(|c| self.count_rule(name, c, &algorithm));
+        let ban = raw
+            .ban
+            .as_ref()
+            .and_then(|b| self.ban_rule(name, b, &algorithm, shadow));
+        if self.problems.len() > before {
+            return None;
+        }
+        Some(LimiterConfig {
+            reject,
+            name: name.to_string(),
+            algorithm,
+            key,
+            shadow,
+            count,
+            ban,
+            overrides: raw
+                .overrides
+                .iter()
+                .map(|o| OverrideConfig {
+                    key: o.key.0.clone(),
+                    limit: o.limit,
+                })
+                .collect(),
+        })
+    }
+
+    fn key_part(&mut self, path: &str, s: &str) -> Option<KeyPart> {
+        Some(match s {
+            "client" => KeyPart::Client,
+            "ip" => KeyPart::Ip,
+            "api_key" => KeyPart::ApiKey,
+            "route" => KeyPart::Route,
+            "global" => KeyPart::Global,
+            other => match other.strip_prefix("header:") {
+                Some(h) => KeyPart::Header(self.header_name(path, h.trim())?),
+                None => {
+                    self.err(
+                        path,
+                        format!("unknown key {other:?} (client, ip, api_key, route, global or header:<Name>)"),
+                    );
+                    return None;
+                }
+            },
+        })
+    }
+
+    /// An override for an API key can only ever apply to a verified key.
+    pub(super) fn warn_unverified_overrides(
+        &mut self,
+        limiters: &[LimiterConfig],
+        key_source: bool,
+    ) {
+        if key_source {
+            return;
+        }
+        for l in limiters {
+            if !matches!(l.key.as_slice(), [KeyPart::Client]) {
+                continue;
+            }
+            for (i, o) in l.overrides.iter().enumerate() {
+                if o.key.trim().parse::<std::net::IpAddr>().is_err() {
+                    self.warn(
+                        format!("limiters.{}.overrides[{i}].key", l.name),
+                        "this override names an API key, but no identity.api_keys or api_keys_file verifies keys, so `client` is always an IP and it never applies",
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}

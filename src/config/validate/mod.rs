@@ -1,0 +1,334 @@
+//! Validation: the raw YAML schema → [`Config`], every problem with its YAML path, and no I/O.
+//!
+//! Validation reads no file, resolves no name and asks no clock: what it
+//! needs to know about the machine comes in as a [`Host`], and the files a
+//! config names (certificates, CA bundles, the API key file, the admin token
+//! file) are read afterwards by [`super::load`]. So a table of YAML
+//! documents and their expected problems is a test of every rule, and the
+//! same config validates the same way on any machine.
+//!
+//! One section per file: `server` (listeners, TLS, admin), `upstreams`,
+//! `limiters`, `routes`; the store and identity sections are small and live
+//! here. `balance`, `fastcgi`, `observe` and `protect` (beside this folder)
+//! add the sections they own to the same [`Validator`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderName;
+use ipnet::IpNet;
+
+use super::raw::{Dur, RawConfig, RawIdentity, RawStore, Text};
+use super::{
+    ApiKeyEntry, AuditConfig, Backend, Config, ConfigError, ConfigProblem, IdentityConfig,
+    LimiterConfig, OnError, StoreConfig, UpstreamConfig, DEFAULT_MAX_KEYS, MIN_MAX_KEYS,
+};
+use crate::limiter::Nanos;
+
+mod limiters;
+mod routes;
+mod server;
+mod upstreams;
+
+#[cfg(test)]
+mod tests;
+
+/// What validation needs to know about the machine, gathered beforehand by
+/// the loader (see `load::survey`) so that validating is a pure function.
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// The worker threads `server.workers: auto` means (the cores available).
+    pub cores: usize,
+    /// Listen addresses written as a name (`localhost:8080`), as DNS
+    /// answered them; a name missing here is an invalid address. Addresses
+    /// written as IP:port need no entry.
+    pub resolved: HashMap<String, SocketAddr>,
+}
+
+/// Validates a raw config. On success the config is complete except for
+/// what the files it names hold: TLS pairs and CA bundles are listed but not
+/// read (`TlsConfig::loaded` is empty, `UpstreamTls::Ca` has no
+/// certificates), and neither is `admin.token_file` or
+/// `identity.api_keys_file`; [`super::parse`] reads them. Problems and
+/// warnings carry their YAML path but no line yet.
+pub fn validate(raw: &RawConfig, host: &Host) -> Result<Config, ConfigError> {
+    let checked = check(raw, host);
+    if checked.problems.is_empty() {
+        Ok(checked.config)
+    } else {
+        Err(ConfigError::new(checked.problems))
+    }
+}
+
+/// Everything validation found, also when it found problems: the loader
+/// still reads the certificates of an invalid config, so one `check` names
+/// a broken file together with a misspelt limit.
+pub(in crate::config) struct Checked {
+    /// Complete only when `problems` is empty; warnings are in it.
+    pub config: Config,
+    /// The YAML path of each `server.tls` pair, in `TlsConfig::certs` order.
+    pub cert_paths: Vec<String>,
+    pub problems: Vec<ConfigProblem>,
+}
+
+/// Runs every rule over `raw`, collecting every problem (not only the first).
+pub(in crate::config) fn check(raw: &RawConfig, host: &Host) -> Checked {
+    let mut v = Validator {
+        host,
+        problems: Vec::new(),
+        warnings: Vec::new(),
+        cert_paths: Vec::new(),
+    };
+    let mut config = v.config(raw);
+    config.warnings = v.warnings;
+    Checked {
+        config,
+        cert_paths: v.cert_paths,
+        problems: v.problems,
+    }
+}
+
+/// Collects the problems and warnings of one document while its sections are validated.
+pub(in crate::config) struct Validator<'a> {
+    host: &'a Host,
+    pub(in crate::config) problems: Vec<ConfigProblem>,
+    warnings: Vec<ConfigProblem>,
+    cert_paths: Vec<String>,
+}
+
+pub(in crate::config) fn dur(d: Option<Dur>, default: Duration) -> Duration {
+    d.map(|d| d.0).unwrap_or(default)
+}
+
+pub(in crate::config) fn nanos(d: Duration) -> Nanos {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Validator<'_> {
+    pub(in crate::config) fn err(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(ConfigProblem::at(path, message));
+    }
+
+    pub(super) fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.warnings.push(ConfigProblem::at(path, message));
+    }
+
+    fn config(&mut self, raw: &RawConfig) -> Config {
+        let server = self.server(&raw.server);
+        let admin = self.admin(&raw.admin, &server);
+        let store = self.store(&raw.store);
+        let audit = AuditConfig {
+            enabled: raw.audit.enabled.unwrap_or(true),
+            retention: dur(raw.audit.retention, Duration::from_secs(7 * 86_400)),
+        };
+        let identity = self.identity(&raw.identity);
+        let upstreams: Vec<UpstreamConfig> = raw
+            .upstreams
+            .iter()
+            .filter_map(|(name, u)| self.upstream(name, u))
+            .collect();
+        let limiters: Vec<LimiterConfig> = raw
+            .limiters
+            .iter()
+            .filter_map(|(name, l)| self.limiter(name, l))
+            .collect();
+        let routes = self.routes(
+            &raw.routes,
+            &raw.upstreams,
+            &upstreams,
+            &raw.limiters,
+            &limiters,
+        );
+        self.warn_walkable_routes(&raw.routes, &routes, &limiters, identity.has_key_source());
+        self.warn_unverified_overrides(&limiters, identity.has_key_source());
+        let log = self.log(&raw.log);
+        Config {
+            warnings: Vec::new(),
+            server,
+            admin,
+            store,
+            audit,
+            identity,
+            upstreams,
+            limiters,
+            routes,
+            log,
+        }
+    }
+
+    fn store(&mut self, raw: &RawStore) -> StoreConfig {
+        let backend = match raw
+            .backend
+            .as_ref()
+            .map(|t| t.0.as_str())
+            .unwrap_or("sqlite")
+        {
+            "sqlite" => Backend::Sqlite {
+                path: PathBuf::from(
+                    raw.path
+                        .as_ref()
+                        .map(|t| t.0.as_str())
+                        .unwrap_or("tollgate.db"),
+                ),
+            },
+            "memory" => Backend::Memory,
+            "redis" => {
+                let url = raw
+                    .url
+                    .as_ref()
+                    .map(|t| t.0.clone())
+                    .unwrap_or_else(|| "redis://127.0.0.1:6379/0".into());
+                if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                    self.err(
+                        "store.url",
+                        format!("{url:?} is not a redis:// or rediss:// URL"),
+                    );
+                }
+                Backend::Redis {
+                    url,
+                    prefix: raw
+                        .prefix
+                        .as_ref()
+                        .map(|t| t.0.clone())
+                        .unwrap_or_else(|| "tollgate:".into()),
+                    timeout: dur(raw.timeout, Duration::from_millis(50)),
+                }
+            }
+            other => {
+                self.err(
+                    "store.backend",
+                    format!("unknown backend {other:?} (sqlite, memory or redis)"),
+                );
+                Backend::Memory
+            }
+        };
+        let on_error = match raw
+            .on_error
+            .as_ref()
+            .map(|t| t.0.as_str())
+            .unwrap_or("allow")
+        {
+            "allow" => OnError::Allow,
+            "deny" => OnError::Deny,
+            "local" => OnError::Local,
+            other => {
+                self.err(
+                    "store.on_error",
+                    format!("unknown policy {other:?} (allow, deny or local)"),
+                );
+                OnError::Allow
+            }
+        };
+        let flush_interval = dur(raw.flush_interval, Duration::from_millis(100));
+        if flush_interval.is_zero() {
+            self.err("store.flush_interval", "must be greater than zero");
+        }
+        let prune_interval = dur(raw.prune_interval, Duration::from_secs(60));
+        if prune_interval.is_zero() {
+            self.err("store.prune_interval", "must be greater than zero");
+        }
+        let max_keys = self.max_keys(raw.max_keys);
+        StoreConfig {
+            backend,
+            on_error,
+            prune_interval,
+            flush_interval,
+            max_keys,
+        }
+    }
+
+    fn max_keys(&mut self, raw: Option<u64>) -> usize {
+        let n = raw.map_or(DEFAULT_MAX_KEYS, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        });
+        if n < MIN_MAX_KEYS {
+            self.err(
+                "store.max_keys",
+                format!("{n} is too small: at least {MIN_MAX_KEYS}"),
+            );
+        }
+        n.max(MIN_MAX_KEYS)
+    }
+
+    fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
+        raw.iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let s = t.0.trim();
+                let parsed = s
+                    .parse::<IpNet>()
+                    .or_else(|_| s.parse::<std::net::IpAddr>().map(IpNet::from));
+                match parsed {
+                    Ok(n) => Some(n.trunc()),
+                    Err(_) => {
+                        self.err(
+                            format!("{path}[{i}]"),
+                            format!("invalid CIDR or IP address {s:?}"),
+                        );
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn header_name(&mut self, path: &str, s: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(s.as_bytes()) {
+            Ok(h) => Some(h),
+            Err(_) => {
+                self.err(path, format!("invalid header name {s:?}"));
+                None
+            }
+        }
+    }
+
+    fn identity(&mut self, raw: &RawIdentity) -> IdentityConfig {
+        let api_key_header = raw
+            .api_key_header
+            .as_ref()
+            .and_then(|t| self.header_name("identity.api_key_header", &t.0))
+            .unwrap_or_else(|| HeaderName::from_static("x-client-key"));
+        let ipv6_prefix = raw.ipv6_prefix.unwrap_or(64);
+        if ipv6_prefix == 0 || ipv6_prefix > 128 {
+            self.err("identity.ipv6_prefix", "must be between 1 and 128");
+        }
+        let api_keys = raw
+            .api_keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| match ApiKeyEntry::parse(&k.0) {
+                Ok(entry) => Some(entry),
+                Err(e) => {
+                    self.err(format!("identity.api_keys[{i}]"), e);
+                    None
+                }
+            })
+            .collect();
+        let unknown = raw.unknown_keys.clone().unwrap_or_default();
+        let unknown_key_limit = unknown.limit.unwrap_or(10);
+        let unknown_key_window = dur(unknown.window, Duration::from_secs(60));
+        if unknown_key_limit == 0 {
+            self.err("identity.unknown_keys.limit", "must be at least 1");
+        }
+        if unknown_key_window.is_zero() {
+            self.err("identity.unknown_keys.window", "must be greater than zero");
+        }
+        IdentityConfig {
+            api_key_header,
+            api_keys,
+            // Read by the loader once the config is valid (`load::read_key_file`).
+            api_keys_file: raw
+                .api_keys_file
+                .as_ref()
+                .map(|t| (PathBuf::from(&t.0), Arc::from(&b""[..]))),
+            unknown_key_limit: unknown_key_limit.max(1),
+            unknown_key_window: unknown_key_window.max(Duration::from_millis(1)),
+            trusted_proxies: self.cidrs("identity.trusted_proxies", &raw.trusted_proxies),
+            ipv6_prefix: ipv6_prefix.clamp(1, 128),
+            exempt: self.cidrs("identity.exempt", &raw.exempt),
+        }
+    }
+}

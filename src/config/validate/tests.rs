@@ -1,0 +1,189 @@
+//! Validation as data: YAML in, problems out, with no file, socket or clock: one row per rule.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use super::{validate, Host};
+use crate::config::{Config, ConfigProblem, RawConfig, UpstreamTls};
+
+/// A machine with two cores on which one name resolves.
+fn host() -> Host {
+    Host {
+        cores: 2,
+        resolved: HashMap::from([(
+            "tollgate.internal:8080".to_string(),
+            SocketAddr::from(([10, 0, 0, 1], 8080)),
+        )]),
+    }
+}
+
+fn validated(yaml: &str) -> Result<Config, Vec<ConfigProblem>> {
+    let raw: RawConfig = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+    validate(&raw, &host()).map_err(|e| e.problems)
+}
+
+/// (YAML, the path of one expected problem, a fragment of its message).
+#[rustfmt::skip]
+const REJECTED: &[(&str, &str, &str)] = &[
+    // server
+    ("server: { listen: [] }", "server.listen", "at least one listen address"),
+    ("server: { listen: nowhere }", "server.listen", "invalid listen address \"nowhere\""),
+    ("server: { listen: [\"127.0.0.1:80\", \"unknown.internal:80\"] }", "server.listen[1]", "invalid listen address"),
+    ("server: { workers: 0 }", "server.workers", "must be `auto` or a number from 1 to 1024"),
+    ("server: { workers: many }", "server.workers", "must be `auto`"),
+    ("server: { max_connections: 0 }", "server.max_connections", "must be at least 1"),
+    ("server: { max_connections_per_ip: 0 }", "server.max_connections_per_ip", "must be at least 1"),
+    // server.tls
+    ("server: { tls: { cert: a.pem } }", "server.tls", "`cert` and `key` go together"),
+    ("server: { tls: {} }", "server.tls", "needs `cert` and `key`, or `certs`"),
+    ("server: { tls: { cert: a.pem, key: a.key, listen: [] } }", "server.tls.listen", "an empty list would serve no TLS"),
+    ("server: { listen: \"127.0.0.1:8443\", tls: { cert: a.pem, key: a.key, listen: [\"127.0.0.1:8443\"] } }", "server.tls.listen[0]", "127.0.0.1:8443 is also in server.listen"),
+    ("server: { tls: { cert: a.pem, key: a.key, listen: bad } }", "server.tls.listen", "invalid listen address"),
+    ("server: { tls: { cert: a.pem, key: a.key, redirect_plain: true } }", "server.tls.redirect_plain", "needs server.tls.listen"),
+    // admin
+    ("admin: { listen: nowhere }", "admin.listen", "invalid listen address"),
+    ("server: { listen: \"0.0.0.0:8080\" }\nadmin: { listen: \"127.0.0.1:8080\" }", "admin.listen", "the admin API must never be on the public port"),
+    ("admin: { token: \"\" }", "admin.token", "an empty token would let anyone in"),
+    ("admin: { token: a, token_file: /run/secrets/b }", "admin.token_file", "not both"),
+    ("admin: { listen: \"0.0.0.0:9901\" }", "admin.listen", "needs admin.token or admin.token_file"),
+    // store
+    ("store: { backend: etcd }", "store.backend", "unknown backend \"etcd\" (sqlite, memory or redis)"),
+    ("store: { backend: redis, url: \"http://cache\" }", "store.url", "is not a redis:// or rediss:// URL"),
+    ("store: { on_error: retry }", "store.on_error", "unknown policy \"retry\""),
+    ("store: { flush_interval: 0s }", "store.flush_interval", "must be greater than zero"),
+    ("store: { prune_interval: 0s }", "store.prune_interval", "must be greater than zero"),
+    ("store: { max_keys: 100 }", "store.max_keys", "100 is too small: at least 128"),
+    // identity
+    ("identity: { api_key_header: \"X Key\" }", "identity.api_key_header", "invalid header name"),
+    ("identity: { ipv6_prefix: 0 }", "identity.ipv6_prefix", "must be between 1 and 128"),
+    ("identity: { ipv6_prefix: 129 }", "identity.ipv6_prefix", "must be between 1 and 128"),
+    ("identity: { api_keys: [k1, \"sha256:12\"] }", "identity.api_keys[1]", "`sha256:` must be followed by the 64 hex digits"),
+    ("identity: { api_keys: [\" \"] }", "identity.api_keys[0]", "an API key cannot be empty"),
+    ("identity: { unknown_keys: { limit: 0 } }", "identity.unknown_keys.limit", "must be at least 1"),
+    ("identity: { unknown_keys: { window: 0s } }", "identity.unknown_keys.window", "must be greater than zero"),
+    ("identity: { trusted_proxies: [10.0.0.0/33] }", "identity.trusted_proxies[0]", "invalid CIDR or IP address"),
+    ("identity: { exempt: [10.0.0.1, office] }", "identity.exempt[1]", "invalid CIDR or IP address \"office\""),
+    // upstreams
+    ("upstreams: { app: { url: \"http://a b\" } }", "upstreams.app.url", "invalid URL"),
+    ("upstreams: { app: { url: \"ftp://a\" } }", "upstreams.app.url", "must start with http://, https:// or fastcgi://"),
+    ("upstreams: { app: { url: \"http://a/?x=1\" } }", "upstreams.app.url", "cannot carry a query string"),
+    ("upstreams: { app: { servers: [\"http://a\", \"gopher://b\"] } }", "upstreams.app.servers[1]", "must start with http://"),
+    ("upstreams: { app: { servers: [] } }", "upstreams.app.servers", "lists no server"),
+    ("upstreams: { app: { url: \"http://a\", servers: [\"http://b\"] } }", "upstreams.app", "`url` and `servers` contradict each other"),
+    ("upstreams: { app: {} }", "upstreams.app", "needs `url` or `servers`"),
+    ("upstreams: { app: { servers: [\"http://a\", \"https://b\"] } }", "upstreams.app.servers", "every server needs the same scheme"),
+    ("upstreams: { app: { url: \"http://a\", insecure_skip_verify: true } }", "upstreams.app.insecure_skip_verify", "applies to https:// upstreams only"),
+    ("upstreams: { app: { url: \"http://a\", ca: ca.pem } }", "upstreams.app.ca", "applies to https:// upstreams only"),
+    ("upstreams: { app: { url: \"https://a\", ca: ca.pem, insecure_skip_verify: true } }", "upstreams.app", "`ca` and `insecure_skip_verify` contradict each other"),
+    ("upstreams: { app: { url: \"http://a\", fallback: /index.php } }", "upstreams.app.fallback", "applies to fastcgi:// upstreams only"),
+    // limiters
+    ("limiters: { \"per ip\": { limit: 1, window: 1s } }", "limiters.per ip", "uses only letters, digits, `_` and `-`"),
+    ("limiters: { a: { algorithm: gcra, limit: 1 } }", "limiters.a.algorithm", "unknown algorithm \"gcra\" (fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency)"),
+    ("limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1, limit: 3 } }", "limiters.a.limit", "`limit` does not apply to token_bucket"),
+    ("limiters: { a: { algorithm: concurrency, max_in_flight: 5, window: 1s } }", "limiters.a.window", "`window` does not apply to concurrency"),
+    ("limiters: { a: { limit: 5 } }", "limiters.a", "fixed_window needs `window`"),
+    ("limiters: { a: { algorithm: leaky_bucket, leak_per_second: 1 } }", "limiters.a", "leaky_bucket needs `capacity`"),
+    ("limiters: { a: { limit: 0, window: 1s } }", "limiters.a.limit", "must be at least 1"),
+    ("limiters: { a: { limit: 1, window: 0s } }", "limiters.a.window", "must be greater than zero"),
+    ("limiters: { a: { algorithm: sliding_window, limit: 100001, window: 1s } }", "limiters.a.limit", "keeps an exact log of 8 bytes per request; at most 100000"),
+    ("limiters: { a: { algorithm: token_bucket, capacity: 0, refill_per_second: 1 } }", "limiters.a.capacity", "must be at least 1"),
+    ("limiters: { a: { algorithm: token_bucket, capacity: 1, refill_per_second: -1 } }", "limiters.a.refill_per_second", "must be a number greater than 0 and at most 1e9"),
+    ("limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 2e9 } }", "limiters.a.leak_per_second", "at most 1e9"),
+    ("limiters: { a: { algorithm: concurrency, max_in_flight: 0 } }", "limiters.a.max_in_flight", "must be at least 1"),
+    ("limiters: { a: { limit: 1, window: 1s, key: [] } }", "limiters.a.key", "a key list needs at least one part"),
+    ("limiters: { a: { limit: 1, window: 1s, key: who } }", "limiters.a.key", "unknown key \"who\" (client, ip, api_key, route, global or header:<Name>)"),
+    ("limiters: { a: { limit: 1, window: 1s, key: [ip, route, ip] } }", "limiters.a.key[2]", "key part \"ip\" is listed twice"),
+    ("limiters: { a: { limit: 1, window: 1s, key: \"header:X Tenant\" } }", "limiters.a.key", "invalid header name"),
+    ("limiters: { a: { limit: 1, window: 1s, mode: dry_run } }", "limiters.a.mode", "unknown mode \"dry_run\" (enforce or shadow)"),
+    ("limiters: { a: { limit: 1, window: 1s, overrides: [{ key: k, limit: 2 }, { key: k, limit: 3 }] } }", "limiters.a.overrides[1].key", "this key already has an override"),
+    ("limiters: { a: { limit: 1, window: 1s, overrides: [{ key: k, limit: 0 }] } }", "limiters.a.overrides[0].limit", "must be at least 1"),
+    // routes
+    ("routes: [{ name: a, respond: { status: 200 } }, { name: a, respond: { status: 200 } }]", "routes[1].name", "route name \"a\" is used twice"),
+    ("routes: [{ name: \"\", respond: { status: 200 } }]", "routes[0].name", "a route needs a name"),
+    ("routes: [{ name: a, match: { path: a }, respond: { status: 200 } }]", "routes[0].match.path", "\"a\" must start with /"),
+    ("routes: [{ name: a, match: { path_prefix: api }, respond: { status: 200 } }]", "routes[0].match.path_prefix", "must start with /"),
+    ("routes: [{ name: a, match: { path: /a, path_prefix: /b }, respond: { status: 200 } }]", "routes[0].match", "use `path` or `path_prefix`, not both"),
+    ("routes: [{ name: a, match: { methods: [GET, \"PO ST\"] }, respond: { status: 200 } }]", "routes[0].match.methods[1]", "invalid method \"PO ST\""),
+    ("routes: [{ name: a, match: { query: { \"\": x } }, respond: { status: 200 } }]", "routes[0].match.query", "a query parameter needs a name"),
+    ("routes: [{ name: a, upstream: nowhere }]", "routes[0].upstream", "no upstream named \"nowhere\""),
+    ("routes: [{ name: a, respond: { status: 1000 } }]", "routes[0].respond.status", "invalid status 1000"),
+    ("upstreams: { app: { url: \"http://a\" } }\nroutes: [{ name: a, upstream: app, respond: { status: 200 } }]", "routes[0].upstream", "a route has `upstream` or `respond`, not both"),
+    ("routes: [{ name: a }]", "routes[0]", "a route needs `upstream` or `respond`"),
+    ("routes: [{ name: a, respond: { status: 200 }, limiters: [missing] }]", "routes[0].limiters[0]", "no limiter named \"missing\""),
+    ("limiters: { l: { limit: 1, window: 1s, key: ip } }\nroutes: [{ name: a, respond: { status: 200 }, limiters: [l, l] }]", "routes[0].limiters[1]", "limiter \"l\" is listed twice"),
+    // log
+    ("log: { format: xml }", "log.format", "unknown format \"xml\" (text or json)"),
+];
+
+#[test]
+fn every_rule_rejects_its_mistake_at_its_path() {
+    for &(yaml, path, fragment) in REJECTED {
+        let problems = validated(yaml).err().unwrap_or_default();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.path == path && p.message.contains(fragment)),
+            "{yaml}\n  expected {path}: …{fragment}…\n  got {problems:#?}"
+        );
+        assert!(
+            problems.iter().all(|p| p.location.is_none()),
+            "validation locates nothing; parse does: {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn each_row_is_rejected_for_its_own_reason_only() {
+    // A row that fails for a second reason would hide whether its rule works.
+    for &(yaml, path, _) in REJECTED {
+        let problems = validated(yaml).err().unwrap_or_default();
+        assert!(
+            problems.iter().all(|p| p.path == path),
+            "{yaml}: {problems:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_listen_name_is_taken_from_the_host_survey_and_auto_workers_from_its_cores() {
+    let c = validated("server: { listen: \"tollgate.internal:8080\", workers: auto }").unwrap();
+    assert_eq!(
+        c.server.listen,
+        vec![SocketAddr::from(([10, 0, 0, 1], 8080))]
+    );
+    assert_eq!(c.server.workers, 2);
+    assert_eq!(validated("{}").unwrap().server.workers, 2);
+}
+
+#[test]
+fn validation_reads_none_of_the_files_the_config_names() {
+    let c = validated(
+        "server: { tls: { cert: /nonexistent/a.pem, key: /nonexistent/a.key } }\n\
+         admin: { token_file: /nonexistent/token }\n\
+         identity: { api_keys_file: /nonexistent/keys }\n\
+         upstreams: { app: { url: \"https://a\", ca: /nonexistent/ca.pem } }\n",
+    )
+    .expect("missing files are the loader's problem");
+    let tls = c.server.tls.expect("tls");
+    assert_eq!(tls.certs[0].cert.to_str(), Some("/nonexistent/a.pem"));
+    assert!(tls.loaded.pick(None).is_none(), "no pair read yet");
+    assert_eq!(c.admin.token, None);
+    let (keys, content) = c.identity.api_keys_file.expect("key file named");
+    assert_eq!(keys.to_str(), Some("/nonexistent/keys"));
+    assert!(content.is_empty());
+    assert!(matches!(&c.upstreams[0].tls, UpstreamTls::Ca { certs, .. } if certs.is_empty()));
+}
+
+#[test]
+fn a_walkable_route_is_a_warning_with_its_path_not_a_problem() {
+    let c = validated(
+        "limiters: { per_key: { limit: 5, window: 60s, key: api_key } }\n\
+         routes: [{ name: open, respond: { status: 200 }, limiters: [per_key] }]\n",
+    )
+    .unwrap();
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert_eq!(c.warnings[0].path, "routes[0].limiters");
+    assert!(c.warnings[0]
+        .message
+        .contains("keys on a value the client chooses"));
+}

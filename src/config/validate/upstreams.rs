@@ -1,0 +1,159 @@
+//! Validation of `upstreams`: http(s) servers and how their certificates are trusted (fastcgi:// and balancing are in their own files).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::Uri;
+
+use super::{dur, Validator};
+use crate::config::balance::RawBalance;
+use crate::config::raw::{RawUpstream, Text};
+use crate::config::{UpstreamConfig, UpstreamTls};
+
+impl Validator<'_> {
+    /// One upstream server URL: http(s), with a host, without a query.
+    fn upstream_url(&mut self, path: &str, text: &Text) -> Option<Uri> {
+        let url: Uri = match text.0.parse() {
+            Ok(u) => u,
+            Err(e) => {
+                self.err(path, format!("invalid URL {:?}: {e}", text.0));
+                return None;
+            }
+        };
+        match url.scheme_str() {
+            Some("http") | Some("https") => {}
+            _ => {
+                self.err(
+                    path,
+                    format!(
+                        "{:?} must start with http://, https:// or fastcgi://",
+                        text.0
+                    ),
+                );
+                return None;
+            }
+        }
+        if url.authority().is_none() {
+            self.err(path, format!("{:?} has no host", text.0));
+            return None;
+        }
+        if url.query().is_some() {
+            self.err(path, "an upstream URL cannot carry a query string");
+            return None;
+        }
+        Some(url)
+    }
+
+    pub(super) fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
+        if raw
+            .url
+            .as_ref()
+            .is_some_and(|u| u.0.starts_with("fastcgi://"))
+        {
+            return self.fastcgi_upstream(name, raw);
+        }
+        for (field, set) in [
+            ("root", raw.root.is_some()),
+            ("index", raw.index.is_some()),
+            ("fallback", raw.fallback.is_some()),
+        ] {
+            if set {
+                self.err(
+                    format!("upstreams.{name}.{field}"),
+                    "applies to fastcgi:// upstreams only",
+                );
+            }
+        }
+        let written: Vec<(String, &Text)> = match (&raw.url, &raw.servers) {
+            (Some(url), None) => vec![(format!("upstreams.{name}.url"), url)],
+            (None, Some(list)) if !list.is_empty() => list
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("upstreams.{name}.servers[{i}]"), t))
+                .collect(),
+            (None, Some(_)) => {
+                self.err(format!("upstreams.{name}.servers"), "lists no server");
+                return None;
+            }
+            (Some(_), Some(_)) => {
+                self.err(
+                    format!("upstreams.{name}"),
+                    "`url` and `servers` contradict each other; keep one",
+                );
+                return None;
+            }
+            (None, None) => {
+                self.err(format!("upstreams.{name}"), "needs `url` or `servers`");
+                return None;
+            }
+        };
+        let mut servers = Vec::with_capacity(written.len());
+        for (path, text) in &written {
+            servers.push(self.upstream_url(path, text));
+        }
+        let servers: Vec<Uri> = servers.into_iter().collect::<Option<_>>()?;
+        let url = servers[0].clone();
+        if servers.iter().any(|s| s.scheme() != url.scheme()) {
+            self.err(
+                format!("upstreams.{name}.servers"),
+                "every server needs the same scheme (all http:// or all https://)",
+            );
+            return None;
+        }
+        let https = url.scheme_str() == Some("https");
+        let insecure = raw.insecure_skip_verify.unwrap_or(false);
+        let tls = match (&raw.ca, insecure) {
+            (_, true) if !https => {
+                self.err(
+                    format!("upstreams.{name}.insecure_skip_verify"),
+                    "applies to https:// upstreams only",
+                );
+                return None;
+            }
+            (Some(_), _) if !https => {
+                self.err(
+                    format!("upstreams.{name}.ca"),
+                    "applies to https:// upstreams only",
+                );
+                return None;
+            }
+            (Some(_), true) => {
+                self.err(
+                    format!("upstreams.{name}"),
+                    "`ca` and `insecure_skip_verify` contradict each other; keep one",
+                );
+                return None;
+            }
+            // The bundle is read by the loader, which reports it at `upstreams.<name>.ca`.
+            (Some(ca), false) => UpstreamTls::Ca {
+                path: PathBuf::from(&ca.0),
+                certs: Vec::new(),
+            },
+            (None, true) => UpstreamTls::InsecureSkipVerify,
+            (None, false) => UpstreamTls::SystemRoots,
+        };
+        Some(UpstreamConfig {
+            name: name.to_string(),
+            url,
+            connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
+            timeout: dur(raw.timeout, Duration::from_secs(30)),
+            tls,
+            balance: self.balance(
+                name,
+                RawBalance {
+                    servers: &raw.servers,
+                    balance: &raw.balance,
+                    max_fails: raw.max_fails,
+                    fail_timeout: raw.fail_timeout,
+                    max_conns: raw.max_conns,
+                    queue: raw.queue,
+                    queue_timeout: raw.queue_timeout,
+                    health: &raw.health,
+                    tunnel_idle_timeout: raw.tunnel_idle_timeout,
+                },
+                servers,
+            )?,
+            fastcgi: None,
+        })
+    }
+}
