@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn hand_written_numbers_times_and_addresses_read_as_the_formatter_writes_them() {
-        for ms in [0.0, 0.0004, 0.41234, 7.0, 12.3456, 99_999.9991] {
+        for ms in [0.0, 0.0004, 0.41234, 7.0, 12.3456, 99_999.999_1] {
             let mut out = String::new();
             push_millis(&mut out, ms);
             assert_eq!(out, format!("{ms:.3}"));
