@@ -13,10 +13,16 @@ that pruning gives it back.
     bench/proxybench.py --quick            # c=64, 3 rounds of 5 s
     bench/proxybench.py --keys 1000000     # memory for 1M tracked keys
     bench/proxybench.py --access-log       # the access log's cost: off vs json vs text, same run
+    bench/proxybench.py --floor            # adds the hyper floor (benches/hyper_floor.rs) on the allow path
 
 Needs nginx, haproxy and wrk (Debian packages; installed with apt-get when
 missing and running as root). Everything listens on 127.0.0.1:19080-19111 and
 is stopped when the script exits.
+
+`--floor` adds a bare hyper 1.x forwarding proxy (no limiting, no header
+rewriting, no logging; 2 workers like tollgate's default) as the row
+`floor`, and an `x/floor` column: how far tollgate is from what hyper
+itself does on this machine, measured in the same rounds.
 """
 
 import argparse
@@ -38,7 +44,7 @@ CLK = os.sysconf("SC_CLK_TCK")
 PORTS = {"upstream": 19080, "nginx": 19090, "nginx_reject": 19091, "haproxy": 19092, "haproxy_reject": 19093,
          "tollgate": 19100, "tollgate_admin": 19101, "tollgate_mem": 19110, "tollgate_mem_admin": 19111,
          "log_off": 19120, "log_off_admin": 19121, "log_json": 19122, "log_json_admin": 19123,
-         "log_text": 19124, "log_text_admin": 19125}
+         "log_text": 19124, "log_text_admin": 19125, "floor": 19130}
 
 # --access-log: three tollgates that differ only in `log:` (memory store, so
 # the log is the only per-request write). Their stdout, which carries the
@@ -153,6 +159,17 @@ def wrk(url, conns, duration, script=None):
             "sockerr": sum(int(x) for x in errors.groups()) if errors else 0, "p50": pct(50), "p99": pct(99)}
 
 
+def floor_binary():
+    """Builds benches/hyper_floor.rs (release) and returns its executable."""
+    out = subprocess.run(["cargo", "build", "--release", "--bench", "hyper_floor", "--message-format=json"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "hyper_floor" and msg.get("executable"):
+            return msg["executable"]
+    sys.exit("cargo built no hyper_floor executable")
+
+
 def write_configs(d, tollgate_bin):
     up = PORTS["upstream"]
     common = f"pid {d}/%s.pid;\nerror_log {d}/%s-error.log warn;\nworker_rlimit_nofile 65536;\nevents {{ worker_connections 16384; }}\n"
@@ -229,6 +246,9 @@ def benchmark(args, d, tollgate_bin):
         "tollgate": ([tollgate_bin, "--config", f"{d}/tollgate.yaml"], PORTS["tollgate"]),
         "tollgate_mem": ([tollgate_bin, "--config", f"{d}/tollgate_mem.yaml"], PORTS["tollgate_mem"]),
     }
+    if args.floor:
+        servers["floor"] = ([args.floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
+                             "--workers", "2"], PORTS["floor"])
     if args.access_log:
         # nginx stays as the reference of the eff/ng column; haproxy is not needed here.
         servers = {name: servers[name] for name in ("upstream", "nginx")}
@@ -250,6 +270,8 @@ def benchmark(args, d, tollgate_bin):
         ("haproxy", "reject"): ("haproxy", f"http://127.0.0.1:{PORTS['haproxy_reject']}/"),
         ("tollgate", "reject"): ("tollgate", f"http://127.0.0.1:{PORTS['tollgate']}/reject"),
     }
+    if args.floor:
+        targets[("floor", "allow")] = ("floor", f"http://127.0.0.1:{PORTS['floor']}/")
     if args.access_log:
         targets = {key: t for key, t in targets.items() if key[1] == "allow" and key[0] in ("direct", "nginx")}
         for name in ACCESS_LOG:
@@ -294,10 +316,12 @@ def benchmark(args, d, tollgate_bin):
 
 def summarize(results, mem, args):
     lines = []
+    floor = ("floor", "allow")
     for conns, rounds in results.items():
+        with_floor = floor in rounds[0]
         lines.append(f"\n-c{conns}, {len(rounds)} rounds of {args.duration}s (medians; ratios are medians of same-round ratios)")
         lines.append(f"{'scenario':8} {'target':16} {'rps':>9} {'p50ms':>7} {'p99ms':>7} {'non2xx%':>8} {'cpu/req':>8} "
-                     f"{'eff/ng':>7} {'x/direct':>8} {'x/nginx':>8} {'x/haproxy':>9}")
+                     f"{'eff/ng':>7} {'x/direct':>8} {'x/nginx':>8} {'x/haproxy':>9}" + (f" {'x/floor':>8}" if with_floor else ""))
         for key in rounds[0]:
             target, scenario = key
             med = lambda f: statistics.median(r[key][f] for r in rounds)
@@ -309,6 +333,8 @@ def summarize(results, mem, args):
             line = (f"{scenario:8} {target:16} {med('rps'):9.0f} {med('p50'):7.2f} {med('p99'):7.2f} {non2xx:8.1f} "
                     f"{med('cpu_us'):7.1f}u {eff:7.2f} {ratio_median(rounds, key, ('direct', 'allow')):8.2f} "
                     f"{ratio_median(rounds, key, ng):8.2f} {ratio_median(rounds, key, ('haproxy', scenario)):9.2f}")
+            if with_floor:
+                line += f" {ratio_median(rounds, key, floor):8.2f}" if scenario == "allow" else f" {'':8}"
             if err:
                 line += f"  sockerr={err}"
             lines.append(line)
@@ -384,6 +410,8 @@ def main():
     ap.add_argument("--access-log", action="store_true",
                     help="allow path only: tollgate with log.access off, json and text, same rounds")
     ap.add_argument("--tollgate", default=os.path.join(ROOT, "target/release/tollgate"))
+    ap.add_argument("--floor", nargs="?", const="build", default=None,
+                    help="add the hyper floor row; optionally the hyper_floor binary (default: cargo build --release --bench hyper_floor)")
     ap.add_argument("--json", help="also write raw results here")
     args = ap.parse_args()
     if args.quick:
@@ -394,6 +422,8 @@ def main():
     if not os.path.exists(args.tollgate):
         log("building tollgate (cargo build --release)")
         subprocess.run(["cargo", "build", "--release"], cwd=ROOT, check=True)
+    if args.floor == "build":
+        args.floor = floor_binary()
     d = tempfile.mkdtemp(prefix="tollgate-bench.")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:

@@ -16,7 +16,7 @@
 //! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
 //! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
 //! - [`proxy`]: forwarding to the upstream (HTTP, or [`fastcgi`] to php-fpm);
-//!   [`problem`]: everything answered locally.
+//!   [`problem`]: everything answered locally ([`reject`]: a 429's bytes and the rate-limit headers).
 //!
 //! Around them: [`config`] (raw YAML → pure validation → `Config`; `load` does the I/O), [`reload`]
 //! (validate, then swap, or keep the old), [`admin`] (and its live
@@ -43,6 +43,7 @@ pub mod pool;
 pub mod problem;
 pub mod protect;
 pub mod proxy;
+pub mod reject;
 pub mod reload;
 pub mod request_id;
 pub mod router;

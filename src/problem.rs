@@ -6,13 +6,14 @@
 
 use std::fmt::Write as _;
 
-use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, Response, StatusCode};
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
 use serde_json::{json, Value};
 
 use crate::body::Body;
-use crate::config::{HeaderSets, RejectBody, RejectShape};
+use crate::config::{RejectBody, RejectShape};
 use crate::limiter::{ceil_secs, Nanos, Quota, NANOS_PER_SEC};
+pub use crate::reject::set_rate_limit_headers;
 
 /// One limiter's view for the headers: its name and its quota after this request.
 #[derive(Debug, Clone, Copy)]
@@ -164,8 +165,8 @@ impl Problem {
                 v
             }
             Problem::RateLimited(d) => {
-                // The hot reject path: one struct serialized straight into
-                // the body buffer, no intermediate JSON tree.
+                // The hot reject path: the body written straight into one
+                // buffer (see `reject`), no serializer.
                 let secs = ceil_secs(d.retry_after).max(1);
                 let shaped = match shape.map(|s| &s.body) {
                     Some(RejectBody::Html) => Some((
@@ -187,21 +188,12 @@ impl Problem {
                         .insert(RETRY_AFTER, HeaderValue::from(secs));
                     return resp;
                 }
-                let body = RateLimitedBody {
-                    kind: "rate-limit-exceeded",
-                    title,
-                    status: status.as_u16(),
-                    detail: format!("Rate limit of {} exceeded for key '{}'.", d.policy, d.key),
-                    limiter: &d.limiter,
-                    limit: d.quota.limit,
-                    window_seconds: d.quota.window.map(ceil_secs),
-                    retry_after: secs,
-                    violated: &d.violated,
-                    request_id,
-                };
-                let mut resp = problem_json(status, serde_json::to_vec(&body).unwrap_or_default());
-                resp.headers_mut()
-                    .insert(RETRY_AFTER, HeaderValue::from(secs));
+                let body = crate::reject::problem_body(&d, status, title, secs, request_id);
+                let mut resp = problem_json(status, body);
+                let h = resp.headers_mut();
+                // Sized once for the rate-limit headers and the request id that follow.
+                h.reserve(2 + crate::reject::LIMIT_HEADERS);
+                h.insert(RETRY_AFTER, HeaderValue::from(secs));
                 return resp;
             }
             Problem::Banned(b) => {
@@ -300,23 +292,6 @@ impl Problem {
     }
 }
 
-#[derive(serde::Serialize)]
-struct RateLimitedBody<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    title: &'a str,
-    status: u16,
-    detail: String,
-    limiter: &'a str,
-    limit: u64,
-    window_seconds: Option<u64>,
-    retry_after: u64,
-    #[serde(rename = "violated-policies")]
-    violated: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    request_id: Option<&'a str>,
-}
-
 /// The built-in page of `reject: { body: html }`: plain, readable on a
 /// phone, and free of anything a browser would fetch.
 const HTML_PAGE: &str = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Too many attempts</title></head>\n<body style=\"font-family: system-ui, sans-serif; max-width: 36em; margin: 4em auto; padding: 0 1em\"><h1>Too many attempts</h1>\n<p>Please wait {{retry_after}} seconds, then try again.</p>\n<p style=\"color: #666\"><small>Status {{status}} · request {{request_id}}</small></p></body></html>\n";
@@ -395,68 +370,11 @@ fn problem_json(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<B
     resp
 }
 
-// Named once: a `&str` key would be parsed into a header name on every response.
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
-/// Sets `X-RateLimit-*` from the limiter with the fewest remaining, and the
-/// IETF `RateLimit-Policy` / `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10).
-/// `sets` (a route's `rate_limit_headers`) chooses which of the two are sent.
-pub fn set_rate_limit_headers(
-    headers: &mut HeaderMap,
-    views: &[LimitView<'_>],
-    now: Nanos,
-    sets: HeaderSets,
-) {
-    let Some(tightest) = views.iter().min_by(|a, b| {
-        a.quota
-            .remaining
-            .cmp(&b.quota.remaining)
-            .then(b.quota.reset_after.cmp(&a.quota.reset_after))
-    }) else {
-        return;
-    };
-    let q = tightest.quota;
-    if sets.x_ratelimit() {
-        let reset_at = (now + q.reset_after).div_ceil(NANOS_PER_SEC);
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(q.limit));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(q.remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_at));
-    }
-    if !sets.draft() {
-        return;
-    }
-
-    let mut policy = String::with_capacity(32 * views.len());
-    for (i, v) in views.iter().enumerate() {
-        if i > 0 {
-            policy.push_str(", ");
-        }
-        let _ = write!(policy, "\"{}\";q={}", v.name, v.quota.limit);
-        if let Some(w) = v.quota.window {
-            let _ = write!(policy, ";w={}", ceil_secs(w).max(1));
-        }
-    }
-    if let Ok(v) = HeaderValue::from_str(&policy) {
-        headers.insert(RATELIMIT_POLICY, v);
-    }
-    let current = format!(
-        "\"{}\";r={};t={}",
-        tightest.name,
-        q.remaining,
-        ceil_secs(q.reset_after)
-    );
-    if let Ok(v) = HeaderValue::from_str(&current) {
-        headers.insert(RATELIMIT, v);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::HeaderSets;
+    use http::HeaderMap;
     use http_body_util::BodyExt;
 
     const S: Nanos = NANOS_PER_SEC;

@@ -584,6 +584,13 @@ fn client_body_error(e: &(dyn StdError + 'static)) -> Option<String> {
 
 /// Removes hop-by-hop headers, including every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names a message has: most carry none of these or
+    // just `Connection: keep-alive`, and removing an absent name still costs
+    // a hash, eight of them per message.
+    let present = names_among(headers, &HOP_BY_HOP);
+    if present.is_empty() {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -591,9 +598,33 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+    for name in named.iter().chain(present.iter()) {
         headers.remove(name);
     }
+}
+
+/// The names of `set` that `headers` has.
+fn names_among(headers: &HeaderMap, set: &[HeaderName]) -> Vec<HeaderName> {
+    headers
+        .keys()
+        .filter(|name| set.contains(name))
+        .cloned()
+        .collect()
+}
+
+/// An address as a header value, without the formatter for the usual IPv4.
+fn ip_value(ip: IpAddr) -> Option<HeaderValue> {
+    let IpAddr::V4(v4) = ip else {
+        return HeaderValue::from_str(&ip.to_string()).ok();
+    };
+    let mut out = Vec::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push(b'.');
+        }
+        crate::reject::push_u64(&mut out, u64::from(octet));
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
 }
 
 /// What tollgate tells the upstream about the client and the edge.
@@ -613,27 +644,31 @@ pub fn set_forwarded_headers(
     port: u16,
 ) {
     let peer = peer.to_canonical();
-    let xff = if client.peer_trusted {
-        let existing: Vec<&str> = headers
+    let existing: Vec<&str> = if client.peer_trusted {
+        headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .collect();
-        if existing.is_empty() {
-            peer.to_string()
-        } else {
-            format!("{}, {peer}", existing.join(", "))
-        }
+            .collect()
     } else {
-        for name in &EDGE_OWNED {
+        Vec::new()
+    };
+    let xff = if existing.is_empty() {
+        ip_value(peer)
+    } else {
+        HeaderValue::from_str(&format!("{}, {peer}", existing.join(", "))).ok()
+    };
+    if !client.peer_trusted {
+        for name in names_among(headers, &EDGE_OWNED) {
             headers.remove(name);
         }
-        peer.to_string()
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    }
+    // Sized once for the five headers below.
+    headers.reserve(5);
+    if let Some(v) = xff {
         headers.insert(X_FORWARDED_FOR, v);
     }
-    if let Ok(v) = HeaderValue::from_str(&client.ip.to_string()) {
+    if let Some(v) = ip_value(client.ip) {
         headers.insert(X_REAL_IP, v);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));

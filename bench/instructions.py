@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Instructions and syscalls per request: tollgate, the hyper floor and nginx, same load.
+
+Requests per second on a shared 2-core machine swing by tens of percent with
+whatever else runs; the instructions a server executes per request do not.
+This runs each proxy under `valgrind --tool=callgrind` (instrumentation off
+while it starts), warms it up, zeroes the counters, sends a fixed number of
+requests from a small keep-alive client, dumps the counters and divides:
+user-space instructions per request, every thread of the process included,
+startup and shutdown excluded. With `--syscalls` it instead runs each proxy
+natively under `perf stat -e raw_syscalls:sys_enter,context-switches` for
+the same load (the kernel's share, which callgrind does not see).
+
+    cargo build --release && cargo build --release --bench hyper_floor
+    bench/instructions.py                          # tollgate allow+reject, floor, nginx allow+reject
+    bench/instructions.py --only tollgate          # one proxy (repeat runs for an A/B)
+    bench/instructions.py --syscalls               # syscalls and context switches per request
+
+The targets are those of bench/proxybench.py: an nginx upstream (`return
+200`, not measured) on 127.0.0.1:19180; tollgate (SQLite store, 2 workers)
+with a limit that never triggers on `/` and 1 request per hour per IP on
+`/reject`; nginx with `limit_req` the same way (1 request per minute, its
+slowest rate); the hyper floor (benches/hyper_floor.rs, 2 workers). The
+client keeps `--conns` connections busy with one request at a time each, as
+wrk does. Needs valgrind, nginx and (for --syscalls) perf.
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PORTS = {"upstream": 19180, "tollgate": 19181, "tollgate_admin": 19182, "nginx": 19183,
+         "nginx_reject": 19184, "floor": 19185}
+
+
+def log(msg):
+    print(f"[instructions] {msg}", file=sys.stderr, flush=True)
+
+
+def one_connection(port, path, count, failures):
+    """`count` keep-alive requests, one at a time, on one connection."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=300)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        for _ in range(count):
+            s.sendall(request)
+            while b"\r\n\r\n" not in buf:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise ConnectionError("closed by the server")
+                buf += chunk
+            head, _, buf = buf.partition(b"\r\n\r\n")
+            m = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.I)
+            if not m:
+                raise ValueError(f"no Content-Length in {head[:200]!r}")
+            length = int(m.group(1))
+            while len(buf) < length:
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise ConnectionError("closed by the server")
+                buf += chunk
+            buf = buf[length:]
+        s.close()
+    except Exception as e:  # reported once the load is over
+        failures.append(repr(e))
+
+
+def load(port, path, total, conns):
+    failures = []
+    per = total // conns
+    threads = [threading.Thread(target=one_connection, args=(port, path, per, failures)) for _ in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        sys.exit(f"load on :{port}{path} failed: {failures[0]}")
+    return per * conns
+
+
+def wait_port(port, proc, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{proc.args} exited during startup")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit(f"port {port} did not open within {timeout}s")
+
+
+def write_configs(d, store, access_log):
+    up = PORTS["upstream"]
+    common = (f"daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/%s.pid;\nerror_log {d}/%s-error.log warn;\n"
+              "events { worker_connections 4096; }\n")
+    http_common = (f"access_log off; keepalive_requests 100000000; keepalive_timeout 300s;"
+                   f" client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;"
+                   f" uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;")
+    os.makedirs(f"{d}/tmp", exist_ok=True)
+    with open(f"{d}/upstream.conf", "w") as f:
+        f.write(common % ("up", "up") + f"http {{ {http_common}\n"
+                f"  server {{ listen 127.0.0.1:{up} backlog=4096; location / {{ default_type text/plain; return 200 \"ok\\n\"; }} }} }}\n")
+    with open(f"{d}/nginx.conf", "w") as f:
+        f.write(common % ("ng", "ng") + "http { " + http_common + "\n"
+                "  limit_req_zone $binary_remote_addr zone=allow:10m rate=100000000r/s;\n"
+                "  limit_req_zone $binary_remote_addr zone=reject:10m rate=1r/m;\n"
+                "  limit_req_status 429; limit_req_log_level info;\n"
+                f"  upstream app {{ server 127.0.0.1:{up}; keepalive 1024; keepalive_requests 100000000; }}\n"
+                f"  server {{ listen 127.0.0.1:{PORTS['nginx']} backlog=4096; location / {{ limit_req zone=allow burst=1000000 nodelay;"
+                " proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }\n"
+                f"  server {{ listen 127.0.0.1:{PORTS['nginx_reject']} backlog=4096; location / {{ limit_req zone=reject;"
+                " proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }\n}\n")
+    with open(f"{d}/tollgate.yaml", "w") as f:
+        f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS['tollgate']}"] }}
+admin: {{ listen: "127.0.0.1:{PORTS['tollgate_admin']}" }}
+store: {{ backend: {store}, path: "{d}/tollgate.db" }}
+log: {{ access: {access_log} }}
+upstreams:
+  app: {{ url: "http://127.0.0.1:{up}" }}
+limiters:
+  allow: {{ algorithm: fixed_window, limit: 1000000000, window: 60s, key: ip }}
+  reject: {{ algorithm: fixed_window, limit: 1, window: 1h, key: ip }}
+routes:
+  - {{ name: reject, match: {{ path_prefix: /reject }}, upstream: app, limiters: [reject] }}
+  - {{ name: allow, match: {{ path_prefix: / }}, upstream: app, limiters: [allow] }}
+""")
+
+
+def floor_binary():
+    out = subprocess.run(["cargo", "build", "--release", "--bench", "hyper_floor", "--message-format=json"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "hyper_floor" and msg.get("executable"):
+            return msg["executable"]
+    sys.exit("cargo built no hyper_floor executable")
+
+
+class Callgrind:
+    """A server under callgrind: counters zeroed and dumped around each load."""
+
+    def __init__(self, name, argv, d):
+        self.out = f"{d}/{name}.callgrind"
+        self.proc = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                      f"--callgrind-out-file={self.out}"] + argv,
+                                     stdout=open(f"{d}/{name}.log", "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.dumps = 0
+
+    def control(self, *args):
+        subprocess.run(["callgrind_control", *args, str(self.proc.pid)], check=True, capture_output=True)
+
+    def started(self):
+        self.control("-i", "on")
+
+    def measure(self, run):
+        self.control("-z")
+        n = run()
+        self.control("-d")
+        self.dumps += 1
+        path = f"{self.out}.{self.dumps}"
+        for _ in range(100):
+            if os.path.exists(path) and re.search(r"^totals:", open(path).read(), re.M):
+                break
+            time.sleep(0.1)
+        total = int(re.search(r"^totals:\s+(\d+)", open(path).read(), re.M).group(1))
+        return total / n
+
+    def stop(self):
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+class PerfStat:
+    """A server run natively; `perf stat` counts its syscalls around each load."""
+
+    def __init__(self, name, argv, d):
+        self.d, self.name = d, name
+        self.proc = subprocess.Popen(argv, stdout=open(f"{d}/{name}.log", "w"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def started(self):
+        pass
+
+    def measure(self, run):
+        out = f"{self.d}/{self.name}.perf"
+        perf = subprocess.Popen(["perf", "stat", "-x,", "-o", out, "-e",
+                                 "raw_syscalls:sys_enter,context-switches,task-clock", "-p", str(self.proc.pid)])
+        time.sleep(0.3)
+        n = run()
+        perf.send_signal(signal.SIGINT)
+        perf.wait()
+        counts = {}
+        for line in open(out):
+            parts = line.strip().split(",")
+            if len(parts) > 2 and parts[0] and parts[0][0].isdigit():
+                counts[parts[2]] = float(parts[0])
+        return {"syscalls": counts.get("raw_syscalls:sys_enter", 0) / n,
+                "switches": counts.get("context-switches", 0) / n,
+                "cpu_us": counts.get("task-clock", 0) * 1000 / n}
+
+    def stop(self):
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=20000, help="measured requests per scenario")
+    ap.add_argument("--warmup", type=int, default=2000)
+    ap.add_argument("--conns", type=int, default=16)
+    ap.add_argument("--only", action="append", choices=["tollgate", "floor", "nginx"],
+                    help="measure only these (repeatable)")
+    ap.add_argument("--syscalls", action="store_true", help="perf stat syscalls per request instead of callgrind")
+    ap.add_argument("--tollgate", default=os.path.join(ROOT, "target/release/tollgate"))
+    ap.add_argument("--floor", help="the hyper_floor binary (default: built with cargo)")
+    ap.add_argument("--store", choices=["sqlite", "memory"], default="sqlite",
+                    help="tollgate's store (SQLite also writes an audit row per proxied request)")
+    ap.add_argument("--access-log", choices=["on", "off"], default="on",
+                    help="tollgate's access log (on by default; the nginx peer runs with access_log off)")
+    ap.add_argument("--keep", help="copy the callgrind dumps here (for callgrind_annotate)")
+    ap.add_argument("--floor-args", default="--workers 2", help="extra arguments for the floor, e.g. '--auto'")
+    args = ap.parse_args()
+    only = args.only or ["tollgate", "floor", "nginx"]
+    for tool in ("nginx", "perf" if args.syscalls else "valgrind"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is missing")
+    d = tempfile.mkdtemp(prefix="tollgate-instr.")
+    write_configs(d, args.store, "true" if args.access_log == "on" else "false")
+    upstream = subprocess.Popen(["nginx", "-p", d, "-e", f"{d}/up-error.log", "-c", f"{d}/upstream.conf"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    servers = []
+    try:
+        wait_port(PORTS["upstream"], upstream, 30)
+        plan = []
+        if "tollgate" in only:
+            plan.append(("tollgate", [args.tollgate, "--config", f"{d}/tollgate.yaml"],
+                         [("allow", PORTS["tollgate"], "/"), ("reject", PORTS["tollgate"], "/reject")]))
+        if "floor" in only:
+            floor = args.floor or floor_binary()
+            plan.append(("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
+                                   *args.floor_args.split()],
+                         [("allow", PORTS["floor"], "/")]))
+        if "nginx" in only:
+            plan.append(("nginx", ["nginx", "-p", d, "-e", f"{d}/ng-error.log", "-c", f"{d}/nginx.conf"],
+                         [("allow", PORTS["nginx"], "/"), ("reject", PORTS["nginx_reject"], "/")]))
+        kind = PerfStat if args.syscalls else Callgrind
+        rows = []
+        for name, argv, scenarios in plan:
+            log(f"{name}: starting")
+            server = kind(name, argv, d)
+            servers.append(server)
+            wait_port(scenarios[0][1], server.proc, 180)
+            server.started()
+            for scenario, port, path in scenarios:
+                load(port, path, args.warmup, args.conns)
+                value = server.measure(lambda: load(port, path, args.requests, args.conns))
+                rows.append((scenario, name, value))
+                if args.keep and not args.syscalls:
+                    os.makedirs(args.keep, exist_ok=True)
+                    shutil.copy(f"{server.out}.{server.dumps}", f"{args.keep}/{name}-{scenario}.callgrind")
+                log(f"{name} {scenario}: {value}")
+            server.stop()
+        print(f"{args.requests} requests, {args.conns} connections, after {args.warmup} warm-up requests")
+        if args.syscalls:
+            print(f"{'scenario':8} {'target':10} {'syscalls/req':>12} {'ctxsw/req':>10} {'cpu us/req':>10}")
+            for scenario, name, v in rows:
+                print(f"{scenario:8} {name:10} {v['syscalls']:12.2f} {v['switches']:10.3f} {v['cpu_us']:10.1f}")
+        else:
+            ng = {s: v for s, n, v in rows if n == "nginx"}
+            print(f"{'scenario':8} {'target':10} {'instr/req':>10} {'x nginx':>8}")
+            for scenario, name, v in rows:
+                ratio = f"{v / ng[scenario]:8.2f}" if scenario in ng else f"{'':8}"
+                print(f"{scenario:8} {name:10} {v:10.0f} {ratio}")
+    finally:
+        for s in servers:
+            if s.proc.poll() is None:
+                s.stop()
+        os.killpg(upstream.pid, signal.SIGTERM)
+        upstream.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
