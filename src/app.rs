@@ -4,7 +4,6 @@
 //! request loads the current [`Snapshot`] once and finishes on it, whatever
 //! a reload does meanwhile.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,15 +27,7 @@ use crate::router::{normalize, request_host};
 use crate::snapshot::{Route, RouteAction, Snapshot};
 use crate::store::{AuditRow, Check, Outcome, Store};
 
-/// What the server knows about the connection a request came on.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnInfo {
-    pub peer: SocketAddr,
-    /// `http` or `https`, for `X-Forwarded-Proto`.
-    pub proto: &'static str,
-    /// The local port the client connected to, for `X-Forwarded-Port`.
-    pub port: u16,
-}
+pub use crate::connections::ConnInfo;
 
 /// The state every part of the process shares.
 pub struct Shared {
@@ -51,18 +42,24 @@ pub struct Shared {
     /// The last reload's error, shown by `GET /config` until a reload succeeds.
     pub last_reload_error: Mutex<Option<String>>,
     pub started: Instant,
-    /// The listeners in service while `run` runs; reloads rebind through it.
-    pub listeners: Mutex<Option<crate::server::ListenerSet>>,
     /// TLS termination; reloads swap its certificates.
     pub tls: crate::tls::Terminator,
     /// Open public connections and their caps.
     pub connections: Arc<crate::connections::Connections>,
     /// What the admin dashboard shows besides the counters: recent rates, limited keys.
-    pub activity: crate::dashboard::Activity,
+    pub activity: crate::activity::Activity,
     /// The access log's queue and writer thread.
     pub access: AccessLog,
     /// Upgraded connections (WebSockets) still open; closed at shutdown.
     pub tunnels: crate::tunnel::Tunnels,
+}
+
+/// The file a config was read from and the text it held then: reloads read
+/// the file again, and the watch compares what it finds against the text.
+#[derive(Debug, Clone)]
+pub struct ConfigSource {
+    pub path: PathBuf,
+    pub text: String,
 }
 
 #[derive(Clone)]
@@ -91,16 +88,17 @@ impl App {
         config: Config,
         store: Store,
         clock: SharedClock,
-        config_path: Option<PathBuf>,
+        source: Option<ConfigSource>,
     ) -> App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
         let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
-        let config_text = config_path
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok());
+        let (config_path, config_text) = match source {
+            Some(s) => (Some(s.path), Some(s.text)),
+            None => (None, None),
+        };
         App {
             shared: Arc::new(Shared {
                 snapshot: ArcSwap::from_pointee(snapshot),
@@ -111,7 +109,6 @@ impl App {
                 config_text: Mutex::new(config_text),
                 last_reload_error: Mutex::new(None),
                 started: Instant::now(),
-                listeners: Mutex::new(None),
                 tls,
                 connections,
                 activity: Default::default(),
@@ -307,9 +304,7 @@ impl App {
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
                 trail.record.upstream = Some(upstream.name.clone());
                 let asked = Instant::now();
-                let result = upstream
-                    .forward(req, &client, conn.peer, conn.proto, conn.port, max_body)
-                    .await;
+                let result = upstream.forward(req, &client, &conn, max_body).await;
                 let waited = asked.elapsed();
                 snap.upstream_durations[*u].observe(waited);
                 trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
