@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use crate::config::LogFormat;
 use crate::limiter::{Nanos, NANOS_PER_SEC};
 use crate::metrics::Decision;
+use crate::problem::Origin;
 
 /// Records waiting for the writer; beyond this they are dropped.
 pub const QUEUE: usize = 8_192;
@@ -49,6 +50,9 @@ pub struct AccessRecord {
     pub retry_after: Option<u64>,
     pub upstream: Option<String>,
     pub upstream_ms: Option<f64>,
+    /// Where the failure the answer reports came from; `None` when tollgate
+    /// answered no problem (the upstream's own answers included).
+    pub error_origin: Option<Origin>,
     pub duration_ms: f64,
     pub bytes_out: u64,
     pub referer: Option<HeaderValue>,
@@ -157,6 +161,7 @@ impl AccessRecord {
             "retry_after": self.retry_after,
             "upstream": self.upstream,
             "upstream_ms": self.upstream_ms.map(round3),
+            "error_origin": self.error_origin.map(Origin::as_str),
             "duration_ms": round3(self.duration_ms),
             "bytes_out": self.bytes_out,
             "proto": proto(self.version),
@@ -213,6 +218,8 @@ impl AccessRecord {
         }
         out.push_str(" duration_ms=");
         push_millis(out, self.duration_ms);
+        out.push_str(" error_origin=");
+        out.push_str(self.error_origin.map_or("-", Origin::as_str));
     }
 }
 
@@ -361,6 +368,7 @@ mod tests {
             retry_after: Some(40),
             upstream: None,
             upstream_ms: None,
+            error_origin: Some(Origin::Downstream),
             duration_ms: 0.41234,
             bytes_out: 231,
             referer: None,
@@ -381,6 +389,7 @@ mod tests {
         assert_eq!(v["retry_after"], 40);
         assert_eq!(v["duration_ms"], 0.412);
         assert_eq!(v["proto"], "HTTP/1.1");
+        assert_eq!(v["error_origin"], "downstream");
         assert!(v["upstream"].is_null());
     }
 
@@ -407,7 +416,7 @@ mod tests {
         record(LogFormat::Text).format_into(&mut line);
         assert_eq!(
             line,
-            "203.0.113.9 - key:3f2a9c01… [01/Jan/2026:00:00:00 +0000] \"POST /login\\x22x HTTP/1.1\" 429 231 \"-\" \"curl/8 \\x22evil\\x22\" rid=abc-1 route=login decision=rejected limiter=strict retry_after=40 upstream=- upstream_ms=- duration_ms=0.412\n"
+            "203.0.113.9 - key:3f2a9c01… [01/Jan/2026:00:00:00 +0000] \"POST /login\\x22x HTTP/1.1\" 429 231 \"-\" \"curl/8 \\x22evil\\x22\" rid=abc-1 route=login decision=rejected limiter=strict retry_after=40 upstream=- upstream_ms=- duration_ms=0.412 error_origin=downstream\n"
         );
     }
 }

@@ -6,18 +6,12 @@
 //! need no secret. Without a token the listener is on loopback (config
 //! enforces that too) and answers only loopback `Host` names (see `guard`).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::app::App;
 use crate::body::Body;
@@ -26,42 +20,13 @@ use crate::identity::ApiKey;
 use crate::key;
 use crate::limiter::{ceil_secs, NANOS_PER_SEC};
 use crate::problem::admin_error;
+use crate::reload::Reloader;
 use crate::snapshot::Snapshot;
 use guard::Refusal;
 
 mod guard;
 
 pub use guard::is_loopback_host;
-
-pub async fn serve(listener: TcpListener, app: App, stop: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
-            a = listener.accept() => match a {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let app = app.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let app = app.clone();
-                async move { Ok::<_, Infallible>(handle(&app, req, peer).await) }
-            });
-            let builder = crate::server::connection_builder(std::time::Duration::from_secs(10));
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = conn => {}
-                _ = stop.cancelled() => {}
-            }
-        });
-    }
-}
 
 fn json_response(status: StatusCode, v: Value) -> Response<Body> {
     let mut resp = Response::new(Body::full(format!("{v}\n")));
@@ -102,7 +67,13 @@ fn not_allowed(allow: &'static str) -> Response<Body> {
     resp
 }
 
-pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+/// Answers one admin call; `reloader` is how `POST /reload` reaches the listeners.
+pub async fn handle(
+    app: &App,
+    reloader: &Reloader,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
     let snap = app.snapshot();
     let path = req.uri().path();
     // Probes need no secret; the dashboard's page, script and style hold no
@@ -191,7 +162,7 @@ pub async fn handle(app: &App, req: Request<Incoming>, peer: SocketAddr) -> Resp
                 }
             }
         },
-        (&Method::POST, "/reload") => match crate::reload::reload(app) {
+        (&Method::POST, "/reload") => match reloader.reload().await {
             Ok(version) => {
                 json_response(StatusCode::OK, json!({"result": "ok", "version": version}))
             }
@@ -500,17 +471,6 @@ pub fn effective_config(c: &Config) -> Value {
             "limiters": r.limiters.iter().map(|&i| c.limiters[i].name.clone()).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
-}
-
-/// Reload outcomes are counted here so the admin call and the watcher agree.
-pub fn count_reload(app: &App, ok: bool) {
-    app.shared
-        .metrics
-        .counter(
-            "tollgate_config_reloads_total",
-            &[("result", if ok { "ok" } else { "error" })],
-        )
-        .fetch_add(1, Ordering::Relaxed);
 }
 
 #[cfg(test)]

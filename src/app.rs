@@ -1,10 +1,9 @@
-//! The request lifecycle, top to bottom: sanity → identity → route → limiters → respond | proxy → access.
+//! The request lifecycle as named phases: admit → identify → route → limit → dispatch (respond | upstream | FastCGI | tunnel) → settle → log.
 //!
 //! `App` is a cheap handle that the server clones into every connection. A
 //! request loads the current [`Snapshot`] once and finishes on it, whatever
 //! a reload does meanwhile.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +14,7 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use parking_lot::Mutex;
 
-use crate::access::{AccessLog, AccessRecord};
+use crate::access::AccessLog;
 use crate::body::Body;
 use crate::clock::SharedClock;
 use crate::config::{Config, OnError};
@@ -27,16 +26,14 @@ use crate::request_id::{RequestId, X_REQUEST_ID};
 use crate::router::{normalize, request_host};
 use crate::snapshot::{Route, RouteAction, Snapshot};
 use crate::store::{AuditRow, Check, Outcome, Store};
+use crate::tunnel::ClientSide;
 
-/// What the server knows about the connection a request came on.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnInfo {
-    pub peer: SocketAddr,
-    /// `http` or `https`, for `X-Forwarded-Proto`.
-    pub proto: &'static str,
-    /// The local port the client connected to, for `X-Forwarded-Port`.
-    pub port: u16,
-}
+pub use crate::connections::ConnInfo;
+pub use release::Release;
+use trail::Trail;
+
+mod release;
+mod trail;
 
 /// The state every part of the process shares.
 pub struct Shared {
@@ -51,18 +48,24 @@ pub struct Shared {
     /// The last reload's error, shown by `GET /config` until a reload succeeds.
     pub last_reload_error: Mutex<Option<String>>,
     pub started: Instant,
-    /// The listeners in service while `run` runs; reloads rebind through it.
-    pub listeners: Mutex<Option<crate::server::ListenerSet>>,
     /// TLS termination; reloads swap its certificates.
     pub tls: crate::tls::Terminator,
     /// Open public connections and their caps.
     pub connections: Arc<crate::connections::Connections>,
     /// What the admin dashboard shows besides the counters: recent rates, limited keys.
-    pub activity: crate::dashboard::Activity,
+    pub activity: crate::activity::Activity,
     /// The access log's queue and writer thread.
     pub access: AccessLog,
     /// Upgraded connections (WebSockets) still open; closed at shutdown.
     pub tunnels: crate::tunnel::Tunnels,
+}
+
+/// The file a config was read from and the text it held then: reloads read
+/// the file again, and the watch compares what it finds against the text.
+#[derive(Debug, Clone)]
+pub struct ConfigSource {
+    pub path: PathBuf,
+    pub text: String,
 }
 
 #[derive(Clone)]
@@ -91,16 +94,17 @@ impl App {
         config: Config,
         store: Store,
         clock: SharedClock,
-        config_path: Option<PathBuf>,
+        source: Option<ConfigSource>,
     ) -> App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
         let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
-        let config_text = config_path
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok());
+        let (config_path, config_text) = match source {
+            Some(s) => (Some(s.path), Some(s.text)),
+            None => (None, None),
+        };
         App {
             shared: Arc::new(Shared {
                 snapshot: ArcSwap::from_pointee(snapshot),
@@ -111,7 +115,6 @@ impl App {
                 config_text: Mutex::new(config_text),
                 last_reload_error: Mutex::new(None),
                 started: Instant::now(),
-                listeners: Mutex::new(None),
                 tls,
                 connections,
                 activity: Default::default(),
@@ -127,6 +130,13 @@ impl App {
 
     /// Serves one request; every failure becomes a problem+json response,
     /// and every response, whoever made it, one access record.
+    ///
+    /// The phases, top to bottom: [`admit`](Self::admit) (framing checks) →
+    /// [`identify`](Self::identify) → [`route`](Self::route) →
+    /// [`limit`](Self::limit) → [`dispatch`](Self::dispatch) (respond |
+    /// upstream | FastCGI | tunnel) → [`settle`](Self::settle) → log (the
+    /// access record, when the body ends). Any phase may end the request
+    /// with a [`Problem`]; its [`Origin`](crate::problem::Origin) goes into the record.
     pub async fn handle(&self, mut req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let snap = self.snapshot();
         let started = Instant::now();
@@ -138,59 +148,86 @@ impl App {
         );
         // The upstream sees the same id the client and the log see.
         req.headers_mut().insert(X_REQUEST_ID, id.header().clone());
-        let mut trail = Trail::begin(&snap, &req, conn, now, &id);
-        let mut resp = match self.serve(&snap, req, conn, now, started, &mut trail).await {
+        let trail = Trail::begin(&snap, &req, conn, now, &id);
+        let mut x = Exchange {
+            snap,
+            conn,
+            now,
+            started,
+            trail,
+        };
+        let mut resp = match self.serve(&mut x, req).await {
             Ok(resp) => resp,
-            Err(problem) => {
-                if matches!(problem, Problem::StoreUnavailable) {
-                    trail.record.decision = Decision::StoreError;
-                }
-                problem.respond(Some(&trail.record.request_id), None)
-            }
+            Err(problem) => x.trail.answer(problem, None),
         };
         resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
-        trail.finish(self, snap, resp, started, in_flight)
+        x.trail.finish(self, x.snap, resp, started, in_flight)
     }
 
+    /// The phases between the request head and the answer.
     async fn serve(
         &self,
-        snap: &Arc<Snapshot>,
+        x: &mut Exchange,
         req: Request<Incoming>,
-        conn: ConnInfo,
-        now: Nanos,
-        started: Instant,
-        trail: &mut Trail,
     ) -> Result<Response<Body>, Problem> {
-        let max_body = snap.config.server.max_request_body;
+        let admitted = self.admit(x, req)?;
+        let client = self.identify(x, &admitted.req)?;
+        let route = self.route(x, &admitted.req)?;
+        let headers = admitted.req.headers();
+        let mut limits = match self.limit(x, route, &client, headers).await? {
+            Admission::Admitted(limits) => limits,
+            Admission::Refused(resp) => return Ok(resp),
+        };
+        let resp = self
+            .dispatch(x, route, &client, admitted, &mut limits)
+            .await;
+        Ok(self.settle(x, route, limits, resp).await)
+    }
+
+    /// Admit: framing a proxy must refuse before anything is counted, and a
+    /// declared body over the limit. An upgrade (WebSocket) request gives
+    /// its client side of the tunnel here (an HTTP/2 one is rewritten to the
+    /// HTTP/1.1 handshake first).
+    fn admit(&self, x: &Exchange, mut req: Request<Incoming>) -> Result<Admitted, Problem> {
         crate::framing::check_request(&req)?;
-        check_framing(req.headers(), max_body)?;
-        let mut req = req;
-        // An upgrade (WebSocket) request: the client's side of the tunnel,
-        // taken now (an HTTP/2 one is rewritten to the HTTP/1.1 handshake first).
-        let client_upgrade = crate::tunnel::client_side(&mut req);
-        let client = match snap.identity.resolve(conn.peer, req.headers(), now) {
-            Ok(client) => client,
+        check_framing(req.headers(), x.snap.config.server.max_request_body)?;
+        let upgrade = crate::tunnel::client_side(&mut req);
+        Ok(Admitted { req, upgrade })
+    }
+
+    /// Identify: who the client is (a verified API key, or the real IP
+    /// behind trusted proxies).
+    fn identify(&self, x: &mut Exchange, req: &Request<Incoming>) -> Result<Client, Problem> {
+        match x.snap.identity.resolve(x.conn.peer, req.headers(), x.now) {
+            Ok(client) => {
+                x.trail.record.client = Some(client.display().to_string());
+                x.trail.record.ip = client.ip;
+                Ok(client)
+            }
             Err(IdentityError::UnknownApiKey(short)) => {
-                trail.record.client = Some(short.clone());
-                return Err(Problem::UnknownApiKey(short));
+                x.trail.record.client = Some(short.clone());
+                Err(Problem::UnknownApiKey(short))
             }
             Err(IdentityError::TooManyUnknownKeys {
                 ip_key,
                 retry_after,
             }) => {
-                trail.record.client = Some(ip_key.clone());
-                return Err(Problem::TooManyUnknownKeys {
+                x.trail.record.client = Some(ip_key.clone());
+                Err(Problem::TooManyUnknownKeys {
                     ip_key,
                     retry_after,
-                });
+                })
             }
-        };
-        trail.record.client = Some(client.display().to_string());
-        trail.record.ip = client.ip;
+        }
+    }
+
+    /// Route: which route, on the normalized path; its index in the snapshot.
+    fn route(&self, x: &mut Exchange, req: &Request<Incoming>) -> Result<usize, Problem> {
+        let snap = &x.snap;
         let path = normalize(req.uri().path());
         // Building the host string is only worth it when a route asks for one.
         let host = if snap.router.uses_host() {
-            request_host(&req)
+            request_host(req)
         } else {
             None
         };
@@ -198,25 +235,41 @@ impl App {
             .router
             .find(req.method(), host.as_deref(), &path, req.uri().query())
             .ok_or(Problem::NoRoute)?;
-        let route = &snap.routes[index];
-        trail.route = Some(index);
-        trail.record.route = Some(route.name.clone());
+        x.trail.route = Some(index);
+        x.trail.record.route = Some(snap.routes[index].name.clone());
+        Ok(index)
+    }
 
+    /// Limit: an exempt client passes; a banned key is refused; then every
+    /// limiter of the route is checked in one store call. A denial is
+    /// answered here (429 and its headers); a shaping delay is waited out.
+    async fn limit(
+        &self,
+        x: &mut Exchange,
+        index: usize,
+        client: &Client,
+        headers: &HeaderMap,
+    ) -> Result<Admission, Problem> {
+        let snap = x.snap.clone();
+        let route = &snap.routes[index];
         let mut limits = None;
         if client.exempt {
-            trail.record.decision = Decision::Exempt;
+            x.trail.record.decision = Decision::Exempt;
             tracing::debug!(client = %client.ip, route = %route.name, "exempt client passed without limits");
         } else if !route.limiters.is_empty() {
             let store = &self.shared.store;
             if let Some(ban) =
-                crate::protect::banned(store, snap, route, &client, req.headers(), now).await
+                crate::protect::banned(store, &snap, route, client, headers, x.now).await
             {
                 inc(&route.metrics.rejected);
                 return Err(ban);
             }
-            match self.limit(snap, route, &client, req.headers(), now).await {
+            match self
+                .check_limiters(&snap, route, client, headers, x.now)
+                .await
+            {
                 Ok(l) => limits = Some(l),
-                // `limit` counted it (and answered from the local table for `local`).
+                // `check_limiters` counted it (and answered from the local table for `local`).
                 Err(_) if snap.config.store.on_error == OnError::Deny => {
                     inc(&route.metrics.store_error);
                     return Err(Problem::StoreUnavailable);
@@ -224,27 +277,13 @@ impl App {
                 Err(_) => {}
             }
         }
-        let header_sets = snap.config.routes[index].rate_limit_headers;
-        let headers_of = |limits: &Option<Limits>, resp: &mut Response<Body>| {
-            if let Some(l) = limits {
-                let views: Vec<LimitView<'_>> = l
-                    .views
-                    .iter()
-                    .map(|(i, o)| LimitView {
-                        name: &snap.limiters[*i].name,
-                        quota: o.quota,
-                    })
-                    .collect();
-                set_rate_limit_headers(resp.headers_mut(), &views, l.at, header_sets);
-            }
-        };
 
         if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
             inc(&route.metrics.rejected);
             if let Some(l) = limits.as_mut() {
                 let at = self.shared.clock.now();
                 let store = &self.shared.store;
-                crate::protect::settle(store, snap, &mut l.units, &mut l.views, None, at).await;
+                crate::protect::settle(store, &snap, &mut l.units, &mut l.views, None, at).await;
             }
             let shape = snap.config.routes[index].reject.as_ref().or_else(|| {
                 snap.config
@@ -253,11 +292,12 @@ impl App {
                     .find(|l| l.name == denial.limiter)
                     .and_then(|l| l.reject.as_ref())
             });
-            trail.rejected(self, snap, &denial, &route.name, now);
-            let mut resp = Problem::RateLimited(Box::new(denial))
-                .respond(Some(&trail.record.request_id), shape);
-            headers_of(&limits, &mut resp);
-            return Ok(resp);
+            x.trail.rejected(self, &snap, &denial, &route.name, x.now);
+            let mut resp = x
+                .trail
+                .answer(Problem::RateLimited(Box::new(denial)), shape);
+            rate_limit_headers(&snap, index, &limits, &mut resp);
+            return Ok(Admission::Refused(resp));
         }
         if client.exempt {
             inc(&route.metrics.exempt);
@@ -268,7 +308,7 @@ impl App {
                     .iter()
                     .any(|(i, o)| snap.limiters[*i].shadow && o.verdict.is_deny())
             });
-            trail.record.decision = if shadow_rejected {
+            x.trail.record.decision = if shadow_rejected {
                 Decision::ShadowRejected
             } else {
                 Decision::Allowed
@@ -281,12 +321,25 @@ impl App {
                 // which gives the place in the queue back.
                 // From the instant `now` was read, so the time spent checking
                 // does not shift the release: releases stay exactly spaced.
-                tokio::time::sleep_until((started + Duration::from_nanos(l.delay)).into()).await;
+                tokio::time::sleep_until((x.started + Duration::from_nanos(l.delay)).into()).await;
                 l.queued.disarm();
             }
         }
+        Ok(Admission::Admitted(limits))
+    }
 
-        let mut resp = match &route.action {
+    /// Dispatch: the route's own answer, or the upstream's (HTTP, FastCGI,
+    /// or a tunnel when it switches protocols).
+    async fn dispatch(
+        &self,
+        x: &mut Exchange,
+        index: usize,
+        client: &Client,
+        admitted: Admitted,
+        limits: &mut Option<Limits>,
+    ) -> Response<Body> {
+        let snap = x.snap.clone();
+        match &snap.routes[index].action {
             RouteAction::Respond {
                 status,
                 body,
@@ -298,98 +351,122 @@ impl App {
                     .insert(CONTENT_TYPE, content_type.clone());
                 resp
             }
-            RouteAction::Upstream(u) => {
-                let upstream = &snap.upstreams[*u];
-                let audit = snap
-                    .config
-                    .audit
-                    .enabled
-                    .then(|| (req.method().clone(), req.uri().path().to_string()));
-                trail.record.upstream = Some(upstream.name.clone());
-                let asked = Instant::now();
-                let result = upstream
-                    .forward(req, &client, conn.peer, conn.proto, conn.port, max_body)
-                    .await;
-                let waited = asked.elapsed();
-                snap.upstream_durations[*u].observe(waited);
-                trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
-                let resp = match result {
-                    Ok((mut resp, connection))
-                        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
-                            && client_upgrade.is_some() =>
-                    {
-                        // The tunnel holds the concurrency slots and the
-                        // server's place for as long as it is open.
-                        let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
-                        let upstream_side = hyper::upgrade::on(&mut resp);
-                        let client_side = client_upgrade.expect("checked above");
-                        client_side.answer(&mut resp);
-                        self.shared.tunnels.open(
-                            client_side,
-                            upstream_side,
-                            upstream.tunnel_idle_timeout(),
-                            (slots, connection),
-                        );
-                        resp.map(|_| Body::empty())
-                    }
-                    Ok((resp, connection)) => {
-                        // Both live exactly as long as the body: the slot is
-                        // freed and the connection recycled when it is done.
-                        let slots = limits
-                            .as_mut()
-                            .map(|l| std::mem::take(&mut l.slots))
-                            .filter(|s| !s.is_empty());
-                        let guard: Option<crate::body::Guard> = match (slots, connection) {
-                            (None, None) => None,
-                            (Some(s), None) => Some(Box::new(s)),
-                            (None, Some(c)) => Some(c),
-                            (Some(s), Some(c)) => Some(Box::new((s, c))),
-                        };
-                        resp.map(|b| Body::upstream(b, guard))
-                    }
-                    Err(e) if e.is_client_fault() => {
-                        tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
-                        Problem::from(e).respond(Some(&trail.record.request_id), None)
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, route = %route.name, "forwarding failed");
-                        self.shared
-                            .metrics
-                            .counter(
-                                "tollgate_upstream_errors_total",
-                                &[("upstream", &upstream.name), ("kind", e.kind())],
-                            )
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        Problem::from(e).respond(Some(&trail.record.request_id), None)
-                    }
+            RouteAction::Upstream(u) => self.upstream(x, index, *u, client, admitted, limits).await,
+        }
+    }
+
+    /// Forwards to upstream `u` and answers with its response; a failure
+    /// becomes a problem tagged with where it came from.
+    async fn upstream(
+        &self,
+        x: &mut Exchange,
+        index: usize,
+        u: usize,
+        client: &Client,
+        Admitted { req, upgrade }: Admitted,
+        limits: &mut Option<Limits>,
+    ) -> Response<Body> {
+        let snap = x.snap.clone();
+        let route = &snap.routes[index];
+        let upstream = &snap.upstreams[u];
+        let max_body = snap.config.server.max_request_body;
+        let audit = snap
+            .config
+            .audit
+            .enabled
+            .then(|| (req.method().clone(), req.uri().path().to_string()));
+        x.trail.record.upstream = Some(upstream.name.clone());
+        let asked = Instant::now();
+        let result = upstream.forward(req, client, &x.conn, max_body).await;
+        let waited = asked.elapsed();
+        snap.upstream_durations[u].observe(waited);
+        x.trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
+        let resp = match result {
+            Ok((mut resp, connection))
+                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS && upgrade.is_some() =>
+            {
+                // The tunnel holds the concurrency slots and the
+                // server's place for as long as it is open.
+                let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
+                let upstream_side = hyper::upgrade::on(&mut resp);
+                let client_side = upgrade.expect("checked above");
+                client_side.answer(&mut resp);
+                self.shared.tunnels.open(
+                    client_side,
+                    upstream_side,
+                    upstream.tunnel_idle_timeout(),
+                    (slots, connection),
+                );
+                resp.map(|_| Body::empty())
+            }
+            Ok((resp, connection)) => {
+                // Both live exactly as long as the body: the slot is
+                // freed and the connection recycled when it is done.
+                let slots = limits
+                    .as_mut()
+                    .map(|l| std::mem::take(&mut l.slots))
+                    .filter(|s| !s.is_empty());
+                let guard: Option<crate::body::Guard> = match (slots, connection) {
+                    (None, None) => None,
+                    (Some(s), None) => Some(Box::new(s)),
+                    (None, Some(c)) => Some(c),
+                    (Some(s), Some(c)) => Some(Box::new((s, c))),
                 };
-                if let Some((method, req_path)) = audit {
-                    self.shared.store.audit(AuditRow {
-                        time: now,
-                        client: client.display().to_string(),
-                        method,
-                        path: req_path,
-                        route: route.name.clone(),
-                        status: resp.status().as_u16(),
-                        duration: started.elapsed(),
-                        request_id: trail.record.request_id.clone(),
-                    });
-                }
-                resp
+                resp.map(|b| Body::upstream(b, guard))
+            }
+            Err(e) if e.is_client_fault() => {
+                tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
+                x.trail.answer(Problem::from(e), None)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, route = %route.name, "forwarding failed");
+                self.shared
+                    .metrics
+                    .counter(
+                        "tollgate_upstream_errors_total",
+                        &[("upstream", &upstream.name), ("kind", e.kind())],
+                    )
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                x.trail.answer(Problem::from(e), None)
             }
         };
+        if let Some((method, req_path)) = audit {
+            self.shared.store.audit(AuditRow {
+                time: x.now,
+                client: client.display().to_string(),
+                method,
+                path: req_path,
+                route: route.name.clone(),
+                status: resp.status().as_u16(),
+                duration: x.started.elapsed(),
+                request_id: x.trail.record.request_id.clone(),
+            });
+        }
+        resp
+    }
+
+    /// Settle: `count:` units are given back unless the answer counts, and
+    /// the answer gets the rate-limit headers.
+    async fn settle(
+        &self,
+        x: &Exchange,
+        index: usize,
+        mut limits: Option<Limits>,
+        mut resp: Response<Body>,
+    ) -> Response<Body> {
+        let snap = &x.snap;
         if let Some(l) = limits.as_mut().filter(|l| !l.units.is_empty()) {
             let answer = Some((resp.status(), resp.headers()));
             let at = self.shared.clock.now();
             let store = &self.shared.store;
             crate::protect::settle(store, snap, &mut l.units, &mut l.views, answer, at).await;
         }
-        headers_of(&limits, &mut resp);
-        Ok(resp)
+        rate_limit_headers(snap, index, &limits, &mut resp);
+        resp
     }
 
     /// Checks every limiter of the route for this client in one store call.
-    async fn limit(
+    async fn check_limiters(
         &self,
         snap: &Arc<Snapshot>,
         route: &Route,
@@ -531,119 +608,51 @@ impl App {
     }
 }
 
-/// The access phase: what the log and the request metrics say about one
-/// request, filled in as it goes and emitted once, when the response body
-/// has ended (or the client went away).
-struct Trail {
-    record: AccessRecord,
-    /// Index into `Snapshot::routes`, once routed.
-    route: Option<usize>,
-}
-
-impl Trail {
-    fn begin(
-        snap: &Snapshot,
-        req: &Request<Incoming>,
-        conn: ConnInfo,
-        now: Nanos,
-        id: &RequestId,
-    ) -> Trail {
-        let h = req.headers();
-        Trail {
-            record: AccessRecord {
-                format: snap.config.log.format,
-                time: now,
-                request_id: id.as_str().to_string(),
-                client: None,
-                ip: conn.peer.ip().to_canonical(),
-                method: req.method().clone(),
-                path: req.uri().path().to_string(),
-                version: req.version(),
-                route: None,
-                status: 0,
-                // Until a limiter or an exemption decides otherwise.
-                decision: Decision::Error,
-                limiter: None,
-                retry_after: None,
-                upstream: None,
-                upstream_ms: None,
-                duration_ms: 0.0,
-                bytes_out: 0,
-                referer: h.get(http::header::REFERER).cloned(),
-                user_agent: h.get(http::header::USER_AGENT).cloned(),
-            },
-            route: None,
-        }
-    }
-
-    /// A rejection: for the access log, the limiter's episode line and the
-    /// dashboard's list of keys limited right now.
-    fn rejected(
-        &mut self,
-        app: &App,
-        snap: &Snapshot,
-        denial: &Denial,
-        route: &Arc<str>,
-        now: Nanos,
-    ) {
-        self.record.decision = Decision::Rejected;
-        self.record.limiter = Some(denial.limiter.clone());
-        self.record.retry_after = Some(crate::limiter::ceil_secs(denial.retry_after).max(1));
-        app.shared
-            .activity
-            .rejected(&denial.key, &denial.limiter, route, now);
-        if let Some(l) = snap.limiters.iter().find(|l| l.name == denial.limiter) {
-            l.metrics.episode.rejected(&l.name, &denial.key, now);
-        }
-    }
-
-    /// Hands the record to the response body, which emits it when it ends.
-    fn finish(
-        mut self,
-        app: &App,
-        snap: Arc<Snapshot>,
-        resp: Response<Body>,
-        started: Instant,
-        in_flight: crate::metrics::GaugeGuard,
-    ) -> Response<Body> {
-        self.record.status = resp.status().as_u16();
-        let done = Box::new(Emit {
-            shared: app.shared.clone(),
-            access: snap.config.log.access,
-            snap,
-            trail: self,
-            started,
-            _in_flight: in_flight,
-        });
-        resp.map(|b| Body::tracked(b, done))
-    }
-}
-
-/// The end of a request: the body is done, so its duration and size are known.
-struct Emit {
-    shared: Arc<Shared>,
+/// One request on its way through the phases: what each phase reads, and
+/// the record the log gets.
+struct Exchange {
+    /// Loaded once; the request finishes on it whatever a reload does.
     snap: Arc<Snapshot>,
-    access: bool,
-    trail: Trail,
+    conn: ConnInfo,
+    /// The clock when the head was read: the limiters and the log count from it.
+    now: Nanos,
     started: Instant,
-    /// The request counts as in flight until its body is done.
-    _in_flight: crate::metrics::GaugeGuard,
+    trail: Trail,
 }
 
-impl crate::body::Done for Emit {
-    fn done(self: Box<Self>, bytes_out: u64) {
-        let elapsed = self.started.elapsed();
-        let mut record = self.trail.record;
-        let series = match self.trail.route {
-            Some(i) => &self.snap.routes[i].metrics.series,
-            None => &self.snap.unrouted,
-        };
-        series.observe(record.decision, record.status, elapsed);
-        if self.access {
-            record.duration_ms = elapsed.as_secs_f64() * 1000.0;
-            record.bytes_out = bytes_out;
-            self.shared.access.send(record);
-        }
+/// A request past the framing checks, with the client's side of an upgrade.
+struct Admitted {
+    req: Request<Incoming>,
+    upgrade: Option<ClientSide>,
+}
+
+/// What the limit phase decided.
+enum Admission {
+    /// On to dispatch, with what the limiters took (`None`: no limiter
+    /// applied, the client is exempt, or the store failed open).
+    Admitted(Option<Limits>),
+    /// Answered already: the rejection, with its headers.
+    Refused(Response<Body>),
+}
+
+/// The rate-limit headers route `index` sends, from what its limiters said.
+fn rate_limit_headers(
+    snap: &Snapshot,
+    index: usize,
+    limits: &Option<Limits>,
+    resp: &mut Response<Body>,
+) {
+    if let Some(l) = limits {
+        let views: Vec<LimitView<'_>> = l
+            .views
+            .iter()
+            .map(|(i, o)| LimitView {
+                name: &snap.limiters[*i].name,
+                quota: o.quota,
+            })
+            .collect();
+        let sets = snap.config.routes[index].rate_limit_headers;
+        set_rate_limit_headers(resp.headers_mut(), &views, l.at, sets);
     }
 }
 
@@ -664,72 +673,6 @@ fn check_framing(headers: &HeaderMap, max_body: u64) -> Result<(), Problem> {
         }
     }
     Ok(())
-}
-
-/// Gives limiter places back when dropped: queued leaky-bucket places (only
-/// if the request left before its turn) or concurrency slots (always).
-/// Empty (and free: no handle is cloned) unless a place was taken.
-#[derive(Default)]
-pub struct Release {
-    app: Option<App>,
-    snap: Option<Arc<Snapshot>>,
-    only_before_ticket: bool,
-    items: Vec<(usize, String, Nanos)>,
-}
-
-impl Release {
-    fn new(only_before_ticket: bool) -> Release {
-        Release {
-            app: None,
-            snap: None,
-            only_before_ticket,
-            items: Vec::new(),
-        }
-    }
-
-    fn push(
-        &mut self,
-        app: &App,
-        snap: &Arc<Snapshot>,
-        limiter: usize,
-        store_key: &str,
-        ticket: Nanos,
-    ) {
-        if self.app.is_none() {
-            self.app = Some(app.clone());
-            self.snap = Some(snap.clone());
-        }
-        self.items.push((limiter, store_key.to_string(), ticket));
-    }
-
-    fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
-    /// The request got its turn: nothing to give back.
-    fn disarm(&mut self) {
-        self.items.clear();
-    }
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        let (Some(app), Some(snap)) = (&self.app, &self.snap) else {
-            return;
-        };
-        if self.items.is_empty() {
-            return;
-        }
-        let now = app.shared.clock.now();
-        for (limiter, store_key, ticket) in self.items.drain(..) {
-            if self.only_before_ticket && now >= ticket {
-                continue;
-            }
-            let l = &snap.limiters[limiter];
-            let algorithm = l.algorithm_for(l.value_of(&store_key));
-            app.shared.store.release(&store_key, algorithm, ticket, now);
-        }
-    }
 }
 
 #[cfg(test)]

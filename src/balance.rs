@@ -207,7 +207,8 @@ fn server_config(config: &UpstreamConfig, url: &http::Uri) -> UpstreamConfig {
 }
 
 impl Balancer {
-    pub fn new(config: &UpstreamConfig, metrics: &Metrics) -> Balancer {
+    /// `workers`: the worker runtimes (`server.workers`), for the servers' pools.
+    pub fn new(config: &UpstreamConfig, metrics: &Metrics, workers: usize) -> Balancer {
         let freed = Arc::new(Notify::new());
         let servers = config
             .balance
@@ -216,7 +217,7 @@ impl Balancer {
             .map(|url| {
                 let label = url.to_string();
                 Arc::new(Server {
-                    forwarder: Upstream::new(&server_config(config, url)),
+                    forwarder: Upstream::new(&server_config(config, url), workers),
                     failures: metrics.counter(
                         "tollgate_upstream_server_failures_total",
                         &[("upstream", &config.name), ("server", &label)],
@@ -294,12 +295,10 @@ impl Balancer {
         &self,
         req: Request<Incoming>,
         client: &ClientIdentity,
-        peer: std::net::SocketAddr,
-        proto: &'static str,
-        port: u16,
+        conn: &crate::connections::ConnInfo,
         max_body: u64,
     ) -> Result<(Response<crate::body::Forwarded>, Option<crate::body::Guard>), BalanceError> {
-        let mut outbound = Outbound::new(req, client, peer, proto, port, max_body);
+        let mut outbound = Outbound::new(req, client, conn, max_body);
         let retryable = idempotent(outbound.method());
         let mut tried: Vec<usize> = Vec::new();
         let mut last: Option<ProxyError> = None;

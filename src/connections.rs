@@ -20,6 +20,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::metrics::{inc, Counter, Metrics};
 
+/// What the server knows about the connection a request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub peer: std::net::SocketAddr,
+    /// `http` or `https`, for `X-Forwarded-Proto`.
+    pub proto: &'static str,
+    /// The local port the client connected to, for `X-Forwarded-Port`.
+    pub port: u16,
+    /// The worker runtime serving the connection (1-based; 0 = the runtime
+    /// `run` was called on): it picks that worker's upstream connections.
+    pub worker: usize,
+}
+
 /// File descriptors kept out of the default `max_connections`: the listeners,
 /// the admin API's connections, SQLite, logs, Redis.
 const RESERVED_FDS: usize = 128;

@@ -20,10 +20,16 @@
 //!
 //! Around them: [`config`] (raw YAML → pure validation → `Config`; `load` does the I/O), [`reload`]
 //! (validate, then swap, or keep the old), [`admin`] (and its live
-//! [`dashboard`], fed by one call on the rejection path), [`metrics`], and
+//! [`dashboard`], which reads what the request path records into
+//! [`activity`]), [`prune`] (expired state, in one task), [`metrics`], and
 //! [`body`] (the response body: our own bytes or the upstream's, streamed).
+//!
+//! Modules import downwards only: `admin → dashboard → reload → server →
+//! app → …`. The admin API reaches the server as a handler `run` passes in,
+//! and reloads reach the listeners through the [`reload::Reloader`] `run` owns.
 
 pub mod access;
+pub mod activity;
 pub mod admin;
 pub mod app;
 pub mod balance;
@@ -43,6 +49,7 @@ pub mod pool;
 pub mod problem;
 pub mod protect;
 pub mod proxy;
+pub mod prune;
 pub mod reject;
 pub mod reload;
 pub mod request_id;
@@ -55,6 +62,7 @@ pub mod tunnel;
 pub mod workers;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -92,7 +100,7 @@ pub struct RunOptions {
     /// How often the config file is polled; `None` = no file watch.
     pub watch_every: Option<Duration>,
     /// Worker runtimes to serve connections on; `None` = the calling runtime.
-    pub workers: Option<std::sync::Arc<workers::Workers>>,
+    pub workers: Option<Arc<workers::Workers>>,
 }
 
 /// Serves until `shutdown` is cancelled, then stops accepting, lets requests
@@ -102,27 +110,34 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     let background = CancellationToken::new();
     let connections = TaskTracker::new();
     let config = app.snapshot().config.clone();
+    // One pruning task; a reload that removes limiters asks it for a round.
+    let prune_now = prune::Trigger::default();
+    // The reloader holds the listeners; the admin API reloads through it.
+    let reloader = Arc::new(reload::Reloader::new(app.clone(), prune_now.clone()));
     let mut set = server::ListenerSet::new(
+        app.clone(),
+        admin_handler(&reloader),
         connections.clone(),
         shutdown.child_token(),
         CancellationToken::new(),
         options.workers.clone(),
     );
     for ((addr, _), listener) in config.server.public().into_iter().zip(listeners.public) {
-        set.start_public(&app, addr, listener);
+        set.start_public(addr, listener);
     }
     proxy::warn_insecure_upstreams(&config.upstreams);
     config.log_warnings();
-    set.start_admin(&app, config.admin.listen, listeners.admin);
-    *app.shared.listeners.lock() = Some(set);
+    set.start_admin(config.admin.listen, listeners.admin);
+    reloader.attach(set);
 
-    tokio::spawn(prune_loop(
+    tokio::spawn(prune::prune_loop(
         app.clone(),
         options.workers.clone(),
+        prune_now,
         background.clone(),
     ));
     tokio::spawn(rejection_episodes(app.clone(), background.clone()));
-    tokio::spawn(reload::on_sighup(app.clone(), background.clone()));
+    tokio::spawn(reload::on_sighup(reloader.clone(), background.clone()));
     tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
     let health_app = app.clone();
     tokio::spawn(balance::health_checks(
@@ -130,13 +145,18 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         background.clone(),
     ));
     if let (Some(path), Some(every)) = (options.config_path.clone(), options.watch_every) {
-        tokio::spawn(reload::watch(app.clone(), path, every, background.clone()));
+        tokio::spawn(reload::watch(
+            reloader.clone(),
+            path,
+            every,
+            background.clone(),
+        ));
     }
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new connections, draining requests in flight");
-    let set = app.shared.listeners.lock().take();
-    if let Some(mut set) = set {
+    // Taking the listeners back also ends the reloader's hold on the admin handler.
+    if let Some(mut set) = reloader.detach() {
         // Every connection drains: the request it serves finishes, then it closes.
         set.shutdown().await;
     }
@@ -167,6 +187,15 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     tracing::info!("stopped");
 }
 
+/// The admin API as the admin listener serves it.
+fn admin_handler(reloader: &Arc<reload::Reloader>) -> server::AdminHandler {
+    let reloader = reloader.clone();
+    Arc::new(move |req, peer| {
+        let reloader = reloader.clone();
+        Box::pin(async move { admin::handle(reloader.app(), &reloader, req, peer).await })
+    })
+}
+
 /// Logs when a limiter stops rejecting (the start is logged by the request that began it).
 async fn rejection_episodes(app: App, stop: CancellationToken) {
     loop {
@@ -178,42 +207,5 @@ async fn rejection_episodes(app: App, stop: CancellationToken) {
             .metrics
             .episodes
             .end_quiet(app.shared.clock.now());
-    }
-}
-
-/// Removes expired limiter state, state of removed limiters, and old audit rows.
-async fn prune_loop(
-    app: App,
-    workers: Option<std::sync::Arc<workers::Workers>>,
-    stop: CancellationToken,
-) {
-    loop {
-        let every = app.snapshot().config.store.prune_interval;
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
-        }
-        let snap = app.snapshot();
-        let now = app.shared.clock.now();
-        let retention = snap
-            .config
-            .audit
-            .enabled
-            .then_some(snap.config.audit.retention);
-        let shared = app.shared.clone();
-        let removed = tokio::task::spawn_blocking(move || {
-            let removed = shared.store.prune(now, &snap.config.limiters, retention);
-            workers::release_memory();
-            removed
-        })
-        .await
-        .unwrap_or(0);
-        if removed > 0 {
-            if let Some(w) = &workers {
-                w.release_memory();
-            }
-            workers::release_memory();
-        }
-        tracing::debug!(removed, "pruned expired limiter state");
     }
 }

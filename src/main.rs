@@ -14,6 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use tollgate::app::ConfigSource;
 use tollgate::clock::{Clock, SystemClock};
 use tollgate::config;
 use tollgate::store::Store;
@@ -108,7 +109,7 @@ fn check(path: &Path) -> ExitCode {
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let config = config::load_file(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (config, text) = config::load_file_text(path).map_err(|e| anyhow::anyhow!("{e}"))?;
     // After the config: its `log.format` decides the format of every line.
     // Changing it takes a restart; `log.access` reloads live.
     tollgate::logging::init(config.log.format);
@@ -126,7 +127,11 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         let store = Store::open(&config.store, &config.limiters, clock.now())
             .context("cannot open the store")?;
         let listeners = Listeners::bind(&config).await?;
-        let app = App::new(config, store, clock, Some(path.to_path_buf()));
+        let source = ConfigSource {
+            path: path.to_path_buf(),
+            text,
+        };
+        let app = App::new(config, store, clock, Some(source));
         let persisted = app.clone();
         let shutdown = CancellationToken::new();
         tokio::spawn(stop_on_signal(shutdown.clone()));

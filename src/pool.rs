@@ -106,13 +106,13 @@ impl Drop for Return {
 }
 
 impl Pool {
-    pub fn new(authority: Authority, connect_timeout: Duration) -> Arc<Pool> {
+    /// One idle list per worker runtime (`workers` of them) and one for the
+    /// runtime `run` was called on.
+    pub fn new(authority: Authority, connect_timeout: Duration, workers: usize) -> Arc<Pool> {
         Arc::new(Pool {
             authority,
             connect_timeout,
-            idle: (0..=crate::workers::count())
-                .map(|_| Mutex::new(Vec::new()))
-                .collect(),
+            idle: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
             slots: Arc::new(Semaphore::new(max_connections_per_upstream())),
         })
     }
@@ -125,8 +125,9 @@ impl Pool {
     pub async fn send(
         self: &Arc<Pool>,
         mut req: Request<UpstreamBody>,
+        worker: usize,
     ) -> Result<(Response<Incoming>, Return), (PoolError, Option<Request<UpstreamBody>>)> {
-        let slot = crate::workers::current().min(self.idle.len() - 1);
+        let slot = worker.min(self.idle.len() - 1);
         loop {
             let Some((mut sender, permit)) = self.idle[slot].lock().pop() else {
                 break;

@@ -50,6 +50,28 @@ pub struct BanDenial {
     pub status: StatusCode,
 }
 
+/// Where a failure came from: the client's request (downstream), the
+/// upstream, the limiter store, or tollgate itself. The access log carries
+/// it, so a 503 from a failing store reads apart from one of a busy upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Downstream,
+    Upstream,
+    Store,
+    Internal,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Downstream => "downstream",
+            Origin::Upstream => "upstream",
+            Origin::Store => "store",
+            Origin::Internal => "internal",
+        }
+    }
+}
+
 /// Everything tollgate answers on its own.
 #[derive(Debug, Clone)]
 pub enum Problem {
@@ -115,6 +137,28 @@ impl Problem {
             Problem::FileNotFound => StatusCode::NOT_FOUND,
             Problem::StaticMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Problem::LengthRequired => StatusCode::LENGTH_REQUIRED,
+        }
+    }
+
+    /// Where the failure came from (see [`Origin`]).
+    pub fn origin(&self) -> Origin {
+        match self {
+            Problem::UpstreamUnreachable { .. }
+            | Problem::UpstreamTimeout { .. }
+            | Problem::UpstreamBusy { .. } => Origin::Upstream,
+            Problem::StoreUnavailable => Origin::Store,
+            Problem::BadRequest(_)
+            | Problem::UnknownApiKey(_)
+            | Problem::TooManyUnknownKeys { .. }
+            | Problem::NoRoute
+            | Problem::BodyTooLarge { .. }
+            | Problem::RateLimited(_)
+            | Problem::Banned(_)
+            | Problem::MethodNotAllowed { .. }
+            | Problem::NotImplemented(_)
+            | Problem::FileNotFound
+            | Problem::StaticMethodNotAllowed
+            | Problem::LengthRequired => Origin::Downstream,
         }
     }
 

@@ -15,6 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::{UpstreamConfig, UpstreamTls};
+use crate::connections::ConnInfo;
 use crate::identity::Client as ClientIdentity;
 use crate::problem::Problem;
 
@@ -158,7 +159,8 @@ pub const EDGE_OWNED: [HeaderName; 14] = [
 ];
 
 impl Upstream {
-    pub fn new(config: &UpstreamConfig) -> Upstream {
+    /// `workers`: the worker runtimes (`server.workers`); each gets its own connections.
+    pub fn new(config: &UpstreamConfig, workers: usize) -> Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
@@ -180,7 +182,7 @@ impl Upstream {
             .enable_http1()
             .wrap_connector(connector);
         let https = config.url.scheme() == Some(&Scheme::HTTPS);
-        let clients = (0..=crate::workers::count())
+        let clients = (0..=workers)
             .filter(|_| https)
             .map(|_| {
                 Client::builder(TokioExecutor::new())
@@ -206,8 +208,9 @@ impl Upstream {
             base_path,
             timeout: config.timeout,
             clients,
-            plain: (!https && config.fastcgi.is_none())
-                .then(|| crate::pool::Pool::new(authority.clone(), config.connect_timeout)),
+            plain: (!https && config.fastcgi.is_none()).then(|| {
+                crate::pool::Pool::new(authority.clone(), config.connect_timeout, workers)
+            }),
             config: (
                 config.url.clone(),
                 config.connect_timeout,
@@ -220,15 +223,14 @@ impl Upstream {
                     f,
                     config.connect_timeout,
                     config.timeout,
+                    workers,
                 )
             }),
         }
     }
 
-    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, UpstreamBody> {
-        self.clients
-            .get(crate::workers::current())
-            .unwrap_or(&self.clients[0])
+    fn client(&self, worker: usize) -> &Client<HttpsConnector<HttpConnector>, UpstreamBody> {
+        self.clients.get(worker).unwrap_or(&self.clients[0])
     }
 
     /// Whether this pool can serve `config` unchanged (a reload keeps it warm).
@@ -249,12 +251,10 @@ impl Upstream {
         &self,
         req: Request<Incoming>,
         client: &ClientIdentity,
-        peer: SocketAddr,
-        proto: &'static str,
-        port: u16,
+        conn: &ConnInfo,
         max_body: u64,
     ) -> Result<(Response<Forwarded>, Option<crate::body::Guard>), ProxyError> {
-        let outbound = Outbound::new(req, client, peer, proto, port, max_body);
+        let outbound = Outbound::new(req, client, conn, max_body);
         self.send(outbound).await.map_err(SendError::into_error)
     }
 
@@ -273,6 +273,7 @@ impl Upstream {
             client_ip,
             peer,
             proto,
+            worker,
         } = outbound;
         // An HTTP/1.0 client may send no Host; the upstream speaks HTTP/1.1,
         // which requires one, so it gets the server's own name (as nginx does).
@@ -283,7 +284,9 @@ impl Upstream {
         }
         if let Some(fastcgi) = &self.fastcgi {
             // php-fpm gets the request as CGI parameters: the client as it connected.
-            let answer = fastcgi.forward(parts, body, client_ip, peer, proto).await;
+            let answer = fastcgi
+                .forward(parts, body, client_ip, peer, proto, worker)
+                .await;
             return match answer {
                 Ok(mut resp) => {
                     strip_hop_by_hop(resp.headers_mut());
@@ -310,7 +313,7 @@ impl Upstream {
             // A connection of our own: the request line is in origin form.
             parts.uri = Uri::from(target);
             let upstream_req = Request::from_parts(parts, body);
-            let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req)).await;
+            let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req, worker)).await;
             return match sent {
                 Err(_) => Err(SendError::Sent(ProxyError::Timeout {
                     upstream: self.name.clone(),
@@ -344,7 +347,7 @@ impl Upstream {
                                     max_body,
                                     upgrade,
                                     &self.base_path,
-                                    (client_ip, peer, proto),
+                                    (client_ip, peer, proto, worker),
                                 )),
                             )
                         }
@@ -369,7 +372,8 @@ impl Upstream {
         uri.path_and_query = Some(target);
         parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
         let upstream_req = Request::from_parts(parts, body);
-        let sent = tokio::time::timeout(self.timeout, self.client().request(upstream_req)).await;
+        let sent =
+            tokio::time::timeout(self.timeout, self.client(worker).request(upstream_req)).await;
         let mut resp = match sent {
             Err(_) => {
                 return Err(SendError::Sent(ProxyError::Timeout {
@@ -420,17 +424,23 @@ pub struct Outbound {
     client_ip: IpAddr,
     peer: SocketAddr,
     proto: &'static str,
+    /// The worker runtime the request is served on: its connections are used.
+    worker: usize,
 }
 
 impl Outbound {
     pub fn new(
         req: Request<Incoming>,
         client: &ClientIdentity,
-        peer: SocketAddr,
-        proto: &'static str,
-        port: u16,
+        conn: &ConnInfo,
         max_body: u64,
     ) -> Outbound {
+        let ConnInfo {
+            peer,
+            proto,
+            port,
+            worker,
+        } = *conn;
         let (mut parts, body) = req.into_parts();
         let upgrade = crate::tunnel::requested_upgrade(&parts.headers);
         let host = parts.headers.get(header::HOST).cloned().or_else(|| {
@@ -466,6 +476,7 @@ impl Outbound {
             client_ip: client.ip,
             peer,
             proto,
+            worker,
         }
     }
 
@@ -477,7 +488,7 @@ impl Outbound {
         max_body: u64,
         upgrade: Option<HeaderValue>,
         base_path: &str,
-        client: (IpAddr, SocketAddr, &'static str),
+        client: (IpAddr, SocketAddr, &'static str, usize),
     ) -> Outbound {
         let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let target = PathAndQuery::try_from(sent.strip_prefix(base_path).unwrap_or(sent))
@@ -491,6 +502,7 @@ impl Outbound {
             client_ip: client.0,
             peer: client.1,
             proto: client.2,
+            worker: client.3,
         }
     }
 

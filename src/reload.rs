@@ -6,15 +6,18 @@
 //! loaded. Counters live in the store, keyed by limiter name, so a limiter
 //! that keeps its name keeps its counts.
 
-use std::path::Path;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::count_reload;
 use crate::app::App;
 use crate::config::{self, Config, ConfigError};
+use crate::server::ListenerSet;
 use crate::snapshot::Snapshot;
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +30,8 @@ pub enum ReloadError {
     NoFile,
     #[error("{0}")]
     Bind(std::io::Error),
+    #[error("reading the config failed: {0}")]
+    Read(#[from] tokio::task::JoinError),
 }
 
 impl ReloadError {
@@ -46,123 +51,160 @@ impl ReloadError {
     }
 }
 
-/// Reads the config file again and applies it; returns the new version.
-pub fn reload(app: &App) -> Result<u64, ReloadError> {
-    let result = match &app.shared.config_path {
-        None => Err(ReloadError::NoFile),
-        Some(path) => config::load_file_text(path)
-            .map_err(ReloadError::from)
-            .and_then(|(c, text)| {
-                let version = apply(app, c)?;
+/// Reloads, for the SIGHUP task, the file watch and the admin API: it holds
+/// the listeners `run` started, so a reload that adds or removes an address
+/// binds or drains them.
+pub struct Reloader {
+    app: App,
+    /// The listeners in service while `run` runs (`None` before and after).
+    listeners: Mutex<Option<ListenerSet>>,
+    /// One reload at a time, from reading the file to the swap: versions stay
+    /// sequential, and an older read never lands after a newer one.
+    turn: tokio::sync::Mutex<()>,
+    /// Asks the prune task to drop the state of limiters a reload removed at
+    /// once, instead of at its next round.
+    prune_now: crate::prune::Trigger,
+}
+
+impl Reloader {
+    pub fn new(app: App, prune_now: crate::prune::Trigger) -> Reloader {
+        Reloader {
+            app,
+            listeners: Mutex::new(None),
+            turn: tokio::sync::Mutex::new(()),
+            prune_now,
+        }
+    }
+
+    /// Hands over the listeners in service; reloads rebind through them from now on.
+    pub fn attach(&self, listeners: ListenerSet) {
+        *self.listeners.lock() = Some(listeners);
+    }
+
+    /// Takes the listeners back (at shutdown); later reloads cannot rebind.
+    pub fn detach(&self) -> Option<ListenerSet> {
+        self.listeners.lock().take()
+    }
+
+    pub fn app(&self) -> &App {
+        &self.app
+    }
+
+    /// Reads the config file again and applies it; returns the new version.
+    pub async fn reload(&self) -> Result<u64, ReloadError> {
+        let _turn = self.turn.lock().await;
+        let app = &self.app;
+        let result = match &app.shared.config_path {
+            None => Err(ReloadError::NoFile),
+            Some(path) => read(path.clone()).await.and_then(|(c, text)| {
+                let version = self.apply(c)?;
                 *app.shared.config_text.lock() = Some(text);
                 Ok(version)
             }),
-    };
-    match &result {
-        Ok(version) => {
-            *app.shared.last_reload_error.lock() = None;
-            tracing::info!(version, "config reloaded");
+        };
+        match &result {
+            Ok(version) => {
+                *app.shared.last_reload_error.lock() = None;
+                tracing::info!(version, "config reloaded");
+            }
+            Err(e) => {
+                *app.shared.last_reload_error.lock() = Some(e.to_string());
+                // One record, one line: the problems are joined, not listed line by line.
+                let problems = e.to_string().replace("\n  ", " | ");
+                tracing::error!(error = %problems, "config reload rejected, the running config stays");
+            }
         }
-        Err(e) => {
-            *app.shared.last_reload_error.lock() = Some(e.to_string());
-            // One record, one line: the problems are joined, not listed line by line.
-            let problems = e.to_string().replace("\n  ", " | ");
-            tracing::error!(error = %problems, "config reload rejected, the running config stays");
-        }
+        count_reload(app, result.is_ok());
+        result
     }
-    count_reload(app, result.is_ok());
-    result
-}
 
-/// Swaps in a validated config (with its TLS certificates), unless it changes what only a restart can.
-pub fn apply(app: &App, config: Config) -> Result<u64, ReloadError> {
-    // Held to the end: two reloads (the watch and an admin call) never
-    // interleave, so versions stay sequential and listeners consistent.
-    let mut listeners = app.shared.listeners.lock();
-    let old = app.snapshot();
-    let was = &old.config;
-    if config.server.workers != was.server.workers {
-        return Err(ReloadError::RequiresRestart("server.workers"));
-    }
-    // The table's shards are sized at start; a live change could only shrink
-    // by forgetting counting clients, which the bound promises never to do.
-    if config.store.max_keys != was.store.max_keys {
-        return Err(ReloadError::RequiresRestart("store.max_keys"));
-    }
-    if config.store.backend != was.store.backend {
-        return Err(ReloadError::RequiresRestart(
-            "store.backend / store.path / store.url",
-        ));
-    }
-    // Every public address, plain or TLS: what each serves is read from the
-    // snapshot per connection, so only added or removed addresses rebind.
-    let listen: Vec<std::net::SocketAddr> =
-        config.server.public().into_iter().map(|(a, _)| a).collect();
-    let was_listen: Vec<std::net::SocketAddr> =
-        was.server.public().into_iter().map(|(a, _)| a).collect();
-    // Bind new sockets before anything changes: a port in use rejects the reload.
-    let pending = match listeners.as_ref() {
-        Some(set) => Some(
-            set.prepare(&listen, config.admin.listen)
-                .map_err(ReloadError::Bind)?,
-        ),
-        None if listen != was_listen || config.admin.listen != was.admin.listen => {
+    /// Swaps in a validated config (with its TLS certificates), unless it changes what only a restart can.
+    pub fn apply(&self, config: Config) -> Result<u64, ReloadError> {
+        let app = &self.app;
+        // Held to the end: the snapshot and the listeners change together.
+        let mut listeners = self.listeners.lock();
+        let old = app.snapshot();
+        let was = &old.config;
+        if config.server.workers != was.server.workers {
+            return Err(ReloadError::RequiresRestart("server.workers"));
+        }
+        // The table's shards are sized at start; a live change could only shrink
+        // by forgetting counting clients, which the bound promises never to do.
+        if config.store.max_keys != was.store.max_keys {
+            return Err(ReloadError::RequiresRestart("store.max_keys"));
+        }
+        if config.store.backend != was.store.backend {
             return Err(ReloadError::RequiresRestart(
-                "server.listen / server.tls.listen / admin.listen",
+                "store.backend / store.path / store.url",
             ));
         }
-        None => None,
-    };
-    // The certificates were read and checked with the config; from here on nothing can fail.
-    let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
-    crate::proxy::warn_insecure_upstreams(&config.upstreams);
-    config.log_warnings();
-    let version = old.version + 1;
-    let snapshot = Snapshot::build(config, version, Some(&old), &app.shared.metrics);
-    // Certificates first: a connection accepted as TLS under the new snapshot
-    // finds the new pairs. Open connections keep the session they have.
-    if app.shared.tls.install(certs.clone()) {
-        match &certs {
-            Some(c) => {
-                tracing::info!(certificates = ?c, "TLS certificates rotated; new handshakes use them")
+        // Every public address, plain or TLS: what each serves is read from the
+        // snapshot per connection, so only added or removed addresses rebind.
+        let listen: Vec<SocketAddr> = config.server.public().into_iter().map(|(a, _)| a).collect();
+        let was_listen: Vec<SocketAddr> = was.server.public().into_iter().map(|(a, _)| a).collect();
+        // Bind new sockets before anything changes: a port in use rejects the reload.
+        let pending = match listeners.as_ref() {
+            Some(set) => Some(
+                set.prepare(&listen, config.admin.listen)
+                    .map_err(ReloadError::Bind)?,
+            ),
+            None if listen != was_listen || config.admin.listen != was.admin.listen => {
+                return Err(ReloadError::RequiresRestart(
+                    "server.listen / server.tls.listen / admin.listen",
+                ));
             }
-            None => tracing::info!("TLS turned off"),
+            None => None,
+        };
+        // The certificates were read and checked with the config; from here on nothing can fail.
+        let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
+        crate::proxy::warn_insecure_upstreams(&config.upstreams);
+        config.log_warnings();
+        let version = old.version + 1;
+        let snapshot = Snapshot::build(config, version, Some(&old), &app.shared.metrics);
+        // Certificates first: a connection accepted as TLS under the new snapshot
+        // finds the new pairs. Open connections keep the session they have.
+        if app.shared.tls.install(certs.clone()) {
+            match &certs {
+                Some(c) => {
+                    tracing::info!(certificates = ?c, "TLS certificates rotated; new handshakes use them")
+                }
+                None => tracing::info!("TLS turned off"),
+            }
         }
+        app.shared.snapshot.store(Arc::new(snapshot));
+        if let (Some(set), Some(pending)) = (listeners.as_mut(), pending) {
+            set.commit(pending, &listen);
+        }
+        drop(listeners);
+        let new = app.snapshot();
+        if old
+            .limiters
+            .iter()
+            .any(|l| !new.limiters.iter().any(|n| n.name == l.name))
+        {
+            self.prune_now.now();
+        }
+        Ok(version)
     }
-    app.shared.snapshot.store(Arc::new(snapshot));
-    if let (Some(set), Some(pending)) = (listeners.as_mut(), pending) {
-        set.commit(app, pending, &listen);
-    }
-    drop(listeners);
-    prune_removed_limiters(app, &old);
-    Ok(version)
 }
 
-/// Drops at once the state of limiters the new config removed, instead of
-/// waiting for the next prune round.
-fn prune_removed_limiters(app: &App, old: &Snapshot) {
-    let new = app.snapshot();
-    let removed = old
-        .limiters
-        .iter()
-        .any(|l| !new.limiters.iter().any(|n| n.name == l.name));
-    if !removed {
-        return;
-    }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let shared = app.shared.clone();
-    runtime.spawn_blocking(move || {
-        let now = shared.clock.now();
-        let snap = shared.snapshot.load_full();
-        let retention = snap
-            .config
-            .audit
-            .enabled
-            .then_some(snap.config.audit.retention);
-        shared.store.prune(now, &snap.config.limiters, retention);
-    });
+/// Reads and validates the config file (and the certificate and key files
+/// it names) on a blocking thread, never on the runtime that accepts connections.
+async fn read(path: PathBuf) -> Result<(Config, String), ReloadError> {
+    tokio::task::spawn_blocking(move || config::load_file_text(&path))
+        .await?
+        .map_err(ReloadError::from)
+}
+
+/// Reload outcomes are counted here, so the admin call, the watch and SIGHUP agree.
+pub fn count_reload(app: &App, ok: bool) {
+    app.shared
+        .metrics
+        .counter(
+            "tollgate_config_reloads_total",
+            &[("result", if ok { "ok" } else { "error" })],
+        )
+        .fetch_add(1, Ordering::Relaxed);
 }
 
 /// Polls the config file, the API key file and the TLS certificate and key files it names,
@@ -173,8 +215,14 @@ fn prune_removed_limiters(app: &App, old: &Snapshot) {
 /// `live/` symlinks moving to new files in `archive/`. The extra poll also
 /// lets an ACME client finish writing the certificate *and* the key before
 /// the pair is checked. A rejected edit is tried once, not on every poll.
-pub async fn watch(app: App, path: impl AsRef<Path>, every: Duration, stop: CancellationToken) {
+pub async fn watch(
+    reloader: Arc<Reloader>,
+    path: impl AsRef<Path>,
+    every: Duration,
+    stop: CancellationToken,
+) {
     let path = path.as_ref().to_path_buf();
+    let app = reloader.app().clone();
     let in_force = |app: &App| {
         let text = app
             .shared
@@ -198,41 +246,75 @@ pub async fn watch(app: App, path: impl AsRef<Path>, every: Duration, stop: Canc
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let now = (
-            tokio::fs::read(&path).await.ok(),
-            tls_files_digest(&app).await,
-            key_file(&app).await,
-        );
+        let files = Watched::of(&app, &path);
+        let Ok(now) = tokio::task::spawn_blocking(move || files.read()).await else {
+            continue;
+        };
         if now.0.is_some() && now != in_force(&app) && now != attempted && now == seen {
             // Reloading reads the files once more; if they moved again, the next poll catches it.
-            let _ = reload(&app);
+            let _ = reloader.reload().await;
             attempted = now.clone();
         }
         seen = now;
     }
 }
 
-/// The digest of the certificate and key files the running config names, as they are on disk now.
-async fn tls_files_digest(app: &App) -> Option<crate::tls::FilesDigest> {
-    let snap = app.snapshot();
-    let tls = snap.config.server.tls.as_ref()?;
-    let mut contents = Vec::with_capacity(tls.certs.len() * 2);
-    for pair in &tls.certs {
-        contents.push(tokio::fs::read(&pair.cert).await.ok());
-        contents.push(tokio::fs::read(&pair.key).await.ok());
-    }
-    crate::tls::digest_of(&contents)
+/// The files one poll of the watch reads: the config, the TLS certificate
+/// and key files and the API key file the running config names.
+struct Watched {
+    config: PathBuf,
+    /// Certificate, key, certificate, key… (`None` without TLS).
+    tls: Option<Vec<PathBuf>>,
+    api_keys: Option<PathBuf>,
 }
 
-/// The API key file the running config names, as it is on disk now
-/// (`Some(empty)` when it cannot be read: a vanished file is a change too).
-async fn key_file(app: &App) -> Option<Vec<u8>> {
-    let path = app.snapshot().config.identity.api_keys_file.clone()?.0;
-    Some(tokio::fs::read(&path).await.unwrap_or_default())
+/// What one poll found: the config's bytes, the digest of the TLS files, and
+/// the API key file's bytes (`Some(empty)` when it cannot be read: a vanished
+/// file is a change too).
+type Polled = (
+    Option<Vec<u8>>,
+    Option<crate::tls::FilesDigest>,
+    Option<Vec<u8>>,
+);
+
+impl Watched {
+    fn of(app: &App, config: &Path) -> Watched {
+        let snap = app.snapshot();
+        let tls = snap.config.server.tls.as_ref().map(|t| {
+            t.certs
+                .iter()
+                .flat_map(|pair| [pair.cert.clone(), pair.key.clone()])
+                .collect()
+        });
+        Watched {
+            config: config.to_path_buf(),
+            tls,
+            api_keys: snap
+                .config
+                .identity
+                .api_keys_file
+                .as_ref()
+                .map(|(p, _)| p.clone()),
+        }
+    }
+
+    /// Reads them all: blocking file I/O, for a blocking thread.
+    fn read(self) -> Polled {
+        let tls = self.tls.and_then(|files| {
+            let contents: Vec<Option<Vec<u8>>> =
+                files.iter().map(|p| std::fs::read(p).ok()).collect();
+            crate::tls::digest_of(&contents)
+        });
+        (
+            std::fs::read(&self.config).ok(),
+            tls,
+            self.api_keys.map(|p| std::fs::read(p).unwrap_or_default()),
+        )
+    }
 }
 
 /// Reloads on every SIGHUP.
-pub async fn on_sighup(app: App, stop: CancellationToken) {
+pub async fn on_sighup(reloader: Arc<Reloader>, stop: CancellationToken) {
     let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
         tracing::warn!("cannot listen for SIGHUP; reload through the admin API or the file watch");
         return;
@@ -243,7 +325,7 @@ pub async fn on_sighup(app: App, stop: CancellationToken) {
             got = hup.recv() => {
                 if got.is_none() { return; }
                 tracing::info!("SIGHUP: reloading the config");
-                let _ = reload(&app);
+                let _ = reloader.reload().await;
             }
         }
     }

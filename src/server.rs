@@ -6,19 +6,24 @@
 //! waits for the tracker with the configured grace.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use std::sync::Arc;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::app::{App, ConnInfo};
+use crate::body::Body;
 use crate::config::Serve;
 use crate::connections::{watch, Activity, Closing, Watched};
 use crate::problem::Problem;
@@ -72,42 +77,65 @@ pub fn connection_builder(request_header_timeout: Duration) -> auto::Builder<Tok
     builder
 }
 
-/// Accepts connections until `stop` is cancelled; each runs on `connections`
-/// and drains when `drain` is cancelled. `addr` is the listener's configured
-/// address: what it serves (plain, TLS, redirect) is read from the snapshot
-/// for each connection, so a reload can change it without rebinding.
-pub async fn accept_loop(
+/// How long a listener waits after a failed accept (out of file descriptors
+/// and the like) instead of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The admin listener's budget for a request head.
+const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the admin listener answers: the admin API, handed in by the caller
+/// so this module never depends on it.
+pub type AdminHandler = Arc<
+    dyn Fn(Request<Incoming>, SocketAddr) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The one accept loop: accepts until `stop` is cancelled and hands each
+/// socket to `on_accept`, which decides what the listener serves.
+async fn accept_loop(
     listener: TcpListener,
-    app: App,
-    addr: SocketAddr,
     stop: CancellationToken,
-    drain: CancellationToken,
-    connections: TaskTracker,
-    workers: Option<Arc<Workers>>,
+    mut on_accept: impl FnMut(TcpStream, SocketAddr),
 ) {
-    let mut serve = app
-        .snapshot()
-        .config
-        .server
-        .serve_at(addr)
-        .unwrap_or(Serve::Http);
-    // The port clients connect to (the bound one, when the config said 0).
-    let port = listener.local_addr().map_or(addr.port(), |a| a.port());
     loop {
         let accepted = tokio::select! {
             biased;
             _ = stop.cancelled() => return,
             a = listener.accept() => a,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
+        match accepted {
+            Ok((stream, peer)) => on_accept(stream, peer),
             Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
-        };
+        }
+    }
+}
+
+/// What a public listener does with an accepted socket: admit it under the
+/// connection caps, then serve it on a worker, each connection on
+/// `connections` and draining when `drain` is cancelled. `addr` is the
+/// listener's configured address: what it serves (plain, TLS, redirect) is
+/// read from the snapshot for each connection, so a reload can change it
+/// without rebinding.
+fn public_acceptor(
+    app: App,
+    addr: SocketAddr,
+    port: u16,
+    drain: CancellationToken,
+    connections: TaskTracker,
+    workers: Option<Arc<Workers>>,
+) -> impl FnMut(TcpStream, SocketAddr) {
+    let mut serve = app
+        .snapshot()
+        .config
+        .server
+        .serve_at(addr)
+        .unwrap_or(Serve::Http);
+    move |stream, peer| {
         let snap = app.snapshot();
         let server = &snap.config.server;
         let max_total = server
@@ -120,7 +148,7 @@ pub async fn accept_loop(
             Err(refusal) => {
                 // Closed at once: an answer would cost the writes a flood wants.
                 tracing::debug!(%peer, ?refusal, "connection refused");
-                continue;
+                return;
             }
         };
         let _ = stream.set_nodelay(true);
@@ -138,28 +166,60 @@ pub async fn accept_loop(
             // worker's reactor there, and never changes threads again.
             Some(workers) => match stream.into_std() {
                 Ok(std_stream) => {
+                    let (worker, runtime) = workers.pick();
                     connections.spawn_on(
                         async move {
                             match TcpStream::from_std(std_stream) {
                                 Ok(stream) => {
-                                    serve_accepted(stream, peer, port, serve, app, timeouts, drain).await;
+                                    let conn = ConnInfo { peer, proto: "http", port, worker };
+                                    serve_accepted(stream, conn, serve, app, timeouts, drain).await;
                                     drop(permit);
                                 }
                                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
                             }
                         },
-                        workers.pick(),
+                        runtime,
                     );
                 }
                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
             },
             None => {
                 connections.spawn(async move {
-                    serve_accepted(stream, peer, port, serve, app, timeouts, drain).await;
+                    let conn = ConnInfo {
+                        peer,
+                        proto: "http",
+                        port,
+                        worker: 0,
+                    };
+                    serve_accepted(stream, conn, serve, app, timeouts, drain).await;
                     drop(permit);
                 });
             }
         }
+    }
+}
+
+/// What the admin listener does with an accepted socket: serve `handler` on
+/// it (HTTP/1.1 or HTTP/2) until it closes or `stop` is cancelled.
+fn admin_acceptor(
+    handler: AdminHandler,
+    stop: CancellationToken,
+) -> impl FnMut(TcpStream, SocketAddr) {
+    move |stream, peer| {
+        let handler = handler.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let answer = handler(req, peer);
+                async move { Ok::<_, Infallible>(answer.await) }
+            });
+            let builder = connection_builder(ADMIN_HEADER_TIMEOUT);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stop.cancelled() => {}
+            }
+        });
     }
 }
 
@@ -175,29 +235,17 @@ struct Timeouts {
 /// Serves one accepted connection as its listener says: plain, TLS, or redirect.
 async fn serve_accepted(
     stream: TcpStream,
-    peer: SocketAddr,
-    port: u16,
+    conn: ConnInfo,
     serve: Serve,
     app: App,
     timeouts: Timeouts,
     drain: CancellationToken,
 ) {
     let timeout = timeouts.header;
+    let peer = conn.peer;
     match serve {
-        Serve::Http => {
-            let conn = ConnInfo {
-                peer,
-                proto: "http",
-                port,
-            };
-            serve_connection(stream, app, conn, None, timeouts, drain).await
-        }
+        Serve::Http => serve_connection(stream, app, conn, None, timeouts, drain).await,
         Serve::RedirectToHttps { port } => {
-            let conn = ConnInfo {
-                peer,
-                proto: "http",
-                port,
-            };
             serve_connection(stream, app, conn, Some(port), timeouts, drain).await
         }
         Serve::Https => {
@@ -222,9 +270,8 @@ async fn serve_accepted(
                 }
             };
             let conn = ConnInfo {
-                peer,
                 proto: "https",
-                port,
+                ..conn
             };
             serve_connection(stream, app, conn, None, timeouts, drain).await
         }
@@ -313,6 +360,8 @@ async fn serve_connection<I>(
 /// The listeners in service, keyed by their configured address, so a reload
 /// can bind new ones and drain removed ones without a restart.
 pub struct ListenerSet {
+    app: App,
+    admin_handler: AdminHandler,
     connections: TaskTracker,
     stop_all: CancellationToken,
     drain_all: CancellationToken,
@@ -323,7 +372,7 @@ pub struct ListenerSet {
 }
 
 struct Running {
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
     stop: CancellationToken,
     drain: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -331,12 +380,12 @@ struct Running {
 
 /// Sockets bound for a reload that has not been applied yet.
 pub struct Pending {
-    public: Vec<(std::net::SocketAddr, TcpListener)>,
-    admin: Option<(std::net::SocketAddr, TcpListener)>,
+    public: Vec<(SocketAddr, TcpListener)>,
+    admin: Option<(SocketAddr, TcpListener)>,
 }
 
 /// Binds without awaiting, so a reload can do it before it commits to anything.
-pub fn bind_now(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+pub fn bind_now(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let std_listener = std::net::TcpListener::bind(addr)
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     std_listener.set_nonblocking(true)?;
@@ -344,13 +393,18 @@ pub fn bind_now(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 impl ListenerSet {
+    /// Public listeners serve `app`; the admin listener serves `admin_handler`.
     pub fn new(
+        app: App,
+        admin_handler: AdminHandler,
         connections: TaskTracker,
         stop_all: CancellationToken,
         drain_all: CancellationToken,
         workers: Option<Arc<Workers>>,
     ) -> ListenerSet {
         ListenerSet {
+            app,
+            admin_handler,
             connections,
             stop_all,
             drain_all,
@@ -360,22 +414,24 @@ impl ListenerSet {
         }
     }
 
-    pub fn start_public(&mut self, app: &App, addr: std::net::SocketAddr, listener: TcpListener) {
+    pub fn start_public(&mut self, addr: SocketAddr, listener: TcpListener) {
         if let Ok(local) = listener.local_addr() {
-            let serves = app.snapshot().config.server.serve_at(addr);
+            let serves = self.app.snapshot().config.server.serve_at(addr);
             tracing::info!(addr = %local, ?serves, "listening");
         }
+        // The port clients connect to (the bound one, when the config said 0).
+        let port = listener.local_addr().map_or(addr.port(), |a| a.port());
         let stop = self.stop_all.child_token();
         let drain = self.drain_all.child_token();
-        let task = tokio::spawn(accept_loop(
-            listener,
-            app.clone(),
+        let acceptor = public_acceptor(
+            self.app.clone(),
             addr,
-            stop.clone(),
+            port,
             drain.clone(),
             self.connections.clone(),
             self.workers.clone(),
-        ));
+        );
+        let task = tokio::spawn(accept_loop(listener, stop.clone(), acceptor));
         self.public.push(Running {
             addr,
             stop,
@@ -384,12 +440,13 @@ impl ListenerSet {
         });
     }
 
-    pub fn start_admin(&mut self, app: &App, addr: std::net::SocketAddr, listener: TcpListener) {
+    pub fn start_admin(&mut self, addr: SocketAddr, listener: TcpListener) {
         if let Ok(local) = listener.local_addr() {
             tracing::info!(addr = %local, "admin API listening");
         }
         let stop = self.stop_all.child_token();
-        let task = tokio::spawn(crate::admin::serve(listener, app.clone(), stop.clone()));
+        let acceptor = admin_acceptor(self.admin_handler.clone(), stop.clone());
+        let task = tokio::spawn(accept_loop(listener, stop.clone(), acceptor));
         self.admin = Some(Running {
             addr,
             drain: stop.clone(),
@@ -399,11 +456,7 @@ impl ListenerSet {
     }
 
     /// Binds what `listen` / `admin` add to the running set; nothing changes yet.
-    pub fn prepare(
-        &self,
-        listen: &[std::net::SocketAddr],
-        admin: std::net::SocketAddr,
-    ) -> std::io::Result<Pending> {
+    pub fn prepare(&self, listen: &[SocketAddr], admin: SocketAddr) -> std::io::Result<Pending> {
         let mut pending = Pending {
             public: Vec::new(),
             admin: None,
@@ -420,9 +473,9 @@ impl ListenerSet {
     }
 
     /// Starts what `pending` bound and drains the listeners `listen` no longer names.
-    pub fn commit(&mut self, app: &App, pending: Pending, listen: &[std::net::SocketAddr]) {
+    pub fn commit(&mut self, pending: Pending, listen: &[SocketAddr]) {
         for (addr, listener) in pending.public {
-            self.start_public(app, addr, listener);
+            self.start_public(addr, listener);
         }
         self.public.retain(|r| {
             let keep = listen.contains(&r.addr);
@@ -438,7 +491,7 @@ impl ListenerSet {
                 tracing::info!(addr = %old.addr, "admin listener moved by reload");
                 old.stop.cancel();
             }
-            self.start_admin(app, addr, listener);
+            self.start_admin(addr, listener);
         }
     }
 

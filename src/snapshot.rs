@@ -108,7 +108,7 @@ impl Snapshot {
             .map(|u| {
                 previous
                     .and_then(|p| p.upstreams.iter().find(|old| old.serves(u)).cloned())
-                    .unwrap_or_else(|| Arc::new(Balancer::new(u, metrics)))
+                    .unwrap_or_else(|| Arc::new(Balancer::new(u, metrics, config.server.workers)))
             })
             .collect();
         let limiters = config

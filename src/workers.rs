@@ -4,32 +4,17 @@
 //! proxied request in cross-thread wake-ups: the downstream connection task,
 //! the pooled upstream connection task and the request future often sat on
 //! different threads. Here the accept loop hands each connection to one
-//! worker (round robin), and each worker has its own upstream pools
-//! ([`current`] picks them), so a request never leaves its thread.
+//! worker (round robin, [`Workers::pick`] names it), and each worker has its
+//! own slot in every upstream pool: the worker's number travels with the
+//! request (`ConnInfo::worker`), so a request never
+//! leaves its thread. Pools are sized from `server.workers`, which a reload
+//! cannot change.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
-
-thread_local! {
-    static WORKER: Cell<usize> = const { Cell::new(0) };
-}
-
-static COUNT: AtomicUsize = AtomicUsize::new(0);
-
-/// This thread's worker number, 1-based; 0 outside the worker threads
-/// (the main runtime, tests).
-pub fn current() -> usize {
-    WORKER.with(Cell::get)
-}
-
-/// How many worker threads run (0 when none were started).
-pub fn count() -> usize {
-    COUNT.load(Ordering::Relaxed)
-}
 
 /// Hands this thread's freed memory back to the OS. mimalloc (the binary's
 /// allocator) keeps freed pages in per-thread free lists, and memory one
@@ -52,7 +37,6 @@ impl Workers {
     /// Starts `n` worker threads, each running a current-thread runtime.
     pub fn start(n: usize) -> std::io::Result<Workers> {
         let n = n.max(1);
-        COUNT.store(n, Ordering::Relaxed);
         let mut workers = Workers {
             handles: Vec::with_capacity(n),
             next: AtomicUsize::new(0),
@@ -65,7 +49,6 @@ impl Workers {
             let thread = std::thread::Builder::new()
                 .name(format!("tollgate-worker-{}", i + 1))
                 .spawn(move || {
-                    WORKER.with(|w| w.set(i + 1));
                     let runtime = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()
@@ -91,10 +74,10 @@ impl Workers {
         Ok(workers)
     }
 
-    /// The runtime the next connection goes to.
-    pub fn pick(&self) -> &Handle {
+    /// The worker the next connection goes to: its number (1-based) and runtime.
+    pub fn pick(&self) -> (usize, &Handle) {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
-        &self.handles[i]
+        (i + 1, &self.handles[i])
     }
 
     /// Runs [`release_memory`] on every worker thread.
@@ -137,18 +120,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_worker_knows_its_number_and_connections_go_round_robin() {
+    fn connections_go_round_robin_each_to_the_runtime_of_the_worker_named() {
         let workers = Workers::start(2).unwrap();
-        let seen: Vec<usize> = (0..4)
+        let seen: Vec<(usize, String)> = (0..4)
             .map(|_| {
                 let (tx, rx) = std::sync::mpsc::channel();
-                workers
-                    .pick()
-                    .spawn(async move { tx.send(current()).unwrap() });
-                rx.recv().unwrap()
+                let (worker, runtime) = workers.pick();
+                runtime.spawn(async move {
+                    let thread = std::thread::current().name().unwrap_or("").to_string();
+                    tx.send(thread).unwrap()
+                });
+                (worker, rx.recv().unwrap())
             })
             .collect();
-        assert_eq!(seen, vec![1, 2, 1, 2]);
-        assert_eq!(current(), 0, "the test thread is no worker");
+        let expected: Vec<(usize, String)> = [1, 2, 1, 2]
+            .into_iter()
+            .map(|w| (w, format!("tollgate-worker-{w}")))
+            .collect();
+        assert_eq!(seen, expected);
     }
 }

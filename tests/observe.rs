@@ -145,6 +145,20 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
     assert_eq!(by_status(502)["upstream"], "down");
     assert_eq!(by_status(504)["upstream"], "slow");
     assert!(by_status(504)["upstream_ms"].as_f64().unwrap() >= 150.0);
+    // Where each problem came from; an answer tollgate did not make has none.
+    assert!(ok["error_origin"].is_null(), "{ok}");
+    assert!(one_record(&records, &sent[1].1)["error_origin"].is_null());
+    for s in [429, 401, 404, 413] {
+        assert_eq!(
+            by_status(s)["error_origin"],
+            "downstream",
+            "{}",
+            by_status(s)
+        );
+    }
+    for s in [502, 504] {
+        assert_eq!(by_status(s)["error_origin"], "upstream", "{}", by_status(s));
+    }
 
     for line in log.lines() {
         assert!(!line.contains(KEY), "a raw API key was logged: {line}");
@@ -583,6 +597,7 @@ routes: [{{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }}, li
     let records = log.wait_records(1).await;
     let r = one_record(&records, &id);
     assert_eq!(r["decision"], "store_error");
+    assert_eq!(r["error_origin"], "store");
     assert_eq!(r["route"], "ping");
     let m = proxy.metrics().await;
     assert!(

@@ -162,19 +162,24 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    pub fn new(address: Address, connect_timeout: Duration, max_conns: usize) -> Arc<Pool> {
+    /// One idle list per worker runtime (`workers` of them) and one for the
+    /// runtime `run` was called on.
+    pub fn new(
+        address: Address,
+        connect_timeout: Duration,
+        max_conns: usize,
+        workers: usize,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             address,
             connect_timeout,
             permits: Arc::new(Semaphore::new(max_conns.max(1))),
-            idle: (0..=crate::workers::count())
-                .map(|_| Mutex::new(Vec::new()))
-                .collect(),
+            idle: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
         })
     }
 
-    fn slot(&self) -> usize {
-        crate::workers::current().min(self.idle.len() - 1)
+    fn slot(&self, worker: usize) -> usize {
+        worker.min(self.idle.len() - 1)
     }
 
     /// An idle connection that is still open: this worker's first, then
@@ -241,8 +246,9 @@ impl Pool {
         mut body: Option<Limited<Incoming>>,
         replayable: bool,
         upstream: Arc<str>,
+        worker: usize,
     ) -> Result<(Head, ResponseBody), FastCgiError> {
-        let slot = self.slot();
+        let slot = self.slot(worker);
         let permit = self
             .permits
             .clone()

@@ -97,10 +97,16 @@ impl FastCgi {
         config: &FastCgiConfig,
         connect_timeout: Duration,
         timeout: Duration,
+        workers: usize,
     ) -> FastCgi {
         FastCgi {
             name: Arc::from(name),
-            pool: client::Pool::new(config.address.clone(), connect_timeout, config.max_conns),
+            pool: client::Pool::new(
+                config.address.clone(),
+                connect_timeout,
+                config.max_conns,
+                workers,
+            ),
             config: config.clone(),
             root: config
                 .root
@@ -121,6 +127,7 @@ impl FastCgi {
         client_ip: IpAddr,
         peer: SocketAddr,
         proto: &'static str,
+        worker: usize,
     ) -> Result<Response<Streamed>, FastCgiError> {
         let Some(split) = path::split(parts.uri.path()) else {
             return Ok(own(Problem::FileNotFound));
@@ -164,9 +171,9 @@ impl FastCgi {
                 let body = has_body.then_some(body);
                 let replayable =
                     matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
-                let exchange = self
-                    .pool
-                    .exchange(head, body, replayable, self.name.clone());
+                let exchange =
+                    self.pool
+                        .exchange(head, body, replayable, self.name.clone(), worker);
                 let (head, body) = tokio::time::timeout(self.timeout, exchange)
                     .await
                     .map_err(|_| FastCgiError::Timeout(self.timeout))??;

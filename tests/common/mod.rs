@@ -146,9 +146,14 @@ impl Proxy {
         let config_path = dir.path().join("tollgate.yaml");
         let pinned = pin_tls_listen(pin_yaml(yaml, addr, admin_addr, dir.path()), tls_addr);
         std::fs::write(&config_path, pinned).unwrap();
-        let config = tollgate::config::load_file(&config_path).unwrap_or_else(|e| panic!("{e}"));
+        let (config, text) =
+            tollgate::config::load_file_text(&config_path).unwrap_or_else(|e| panic!("{e}"));
         let store = Store::open(&config.store, &config.limiters, clock.now()).expect("store opens");
-        let app = App::new(config, store, clock, Some(config_path.clone()));
+        let source = tollgate::app::ConfigSource {
+            path: config_path.clone(),
+            text,
+        };
+        let app = App::new(config, store, clock, Some(source));
         let shutdown = CancellationToken::new();
         let listeners = Listeners { public, admin };
         let options = RunOptions {

@@ -1,0 +1,147 @@
+//! The log phase: what the access log and the request metrics say about one request, emitted once its body has ended.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use super::{App, ConnInfo, Shared};
+use crate::access::AccessRecord;
+use crate::body::Body;
+use crate::config::RejectShape;
+use crate::limiter::Nanos;
+use crate::metrics::Decision;
+use crate::problem::{Denial, Problem};
+use crate::request_id::RequestId;
+use crate::snapshot::Snapshot;
+
+/// The access phase: what the log and the request metrics say about one
+/// request, filled in as it goes and emitted once, when the response body
+/// has ended (or the client went away).
+pub(super) struct Trail {
+    pub(super) record: AccessRecord,
+    /// Index into `Snapshot::routes`, once routed.
+    pub(super) route: Option<usize>,
+}
+
+impl Trail {
+    pub(super) fn begin(
+        snap: &Snapshot,
+        req: &Request<Incoming>,
+        conn: ConnInfo,
+        now: Nanos,
+        id: &RequestId,
+    ) -> Trail {
+        let h = req.headers();
+        Trail {
+            record: AccessRecord {
+                format: snap.config.log.format,
+                time: now,
+                request_id: id.as_str().to_string(),
+                client: None,
+                ip: conn.peer.ip().to_canonical(),
+                method: req.method().clone(),
+                path: req.uri().path().to_string(),
+                version: req.version(),
+                route: None,
+                status: 0,
+                // Until a limiter or an exemption decides otherwise.
+                decision: Decision::Error,
+                limiter: None,
+                retry_after: None,
+                upstream: None,
+                upstream_ms: None,
+                error_origin: None,
+                duration_ms: 0.0,
+                bytes_out: 0,
+                referer: h.get(http::header::REFERER).cloned(),
+                user_agent: h.get(http::header::USER_AGENT).cloned(),
+            },
+            route: None,
+        }
+    }
+
+    /// A problem answered locally: the record learns where it came from.
+    pub(super) fn answer(
+        &mut self,
+        problem: Problem,
+        shape: Option<&RejectShape>,
+    ) -> Response<Body> {
+        self.record.error_origin = Some(problem.origin());
+        if matches!(problem, Problem::StoreUnavailable) {
+            self.record.decision = Decision::StoreError;
+        }
+        problem.respond(Some(&self.record.request_id), shape)
+    }
+
+    /// A rejection: for the access log, the limiter's episode line and the
+    /// dashboard's list of keys limited right now.
+    pub(super) fn rejected(
+        &mut self,
+        app: &App,
+        snap: &Snapshot,
+        denial: &Denial,
+        route: &Arc<str>,
+        now: Nanos,
+    ) {
+        self.record.decision = Decision::Rejected;
+        self.record.limiter = Some(denial.limiter.clone());
+        self.record.retry_after = Some(crate::limiter::ceil_secs(denial.retry_after).max(1));
+        app.shared
+            .activity
+            .rejected(&denial.key, &denial.limiter, route, now);
+        if let Some(l) = snap.limiters.iter().find(|l| l.name == denial.limiter) {
+            l.metrics.episode.rejected(&l.name, &denial.key, now);
+        }
+    }
+
+    /// Hands the record to the response body, which emits it when it ends.
+    pub(super) fn finish(
+        mut self,
+        app: &App,
+        snap: Arc<Snapshot>,
+        resp: Response<Body>,
+        started: Instant,
+        in_flight: crate::metrics::GaugeGuard,
+    ) -> Response<Body> {
+        self.record.status = resp.status().as_u16();
+        let done = Box::new(Emit {
+            shared: app.shared.clone(),
+            access: snap.config.log.access,
+            snap,
+            trail: self,
+            started,
+            _in_flight: in_flight,
+        });
+        resp.map(|b| Body::tracked(b, done))
+    }
+}
+
+/// The end of a request: the body is done, so its duration and size are known.
+struct Emit {
+    shared: Arc<Shared>,
+    snap: Arc<Snapshot>,
+    access: bool,
+    trail: Trail,
+    started: Instant,
+    /// The request counts as in flight until its body is done.
+    _in_flight: crate::metrics::GaugeGuard,
+}
+
+impl crate::body::Done for Emit {
+    fn done(self: Box<Self>, bytes_out: u64) {
+        let elapsed = self.started.elapsed();
+        let mut record = self.trail.record;
+        let series = match self.trail.route {
+            Some(i) => &self.snap.routes[i].metrics.series,
+            None => &self.snap.unrouted,
+        };
+        series.observe(record.decision, record.status, elapsed);
+        if self.access {
+            record.duration_ms = elapsed.as_secs_f64() * 1000.0;
+            record.bytes_out = bytes_out;
+            self.shared.access.send(record);
+        }
+    }
+}
