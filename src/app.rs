@@ -306,10 +306,17 @@ impl App {
                     .enabled
                     .then(|| (req.method().clone(), req.uri().path().to_string()));
                 trail.record.upstream = Some(upstream.name.clone());
+                // The body is read first, so the upstream's time is its own.
+                let metrics = &self.shared.metrics;
+                let body = crate::buffering::read_request(metrics, req, &snap.config.server).await;
                 let asked = Instant::now();
-                let result = upstream
-                    .forward(req, &client, conn.peer, conn.proto, conn.port, max_body)
-                    .await;
+                let result = match body {
+                    Ok(req) => {
+                        req.forward(metrics, upstream, &snap.config, *u, &client, conn)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
                 let waited = asked.elapsed();
                 snap.upstream_durations[*u].observe(waited);
                 trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);

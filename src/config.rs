@@ -38,6 +38,9 @@ pub use balance::{BalanceConfig, HealthCheck, Policy};
 mod fastcgi;
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 
+mod bodies;
+pub use bodies::BodyConfig;
+
 /// The largest sliding-window limit: its exact log costs 8 bytes per admitted
 /// request and key, so a larger limit would let one key take megabytes.
 pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
@@ -192,6 +195,11 @@ pub struct RawServer {
     pub max_connections: Option<u64>,
     pub max_connections_per_ip: Option<u64>,
     pub idle_timeout: Option<Dur>,
+    pub request_body_buffer: Option<Size>,
+    pub request_body_timeout: Option<Dur>,
+    pub request_body_min_rate: Option<Size>,
+    pub send_timeout: Option<Dur>,
+    pub upstream_requests_per_connection: Option<u64>,
 }
 
 /// `auto` (one per core) or a number of worker threads.
@@ -404,6 +412,8 @@ pub struct ServerConfig {
     pub max_connections_per_ip: usize,
     /// A connection with no request for this long is closed.
     pub idle_timeout: Duration,
+    /// Request body buffering, slow-client timers, HTTP/2 fair share.
+    pub bodies: BodyConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1052,6 +1062,7 @@ impl Validator {
                 .count("server.max_connections_per_ip", raw.max_connections_per_ip)
                 .unwrap_or(256),
             idle_timeout: dur(raw.idle_timeout, Duration::from_secs(60)),
+            bodies: self.bodies(raw),
         }
     }
 
