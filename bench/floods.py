@@ -113,7 +113,8 @@ async def http_get(port, path, source="127.0.0.2", timeout=2.0):
     r, w = await asyncio.wait_for(
         asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)), timeout)
     try:
-        w.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        # The admin API answers only a Host naming it (its guard against DNS rebinding).
+        w.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
         data = await asyncio.wait_for(r.read(), timeout)
         return data
     finally:
