@@ -46,8 +46,14 @@ const FILE_CHUNK: usize = 64 * 1024;
 pub enum RequestBody {
     /// No body at all.
     Empty,
-    /// Read whole, held in memory.
-    Memory { chunks: VecDeque<Bytes>, left: u64 },
+    /// Read whole, held in memory. `declared`: the client sent a
+    /// Content-Length, so the upstream gets one too; a chunked body stays
+    /// chunked (the framing the client chose passes on unchanged).
+    Memory {
+        chunks: VecDeque<Bytes>,
+        left: u64,
+        declared: bool,
+    },
     /// Read whole, set aside in a temp file, read back while forwarding.
     File(Box<Spilled>),
     /// Passed through as it arrives (upgrade requests).
@@ -58,6 +64,7 @@ pub enum RequestBody {
 pub struct Spilled {
     file: tokio::fs::File,
     left: u64,
+    declared: bool,
     buf: BytesMut,
 }
 
@@ -77,7 +84,7 @@ impl HttpBody for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
             RequestBody::Empty => Poll::Ready(None),
-            RequestBody::Memory { chunks, left } => Poll::Ready(chunks.pop_front().map(|c| {
+            RequestBody::Memory { chunks, left, .. } => Poll::Ready(chunks.pop_front().map(|c| {
                 *left -= c.len() as u64;
                 Ok(Frame::data(c))
             })),
@@ -100,10 +107,19 @@ impl HttpBody for RequestBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             RequestBody::Empty => SizeHint::with_exact(0),
-            RequestBody::Memory { left, .. } => SizeHint::with_exact(*left),
-            RequestBody::File(spilled) => SizeHint::with_exact(spilled.left),
+            RequestBody::Memory { left, declared, .. } => known(*left, *declared),
+            RequestBody::File(spilled) => known(spilled.left, spilled.declared),
             RequestBody::Streaming(body) => body.size_hint(),
         }
+    }
+}
+
+/// An exact hint makes hyper send Content-Length; an open one, chunked.
+fn known(left: u64, declared: bool) -> SizeHint {
+    if declared {
+        SizeHint::with_exact(left)
+    } else {
+        SizeHint::default()
     }
 }
 
@@ -236,7 +252,8 @@ pub async fn read_request(
     } else if upgrade {
         RequestBody::Streaming(body)
     } else {
-        match read(body, &server.bodies, server.max_request_body).await {
+        let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+        match read(body, &server.bodies, server.max_request_body, declared).await {
             Ok(body) => {
                 if matches!(body, RequestBody::File(_)) {
                     inc(&metrics.counter("tollgate_request_bodies_spilled_total", &[]));
@@ -323,6 +340,7 @@ pub async fn read(
     mut body: Incoming,
     config: &BodyConfig,
     max: u64,
+    declared: bool,
 ) -> Result<RequestBody, ForwardError> {
     let mut pace = Pace::new(config, Instant::now());
     let mut memory: VecDeque<Bytes> = VecDeque::new();
@@ -362,6 +380,7 @@ pub async fn read(
         None => Ok(RequestBody::Memory {
             chunks: memory,
             left: received,
+            declared,
         }),
         Some(mut f) => {
             f.flush().await.map_err(ForwardError::Spill)?;
@@ -371,6 +390,7 @@ pub async fn read(
             Ok(RequestBody::File(Box::new(Spilled {
                 file: f,
                 left: received,
+                declared,
                 buf: BytesMut::new(),
             })))
         }
