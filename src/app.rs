@@ -369,15 +369,20 @@ impl App {
         let snap = x.snap.clone();
         let route = &snap.routes[index];
         let upstream = &snap.upstreams[u];
-        let max_body = snap.config.server.max_request_body;
         let audit = snap
             .config
             .audit
             .enabled
             .then(|| (req.method().clone(), req.uri().path().to_string()));
         x.trail.record.upstream = Some(upstream.name.clone());
+        // The body is read first, so the upstream's time is its own.
+        let metrics = &self.shared.metrics;
+        let body = crate::buffering::read_request(metrics, req, &snap.config.server).await;
         let asked = Instant::now();
-        let result = upstream.forward(req, client, &x.conn, max_body).await;
+        let result = match body {
+            Ok(req) => req.forward(metrics, upstream, &snap.config, u, client, &x.conn).await,
+            Err(e) => Err(e),
+        };
         let waited = asked.elapsed();
         snap.upstream_durations[u].observe(waited);
         x.trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);

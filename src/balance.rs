@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Empty;
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -293,7 +292,7 @@ impl Balancer {
     /// could not be sent at all and the method is idempotent.
     pub async fn forward(
         &self,
-        req: Request<Incoming>,
+        req: Request<crate::buffering::RequestBody>,
         client: &ClientIdentity,
         conn: &crate::connections::ConnInfo,
         max_body: u64,

@@ -8,6 +8,7 @@
 //! for it, so it answers while the public side is full.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -45,6 +46,7 @@ pub struct Connections {
     refused_per_ip: Counter,
     closed_silent: Counter,
     closed_idle: Counter,
+    closed_send_timeout: Counter,
 }
 
 /// Why a connection was refused.
@@ -76,6 +78,7 @@ impl Connections {
             refused_per_ip: refused("max_connections_per_ip"),
             closed_silent: closed("no_request"),
             closed_idle: closed("idle"),
+            closed_send_timeout: closed("send_timeout"),
         })
     }
 
@@ -289,15 +292,74 @@ pub enum Closing {
     Idle,
 }
 
-/// The client side of a connection, noting when its first byte arrives.
+/// The client side of a connection, noting when its first byte arrives and
+/// failing it when a write stays blocked past `server.send_timeout` (nginx's
+/// `send_timeout`): a client that stops reading is closed, and the response
+/// body it was being sent (with the upstream connection behind it) dropped.
+///
+/// While a write is blocked, hyper stops pulling the response body, so what
+/// a slow reader holds stays bounded (see `server::H2_SEND_BUF` and the
+/// per-connection figure there, about 160 KiB); this timer bounds for how long.
 pub struct Watched<I> {
     inner: I,
     activity: Arc<Activity>,
+    send: Option<SendTimer>,
+}
+
+/// How long a write may stay blocked, and since when it has been.
+struct SendTimer {
+    timeout: Duration,
+    /// Armed by the first write that cannot proceed, disarmed by the next that does.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    closed: Counter,
 }
 
 impl<I> Watched<I> {
     pub fn new(inner: I, activity: Arc<Activity>) -> Watched<I> {
-        Watched { inner, activity }
+        Watched {
+            inner,
+            activity,
+            send: None,
+        }
+    }
+
+    /// Fails the connection when a write stays blocked for `timeout`.
+    pub fn send_timeout(mut self, timeout: Duration, connections: &Connections) -> Watched<I> {
+        self.send = Some(SendTimer {
+            timeout,
+            stalled: None,
+            closed: connections.closed_send_timeout.clone(),
+        });
+        self
+    }
+
+    /// Passes `polled` on, arming the send timer while writes block and
+    /// turning a block that outlived it into an error.
+    fn pace<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        let Some(timer) = self.send.as_mut() else {
+            return polled;
+        };
+        if polled.is_ready() {
+            timer.stalled = None;
+            return polled;
+        }
+        let timeout = timer.timeout;
+        let sleep = timer
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if sleep.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        inc(&timer.closed);
+        timer.stalled = None;
+        Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the client read nothing within send_timeout",
+        )))
     }
 }
 
@@ -325,15 +387,18 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.pace(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.pace(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.pace(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -341,7 +406,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.pace(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

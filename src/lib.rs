@@ -15,6 +15,7 @@
 //!   own [`key`] (`<limiter>:<key value>`);
 //! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
 //! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
+//! - [`buffering`]: the request body read whole before an upstream is taken, slow bodies cut off (408);
 //! - [`proxy`]: forwarding to the upstream (HTTP, or [`fastcgi`] to php-fpm);
 //!   [`problem`]: everything answered locally ([`reject`]: a 429's bytes and the rate-limit headers).
 //!
@@ -34,6 +35,7 @@ pub mod admin;
 pub mod app;
 pub mod balance;
 pub mod body;
+pub mod buffering;
 pub mod clock;
 pub mod config;
 pub mod connections;

@@ -113,6 +113,10 @@ pub enum Problem {
     StaticMethodNotAllowed,
     /// A body without Content-Length for a FastCGI script (PHP reads exactly that many bytes).
     LengthRequired,
+    /// The request body stalled or trickled below the minimum rate; the connection closes.
+    BodyTimeout,
+    /// The request body could not be set aside in a temp file (disk full, for instance).
+    BodyNotStored,
 }
 
 /// What a 405 lists in `Allow`: the methods any route can forward.
@@ -137,6 +141,8 @@ impl Problem {
             Problem::FileNotFound => StatusCode::NOT_FOUND,
             Problem::StaticMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Problem::LengthRequired => StatusCode::LENGTH_REQUIRED,
+            Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Problem::BodyNotStored => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -158,7 +164,10 @@ impl Problem {
             | Problem::NotImplemented(_)
             | Problem::FileNotFound
             | Problem::StaticMethodNotAllowed
-            | Problem::LengthRequired => Origin::Downstream,
+            | Problem::LengthRequired
+            | Problem::BodyTimeout => Origin::Downstream,
+            // The temp file a large body is set aside in is tollgate's own disk.
+            Problem::BodyNotStored => Origin::Internal,
         }
     }
 
@@ -319,6 +328,18 @@ impl Problem {
                 status,
                 "A request body for a PHP script needs a Content-Length.",
             ),
+            Problem::BodyTimeout => base(
+                "body-timeout",
+                title,
+                status,
+                "The request body arrived too slowly.",
+            ),
+            Problem::BodyNotStored => base(
+                "body-not-stored",
+                title,
+                status,
+                "The request body could not be stored for forwarding.",
+            ),
         };
         if let Some(id) = request_id {
             body["request_id"] = json!(id);
@@ -331,6 +352,11 @@ impl Problem {
         if let Some(methods) = allow {
             resp.headers_mut()
                 .insert(http::header::ALLOW, HeaderValue::from_static(methods));
+        }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body is still on its way: the connection cannot carry another request.
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

@@ -20,6 +20,7 @@ use crate::identity::Client as ClientIdentity;
 use crate::problem::Problem;
 
 pub use crate::body::{Forwarded, UpstreamBody};
+use crate::buffering::RequestBody;
 
 /// One configured upstream with its connection pool.
 #[derive(Debug)]
@@ -249,7 +250,7 @@ impl Upstream {
     /// Sends the request on and returns the upstream's response head as soon as it arrives.
     pub async fn forward(
         &self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         client: &ClientIdentity,
         conn: &ConnInfo,
         max_body: u64,
@@ -430,7 +431,7 @@ pub struct Outbound {
 
 impl Outbound {
     pub fn new(
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         client: &ClientIdentity,
         conn: &ConnInfo,
         max_body: u64,

@@ -302,10 +302,13 @@ async fn serve_connection<I>(
 {
     let peer = conn_info.peer;
     let activity = Activity::new();
-    let io = TokioIo::new(Watched::new(io, activity.clone()));
     let connections = app.shared.connections.clone();
+    let (send_timeout, share) = crate::buffering::per_connection(&app.snapshot().config.server);
+    let io =
+        TokioIo::new(Watched::new(io, activity.clone()).send_timeout(send_timeout, &connections));
     let in_service = activity.clone();
-    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+    let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+        share.tag(&mut req);
         let app = app.clone();
         let busy = in_service.request();
         async move {

@@ -43,7 +43,9 @@ mod protect;
 
 pub mod balance;
 mod fastcgi;
+mod bodies;
 
+pub use bodies::BodyConfig;
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
@@ -90,6 +92,8 @@ pub struct ServerConfig {
     pub max_connections_per_ip: usize,
     /// A connection with no request for this long is closed.
     pub idle_timeout: Duration,
+    /// Request body buffering, slow-client timers, HTTP/2 fair share.
+    pub bodies: BodyConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -164,6 +164,11 @@ pub struct RawServer {
     pub max_connections: Option<u64>,
     pub max_connections_per_ip: Option<u64>,
     pub idle_timeout: Option<Dur>,
+    pub request_body_buffer: Option<Size>,
+    pub request_body_timeout: Option<Dur>,
+    pub request_body_min_rate: Option<Size>,
+    pub send_timeout: Option<Dur>,
+    pub upstream_requests_per_connection: Option<u64>,
 }
 
 /// `auto` (one per core) or a number of worker threads.

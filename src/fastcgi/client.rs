@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, LengthLimitError};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
@@ -243,7 +242,7 @@ impl Pool {
     pub async fn exchange(
         self: &Arc<Pool>,
         head: Bytes,
-        mut body: Option<Limited<Incoming>>,
+        mut body: Option<crate::body::UpstreamBody>,
         replayable: bool,
         upstream: Arc<str>,
         worker: usize,
@@ -308,7 +307,10 @@ impl Pool {
 }
 
 /// The request body as STDIN records, as it arrives from the client.
-async fn send_body(conn: &mut Conn, mut body: Limited<Incoming>) -> Result<(), FastCgiError> {
+async fn send_body(
+    conn: &mut Conn,
+    mut body: crate::body::UpstreamBody,
+) -> Result<(), FastCgiError> {
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
             if e.is::<LengthLimitError>() {

@@ -54,11 +54,12 @@ impl Validator<'_> {
                 .count("server.max_connections_per_ip", raw.max_connections_per_ip)
                 .unwrap_or(256),
             idle_timeout: dur(raw.idle_timeout, Duration::from_secs(60)),
+            bodies: self.bodies(raw),
         }
     }
 
     /// A connection count: 1 or more.
-    fn count(&mut self, path: &str, raw: Option<u64>) -> Option<usize> {
+    pub(in crate::config) fn count(&mut self, path: &str, raw: Option<u64>) -> Option<usize> {
         match raw {
             Some(0) => {
                 self.err(path, "must be at least 1");

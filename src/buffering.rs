@@ -1,0 +1,509 @@
+//! Request bodies before the upstream: read whole first (memory, then a temp file), cut off when they trickle (408), and each client connection's fair share of upstream exchanges.
+//!
+//! As nginx's `proxy_request_buffering on`: a body is read to its end before
+//! an upstream connection (or a PHP-FPM worker) is taken, so a client that
+//! sends slowly holds only its own connection and at most
+//! `server.request_body_buffer` bytes of memory. Past that the body goes to
+//! a temp file (unlinked at once, so a crash leaves nothing behind) and is
+//! read back from it when forwarded: any size up to `server.max_request_body`
+//! is still accepted, as before buffering. Spilling was chosen over refusing
+//! with 413 because refusing would have turned every upload between the two
+//! sizes away; its cost is disk, at most `max_request_body` per request.
+//!
+//! Upgrade requests (WebSockets) and bodiless requests pass straight
+//! through; there is no per-route opt-out for streaming uploads yet (see
+//! docs/RELIABILITY.md).
+
+use std::collections::VecDeque;
+use std::io::SeekFrom;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::app::ConnInfo;
+use crate::balance::{BalanceError, Balancer};
+use crate::body::{BoxError, Forwarded, Guard};
+use crate::config::{BodyConfig, Config, ServerConfig};
+use crate::identity::Client;
+use crate::metrics::{inc, Metrics};
+use crate::problem::Problem;
+
+/// What a temp file hands on per read when a spilled body is forwarded.
+const FILE_CHUNK: usize = 64 * 1024;
+
+/// A request body as it goes to the upstream.
+pub enum RequestBody {
+    /// No body at all.
+    Empty,
+    /// Read whole, held in memory. `declared`: the client sent a
+    /// Content-Length, so the upstream gets one too; a chunked body stays
+    /// chunked (the framing the client chose passes on unchanged).
+    Memory {
+        chunks: VecDeque<Bytes>,
+        left: u64,
+        declared: bool,
+    },
+    /// Read whole, set aside in a temp file, read back while forwarding.
+    File(Box<Spilled>),
+    /// Passed through as it arrives (upgrade requests).
+    Streaming(Incoming),
+}
+
+/// A body in a temp file, at its start.
+pub struct Spilled {
+    file: tokio::fs::File,
+    left: u64,
+    declared: bool,
+    buf: BytesMut,
+}
+
+impl From<Incoming> for RequestBody {
+    fn from(body: Incoming) -> RequestBody {
+        RequestBody::Streaming(body)
+    }
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut *self {
+            RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Memory { chunks, left, .. } => Poll::Ready(chunks.pop_front().map(|c| {
+                *left -= c.len() as u64;
+                Ok(Frame::data(c))
+            })),
+            RequestBody::File(spilled) => spilled.poll_chunk(cx),
+            RequestBody::Streaming(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(BoxError::from))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Empty => true,
+            RequestBody::Memory { left, .. } => *left == 0,
+            RequestBody::File(spilled) => spilled.left == 0,
+            RequestBody::Streaming(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Memory { left, declared, .. } => known(*left, *declared),
+            RequestBody::File(spilled) => known(spilled.left, spilled.declared),
+            RequestBody::Streaming(body) => body.size_hint(),
+        }
+    }
+}
+
+/// An exact hint makes hyper send Content-Length; an open one, chunked.
+fn known(left: u64, declared: bool) -> SizeHint {
+    if declared {
+        SizeHint::with_exact(left)
+    } else {
+        SizeHint::default()
+    }
+}
+
+impl Spilled {
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let want = usize::try_from(self.left).map_or(FILE_CHUNK, |l| l.min(FILE_CHUNK));
+        if self.buf.capacity() < want {
+            self.buf.reserve(want);
+        }
+        // The file holds exactly `left` more bytes: a read never runs past the body.
+        let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.file), cx, &mut self.buf);
+        match read {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Ok(0)) => {
+                Poll::Ready(Some(Err("the request body's temp file ended early".into())))
+            }
+            Poll::Ready(Ok(n)) => {
+                self.left = self.left.saturating_sub(n as u64);
+                Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))))
+            }
+        }
+    }
+}
+
+/// Why a request did not reach the upstream, or what the upstream's failure was.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("the request body stalled or arrived below the minimum rate")]
+    BodyTimeout,
+    #[error("the request body exceeds {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("the client's request body is malformed or cut short: {0}")]
+    BodyBroken(#[source] hyper::Error),
+    #[error("cannot set the request body aside in a temp file: {0}")]
+    Spill(#[source] std::io::Error),
+    #[error("no place among this connection's {share} upstream exchanges came free within {timeout:?} (upstream {upstream})")]
+    ShareTimeout {
+        upstream: String,
+        share: usize,
+        timeout: Duration,
+    },
+    #[error(transparent)]
+    Upstream(#[from] BalanceError),
+}
+
+impl ForwardError {
+    /// Whether the client, not the upstream or tollgate, caused this failure.
+    pub fn is_client_fault(&self) -> bool {
+        match self {
+            ForwardError::BodyTimeout | ForwardError::BodyBroken(_) => true,
+            ForwardError::Upstream(e) => e.is_client_fault(),
+            _ => false,
+        }
+    }
+
+    /// The metric label for this failure (`tollgate_upstream_errors_total`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ForwardError::BodyTimeout => "body_timeout",
+            ForwardError::BodyTooLarge { .. } => "body_too_large",
+            ForwardError::BodyBroken(_) => "client_body",
+            ForwardError::Spill(_) => "body_spill",
+            ForwardError::ShareTimeout { .. } => "share_timeout",
+            ForwardError::Upstream(e) => e.kind(),
+        }
+    }
+}
+
+impl From<ForwardError> for Problem {
+    fn from(e: ForwardError) -> Problem {
+        match e {
+            ForwardError::BodyTimeout => Problem::BodyTimeout,
+            ForwardError::BodyTooLarge { limit } => Problem::BodyTooLarge { limit },
+            ForwardError::BodyBroken(_) => {
+                Problem::BadRequest("The request body is malformed or ended early.".into())
+            }
+            ForwardError::Spill(_) => Problem::BodyNotStored,
+            ForwardError::ShareTimeout { upstream, .. } => Problem::UpstreamTimeout { upstream },
+            ForwardError::Upstream(e) => Problem::from(e),
+        }
+    }
+}
+
+/// One client connection's places for upstream exchanges (see
+/// `server.upstream_requests_per_connection`). The server puts a handle in
+/// each request's extensions; a request without one is not capped.
+#[derive(Clone)]
+pub struct Share(Arc<Semaphore>, usize);
+
+impl Share {
+    pub fn new(server: &ServerConfig) -> Share {
+        let n = server.bodies.upstream_per_connection;
+        Share(Arc::new(Semaphore::new(n)), n)
+    }
+
+    /// Gives `req` this connection's share.
+    pub fn tag<B>(&self, req: &mut Request<B>) {
+        req.extensions_mut().insert(self.clone());
+    }
+}
+
+/// What a new client connection gets from the config in force: the
+/// longest a write to it may stay blocked, and its share of upstream exchanges.
+pub fn per_connection(server: &ServerConfig) -> (Duration, Share) {
+    (server.bodies.send_timeout, Share::new(server))
+}
+
+/// A request whose body has been read (or streams), ready to be forwarded.
+pub struct Ready {
+    req: Request<RequestBody>,
+    share: Option<Share>,
+    upgrade: bool,
+}
+
+/// Reads the body of `req` to its end, unless it has none or is an upgrade.
+pub async fn read_request(
+    metrics: &Metrics,
+    req: Request<Incoming>,
+    server: &ServerConfig,
+) -> Result<Ready, ForwardError> {
+    let (mut parts, body) = req.into_parts();
+    let share = parts.extensions.remove::<Share>();
+    let upgrade = crate::tunnel::requested_upgrade(&parts.headers).is_some();
+    let body = if body.is_end_stream() {
+        RequestBody::Empty
+    } else if upgrade {
+        RequestBody::Streaming(body)
+    } else {
+        let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+        match read(body, &server.bodies, server.max_request_body, declared).await {
+            Ok(body) => {
+                if matches!(body, RequestBody::File(_)) {
+                    inc(&metrics.counter("tollgate_request_bodies_spilled_total", &[]));
+                }
+                body
+            }
+            Err(e) => {
+                count(metrics, &e);
+                return Err(e);
+            }
+        }
+    };
+    Ok(Ready {
+        req: Request::from_parts(parts, body),
+        share,
+        upgrade,
+    })
+}
+
+impl Ready {
+    /// Takes a place in the connection's share (waiting at most the
+    /// upstream's `timeout`), then forwards to `config.upstreams[upstream]`;
+    /// the place is held until the response body is done.
+    pub async fn forward(
+        self,
+        metrics: &Metrics,
+        balancer: &Balancer,
+        config: &Config,
+        upstream: usize,
+        client: &Client,
+        conn: &ConnInfo,
+    ) -> Result<(Response<Forwarded>, Option<Guard>), ForwardError> {
+        let timeout = config.upstreams[upstream].timeout;
+        // A tunnel is not an exchange: it would hold its place for hours.
+        let place = match self.share.filter(|_| !self.upgrade) {
+            Some(share) => Some(take_place(metrics, share, timeout, &balancer.name).await?),
+            None => None,
+        };
+        let max_body = config.server.max_request_body;
+        let (resp, guard) = balancer
+            .forward(self.req, client, conn, max_body)
+            .await?;
+        let guard: Option<Guard> = match (guard, place) {
+            (g, None) => g,
+            (None, Some(p)) => Some(Box::new(p)),
+            (Some(g), Some(p)) => Some(Box::new((g, p))),
+        };
+        Ok((resp, guard))
+    }
+}
+
+/// Waits for a place among the connection's upstream exchanges, at most `timeout`.
+async fn take_place(
+    metrics: &Metrics,
+    share: Share,
+    timeout: Duration,
+    upstream: &str,
+) -> Result<OwnedSemaphorePermit, ForwardError> {
+    let Share(places, n) = share;
+    if let Ok(p) = places.clone().try_acquire_owned() {
+        return Ok(p);
+    }
+    inc(&metrics.counter("tollgate_upstream_share_waits_total", &[]));
+    match tokio::time::timeout(timeout, places.acquire_owned()).await {
+        Ok(Ok(p)) => Ok(p),
+        // Closed never happens (nobody closes it); treat it as the timeout.
+        Ok(Err(_)) | Err(_) => Err(ForwardError::ShareTimeout {
+            upstream: upstream.to_string(),
+            share: n,
+            timeout,
+        }),
+    }
+}
+
+fn count(metrics: &Metrics, e: &ForwardError) {
+    if matches!(e, ForwardError::BodyTimeout) {
+        inc(&metrics.counter("tollgate_request_body_timeouts_total", &[]));
+    }
+}
+
+/// Reads a body to its end: in memory up to `config.buffer` bytes, then in a
+/// temp file; refused past `max` bytes, or when it trickles (see [`Pace`]).
+pub async fn read(
+    mut body: Incoming,
+    config: &BodyConfig,
+    max: u64,
+    declared: bool,
+) -> Result<RequestBody, ForwardError> {
+    let mut pace = Pace::new(config, Instant::now());
+    let mut memory: VecDeque<Bytes> = VecDeque::new();
+    let mut file: Option<tokio::fs::File> = None;
+    let mut received: u64 = 0;
+    loop {
+        let next = tokio::time::timeout_at(pace.deadline(Instant::now()), body.frame()).await;
+        let frame = match next {
+            Err(_) => return Err(ForwardError::BodyTimeout),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(ForwardError::BodyBroken(e)),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        // Trailers of a request are dropped, as nginx drops them.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        received += data.len() as u64;
+        pace.received(data.len() as u64);
+        if received > max {
+            return Err(ForwardError::BodyTooLarge { limit: max });
+        }
+        if let Some(f) = file.as_mut() {
+            f.write_all(&data).await.map_err(ForwardError::Spill)?;
+        } else if received as usize > config.buffer {
+            let mut f = spill_file().await.map_err(ForwardError::Spill)?;
+            for chunk in memory.drain(..).chain(std::iter::once(data)) {
+                f.write_all(&chunk).await.map_err(ForwardError::Spill)?;
+            }
+            file = Some(f);
+        } else {
+            memory.push_back(data);
+        }
+    }
+    match file {
+        None if received == 0 => Ok(RequestBody::Empty),
+        None => Ok(RequestBody::Memory {
+            chunks: memory,
+            left: received,
+            declared,
+        }),
+        Some(mut f) => {
+            f.flush().await.map_err(ForwardError::Spill)?;
+            f.seek(SeekFrom::Start(0))
+                .await
+                .map_err(ForwardError::Spill)?;
+            Ok(RequestBody::File(Box::new(Spilled {
+                file: f,
+                left: received,
+                declared,
+                buf: BytesMut::new(),
+            })))
+        }
+    }
+}
+
+/// A new temp file for a body, already unlinked: it lives as long as the
+/// open handle, so nothing is left on disk however the request ends.
+async fn spill_file() -> std::io::Result<tokio::fs::File> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("tollgate-body-{}-{n}", std::process::id()));
+    let file = tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        std::fs::remove_file(&path)?;
+        Ok::<_, std::io::Error>(file)
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    Ok(tokio::fs::File::from_std(file))
+}
+
+/// How long a body may take, as Apache's `mod_reqtimeout` counts it: it
+/// starts with `timeout`, each byte received adds `1 / min_rate` s, and no
+/// wait for the next piece may be longer than `timeout` either. A client
+/// sending 10 bytes a second is cut off after about `timeout`; a slow but
+/// real upload (a phone at 50 KB/s) never comes near.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    started: Instant,
+    gap: Duration,
+    min_rate: u64,
+    received: u64,
+}
+
+impl Pace {
+    pub fn new(config: &BodyConfig, started: Instant) -> Pace {
+        Pace {
+            started,
+            gap: config.timeout,
+            min_rate: config.min_rate,
+            received: 0,
+        }
+    }
+
+    pub fn received(&mut self, bytes: u64) {
+        self.received += bytes;
+    }
+
+    /// When the body is late if nothing more arrives, looking from `now`.
+    pub fn deadline(&self, now: Instant) -> Instant {
+        let next_piece = now + self.gap;
+        if self.min_rate == 0 {
+            return next_piece;
+        }
+        let earned = Duration::from_secs_f64(self.received as f64 / self.min_rate as f64);
+        next_piece.min(self.started + self.gap + earned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(timeout_s: u64, min_rate: u64) -> BodyConfig {
+        BodyConfig {
+            timeout: Duration::from_secs(timeout_s),
+            min_rate,
+            ..BodyConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_body_that_keeps_up_the_minimum_rate_is_only_held_to_the_gap() {
+        let t0 = Instant::now();
+        let mut pace = Pace::new(&config(10, 100), t0);
+        // 60 s in, 5,000 bytes earned 50 s on top of the 10 s allowance.
+        pace.received(5_000);
+        let now = t0 + Duration::from_secs(55);
+        assert_eq!(pace.deadline(now), t0 + Duration::from_secs(60));
+        // Early on the gap is the tighter bound.
+        let early = t0 + Duration::from_secs(1);
+        assert_eq!(pace.deadline(early), early + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_trickling_body_runs_out_of_allowance_after_the_timeout() {
+        let t0 = Instant::now();
+        let mut pace = Pace::new(&config(10, 500), t0);
+        // 10 bytes a second for 9 s: 90 bytes earned 0.18 s.
+        pace.received(90);
+        let now = t0 + Duration::from_secs(9);
+        assert_eq!(pace.deadline(now), t0 + Duration::from_millis(10_180));
+    }
+
+    #[test]
+    fn without_a_minimum_rate_only_the_gap_counts() {
+        let t0 = Instant::now();
+        let pace = Pace::new(&config(10, 0), t0);
+        let now = t0 + Duration::from_secs(3_600);
+        assert_eq!(pace.deadline(now), now + Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_408_closes_the_connection_and_says_why() {
+        let resp = Problem::from(ForwardError::BodyTimeout).into_response();
+        assert_eq!(resp.status(), http::StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(resp.headers()[http::header::CONNECTION], "close");
+    }
+}

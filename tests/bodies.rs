@@ -1,0 +1,421 @@
+//! Slow and large bodies over real sockets: buffering before the upstream, 408 for stalled or trickling bodies, spilled bodies byte-exact, slow readers cut off, HTTP/2's fair share of upstream connections.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{client, Proxy};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// An upstream that counts its connections: every one it accepted, those
+/// open now and the most ever open at once. `/echo` answers the body it
+/// got, `/big/<bytes>` that many bytes, `/slow/<ms>` waits first.
+struct Counting {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    open: Arc<AtomicUsize>,
+    max_open: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Counting {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Open(Arc<AtomicUsize>);
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Counting {
+    async fn start() -> Counting {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let open = Arc::new(AtomicUsize::new(0));
+        let max_open = Arc::new(AtomicUsize::new(0));
+        let (a, o, m) = (accepted.clone(), open.clone(), max_open.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                a.fetch_add(1, Ordering::SeqCst);
+                let now = o.fetch_add(1, Ordering::SeqCst) + 1;
+                m.fetch_max(now, Ordering::SeqCst);
+                let open = Open(o.clone());
+                tokio::spawn(async move {
+                    let _open = open;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service_fn(answer))
+                        .await;
+                });
+            }
+        });
+        Counting {
+            addr,
+            accepted,
+            open,
+            max_open,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    fn max_open(&self) -> usize {
+        self.max_open.load(Ordering::SeqCst)
+    }
+
+    fn config(&self, server: &str) -> String {
+        format!(
+            "upstreams:\n  app: {{ url: \"http://{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\nserver: {{ {server} }}\n",
+            self.addr
+        )
+    }
+}
+
+async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path().to_string();
+    if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(n) = path.strip_prefix("/big/").and_then(|n| n.parse().ok()) {
+        return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
+    }
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    Ok(Response::new(Full::new(body)))
+}
+
+/// Reads what the server answers until it closes the connection, at most `limit`.
+async fn answer_and_close(s: &mut TcpStream, limit: Duration) -> Option<String> {
+    let mut out = Vec::new();
+    tokio::time::timeout(limit, s.read_to_end(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&out).into_owned())
+}
+
+async fn metric(proxy: &Proxy, series: &str) -> Option<f64> {
+    let text = client()
+        .get(proxy.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    common::metric(&text, series)
+}
+
+#[tokio::test]
+async fn a_trickling_body_never_reaches_the_upstream_before_its_last_byte() {
+    let upstream = Counting::start().await;
+    let proxy = Proxy::start(&upstream.config("request_body_timeout: 5s")).await;
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n")
+        .await
+        .unwrap();
+    for piece in b"0123456789abcdefghi".chunks(2) {
+        s.write_all(piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            upstream.accepted(),
+            0,
+            "the upstream was connected to while the body trickled"
+        );
+    }
+    s.write_all(b"j").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.ends_with("0123456789abcdefghij"),
+        "the body arrived changed: {text}"
+    );
+    assert_eq!(upstream.accepted(), 1);
+}
+
+#[tokio::test]
+async fn a_stalled_body_gets_408_within_the_timeout_and_the_connection_closes() {
+    let upstream = Counting::start().await;
+    let proxy = Proxy::start(&upstream.config("request_body_timeout: 500ms")).await;
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nfive!")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let out = answer_and_close(&mut s, Duration::from_secs(5))
+        .await
+        .expect("a stalled body was held for 5 s");
+    let took = started.elapsed();
+    assert_eq!(common::status_of(&out), 408, "{out}");
+    assert!(out.contains("application/problem+json"), "{out}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(2000),
+        "answered after {took:?}, not about 500 ms"
+    );
+    assert_eq!(
+        upstream.accepted(),
+        0,
+        "a stalled body reached the upstream"
+    );
+    assert_eq!(
+        metric(&proxy, "tollgate_request_body_timeouts_total").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn a_body_below_the_minimum_rate_gets_408_though_no_gap_is_long() {
+    let upstream = Counting::start().await;
+    let proxy =
+        Proxy::start(&upstream.config("request_body_timeout: 1s, request_body_min_rate: 1000"))
+            .await;
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // 10 bytes every 200 ms (50 B/s): every gap is well under the 1 s timeout.
+    let trickle = async {
+        loop {
+            if s.write_all(b"0123456789").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let mut buf = [0u8; 1024];
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(1), s.read(&mut buf)).await
+            {
+                return String::from_utf8_lossy(&buf[..n]).into_owned();
+            }
+        }
+        String::new()
+    };
+    let out = tokio::time::timeout(Duration::from_secs(5), trickle)
+        .await
+        .expect("a body at 50 B/s was accepted for 5 s");
+    let took = started.elapsed();
+    assert_eq!(common::status_of(&out), 408, "{out}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(3000),
+        "answered after {took:?}, not about 1 s"
+    );
+    assert_eq!(upstream.accepted(), 0);
+}
+
+#[tokio::test]
+async fn a_body_larger_than_the_memory_buffer_is_spilled_and_arrives_byte_exact() {
+    let upstream = Counting::start().await;
+    let proxy = Proxy::start(&upstream.config("request_body_buffer: 1KiB")).await;
+    let body: Vec<u8> = (0..3 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let resp = client()
+        .post(proxy.url("/echo"))
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let echoed = resp.bytes().await.unwrap();
+    assert_eq!(echoed.len(), body.len());
+    assert!(echoed[..] == body[..], "the spilled body came back changed");
+    assert_eq!(
+        metric(&proxy, "tollgate_request_bodies_spilled_total").await,
+        Some(1.0)
+    );
+    // A small one stays in memory.
+    let small = client()
+        .post(proxy.url("/echo"))
+        .body("small")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.text().await.unwrap(), "small");
+    assert_eq!(
+        metric(&proxy, "tollgate_request_bodies_spilled_total").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn a_chunked_body_over_max_request_body_gets_413_and_never_reaches_the_upstream() {
+    let upstream = Counting::start().await;
+    let proxy =
+        Proxy::start(&upstream.config("max_request_body: 1KiB, request_body_buffer: 512")).await;
+    let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+    let chunk = vec![b'a'; 600];
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        s.write_all(b"258\r\n").await.unwrap();
+        s.write_all(&chunk).await.unwrap();
+        s.write_all(b"\r\n").await.unwrap();
+    }
+    s.write_all(b"0\r\n\r\n").await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let out = String::from_utf8_lossy(&buf[..n]);
+    assert_eq!(common::status_of(&out), 413, "{out}");
+    assert_eq!(upstream.accepted(), 0);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected_and_its_upstream_connection_closes() {
+    let upstream = Counting::start().await;
+    let proxy = Proxy::start(&upstream.config("send_timeout: 500ms")).await;
+    // A small receive buffer, so the stall shows at once.
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(proxy.addr).await.unwrap();
+    s.write_all(b"GET /big/67108864 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.open() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stalled = Instant::now();
+    // Reading nothing: within the timeout plus a margin, the proxy gives up on
+    // this client and the upstream connection behind it is closed.
+    let deadline = stalled + Duration::from_secs(5);
+    while upstream.open() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream connection was still held 5 s after the client stopped reading"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = stalled.elapsed();
+    assert!(
+        took >= Duration::from_millis(400),
+        "cut off early: {took:?}"
+    );
+    assert_eq!(
+        metric(
+            &proxy,
+            "tollgate_connections_closed_total{reason=\"send_timeout\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+    // The client's side is closed too: what it reads now ends.
+    let mut sink = vec![0u8; 1 << 16];
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match s.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the slow reader's connection stayed open");
+}
+
+#[tokio::test]
+async fn a_client_that_reads_slowly_but_steadily_gets_the_whole_response() {
+    let upstream = Counting::start().await;
+    let proxy = Proxy::start(&upstream.config("send_timeout: 500ms")).await;
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(proxy.addr).await.unwrap();
+    s.write_all(b"GET /big/1048576 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        // Never a pause as long as the timeout.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(0)) => break,
+            Ok(Ok(n)) => got += n,
+            other => panic!("reading stopped after {got} bytes: {other:?}"),
+        }
+    }
+    assert!(got > 1_048_576, "only {got} bytes arrived");
+}
+
+#[tokio::test]
+async fn one_http2_connection_holds_at_most_its_share_of_upstream_connections() {
+    let upstream = Counting::start().await;
+    let proxy = Proxy::start(&upstream.config("upstream_requests_per_connection: 4")).await;
+    let stream = TcpStream::connect(proxy.addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let streams: Vec<_> = (0..20)
+        .map(|i| {
+            let mut sender = sender.clone();
+            let url = format!("http://{}/slow/200?stream={i}", proxy.addr);
+            tokio::spawn(async move {
+                let req = http::Request::get(url)
+                    .body(http_body_util::Empty::<Bytes>::new())
+                    .unwrap();
+                let resp = sender.send_request(req).await.unwrap();
+                let status = resp.status();
+                resp.into_body().collect().await.unwrap();
+                status
+            })
+        })
+        .collect();
+    for s in streams {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    assert!(
+        upstream.max_open() <= 4,
+        "one HTTP/2 client made {} upstream connections",
+        upstream.max_open()
+    );
+    assert!(
+        upstream.max_open() >= 2,
+        "the streams never ran side by side"
+    );
+    assert!(metric(&proxy, "tollgate_upstream_share_waits_total").await >= Some(1.0));
+}
