@@ -380,7 +380,10 @@ impl App {
         let body = crate::buffering::read_request(metrics, req, &snap.config.server).await;
         let asked = Instant::now();
         let result = match body {
-            Ok(req) => req.forward(metrics, upstream, &snap.config, u, client, &x.conn).await,
+            Ok(req) => {
+                req.forward(metrics, upstream, &snap.config, u, client, &x.conn)
+                    .await
+            }
             Err(e) => Err(e),
         };
         let waited = asked.elapsed();

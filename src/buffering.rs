@@ -293,9 +293,7 @@ impl Ready {
             None => None,
         };
         let max_body = config.server.max_request_body;
-        let (resp, guard) = balancer
-            .forward(self.req, client, conn, max_body)
-            .await?;
+        let (resp, guard) = balancer.forward(self.req, client, conn, max_body).await?;
         let guard: Option<Guard> = match (guard, place) {
             (g, None) => g,
             (None, Some(p)) => Some(Box::new(p)),

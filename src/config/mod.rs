@@ -42,11 +42,11 @@ mod observe;
 mod protect;
 
 pub mod balance;
-mod fastcgi;
 mod bodies;
+mod fastcgi;
 
-pub use bodies::BodyConfig;
 pub use balance::{BalanceConfig, HealthCheck, Policy};
+pub use bodies::BodyConfig;
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{load_file, load_file_text, parse, survey};
