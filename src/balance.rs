@@ -292,7 +292,7 @@ impl Balancer {
     /// could not be sent at all and the method is idempotent.
     pub async fn forward(
         &self,
-        req: Request<crate::buffering::RequestBody>,
+        req: Request<crate::request_body::RequestBody>,
         client: &ClientIdentity,
         conn: &crate::connections::ConnInfo,
         max_body: u64,

@@ -54,6 +54,7 @@ pub mod proxy;
 pub mod prune;
 pub mod reject;
 pub mod reload;
+pub mod request_body;
 pub mod request_id;
 pub mod router;
 pub mod server;

@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::body::UpstreamBody;
+use crate::request_body::UpstreamBody;
 
 /// The read buffer of one upstream connection, so the largest body chunk it hands on.
 pub const UPSTREAM_READ_BUF: usize = 64 * 1024;

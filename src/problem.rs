@@ -12,30 +12,8 @@ use serde_json::{json, Value};
 
 use crate::body::Body;
 use crate::config::{RejectBody, RejectShape};
-use crate::limiter::{ceil_secs, Nanos, Quota, NANOS_PER_SEC};
-pub use crate::reject::set_rate_limit_headers;
-
-/// One limiter's view for the headers: its name and its quota after this request.
-#[derive(Debug, Clone, Copy)]
-pub struct LimitView<'a> {
-    pub name: &'a str,
-    pub quota: Quota,
-}
-
-/// Why a request was refused by its limiters (SPEC §5).
-#[derive(Debug, Clone)]
-pub struct Denial {
-    /// The rejecting limiter with the longest wait.
-    pub limiter: String,
-    pub quota: Quota,
-    /// A human description of the policy, e.g. `5 requests per 60s`.
-    pub policy: std::sync::Arc<str>,
-    pub retry_after: Nanos,
-    /// Every limiter that rejected.
-    pub violated: Vec<String>,
-    /// The client key as shown to humans (API keys shortened).
-    pub key: String,
-}
+use crate::limiter::{ceil_secs, Nanos, NANOS_PER_SEC};
+pub use crate::reject::{set_rate_limit_headers, Denial, LimitView};
 
 /// Why a request was refused outright: its key is banned (`ban:` on a limiter).
 #[derive(Debug, Clone)]

@@ -19,8 +19,9 @@ use crate::connections::ConnInfo;
 use crate::identity::Client as ClientIdentity;
 use crate::problem::Problem;
 
-pub use crate::body::{Forwarded, UpstreamBody};
-use crate::buffering::RequestBody;
+pub use crate::body::Forwarded;
+use crate::request_body::RequestBody;
+pub use crate::request_body::UpstreamBody;
 
 /// One configured upstream with its connection pool.
 #[derive(Debug)]

@@ -14,8 +14,29 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 
 use crate::config::HeaderSets;
-use crate::limiter::{ceil_secs, Nanos, NANOS_PER_SEC};
-use crate::problem::{Denial, LimitView};
+use crate::limiter::{ceil_secs, Nanos, Quota, NANOS_PER_SEC};
+
+/// One limiter's view for the headers: its name and its quota after this request.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitView<'a> {
+    pub name: &'a str,
+    pub quota: Quota,
+}
+
+/// Why a request was refused by its limiters.
+#[derive(Debug, Clone)]
+pub struct Denial {
+    /// The rejecting limiter with the longest wait.
+    pub limiter: String,
+    pub quota: Quota,
+    /// A human description of the policy, e.g. `5 requests per 60s`.
+    pub policy: std::sync::Arc<str>,
+    pub retry_after: Nanos,
+    /// Every limiter that rejected.
+    pub violated: Vec<String>,
+    /// The client key as shown to humans (API keys shortened).
+    pub key: String,
+}
 
 /// Headers a limited response may carry besides its own: Retry-After, the
 /// three `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `X-Request-Id`.

@@ -242,7 +242,7 @@ impl Pool {
     pub async fn exchange(
         self: &Arc<Pool>,
         head: Bytes,
-        mut body: Option<crate::body::UpstreamBody>,
+        mut body: Option<crate::request_body::UpstreamBody>,
         replayable: bool,
         upstream: Arc<str>,
         worker: usize,
@@ -309,7 +309,7 @@ impl Pool {
 /// The request body as STDIN records, as it arrives from the client.
 async fn send_body(
     conn: &mut Conn,
-    mut body: crate::body::UpstreamBody,
+    mut body: crate::request_body::UpstreamBody,
 ) -> Result<(), FastCgiError> {
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {

@@ -123,7 +123,7 @@ impl FastCgi {
     pub async fn forward(
         &self,
         parts: http::request::Parts,
-        body: crate::body::UpstreamBody,
+        body: crate::request_body::UpstreamBody,
         client_ip: IpAddr,
         peer: SocketAddr,
         proto: &'static str,

@@ -1,0 +1,136 @@
+//! A request body as it goes to the upstream: none, read whole into memory, set aside in a temp file, or streamed as it arrives.
+//!
+//! The type lives apart from `buffering` (which reads bodies and
+//! sits above the balancer) so the forwarding modules below can name it.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::body::BoxError;
+
+/// A request body on its way to the upstream, cut off at `server.max_request_body`.
+pub type UpstreamBody = http_body_util::Limited<RequestBody>;
+
+/// What a temp file hands on per read when a spilled body is forwarded.
+const FILE_CHUNK: usize = 64 * 1024;
+
+/// A request body as it goes to the upstream.
+pub enum RequestBody {
+    /// No body at all.
+    Empty,
+    /// Read whole, held in memory. `declared`: the client sent a
+    /// Content-Length, so the upstream gets one too; a chunked body stays
+    /// chunked (the framing the client chose passes on unchanged).
+    Memory {
+        chunks: VecDeque<Bytes>,
+        left: u64,
+        declared: bool,
+    },
+    /// Read whole, set aside in a temp file, read back while forwarding.
+    File(Box<Spilled>),
+    /// Passed through as it arrives (upgrade requests).
+    Streaming(Incoming),
+}
+
+/// A body in a temp file, at its start.
+pub struct Spilled {
+    file: tokio::fs::File,
+    left: u64,
+    declared: bool,
+    buf: BytesMut,
+}
+
+impl From<Incoming> for RequestBody {
+    fn from(body: Incoming) -> RequestBody {
+        RequestBody::Streaming(body)
+    }
+}
+
+impl HttpBody for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut *self {
+            RequestBody::Empty => Poll::Ready(None),
+            RequestBody::Memory { chunks, left, .. } => Poll::Ready(chunks.pop_front().map(|c| {
+                *left -= c.len() as u64;
+                Ok(Frame::data(c))
+            })),
+            RequestBody::File(spilled) => spilled.poll_chunk(cx),
+            RequestBody::Streaming(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(BoxError::from))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Empty => true,
+            RequestBody::Memory { left, .. } => *left == 0,
+            RequestBody::File(spilled) => spilled.left == 0,
+            RequestBody::Streaming(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::Memory { left, declared, .. } => known(*left, *declared),
+            RequestBody::File(spilled) => known(spilled.left, spilled.declared),
+            RequestBody::Streaming(body) => body.size_hint(),
+        }
+    }
+}
+
+/// An exact hint makes hyper send Content-Length; an open one, chunked.
+fn known(left: u64, declared: bool) -> SizeHint {
+    if declared {
+        SizeHint::with_exact(left)
+    } else {
+        SizeHint::default()
+    }
+}
+
+impl Spilled {
+    /// A body of `left` bytes in `file`, positioned at its start.
+    pub fn new(file: tokio::fs::File, left: u64, declared: bool) -> Spilled {
+        Spilled {
+            file,
+            left,
+            declared,
+            buf: BytesMut::new(),
+        }
+    }
+
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let want = usize::try_from(self.left).map_or(FILE_CHUNK, |l| l.min(FILE_CHUNK));
+        if self.buf.capacity() < want {
+            self.buf.reserve(want);
+        }
+        // The file holds exactly `left` more bytes: a read never runs past the body.
+        let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.file), cx, &mut self.buf);
+        match read {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Ok(0)) => {
+                Poll::Ready(Some(Err("the request body's temp file ended early".into())))
+            }
+            Poll::Ready(Ok(n)) => {
+                self.left = self.left.saturating_sub(n as u64);
+                Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))))
+            }
+        }
+    }
+}
