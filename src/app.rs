@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::request_body::RequestBody;
 use arc_swap::ArcSwap;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
 use parking_lot::Mutex;
 
 use crate::access::AccessLog;
@@ -137,7 +137,12 @@ impl App {
     /// upstream | FastCGI | tunnel) → [`settle`](Self::settle) → log (the
     /// access record, when the body ends). Any phase may end the request
     /// with a [`Problem`]; its [`Origin`](crate::problem::Origin) goes into the record.
-    pub async fn handle(&self, mut req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    pub async fn handle(
+        &self,
+        req: Request<impl Into<RequestBody>>,
+        conn: ConnInfo,
+    ) -> Response<Body> {
+        let mut req = req.map(Into::into);
         let snap = self.snapshot();
         let started = Instant::now();
         let now = self.shared.clock.now();
@@ -168,7 +173,7 @@ impl App {
     async fn serve(
         &self,
         x: &mut Exchange,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Result<Response<Body>, Problem> {
         let admitted = self.admit(x, req)?;
         let client = self.identify(x, &admitted.req)?;
@@ -188,7 +193,7 @@ impl App {
     /// declared body over the limit. An upgrade (WebSocket) request gives
     /// its client side of the tunnel here (an HTTP/2 one is rewritten to the
     /// HTTP/1.1 handshake first).
-    fn admit(&self, x: &Exchange, mut req: Request<Incoming>) -> Result<Admitted, Problem> {
+    fn admit(&self, x: &Exchange, mut req: Request<RequestBody>) -> Result<Admitted, Problem> {
         crate::framing::check_request(&req)?;
         check_framing(req.headers(), x.snap.config.server.max_request_body)?;
         let upgrade = crate::tunnel::client_side(&mut req);
@@ -197,7 +202,7 @@ impl App {
 
     /// Identify: who the client is (a verified API key, or the real IP
     /// behind trusted proxies).
-    fn identify(&self, x: &mut Exchange, req: &Request<Incoming>) -> Result<Client, Problem> {
+    fn identify(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<Client, Problem> {
         match x.snap.identity.resolve(x.conn.peer, req.headers(), x.now) {
             Ok(client) => {
                 x.trail.record.client = Some(client.display().to_string());
@@ -222,7 +227,7 @@ impl App {
     }
 
     /// Route: which route, on the normalized path; its index in the snapshot.
-    fn route(&self, x: &mut Exchange, req: &Request<Incoming>) -> Result<usize, Problem> {
+    fn route(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<usize, Problem> {
         let snap = &x.snap;
         let path = normalize(req.uri().path());
         // Building the host string is only worth it when a route asks for one.
@@ -630,7 +635,7 @@ struct Exchange {
 
 /// A request past the framing checks, with the client's side of an upgrade.
 struct Admitted {
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     upgrade: Option<ClientSide>,
 }
 

@@ -24,13 +24,12 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::balance::{BalanceError, Balancer};
-use crate::body::{Forwarded, Guard};
+use crate::body::{BoxError, Forwarded, Guard};
 use crate::config::{BodyConfig, Config, ServerConfig};
 use crate::connections::ConnInfo;
 use crate::identity::Client;
@@ -47,7 +46,7 @@ pub enum ForwardError {
     #[error("the request body exceeds {limit} bytes")]
     BodyTooLarge { limit: u64 },
     #[error("the client's request body is malformed or cut short: {0}")]
-    BodyBroken(#[source] hyper::Error),
+    BodyBroken(#[source] BoxError),
     #[error("cannot set the request body aside in a temp file: {0}")]
     Spill(#[source] std::io::Error),
     #[error("no place among this connection's {share} upstream exchanges came free within {timeout:?} (upstream {upstream})")]
@@ -132,7 +131,7 @@ pub struct Ready {
 /// Reads the body of `req` to its end, unless it has none or is an upgrade.
 pub async fn read_request(
     metrics: &Metrics,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     server: &ServerConfig,
 ) -> Result<Ready, ForwardError> {
     let (mut parts, body) = req.into_parts();
@@ -141,7 +140,7 @@ pub async fn read_request(
     let body = if body.is_end_stream() {
         RequestBody::Empty
     } else if upgrade {
-        RequestBody::Streaming(body)
+        body
     } else {
         let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
         match read(body, &server.bodies, server.max_request_body, declared).await {
@@ -226,7 +225,7 @@ fn count(metrics: &Metrics, e: &ForwardError) {
 /// Reads a body to its end: in memory up to `config.buffer` bytes, then in a
 /// temp file; refused past `max` bytes, or when it trickles (see [`Pace`]).
 pub async fn read(
-    mut body: Incoming,
+    mut body: RequestBody,
     config: &BodyConfig,
     max: u64,
     declared: bool,

@@ -45,6 +45,21 @@ pub struct Spilled {
     buf: BytesMut,
 }
 
+/// A body already whole (a request built in memory, as tests of the app
+/// without sockets do): it keeps a Content-Length.
+impl From<Bytes> for RequestBody {
+    fn from(bytes: Bytes) -> RequestBody {
+        if bytes.is_empty() {
+            return RequestBody::Empty;
+        }
+        RequestBody::Memory {
+            left: bytes.len() as u64,
+            chunks: VecDeque::from([bytes]),
+            declared: true,
+        }
+    }
+}
+
 impl From<Incoming> for RequestBody {
     fn from(body: Incoming) -> RequestBody {
         RequestBody::Streaming(body)

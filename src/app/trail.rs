@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::request_body::RequestBody;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use super::{App, ConnInfo, Shared};
 use crate::access::AccessRecord;
@@ -28,7 +28,7 @@ pub(super) struct Trail {
 impl Trail {
     pub(super) fn begin(
         snap: &Snapshot,
-        req: &Request<Incoming>,
+        req: &Request<RequestBody>,
         conn: ConnInfo,
         now: Nanos,
         id: &RequestId,
