@@ -422,6 +422,7 @@ fn problem_json(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<B
 mod tests {
     use super::*;
     use crate::config::HeaderSets;
+    use crate::limiter::Quota;
     use http::HeaderMap;
     use http_body_util::BodyExt;
 
