@@ -2,7 +2,7 @@
 //!
 //! # Listeners
 //!
-//! `server.tls` alone keeps the SPEC shape: every `server.listen` address
+//! `server.tls` alone keeps the documented shape: every `server.listen` address
 //! serves TLS. With `server.tls.listen: [...]` those addresses serve TLS and
 //! `server.listen` stays plain HTTP, side by side; `server.tls.redirect_plain:
 //! true` then makes the plain listeners answer every request with `308` to

@@ -1,4 +1,4 @@
-//! SPEC §3 over real sockets: who the client is behind proxies, per API key, per IPv6 prefix.
+//! Identity over real sockets: who the client is behind proxies, per API key, per IPv6 prefix.
 
 mod common;
 

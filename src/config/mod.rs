@@ -287,7 +287,7 @@ impl ApiKeyEntry {
     }
 }
 
-/// One part of a limiter's key (SPEC §2 `key`).
+/// One part of a limiter's key (`key:` in the config).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum KeyPart {
     Client,

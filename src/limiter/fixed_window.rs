@@ -44,7 +44,7 @@ impl Rule for FixedWindow {
         }
     }
 
-    /// SPEC §4: a rejected attempt is counted too, so after `limit + 1`
+    /// A rejected attempt is counted too, so after `limit + 1`
     /// attempts the stored count is `limit + 1`.
     fn record(&self, state: &mut State, now: Nanos, _admitted: bool) {
         let start = self.window_start(now);

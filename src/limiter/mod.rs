@@ -11,7 +11,7 @@
 //!    was admitted (every enforcing limiter allowed it).
 //!
 //! That split is what lets us state exactly what one limiter's rejection does
-//! to the others: a fixed window counts the attempt anyway (SPEC §4), every
+//! to the others: a fixed window counts the attempt anyway, every
 //! other algorithm only pays for requests that were actually admitted.
 
 pub mod ban;
@@ -42,7 +42,7 @@ impl Verdict {
     }
 }
 
-/// The quota a limiter reports in the rate-limit headers (SPEC §5).
+/// The quota a limiter reports in the rate-limit headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
     /// `q`: the quota (limit, capacity or max in flight).
@@ -312,7 +312,7 @@ impl Algorithm {
     }
 
     /// Whether `record` takes a unit also for a refused request (a fixed
-    /// window counts every attempt, SPEC §4); the others take one only on
+    /// window counts every attempt); the others take one only on
     /// admission, and a refund must match what was taken.
     pub fn counts_refused(&self) -> bool {
         matches!(self, Algorithm::FixedWindow(_))

@@ -265,7 +265,7 @@ end
 
 local function record(k, kind, p, st, admitted, shape, member)
   if kind == 'fw' then
-    -- SPEC §4: every attempt counts, also a refused one.
+    -- Every attempt counts, also a refused one.
     st.count = st.count + 1
     redis.call('HSET', k, 's', shape, 'w', st.start, 'n', int(st.count))
     expire(k, 2 * p[2] - st.pos)

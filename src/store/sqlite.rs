@@ -4,7 +4,7 @@
 //! and burns a core; a hundred per transaction reach ~350k/s. So the request
 //! path only marks a key as changed, and this thread writes every changed key
 //! once per `flush_interval` in one transaction (WAL, `synchronous=NORMAL`).
-//! The file holds the SPEC's `rate_limit_windows` table for fixed windows,
+//! The file holds the documented `rate_limit_windows` table for fixed windows,
 //! `limiter_state` for the other algorithms, and the `api_calls` audit log.
 //!
 //! This file is the handle the store holds (open, enqueue, flush, shutdown);
