@@ -18,9 +18,10 @@ use tollgate::store::Store;
 /// 20 s into a minute (2026-01-01T00:00:20Z), so windows never roll over mid-test.
 const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
-/// An app from `yaml` (memory store, the clock stopped at `T0`).
+/// An app from `yaml` (memory store, the clock stopped at `T0`, no access
+/// log: its records would go to the test's stdout).
 fn app(yaml: &str) -> App {
-    let yaml = format!("store: {{ backend: memory }}\n{yaml}");
+    let yaml = format!("store: {{ backend: memory }}\nlog: {{ access: false }}\n{yaml}");
     let config = tollgate::config::parse(&yaml).unwrap_or_else(|e| panic!("{e}"));
     let store = Store::open(&config.store, &config.limiters, T0).expect("store opens");
     App::new(config, store, ManualClock::at(T0), None)
