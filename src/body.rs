@@ -4,7 +4,7 @@ use std::any::Any;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
@@ -149,5 +149,76 @@ impl http_body::Body for Body {
             },
             Body::Tracked(t) => t.inner.size_hint(),
         }
+    }
+}
+
+/// What one read of a file hands on.
+const FILE_CHUNK: usize = 64 * 1024;
+
+/// `left` bytes of a file, read in 64 KiB pieces as the peer takes them
+/// (tokio runs each read on its blocking pool): a static file PHP does not
+/// serve, or a request body set aside in a temp file.
+pub struct FileChunks {
+    file: tokio::fs::File,
+    buf: BytesMut,
+    left: u64,
+}
+
+impl FileChunks {
+    /// The next `left` bytes of `file`, from where it is positioned.
+    pub fn new(file: tokio::fs::File, left: u64) -> FileChunks {
+        FileChunks {
+            file,
+            buf: BytesMut::new(),
+            left,
+        }
+    }
+
+    /// Bytes still to hand on.
+    pub fn left(&self) -> u64 {
+        self.left
+    }
+}
+
+impl http_body::Body for FileChunks {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if this.left == 0 {
+            return Poll::Ready(None);
+        }
+        let want = usize::try_from(this.left).map_or(FILE_CHUNK, |l| l.min(FILE_CHUNK));
+        if this.buf.capacity() < want {
+            this.buf.reserve(want);
+        }
+        let n = match tokio_util::io::poll_read_buf(Pin::new(&mut this.file), cx, &mut this.buf) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(Ok(0)) => {
+                return Poll::Ready(Some(Err(
+                    "the file ended before its announced length".into()
+                )))
+            }
+            Poll::Ready(Ok(n)) => n,
+        };
+        // A file that grew meanwhile sends no more than was announced.
+        let n = n.min(usize::try_from(this.left).unwrap_or(usize::MAX));
+        this.left -= n as u64;
+        let chunk = this.buf.split_to(n).freeze();
+        this.buf.clear();
+        Poll::Ready(Some(Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
     }
 }

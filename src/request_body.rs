@@ -7,17 +7,14 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::body::BoxError;
+use crate::body::{BoxError, FileChunks};
 
 /// A request body on its way to the upstream, cut off at `server.max_request_body`.
 pub type UpstreamBody = http_body_util::Limited<RequestBody>;
-
-/// What a temp file hands on per read when a spilled body is forwarded.
-const FILE_CHUNK: usize = 64 * 1024;
 
 /// A request body as it goes to the upstream.
 pub enum RequestBody {
@@ -39,10 +36,8 @@ pub enum RequestBody {
 
 /// A body in a temp file, at its start.
 pub struct Spilled {
-    file: tokio::fs::File,
-    left: u64,
+    chunks: FileChunks,
     declared: bool,
-    buf: BytesMut,
 }
 
 /// A body already whole (a request built in memory, as tests of the app
@@ -80,7 +75,7 @@ impl HttpBody for RequestBody {
                 *left -= c.len() as u64;
                 Ok(Frame::data(c))
             })),
-            RequestBody::File(spilled) => spilled.poll_chunk(cx),
+            RequestBody::File(spilled) => Pin::new(&mut spilled.chunks).poll_frame(cx),
             RequestBody::Streaming(body) => Pin::new(body)
                 .poll_frame(cx)
                 .map(|f| f.map(|f| f.map_err(BoxError::from))),
@@ -91,7 +86,7 @@ impl HttpBody for RequestBody {
         match self {
             RequestBody::Empty => true,
             RequestBody::Memory { left, .. } => *left == 0,
-            RequestBody::File(spilled) => spilled.left == 0,
+            RequestBody::File(spilled) => spilled.chunks.left() == 0,
             RequestBody::Streaming(body) => body.is_end_stream(),
         }
     }
@@ -100,7 +95,7 @@ impl HttpBody for RequestBody {
         match self {
             RequestBody::Empty => SizeHint::with_exact(0),
             RequestBody::Memory { left, declared, .. } => known(*left, *declared),
-            RequestBody::File(spilled) => known(spilled.left, spilled.declared),
+            RequestBody::File(spilled) => known(spilled.chunks.left(), spilled.declared),
             RequestBody::Streaming(body) => body.size_hint(),
         }
     }
@@ -119,33 +114,8 @@ impl Spilled {
     /// A body of `left` bytes in `file`, positioned at its start.
     pub fn new(file: tokio::fs::File, left: u64, declared: bool) -> Spilled {
         Spilled {
-            file,
-            left,
+            chunks: FileChunks::new(file, left),
             declared,
-            buf: BytesMut::new(),
-        }
-    }
-
-    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        let want = usize::try_from(self.left).map_or(FILE_CHUNK, |l| l.min(FILE_CHUNK));
-        if self.buf.capacity() < want {
-            self.buf.reserve(want);
-        }
-        // The file holds exactly `left` more bytes: a read never runs past the body.
-        let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.file), cx, &mut self.buf);
-        match read {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(Ok(0)) => {
-                Poll::Ready(Some(Err("the request body's temp file ended early".into())))
-            }
-            Poll::Ready(Ok(n)) => {
-                self.left = self.left.saturating_sub(n as u64);
-                Poll::Ready(Some(Ok(Frame::data(self.buf.split().freeze()))))
-            }
         }
     }
 }

@@ -19,15 +19,13 @@ pub mod response;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
-use http::{Method, Response, Version};
-use http_body::{Body as _, Frame, SizeHint};
+use http::{Method, Response};
+use http_body::Body as _;
 use http_body_util::BodyExt;
 
 use crate::body::{BoxError, Streamed};
@@ -257,7 +255,10 @@ impl Cgi<'_> {
             format!("{}{}", self.script, self.path_info).as_bytes(),
         );
         push(b"DOCUMENT_ROOT", self.root.as_bytes());
-        push(b"SERVER_PROTOCOL", protocol(parts.version).as_bytes());
+        push(
+            b"SERVER_PROTOCOL",
+            crate::access::proto(parts.version).as_bytes(),
+        );
         push(b"REQUEST_SCHEME", self.proto.as_bytes());
         if https {
             push(b"HTTPS", b"on");
@@ -317,16 +318,6 @@ impl Cgi<'_> {
     }
 }
 
-fn protocol(v: Version) -> &'static str {
-    match v {
-        Version::HTTP_09 => "HTTP/0.9",
-        Version::HTTP_10 => "HTTP/1.0",
-        Version::HTTP_2 => "HTTP/2.0",
-        Version::HTTP_3 => "HTTP/3.0",
-        _ => "HTTP/1.1",
-    }
-}
-
 async fn serve_static(
     method: &Method,
     file: PathBuf,
@@ -339,11 +330,7 @@ async fn serve_static(
     let Ok(f) = tokio::fs::File::open(&file).await else {
         return own(Problem::FileNotFound);
     };
-    let mut resp = Response::new(Streamed::new(FileBody {
-        file: f,
-        buf: BytesMut::new(),
-        left: len,
-    }));
+    let mut resp = Response::new(Streamed::new(crate::body::FileChunks::new(f, len)));
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
@@ -352,52 +339,4 @@ async fn serve_static(
         HeaderValue::from_static("nosniff"),
     );
     resp
-}
-
-/// A static file, read in 64 KiB pieces as the client takes them
-/// (tokio runs each read on its blocking pool).
-struct FileBody {
-    file: tokio::fs::File,
-    buf: BytesMut,
-    /// Bytes still to send: the length announced in Content-Length.
-    left: u64,
-}
-
-impl http_body::Body for FileBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        if this.left == 0 {
-            return Poll::Ready(None);
-        }
-        if this.buf.capacity() < 64 * 1024 {
-            this.buf.reserve(64 * 1024);
-        }
-        let n = ready!(tokio_util::io::poll_read_buf(
-            Pin::new(&mut this.file),
-            cx,
-            &mut this.buf
-        ))?;
-        if n == 0 {
-            return Poll::Ready(Some(Err("the file shrank while it was sent".into())));
-        }
-        let n = n.min(usize::try_from(this.left).unwrap_or(usize::MAX));
-        this.left -= n as u64;
-        let chunk = this.buf.split_to(n).freeze();
-        this.buf.clear();
-        Poll::Ready(Some(Ok(Frame::data(chunk))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.left == 0
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.left)
-    }
 }
