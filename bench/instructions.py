@@ -234,8 +234,12 @@ def main():
     ap.add_argument("--access-log", choices=["on", "off"], default="on",
                     help="tollgate's access log (on by default; the nginx peer runs with access_log off)")
     ap.add_argument("--keep", help="copy the callgrind dumps here (for callgrind_annotate)")
+    ap.add_argument("--port-offset", type=int, default=0,
+                    help="added to every port, so two runs can share the machine")
     ap.add_argument("--floor-args", default="--workers 2", help="extra arguments for the floor, e.g. '--auto'")
     args = ap.parse_args()
+    for name in PORTS:
+        PORTS[name] += args.port_offset
     only = args.only or ["tollgate", "floor", "nginx"]
     for tool in ("nginx", "perf" if args.syscalls else "valgrind"):
         if not shutil.which(tool):

@@ -412,8 +412,12 @@ def main():
     ap.add_argument("--tollgate", default=os.path.join(ROOT, "target/release/tollgate"))
     ap.add_argument("--floor", nargs="?", const="build", default=None,
                     help="add the hyper floor row; optionally the hyper_floor binary (default: cargo build --release --bench hyper_floor)")
+    ap.add_argument("--port-offset", type=int, default=0,
+                    help="added to every port, so two runs can share the machine")
     ap.add_argument("--json", help="also write raw results here")
     args = ap.parse_args()
+    for name in PORTS:
+        PORTS[name] += args.port_offset
     if args.quick:
         args.rounds, args.duration, args.conns = 3, 5, [64]
     peers = (("nginx", "nginx"), ("wrk", "wrk")) if args.access_log else (("nginx", "nginx"), ("haproxy", "haproxy"), ("wrk", "wrk"))
