@@ -184,9 +184,14 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     }
     tunnels.close_all().await;
     background.cancel();
-    let store = app.shared.clone();
-    // The writer logs what it could not save; `main` turns it into the exit status.
-    let _ = tokio::task::spawn_blocking(move || store.store.shutdown()).await;
+    let shared = app.shared.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        // The last requests' records reach the log before the process ends.
+        shared.access.flush(std::time::Duration::from_secs(1));
+        // The writer logs what it could not save; `main` turns it into the exit status.
+        shared.store.shutdown()
+    })
+    .await;
     tracing::info!("stopped");
 }
 
