@@ -456,3 +456,74 @@ fn audit_rows_beyond_the_queue_are_dropped_and_counted_never_waited_for() {
         "the queued rows all reached the file"
     );
 }
+
+#[test]
+fn a_flush_of_any_size_writes_every_audit_row_with_its_own_fields_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Sqlite::open(
+        &dir.path().join("a.db"),
+        Arc::new(Table::new(true)),
+        Arc::new(Bans::new(true)),
+        Duration::from_secs(3600),
+        &[],
+        0,
+    )
+    .unwrap();
+    // 64 + 16 + 4 + 3: every statement size the writer uses, and a remainder.
+    let n = 87;
+    for i in 0..n {
+        db.audit(AuditRow {
+            time: i * NANOS_PER_SEC,
+            client: format!("ip:203.0.113.{i}"),
+            method: if i % 2 == 0 {
+                http::Method::GET
+            } else {
+                http::Method::POST
+            },
+            path: format!("/p/{i}"),
+            route: format!("r{i}").into(),
+            status: 200 + i as u16,
+            duration: Duration::from_micros(1500 * i),
+            request_id: format!("id-{i}"),
+        });
+    }
+    db.flush().unwrap();
+    let conn = Connection::open(dir.path().join("a.db")).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT time, client, method, path, route, status, duration_ms, request_id FROM api_calls ORDER BY id")
+        .unwrap();
+    let rows: Vec<(String, String, String, String, String, i64, f64, String)> = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+            ))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), n as usize);
+    for (i, row) in rows.iter().enumerate() {
+        let i = i as u64;
+        let method = if i % 2 == 0 { "GET" } else { "POST" };
+        assert_eq!(
+            row,
+            &(
+                iso8601(i),
+                format!("ip:203.0.113.{i}"),
+                method.to_string(),
+                format!("/p/{i}"),
+                format!("r{i}"),
+                200 + i as i64,
+                1.5 * i as f64,
+                format!("id-{i}")
+            )
+        );
+    }
+}

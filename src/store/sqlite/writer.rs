@@ -343,26 +343,24 @@ fn write(
         // Many rows per statement: the per-statement cost, not the row,
         // dominates an insert, and the audit log sees every forwarded request.
         let mut times = TimeCache::default();
-        let mut chunks = audit.chunks_exact(AUDIT_ROWS_PER_INSERT);
-        let mut insert_many = tx.prepare_cached(&insert_calls_sql(AUDIT_ROWS_PER_INSERT))?;
-        for chunk in &mut chunks {
-            let values = audit_values(chunk, &mut times);
-            insert_many.execute(rusqlite::params_from_iter(
-                values.iter().map(|v| v as &dyn rusqlite::ToSql),
-            ))?;
-        }
-        let mut insert_one = tx.prepare_cached(&insert_calls_sql(1))?;
-        for row in chunks.remainder() {
-            let values = audit_values(std::slice::from_ref(row), &mut times);
-            insert_one.execute(rusqlite::params_from_iter(
-                values.iter().map(|v| v as &dyn rusqlite::ToSql),
-            ))?;
+        let mut rest = audit;
+        for rows in AUDIT_ROWS_PER_INSERT {
+            let mut chunks = rest.chunks_exact(rows);
+            if chunks.len() > 0 {
+                let mut insert = tx.prepare_cached(&insert_calls_sql(rows))?;
+                for chunk in &mut chunks {
+                    insert_calls(&mut insert, chunk, &mut times)?;
+                }
+            }
+            rest = chunks.remainder();
         }
     }
     tx.commit()
 }
 
-const AUDIT_ROWS_PER_INSERT: usize = 64;
+/// Statement sizes, largest first: a flush of n rows takes at most 3 of
+/// each smaller size after the 64-row statements, not n mod 64 single inserts.
+const AUDIT_ROWS_PER_INSERT: [usize; 4] = [64, 16, 4, 1];
 
 fn insert_calls_sql(rows: usize) -> String {
     let group = "(?, ?, ?, ?, ?, ?, ?, ?)";
@@ -374,32 +372,42 @@ fn insert_calls_sql(rows: usize) -> String {
 #[derive(Default)]
 struct TimeCache {
     secs: u64,
-    text: std::rc::Rc<str>,
+    text: String,
 }
 
 impl TimeCache {
-    fn iso(&mut self, ns: Nanos) -> std::rc::Rc<str> {
+    fn iso(&mut self, ns: Nanos) -> &str {
         let secs = ns / NANOS_PER_SEC;
         if self.text.is_empty() || secs != self.secs {
             self.secs = secs;
-            self.text = iso8601(secs).into();
+            self.text = iso8601(secs);
         }
-        self.text.clone()
+        &self.text
     }
 }
 
-fn audit_values(rows: &[AuditRow], times: &mut TimeCache) -> Vec<rusqlite::types::Value> {
-    use rusqlite::types::Value;
-    let mut v = Vec::with_capacity(rows.len() * 8);
+/// Binds the rows' fields straight from the rows (SQLite copies each value
+/// as it is bound) and runs the statement: no owned copy of every string
+/// per row, which callgrind put at a fifth of an audit row's cost.
+fn insert_calls(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    rows: &[AuditRow],
+    times: &mut TimeCache,
+) -> rusqlite::Result<usize> {
+    let mut i = 0;
+    let mut next = || {
+        i += 1;
+        i
+    };
     for r in rows {
-        v.push(Value::Text(times.iso(r.time).to_string()));
-        v.push(Value::Text(r.client.clone()));
-        v.push(Value::Text(r.method.as_str().to_string()));
-        v.push(Value::Text(r.path.clone()));
-        v.push(Value::Text(r.route.to_string()));
-        v.push(Value::Integer(i64::from(r.status)));
-        v.push(Value::Real(r.duration.as_secs_f64() * 1000.0));
-        v.push(Value::Text(r.request_id.clone()));
+        stmt.raw_bind_parameter(next(), times.iso(r.time))?;
+        stmt.raw_bind_parameter(next(), r.client.as_str())?;
+        stmt.raw_bind_parameter(next(), r.method.as_str())?;
+        stmt.raw_bind_parameter(next(), r.path.as_str())?;
+        stmt.raw_bind_parameter(next(), &*r.route)?;
+        stmt.raw_bind_parameter(next(), i64::from(r.status))?;
+        stmt.raw_bind_parameter(next(), r.duration.as_secs_f64() * 1000.0)?;
+        stmt.raw_bind_parameter(next(), r.request_id.as_str())?;
     }
-    v
+    stmt.raw_execute()
 }
