@@ -10,28 +10,34 @@
 //!
 //! ```sh
 //! cargo build --release --bench hyper_floor    # binary: target/release/deps/hyper_floor-<hash>
-//! hyper_floor serve 127.0.0.1:19130 127.0.0.1:19080 [--workers 2] [--auto]
+//! hyper_floor serve 127.0.0.1:19130 127.0.0.1:19080 [--workers 2] [--auto] [--inline]
 //! ```
 //!
 //! `--auto` serves with hyper-util's HTTP/1-or-2 auto builder (what tollgate
 //! uses) instead of hyper's HTTP/1.1 one, to price the protocol sniffing.
+//! `--inline` spawns no task per upstream connection: the `Connection` future
+//! waits in the idle list next to its `SendRequest`, and the request's own
+//! task polls it, with the exchange until the response head arrives, then
+//! from the response body, to price the connection's own task (two task
+//! wake-ups per request; docs/PERFORMANCE.md: no instructions to speak of).
 //! With no arguments, as `cargo test --all-targets` runs it, it forwards one
 //! request through itself on port 0 and exits, so the floor cannot rot
 //! unnoticed; it serves only when told to.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
+use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
@@ -39,22 +45,60 @@ use tokio::net::{TcpListener, TcpStream};
 /// One worker's idle upstream connections.
 struct Pool {
     upstream: SocketAddr,
-    idle: Mutex<Vec<SendRequest<Incoming>>>,
+    idle: Mutex<Vec<Upstream>>,
+    /// `--inline`: connections are driven by the requests that use them.
+    inline: bool,
+}
+
+/// One upstream connection: the handle requests are sent on and, with
+/// `--inline`, the connection future itself (otherwise a spawned task owns
+/// it). Boxed: hyper's connection state is large and would be copied with
+/// every response body that carries it (unboxed, even the spawned mode,
+/// which carries `None`, measured +7 % instructions per request).
+struct Upstream {
+    sender: SendRequest<Incoming>,
+    driver: Option<Pin<Box<Driver>>>,
+}
+
+/// hyper's HTTP/1 client connection: it writes the requests and reads the responses.
+type Driver = Connection<TokioIo<TcpStream>, Incoming>;
+
+impl Upstream {
+    /// Polls the inline connection future, if any; false once it has ended
+    /// (the upstream closed it, or it failed), and then it is gone.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(driver) = &mut self.driver else {
+            return true;
+        };
+        if driver.as_mut().poll(cx).is_ready() {
+            self.driver = None;
+            return false;
+        }
+        true
+    }
 }
 
 /// The upstream's body; its connection goes back to the idle list when the
 /// body is done (dropped), the only time HTTP/1.1 can carry the next request.
+/// An inline connection is polled from `poll_frame`: it is what reads the body.
 struct Returning {
     body: Option<Incoming>,
-    back: Option<(SendRequest<Incoming>, Arc<Pool>)>,
+    /// The body ended (`poll_frame` gave `None`).
+    ended: bool,
+    back: Option<(Upstream, Arc<Pool>)>,
 }
 
 impl Drop for Returning {
     fn drop(&mut self) {
-        if let Some((sender, pool)) = self.back.take() {
-            if !sender.is_closed() {
+        if let Some((conn, pool)) = self.back.take() {
+            // An inline connection whose body was not read to its end is
+            // dropped: nobody would poll it to finish the read.
+            let done = conn.driver.is_none()
+                || self.ended
+                || self.body.as_ref().is_none_or(Incoming::is_end_stream);
+            if done && !conn.sender.is_closed() {
                 if let Ok(mut idle) = pool.idle.lock() {
-                    idle.push(sender);
+                    idle.push(conn);
                 }
             }
         }
@@ -69,10 +113,26 @@ impl Body for Returning {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match &mut self.body {
-            Some(body) => Pin::new(body).poll_frame(cx),
-            None => Poll::Ready(None),
+        let this = &mut *self;
+        let Some(body) = &mut this.body else {
+            return Poll::Ready(None);
+        };
+        let mut polled = Pin::new(&mut *body).poll_frame(cx);
+        if polled.is_pending() {
+            if let Some((conn, _)) = &mut this.back {
+                if conn.driver.is_some() {
+                    // The connection reads the next chunk into the body.
+                    if !conn.drive(cx) {
+                        this.back = None;
+                    }
+                    polled = Pin::new(body).poll_frame(cx);
+                }
+            }
         }
+        if matches!(polled, Poll::Ready(None)) {
+            this.ended = true;
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -87,27 +147,64 @@ impl Body for Returning {
 }
 
 impl Pool {
-    async fn connect(&self) -> Result<SendRequest<Incoming>, Box<dyn std::error::Error>> {
+    async fn connect(&self) -> Result<Upstream, Box<dyn std::error::Error>> {
         let stream = TcpStream::connect(self.upstream).await?;
         stream.set_nodelay(true)?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        if self.inline {
+            return Ok(Upstream {
+                sender,
+                driver: Some(Box::pin(conn)),
+            });
+        }
         tokio::spawn(conn);
-        Ok(sender)
+        Ok(Upstream {
+            sender,
+            driver: None,
+        })
+    }
+
+    /// An idle connection ready for a request. An inline one is polled once
+    /// first: if that ends it, the upstream closed it and the next is tried.
+    /// The poll registers no waker (the exchange's first poll, right after,
+    /// registers this task), or sending the request would wake this task.
+    fn take(&self) -> Option<Upstream> {
+        loop {
+            let mut conn = self.idle.lock().ok().and_then(|mut idle| idle.pop())?;
+            let alive = conn.drive(&mut Context::from_waker(Waker::noop()));
+            if alive && conn.sender.is_ready() {
+                return Some(conn);
+            }
+        }
     }
 
     async fn forward(self: Arc<Pool>, req: Request<Incoming>) -> Response<Returning> {
-        let idle = self.idle.lock().ok().and_then(|mut idle| idle.pop());
-        let sender = match idle {
-            Some(sender) if sender.is_ready() => Some(sender),
-            _ => self.connect().await.ok(),
+        let conn = match self.take() {
+            Some(conn) => Some(conn),
+            None => self.connect().await.ok(),
         };
-        let Some(mut sender) = sender else {
+        let Some(mut conn) = conn else {
             return bad_gateway();
         };
-        match sender.send_request(req).await {
+        let mut sent = std::pin::pin!(conn.sender.send_request(req));
+        let inline = conn.driver.is_some();
+        // Inline, the connection writes the request and reads the response
+        // head when polled here, on this task. The answer can arrive only
+        // during that poll, so asking for it right after needs no waker of
+        // its own (hyper's answer would wake this task once more).
+        let answer = std::future::poll_fn(|cx| {
+            if !inline {
+                return sent.as_mut().poll(cx);
+            }
+            conn.drive(cx);
+            sent.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        })
+        .await;
+        match answer {
             Ok(resp) => resp.map(|body| Returning {
                 body: Some(body),
-                back: Some((sender, self)),
+                ended: false,
+                back: Some((conn, self)),
             }),
             Err(_) => bad_gateway(),
         }
@@ -117,6 +214,7 @@ impl Pool {
 fn bad_gateway() -> Response<Returning> {
     let mut resp = Response::new(Returning {
         body: None,
+        ended: false,
         back: None,
     });
     *resp.status_mut() = StatusCode::BAD_GATEWAY;
@@ -124,10 +222,11 @@ fn bad_gateway() -> Response<Returning> {
 }
 
 /// One worker: a current-thread runtime accepting on its copy of the listener.
-async fn worker(listener: TcpListener, upstream: SocketAddr, auto: bool) {
+async fn worker(listener: TcpListener, upstream: SocketAddr, mode: Mode) {
     let pool = Arc::new(Pool {
         upstream,
         idle: Mutex::new(Vec::new()),
+        inline: mode.inline,
     });
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -141,7 +240,7 @@ async fn worker(listener: TcpListener, upstream: SocketAddr, auto: bool) {
                 async move { Ok::<_, Infallible>(pool.forward(req).await) }
             });
             let io = TokioIo::new(stream);
-            let _ = if auto {
+            let _ = if mode.auto {
                 let mut builder =
                     hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 builder
@@ -161,12 +260,19 @@ async fn worker(listener: TcpListener, upstream: SocketAddr, auto: bool) {
     }
 }
 
+/// How the floor serves: `--auto` and `--inline` (see the module doc).
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    auto: bool,
+    inline: bool,
+}
+
 /// Starts `workers` threads serving `listener`; they run until the process ends.
 fn start(
     listener: std::net::TcpListener,
     upstream: SocketAddr,
     workers: usize,
-    auto: bool,
+    mode: Mode,
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     for _ in 0..workers {
@@ -177,7 +283,7 @@ fn start(
         std::thread::spawn(move || {
             runtime.block_on(async move {
                 match TcpListener::from_std(listener) {
-                    Ok(listener) => worker(listener, upstream, auto).await,
+                    Ok(listener) => worker(listener, upstream, mode).await,
                     Err(e) => eprintln!("hyper_floor: {e}"),
                 }
             })
@@ -216,11 +322,11 @@ fn start_upstream() -> std::io::Result<SocketAddr> {
 
 /// Two requests on one connection through the floor (the second reuses
 /// the pooled upstream connection); panics unless both come back `ok`.
-fn self_check(auto: bool) -> std::io::Result<()> {
+fn self_check(mode: Mode) -> std::io::Result<()> {
     let upstream = start_upstream()?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    start(listener, upstream, 1, auto)?;
+    start(listener, upstream, 1, mode)?;
     let mut client = std::net::TcpStream::connect(addr)?;
     client.set_read_timeout(Some(Duration::from_secs(10)))?;
     for _ in 0..2 {
@@ -238,19 +344,25 @@ fn self_check(auto: bool) -> std::io::Result<()> {
             String::from_utf8_lossy(&answer)
         );
     }
-    println!("hyper_floor: forwards (auto builder: {auto})");
+    println!("hyper_floor: forwards ({mode:?})");
     Ok(())
 }
 
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let auto = args.iter().any(|a| a == "--auto");
+    let mode = Mode {
+        auto: args.iter().any(|a| a == "--auto"),
+        inline: args.iter().any(|a| a == "--inline"),
+    };
     if args.first().map(String::as_str) != Some("serve") {
         // `cargo test --all-targets` / `cargo bench` without arguments.
-        self_check(false)?;
-        return self_check(true);
+        for (auto, inline) in [(false, false), (true, false), (false, true)] {
+            self_check(Mode { auto, inline })?;
+        }
+        return Ok(());
     }
-    let usage = "usage: hyper_floor serve LISTEN_ADDR UPSTREAM_ADDR [--workers N] [--auto]";
+    let usage =
+        "usage: hyper_floor serve LISTEN_ADDR UPSTREAM_ADDR [--workers N] [--auto] [--inline]";
     let parse = |i: usize| -> std::io::Result<SocketAddr> {
         args.get(i)
             .and_then(|a| a.parse().ok())
@@ -268,9 +380,9 @@ fn main() -> std::io::Result<()> {
         std::net::TcpListener::bind(listen)?,
         upstream,
         workers,
-        auto,
+        mode,
     )?;
-    eprintln!("hyper_floor: {listen} -> {upstream}, {workers} worker(s), auto builder: {auto}");
+    eprintln!("hyper_floor: {listen} -> {upstream}, {workers} worker(s), {mode:?}");
     loop {
         std::thread::park();
     }

@@ -1,4 +1,4 @@
-//! Slow and large bodies over real sockets: buffering before the upstream, 408 for stalled or trickling bodies, spilled bodies byte-exact, slow readers cut off, HTTP/2's fair share of upstream connections.
+//! Slow and large bodies over real sockets: buffering before the upstream, 408 for stalled or trickling bodies, spilled bodies byte-exact, slow readers cut off, HTTP/2's fair share of upstream connections, pooled upstream connections reused or replaced.
 
 mod common;
 
@@ -418,4 +418,83 @@ async fn one_http2_connection_holds_at_most_its_share_of_upstream_connections() 
         "the streams never ran side by side"
     );
     assert!(metric(&proxy, "tollgate_upstream_share_waits_total").await >= Some(1.0));
+}
+
+#[tokio::test]
+async fn requests_one_after_another_share_one_upstream_connection_whatever_their_body_size() {
+    let upstream = Counting::start().await;
+    let proxy = Proxy::start(&upstream.config("workers: 1")).await;
+    let http = client();
+    // Small bodies, a body read in many pieces, a body sent up and echoed.
+    for path in ["/", "/big/3000000", "/", "/big/10"] {
+        let resp = http.get(proxy.url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let want = path.strip_prefix("/big/").map_or(0, |n| n.parse().unwrap());
+        assert_eq!(resp.bytes().await.unwrap().len(), want, "{path}");
+    }
+    let echoed = http
+        .post(proxy.url("/echo"))
+        .body(vec![b'y'; 200_000])
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(echoed.len(), 200_000);
+    assert_eq!(
+        upstream.accepted(),
+        1,
+        "each finished exchange gives its connection back for the next"
+    );
+}
+
+/// An upstream that answers one request per connection, as keep-alive, then
+/// closes it; `closed` hears of each close.
+async fn closing_after_one_answer() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (closed, heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let closed = closed.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                drop(s);
+                let _ = closed.send(());
+            });
+        }
+    });
+    (addr, heard)
+}
+
+#[tokio::test]
+async fn an_upstream_that_closes_an_idle_connection_does_not_fail_the_next_request() {
+    let (addr, mut closed) = closing_after_one_answer().await;
+    let config = format!(
+        "upstreams:\n  app: {{ url: \"http://{addr}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\nserver: {{ workers: 1 }}\n"
+    );
+    let proxy = Proxy::start(&config).await;
+    let http = client();
+    for round in 0..3 {
+        let resp = http.get(proxy.url("/")).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "request {round}");
+        assert_eq!(resp.text().await.unwrap(), "ok", "request {round}");
+        tokio::time::timeout(Duration::from_secs(5), closed.recv())
+            .await
+            .expect("the upstream closed its connection");
+        // The close reaches tollgate's idle connection on loopback at once;
+        // a moment more so the next request finds it closed, not closing.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
