@@ -184,6 +184,15 @@ fn json_string(out: &mut Vec<u8>, s: &str) {
 fn json_escaped(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes = s.as_bytes();
+    // Names, policies and keys almost never need escaping: one pass without
+    // an early exit (the compiler vectorizes it) decides, then one copy.
+    let needs = bytes.iter().fold(false, |any, &b| {
+        any | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if !needs {
+        out.extend_from_slice(bytes);
+        return;
+    }
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let short = match b {
