@@ -353,14 +353,14 @@ def summarize(results, mem, args):
 
 def keys_test(args, d, tollgate_bin):
     """Memory for N distinct client keys, and that pruning gives it back."""
-    window = 20
+    window = 120  # longer than the fill: no key may expire before the count is reached
     with open(f"{d}/keys.yaml", "w") as f:
         f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS['tollgate']}"] }}
 admin: {{ listen: "127.0.0.1:{PORTS['tollgate_admin']}" }}
 store: {{ backend: sqlite, path: "{d}/keys.db", prune_interval: 2s, max_keys: {args.keys + 1000} }}
 audit: {{ enabled: false }}
 limiters:
-  per_key: {{ algorithm: fixed_window, limit: 100, window: {window}s, key: client }}
+  per_key: {{ algorithm: fixed_window, limit: 100, window: {window}s, key: api_key }}
 routes:
   - {{ name: r, match: {{ path_prefix: / }}, respond: {{ status: 200, body: "ok" }}, limiters: [per_key] }}
 """)

@@ -17,18 +17,37 @@
 //! in the shard rests, the new key is counted on its limiter's one overflow
 //! key (shared by every client that did not fit), which lives in a second set
 //! of shards locked after the first, so the lock order stays total.
+//!
+//! Keys are filed under a keyed 128-bit hash, not their text ([`key_hash`]):
+//! at a million keys the strings cost as much as the table. Where the text
+//! is needed it comes from elsewhere: the request gives it to the writer's
+//! queue of changed keys, and the SQLite writer reads the rows of keys a
+//! sweep forgot ([`Forgotten`]) from the file.
+//!
+//! A shard never holds more than [`DENSE_SHARD`] keys: the shard count grows
+//! with `max_keys` instead, so every shard's table stays in 16,384 buckets
+//! rather than doubling to 32,768 for the last few keys (see
+//! docs/PERFORMANCE.md, "The default `store.max_keys`").
 
-use std::collections::hash_map::{Entry as MapEntry, RandomState};
-use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Check, Outcome};
 use crate::limiter::{Algorithm, Nanos, Quota, State, Verdict, NANOS_PER_SEC};
+use key_hash::{KeyHash, KeyHasher};
+use shard::Shard;
 
+mod key_hash;
+mod shard;
+
+/// The fewest shards: enough that requests rarely wait on one another's lock.
 const SHARDS: usize = 64;
+
+/// The most keys one shard holds: hashbrown keeps 7/8 of 16,384 buckets, and
+/// one key more doubles the table to 32,768 (at half load: ~60 bytes a key
+/// for nothing). `max_keys` beyond 64 shards of this gets more shards.
+pub const DENSE_SHARD: usize = 14_336;
 
 /// Slots held back from `max_keys` for overflow keys (one per limiter that
 /// overflows), so an overflow key always has room even when every shard is
@@ -53,8 +72,9 @@ pub struct Table {
     overflow: Box<[Mutex<Shard>]>,
     /// Overflow keys held, at most [`OVERFLOW_SLOTS`].
     overflow_len: AtomicUsize,
-    /// Seeded per process, so a client cannot aim its keys at one shard.
-    hasher: RandomState,
+    /// Seeded per process, so a client can neither aim its keys at one shard
+    /// nor make two keys collide.
+    hasher: KeyHasher,
     max_keys: usize,
     /// Each shard holds `per_shard` keys, the first `extra` shards one more:
     /// together exactly `max_keys - OVERFLOW_SLOTS`.
@@ -76,33 +96,6 @@ pub struct KeyCounters {
     pub refused: AtomicU64,
 }
 
-#[derive(Debug, Default)]
-struct Shard {
-    map: HashMap<Box<str>, Entry>,
-    /// Keys changed or removed since the writer last looked.
-    changed: Vec<Box<str>>,
-    /// No entry rests before this (a lower bound: entries only move it down
-    /// when recorded, a sweep sets it exactly), so a full shard skips sweeps
-    /// that could not find anything.
-    next_rest: Nanos,
-    last_sweep: Option<Nanos>,
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    state: State,
-    /// The fingerprint of the shape the state was built under; 0 = loaded
-    /// without one (kept). A fingerprint, not the shape: at a million keys
-    /// every byte of an entry is a megabyte.
-    shape: u32,
-    /// From when the state is at rest (and can be forgotten).
-    rests_at: Nanos,
-    changed: bool,
-    /// Placed for a check that is not recorded yet: a sweep run for another
-    /// limiter of the same request must not take it away.
-    pinned: bool,
-}
-
 /// One key's state as the writer persists it; `state: None` means deleted.
 #[derive(Debug, Clone)]
 pub struct Change {
@@ -111,6 +104,24 @@ pub struct Change {
     /// algorithm but fixed windows, which store their window instead, that
     /// is also when it expires).
     pub state: Option<(State, u32, Nanos)>,
+}
+
+/// Rows of a limiter's keys that a full shard forgot at rest (to make room),
+/// whose text the table no longer has: the writer reads the keys of these
+/// rows from the file and deletes those memory does not hold, so the file
+/// never holds a key the table does not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forgotten {
+    pub limiter: Box<str>,
+    pub rows: Rows,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// `rate_limit_windows` rows of the window starting at this instant (Unix ns).
+    Window(Nanos),
+    /// `limiter_state` rows expired by this instant (Unix ns).
+    ExpiredBy(Nanos),
 }
 
 /// Where one check of a request is counted.
@@ -134,15 +145,16 @@ impl Table {
     pub fn with_max_keys(track_changes: bool, max_keys: usize) -> Table {
         let max_keys = max_keys.max(MIN_KEYS);
         let regular = max_keys - OVERFLOW_SLOTS;
-        let shards = || (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        let count = SHARDS.max(regular.div_ceil(DENSE_SHARD));
+        let shards = || (0..count).map(|_| Mutex::new(Shard::default())).collect();
         Table {
             shards: shards(),
             overflow: shards(),
             overflow_len: AtomicUsize::new(0),
-            hasher: RandomState::new(),
+            hasher: KeyHasher::default(),
             max_keys,
-            per_shard: regular / SHARDS,
-            extra: regular % SHARDS,
+            per_shard: regular / count,
+            extra: regular % count,
             track_changes,
             counters: KeyCounters::default(),
         }
@@ -156,8 +168,15 @@ impl Table {
         &self.counters
     }
 
+    /// The key's hash and the index of its shard (regular and overflow alike).
+    fn locate(&self, key: &str) -> (KeyHash, usize) {
+        let h = self.hasher.hash(key);
+        (h, h.shard(self.shards.len()))
+    }
+
+    #[cfg(test)]
     fn shard_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+        self.locate(key).1
     }
 
     fn cap(&self, shard: usize) -> usize {
@@ -168,31 +187,31 @@ impl Table {
     pub fn check(&self, checks: &[Check<'_>], now: Nanos) -> Vec<Outcome> {
         if let [c] = checks {
             // The common route with one limiter: one lock, no bookkeeping.
-            let s = self.shard_of(c.key);
+            let (h, s) = self.locate(c.key);
             let track = self.track_changes;
             let mut shard = self.shards[s].lock();
-            if let Some(out) = shard.decide_present(c, now, track) {
+            if let Some(out) = shard.decide_present(c, h, now, track) {
                 return vec![out];
             }
             if self.make_room(&mut shard, s, now) {
-                return vec![shard.decide_new(c, now, track)];
+                return vec![shard.decide_new(c, h, now, track)];
             }
             drop(shard);
-            let o = self.shard_of(c.overflow);
+            let (oh, o) = self.locate(c.overflow);
             let mut over = self.overflow[o].lock();
             let on_overflow = Check {
                 key: c.overflow,
                 ..*c
             };
             // Placed just above; overflow keys are never persisted.
-            let out = match self.place_overflow(&mut over, c, now) {
-                true => over.decide_present(&on_overflow, now, false),
+            let out = match self.place_overflow(&mut over, c, oh, now) {
+                true => over.decide_present(&on_overflow, oh, now, false),
                 false => None,
             };
             return vec![out.map_or_else(|| refused(c, now), Outcome::overflowed)];
         }
-        let shard_index: Vec<usize> = checks.iter().map(|c| self.shard_of(c.key)).collect();
-        let mut order = shard_index.clone();
+        let located: Vec<(KeyHash, usize)> = checks.iter().map(|c| self.locate(c.key)).collect();
+        let mut order: Vec<usize> = located.iter().map(|&(_, s)| s).collect();
         order.sort_unstable();
         order.dedup();
         let mut guards: Vec<MutexGuard<'_, Shard>> =
@@ -201,16 +220,16 @@ impl Table {
 
         let placed: Vec<bool> = checks
             .iter()
-            .zip(&shard_index)
-            .map(|(c, &s)| self.place(&mut guards[guard_of(s)], s, c.key, c.algorithm, now))
+            .zip(&located)
+            .map(|(c, &(h, s))| self.place(&mut guards[guard_of(s)], s, h, c, now))
             .collect();
         // Overflow shards are locked after every regular one: one total order.
-        let mut over_order: Vec<usize> = checks
+        let over_located: Vec<Option<(KeyHash, usize)>> = checks
             .iter()
             .zip(&placed)
-            .filter(|(_, &p)| !p)
-            .map(|(c, _)| self.shard_of(c.overflow))
+            .map(|(c, &p)| (!p).then(|| self.locate(c.overflow)))
             .collect();
+        let mut over_order: Vec<usize> = over_located.iter().flatten().map(|&(_, o)| o).collect();
         over_order.sort_unstable();
         over_order.dedup();
         let mut over_guards: Vec<MutexGuard<'_, Shard>> = over_order
@@ -219,16 +238,14 @@ impl Table {
             .collect();
         let targets: Vec<Target> = checks
             .iter()
-            .zip(&shard_index)
-            .zip(&placed)
-            .map(|((c, &s), &p)| {
-                if p {
+            .zip(&located)
+            .zip(&over_located)
+            .map(|((c, &(_, s)), over)| {
+                let Some((oh, o)) = *over else {
                     return Target::Own(guard_of(s));
-                }
-                let g = over_order
-                    .binary_search(&self.shard_of(c.overflow))
-                    .expect("locked above");
-                if self.place_overflow(&mut over_guards[g], c, now) {
+                };
+                let g = over_order.binary_search(&o).expect("locked above");
+                if self.place_overflow(&mut over_guards[g], c, oh, now) {
                     Target::Overflow(g)
                 } else {
                     Target::Refused
@@ -239,10 +256,14 @@ impl Table {
         let verdicts: Vec<Verdict> = checks
             .iter()
             .zip(&targets)
-            .map(|(c, t)| match *t {
-                Target::Own(g) => guards[g].verdict(c.key, c.algorithm, now),
-                Target::Overflow(g) => over_guards[g].verdict(c.overflow, c.algorithm, now),
-                Target::Refused => refused(c, now).verdict,
+            .zip(&located)
+            .zip(&over_located)
+            .map(|(((c, t), &(h, _)), over)| match (*t, over) {
+                (Target::Own(g), _) => guards[g].verdict(h, c.algorithm, now),
+                (Target::Overflow(g), Some((oh, _))) => {
+                    over_guards[g].verdict(*oh, c.algorithm, now)
+                }
+                _ => refused(c, now).verdict,
             })
             .collect();
         let admitted = !checks
@@ -255,17 +276,18 @@ impl Table {
             .iter()
             .zip(targets)
             .zip(verdicts)
-            .map(|((c, t), verdict)| {
-                let (quota, overflowed) = match t {
-                    Target::Own(g) => (
-                        guards[g].record(c.key, c.algorithm, now, admitted, track),
+            .zip(located.iter().zip(&over_located))
+            .map(|(((c, t), verdict), (&(h, _), over))| {
+                let (quota, overflowed) = match (t, over) {
+                    (Target::Own(g), _) => (
+                        guards[g].record(h, c.key, c.algorithm, now, admitted, track),
                         false,
                     ),
-                    Target::Overflow(g) => (
-                        over_guards[g].record(c.overflow, c.algorithm, now, admitted, false),
+                    (Target::Overflow(g), Some((oh, _))) => (
+                        over_guards[g].record(*oh, c.overflow, c.algorithm, now, admitted, false),
                         true,
                     ),
-                    Target::Refused => return refused(c, now),
+                    _ => return refused(c, now),
                 };
                 Outcome {
                     verdict,
@@ -277,24 +299,23 @@ impl Table {
             .collect()
     }
 
-    /// Makes sure `key` has an entry in `shard`, pinned until recorded;
-    /// false when the shard is full and nothing in it rests.
+    /// Makes sure the check's key has an entry in `shard`, pinned until
+    /// recorded; false when the shard is full and nothing in it rests.
     fn place(
         &self,
         shard: &mut Shard,
         index: usize,
-        key: &str,
-        algorithm: &Algorithm,
+        h: KeyHash,
+        c: &Check<'_>,
         now: Nanos,
     ) -> bool {
-        if let Some(e) = shard.map.get_mut(key) {
-            e.pinned = true;
+        if shard.pin(h) {
             return true;
         }
         if !self.make_room(shard, index, now) {
             return false;
         }
-        shard.insert_pinned(key, algorithm);
+        shard.insert_pinned(h, c.key, c.algorithm);
         true
     }
 
@@ -303,23 +324,22 @@ impl Table {
         if shard.map.len() < self.cap(index) {
             return true;
         }
-        let evicted = shard.sweep(now, self.track_changes);
+        let evicted = shard.sweep(now, SWEEP_GAP, self.track_changes);
         self.counters
             .evicted
             .fetch_add(evicted as u64, Ordering::Relaxed);
         shard.map.len() < self.cap(index)
     }
 
-    /// [`Table::place`] for the check's overflow key, within [`OVERFLOW_SLOTS`].
-    fn place_overflow(&self, shard: &mut Shard, c: &Check<'_>, now: Nanos) -> bool {
-        if let Some(e) = shard.map.get_mut(c.overflow) {
-            e.pinned = true;
+    /// [`Table::place`] for the check's overflow key (hashed `oh`), within [`OVERFLOW_SLOTS`].
+    fn place_overflow(&self, shard: &mut Shard, c: &Check<'_>, oh: KeyHash, now: Nanos) -> bool {
+        if shard.pin(oh) {
             self.counters.overflowed.fetch_add(1, Ordering::Relaxed);
             return true;
         }
         let mut room = self.take_overflow_slot();
         if !room {
-            let evicted = shard.sweep(now, false);
+            let evicted = shard.sweep(now, SWEEP_GAP, false);
             if evicted > 0 {
                 self.overflow_len.fetch_sub(evicted, Ordering::Relaxed);
                 self.counters
@@ -332,7 +352,7 @@ impl Table {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        shard.insert_pinned(c.overflow, c.algorithm);
+        shard.insert_pinned(oh, c.overflow, c.algorithm);
         self.counters.overflowed.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -347,51 +367,37 @@ impl Table {
 
     /// The quota `key` has now, without counting anything.
     pub fn peek(&self, key: &str, algorithm: &Algorithm, now: Nanos) -> Quota {
-        let shard = self.shards[self.shard_of(key)].lock();
-        match shard.map.get(key) {
-            Some(e) if usable(e, algorithm) => algorithm.quota(&e.state, now),
-            _ => algorithm.quota(&algorithm.fresh_state(), now),
-        }
+        let (h, s) = self.locate(key);
+        self.shards[s].lock().quota(h, algorithm, now)
     }
 
     /// An admitted request finished or left (see [`crate::limiter::Rule::release`]).
     /// `key` is the key the check was counted on: its own, or its limiter's
     /// overflow key when [`Outcome::overflowed`] said so.
     pub fn release(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
-        let s = self.shard_of(key);
+        let (h, s) = self.locate(key);
         let track = self.track_changes;
         if self.shards[s]
             .lock()
-            .release(key, algorithm, ticket, now, track)
+            .release(h, key, algorithm, ticket, now, track)
         {
             return;
         }
         // Overflow keys are never persisted.
         self.overflow[s]
             .lock()
-            .release(key, algorithm, ticket, now, false);
+            .release(h, key, algorithm, ticket, now, false);
     }
 
     /// `count:` — gives back the unit a request took (see [`Algorithm::refund`]).
     /// A request counted on an overflow key (the table was full) is not
     /// refunded: the shared count stays the stricter one.
     pub fn refund(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
-        let mut shard = self.shards[self.shard_of(key)].lock();
+        let (h, s) = self.locate(key);
         let track = self.track_changes;
-        let Shard {
-            map,
-            changed,
-            next_rest,
-            ..
-        } = &mut *shard;
-        if let Some(e) = map.get_mut(key) {
-            if usable(e, algorithm) {
-                algorithm.refund(&mut e.state, ticket, now);
-                e.rests_at = algorithm.rests_at(&e.state);
-                *next_rest = (*next_rest).min(e.rests_at);
-                mark(e, key, changed, track);
-            }
-        }
+        self.shards[s]
+            .lock()
+            .refund(h, key, algorithm, ticket, now, track);
     }
 
     /// Puts loaded state in place (start-up), without marking it changed.
@@ -399,46 +405,29 @@ impl Table {
     /// fit is dropped: both are deleted from the file with the next write, so
     /// the file never holds a key the table does not. Returns whether it was kept.
     pub fn load(&self, key: &str, state: State, shape: u32, rests_at: Nanos, now: Nanos) -> bool {
-        let s = self.shard_of(key);
+        let (h, s) = self.locate(key);
         let mut shard = self.shards[s].lock();
-        let fits = shard.map.contains_key(key) || shard.map.len() < self.cap(s);
+        let fits = shard.map.contains_key(&h) || shard.map.len() < self.cap(s);
         if rests_at <= now || !fits {
             if self.track_changes {
                 shard.changed.push(key.into());
             }
             return false;
         }
-        shard.next_rest = shard.next_rest.min(rests_at);
-        shard.map.insert(
-            key.into(),
-            Entry {
-                state,
-                shape,
-                rests_at,
-                changed: false,
-                pinned: false,
-            },
-        );
+        shard.load(h, key, state, shape, rests_at);
         true
     }
 
-    /// Forgets every key for which `doomed` says so (given the instant its
-    /// state rests); returns how many.
-    /// With `persist`, the writer also deletes them from the file (a reset);
-    /// without, only memory forgets (expiry: the writer prunes the file by
-    /// time on its own, and a million one-off clients expiring at once must
-    /// not turn into a million queued deletions).
-    pub fn remove_where(
-        &self,
-        persist: bool,
-        mut doomed: impl FnMut(&str, Nanos) -> bool,
-    ) -> usize {
+    /// Forgets every key for which `doomed` says so (given its limiter's name
+    /// and the instant its state rests); returns how many. Memory only: the
+    /// writer prunes the file by time and by limiter on its own, and a
+    /// million one-off clients expiring at once must not turn into a million
+    /// queued deletions.
+    pub fn remove_where(&self, mut doomed: impl FnMut(&str, Nanos) -> bool) -> usize {
         let mut removed = 0;
         for (set, overflow) in [(&self.shards, false), (&self.overflow, true)] {
             for shard in set.iter() {
-                let mut shard = shard.lock();
-                let gone =
-                    shard.remove_where(self.track_changes && persist && !overflow, &mut doomed);
+                let gone = shard.lock().remove_where(&mut doomed);
                 if overflow {
                     self.overflow_len.fetch_sub(gone, Ordering::Relaxed);
                 }
@@ -448,24 +437,62 @@ impl Table {
         removed
     }
 
+    /// Forgets these keys (admin reset), and the writer deletes them from the
+    /// file; returns how many were held.
+    pub fn remove_keys(&self, keys: &[String]) -> usize {
+        let mut removed = 0;
+        for key in keys {
+            let (h, s) = self.locate(key);
+            if self.shards[s].lock().remove(h, key, self.track_changes) {
+                removed += 1;
+            } else if self.overflow[s].lock().remove(h, key, false) {
+                self.overflow_len.fetch_sub(1, Ordering::Relaxed);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Whether memory holds state for `key` (overflow keys aside: never persisted).
+    pub fn holds(&self, key: &str) -> bool {
+        let (h, s) = self.locate(key);
+        self.shards[s].lock().map.contains_key(&h)
+    }
+
     /// Takes what changed since the last call, for the writer to persist.
     pub fn take_changes(&self) -> Vec<Change> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            let Shard { map, changed, .. } = &mut *shard;
-            for key in changed.drain(..) {
-                let state = map.get_mut(&key).map(|e| {
+            let changed = std::mem::take(&mut shard.changed);
+            for key in changed {
+                let state = shard.map.get_mut(&self.hasher.hash(&key)).map(|e| {
                     e.changed = false;
                     (e.state.clone(), e.shape, e.rests_at)
                 });
                 out.push(Change { key, state });
             }
-            if changed.capacity() > 1024 {
-                changed.shrink_to(64);
+        }
+        out
+    }
+
+    /// Takes the rows forgotten at rest since the last call (see [`Forgotten`]).
+    pub fn take_forgotten(&self) -> Vec<Forgotten> {
+        let mut out: Vec<Forgotten> = Vec::new();
+        for shard in self.shards.iter() {
+            for f in shard.lock().forgotten.drain(..) {
+                note_rows(&mut out, &f.limiter, f.rows);
             }
         }
         out
+    }
+
+    /// Hands back forgotten rows the writer could not delete, for the next flush.
+    pub fn restore_forgotten(&self, forgotten: Vec<Forgotten>) {
+        let mut shard = self.shards[0].lock();
+        for f in forgotten {
+            note_rows(&mut shard.forgotten, &f.limiter, f.rows);
+        }
     }
 
     /// Hands back keys whose change the writer could not persist, so the next
@@ -480,36 +507,23 @@ impl Table {
                 given_up += 1;
                 continue;
             }
-            let mut shard = self.shards[self.shard_of(&key)].lock();
-            let Shard { map, changed, .. } = &mut *shard;
-            match map.get_mut(&*key) {
-                Some(e) if e.changed => {}
-                Some(e) => {
-                    e.changed = true;
-                    changed.push(key);
-                }
-                None => changed.push(key),
-            }
+            let (h, s) = self.locate(&key);
+            self.shards[s].lock().requeue(h, key, true);
             queued += 1;
         }
         (queued, given_up)
     }
 
-    /// Marks every live key changed (the file was replaced: write it all again); returns how many.
-    pub fn requeue_all(&self) -> usize {
-        let mut marked = 0;
-        for shard in self.shards.iter() {
-            let mut shard = shard.lock();
-            let Shard { map, changed, .. } = &mut *shard;
-            for (key, e) in map.iter_mut() {
-                if !e.changed {
-                    e.changed = true;
-                    changed.push(key.clone());
-                }
-                marked += 1;
-            }
+    /// Marks these keys changed where memory still holds them (the file was
+    /// replaced: the writer names the keys the old one held, and this writes
+    /// them all again); returns how many are held.
+    pub fn requeue_held(&self, keys: impl IntoIterator<Item = Box<str>>) -> usize {
+        let mut held = 0;
+        for key in keys {
+            let (h, s) = self.locate(&key);
+            held += usize::from(self.shards[s].lock().requeue(h, key, false));
         }
-        marked
+        held
     }
 
     /// Keys held, overflow keys included; never more than `max_keys`.
@@ -523,17 +537,32 @@ impl Table {
     }
 
     /// Live keys of the limiter `limiter` (its overflow key included), for tests and status.
-    pub fn keys_of(&self, limiter: &str) -> HashSet<String> {
-        let mut out = HashSet::new();
-        for shard in self.shards.iter().chain(self.overflow.iter()) {
-            for k in shard.lock().map.keys() {
-                if crate::key::limiter_of(k) == limiter {
-                    out.insert(k.to_string());
-                }
-            }
-        }
-        out
+    pub fn count_of(&self, limiter: &str) -> usize {
+        self.shards
+            .iter()
+            .chain(self.overflow.iter())
+            .map(|s| s.lock().count_of(limiter))
+            .sum()
     }
+}
+
+/// Adds `rows` of `limiter` to `list`, merged with what is there (a sweep
+/// forgets many keys of few windows).
+fn note_rows(list: &mut Vec<Forgotten>, limiter: &str, rows: Rows) {
+    for have in list.iter_mut().filter(|h| &*h.limiter == limiter) {
+        match (&mut have.rows, rows) {
+            (Rows::Window(a), Rows::Window(b)) if *a == b => return,
+            (Rows::ExpiredBy(a), Rows::ExpiredBy(b)) => {
+                *a = (*a).max(b);
+                return;
+            }
+            _ => {}
+        }
+    }
+    list.push(Forgotten {
+        limiter: limiter.into(),
+        rows,
+    });
 }
 
 /// The answer when a check cannot be counted anywhere: refuse, never admit
@@ -560,229 +589,6 @@ impl Outcome {
             overflowed: true,
             ..self
         }
-    }
-}
-
-/// State built under another shape (a reload changed the window or the
-/// algorithm) no longer means anything: the limiter starts afresh for the key.
-fn usable(e: &Entry, algorithm: &Algorithm) -> bool {
-    algorithm.fits(&e.state) && (e.shape == 0 || e.shape == algorithm.shape().fingerprint())
-}
-
-fn mark(e: &mut Entry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
-    if track && !e.changed {
-        e.changed = true;
-        changed.push(key.into());
-    }
-}
-
-fn fresh_entry(algorithm: &Algorithm) -> Entry {
-    Entry {
-        state: algorithm.fresh_state(),
-        shape: algorithm.shape().fingerprint(),
-        rests_at: 0,
-        changed: false,
-        pinned: false,
-    }
-}
-
-fn decide_entry(
-    e: &mut Entry,
-    c: &Check<'_>,
-    now: Nanos,
-    changed: &mut Vec<Box<str>>,
-    next_rest: &mut Nanos,
-    track: bool,
-) -> Outcome {
-    let verdict = if usable(e, c.algorithm) {
-        c.algorithm.check(&e.state, now)
-    } else {
-        c.algorithm.check(&c.algorithm.fresh_state(), now)
-    };
-    let admitted = !verdict.is_deny() || c.shadow;
-    let quota = record_entry(
-        e,
-        c.key,
-        c.algorithm,
-        now,
-        admitted,
-        changed,
-        next_rest,
-        track,
-    );
-    Outcome {
-        verdict,
-        quota,
-        at: now,
-        overflowed: false,
-    }
-}
-
-#[allow(clippy::too_many_arguments)] // the split borrows of one shard
-fn record_entry(
-    e: &mut Entry,
-    key: &str,
-    algorithm: &Algorithm,
-    now: Nanos,
-    admitted: bool,
-    changed: &mut Vec<Box<str>>,
-    next_rest: &mut Nanos,
-    track: bool,
-) -> Quota {
-    if !usable(e, algorithm) {
-        e.state = algorithm.fresh_state();
-    }
-    e.shape = algorithm.shape().fingerprint();
-    algorithm.record(&mut e.state, now, admitted);
-    e.rests_at = algorithm.rests_at(&e.state);
-    e.pinned = false;
-    *next_rest = (*next_rest).min(e.rests_at);
-    mark(e, key, changed, track);
-    algorithm.quota(&e.state, now)
-}
-
-impl Shard {
-    fn insert_pinned(&mut self, key: &str, algorithm: &Algorithm) {
-        self.map.insert(
-            key.into(),
-            Entry {
-                state: algorithm.fresh_state(),
-                shape: algorithm.shape().fingerprint(),
-                rests_at: 0,
-                changed: false,
-                pinned: true,
-            },
-        );
-    }
-
-    fn verdict(&self, key: &str, algorithm: &Algorithm, now: Nanos) -> Verdict {
-        match self.map.get(key) {
-            Some(e) if usable(e, algorithm) => algorithm.check(&e.state, now),
-            _ => algorithm.check(&algorithm.fresh_state(), now),
-        }
-    }
-
-    fn record(
-        &mut self,
-        key: &str,
-        algorithm: &Algorithm,
-        now: Nanos,
-        admitted: bool,
-        track: bool,
-    ) -> Quota {
-        let Shard {
-            map,
-            changed,
-            next_rest,
-            ..
-        } = self;
-        let e = match map.get_mut(key) {
-            Some(e) => e,
-            // Placed before; only a caller that skipped `place` gets here.
-            None => match map.entry(key.into()) {
-                MapEntry::Vacant(v) => v.insert(fresh_entry(algorithm)),
-                MapEntry::Occupied(_) => unreachable!("looked up above under the same lock"),
-            },
-        };
-        record_entry(e, key, algorithm, now, admitted, changed, next_rest, track)
-    }
-
-    /// One limiter alone on a key already here: one lookup, the common case.
-    fn decide_present(&mut self, c: &Check<'_>, now: Nanos, track: bool) -> Option<Outcome> {
-        let Shard {
-            map,
-            changed,
-            next_rest,
-            ..
-        } = self;
-        let e = map.get_mut(c.key)?;
-        Some(decide_entry(e, c, now, changed, next_rest, track))
-    }
-
-    /// One limiter alone on a key not here yet (room was made for it).
-    fn decide_new(&mut self, c: &Check<'_>, now: Nanos, track: bool) -> Outcome {
-        let Shard {
-            map,
-            changed,
-            next_rest,
-            ..
-        } = self;
-        let e = map
-            .entry(c.key.into())
-            .or_insert_with(|| fresh_entry(c.algorithm));
-        decide_entry(e, c, now, changed, next_rest, track)
-    }
-
-    /// Whether `key` was here (and released).
-    fn release(
-        &mut self,
-        key: &str,
-        algorithm: &Algorithm,
-        ticket: Nanos,
-        now: Nanos,
-        track: bool,
-    ) -> bool {
-        let Shard {
-            map,
-            changed,
-            next_rest,
-            ..
-        } = self;
-        let Some(e) = map.get_mut(key) else {
-            return false;
-        };
-        if algorithm.fits(&e.state) {
-            algorithm.release(&mut e.state, ticket, now);
-            e.rests_at = algorithm.rests_at(&e.state);
-            *next_rest = (*next_rest).min(e.rests_at);
-            mark(e, key, changed, track);
-        }
-        true
-    }
-
-    /// Forgets every entry at rest at `now`; returns how many. Skipped when
-    /// nothing can rest yet, or a sweep ran less than [`SWEEP_GAP`] ago.
-    fn sweep(&mut self, now: Nanos, track: bool) -> usize {
-        let recent = self
-            .last_sweep
-            .is_some_and(|t| now.saturating_sub(t) < SWEEP_GAP);
-        if now < self.next_rest || recent {
-            return 0;
-        }
-        self.last_sweep = Some(now);
-        let mut next_rest = Nanos::MAX;
-        let removed = self.remove_where(track, |_, rests_at| {
-            if rests_at <= now {
-                return true;
-            }
-            next_rest = next_rest.min(rests_at);
-            false
-        });
-        self.next_rest = next_rest;
-        removed
-    }
-
-    /// Forgets what `doomed` names; with `persist`, queues each for deletion from the file.
-    fn remove_where(
-        &mut self,
-        persist: bool,
-        mut doomed: impl FnMut(&str, Nanos) -> bool,
-    ) -> usize {
-        let Shard { map, changed, .. } = self;
-        let before = map.len();
-        map.retain(|k, e| {
-            let gone = !e.pinned && doomed(k, e.rests_at);
-            if gone && persist && !e.changed {
-                // A key already queued is deleted when the writer finds it gone.
-                changed.push(k.clone());
-            }
-            !gone
-        });
-        if map.capacity() > 64 && map.len() < map.capacity() / 4 {
-            // Give memory back after a wave of one-off clients expired.
-            map.shrink_to(map.len() * 2);
-        }
-        before - map.len()
     }
 }
 

@@ -298,9 +298,7 @@ impl Store {
     /// Forgets these keys everywhere, bans included (admin `DELETE /status`);
     /// returns how many counters and bans existed.
     pub async fn reset(&self, keys: &[String]) -> Result<usize, StoreError> {
-        let local = self
-            .table
-            .remove_where(true, |k, _| keys.iter().any(|x| x == k));
+        let local = self.table.remove_keys(keys);
         let lifted = self.bans.lift(keys);
         match &self.redis {
             Some(r) => {
@@ -329,8 +327,8 @@ impl Store {
                 _ => (l.name.as_str(), 0),
             })
             .collect();
-        let removed = self.table.remove_where(false, |key, rests_at| {
-            live.get(crate::key::limiter_of(key))
+        let removed = self.table.remove_where(|limiter, rests_at| {
+            live.get(limiter)
                 .is_none_or(|linger| rests_at.saturating_add(*linger) <= now)
         });
         self.bans.sweep(now);

@@ -160,6 +160,8 @@ impl Sqlite {
             audit_dropped: audit_dropped.clone(),
             failures: 0,
             disk_full: false,
+            orphans: Vec::new(),
+            forgotten_checked: std::time::Instant::now(),
         };
         let interval = options.flush_interval;
         let thread = std::thread::Builder::new()

@@ -326,7 +326,7 @@ fn the_file_shrinks_back_after_a_key_flood_expires_and_is_pruned() {
     assert!(flooded > 2_000_000, "the flood is on disk: {flooded} bytes");
     // Two windows later every key has expired.
     let later = NOW + 3 * window;
-    table.remove_where(false, |_, expires_at| expires_at <= later);
+    table.remove_where(|_, expires_at| expires_at <= later);
     db.prune(later, &limiters, None);
     db.flush().unwrap(); // after the prune, in order
     let after = file_bytes(&path);

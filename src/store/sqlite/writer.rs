@@ -6,11 +6,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, Transaction};
 
 use super::super::ban::{self, BanChange, Bans};
 use super::super::durability::{backoff, Durability, Unsaved};
-use super::super::memory::{Change, Table};
+use super::super::memory::{Change, Forgotten, Rows, Table};
 use super::schema::{connect, encode, file_identity};
 use super::{AuditBuffer, AuditRow, Msg, PrunePlan, WriterOptions, AUDIT_QUEUE};
 use crate::clock::iso8601;
@@ -19,6 +19,11 @@ use crate::limiter::{Nanos, State, NANOS_PER_SEC};
 /// Keys per transaction when the last save before exit retries a batch the
 /// disk refused: a nearly full disk may still take a small one.
 const FINAL_SAVE_CHUNK: usize = 256;
+
+/// How often a timed flush looks for the rows of keys memory forgot at rest
+/// (each look reads the forgotten windows' rows from the file); an
+/// explicit flush and the last save always look.
+const FORGOTTEN_GAP: Duration = Duration::from_secs(1);
 
 pub(super) struct Writer {
     /// `None` while the file is gone and cannot be made again.
@@ -37,6 +42,11 @@ pub(super) struct Writer {
     pub(super) failures: u32,
     /// The last failure was the disk refusing to grow (`SQLITE_FULL`).
     pub(super) disk_full: bool,
+    /// Keys the file held when it was deleted or replaced under us, until a
+    /// new file is open to write their live state to.
+    pub(super) orphans: Vec<Box<str>>,
+    /// When the writer last deleted the rows of keys forgotten at rest.
+    pub(super) forgotten_checked: Instant,
 }
 
 impl Writer {
@@ -46,7 +56,7 @@ impl Writer {
             let wait = next_flush.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
                 Ok(Msg::Flush(ack)) => {
-                    let _ = ack.send(self.flush());
+                    let _ = ack.send(self.attempt(self.options.max_unsaved, true));
                 }
                 Ok(Msg::Prune(plan)) => {
                     if let Err(e) = self.prune(&plan) {
@@ -71,13 +81,21 @@ impl Writer {
     }
 
     fn flush(&mut self) -> Result<(), String> {
-        self.attempt(self.options.max_unsaved)
+        let due = self.forgotten_checked.elapsed() >= FORGOTTEN_GAP;
+        self.attempt(self.options.max_unsaved, due)
     }
 
-    /// One flush; on failure, at most `cap` keys wait for the retry.
-    fn attempt(&mut self, cap: usize) -> Result<(), String> {
+    /// One flush; on failure, at most `cap` keys wait for the retry. With
+    /// `forgotten`, also deletes the rows of keys forgotten at rest.
+    fn attempt(&mut self, cap: usize, forgotten: bool) -> Result<(), String> {
         let file = self.reopen_if_moved();
         let changes = self.table.take_changes();
+        let forgotten = if forgotten {
+            self.forgotten_checked = Instant::now();
+            self.table.take_forgotten()
+        } else {
+            Vec::new()
+        };
         let ban_changes = self.bans.take_changes();
         {
             let mut buffer = self.audit_buffer.lock();
@@ -87,12 +105,25 @@ impl Writer {
                 self.audit.append(&mut buffer);
             }
         }
-        if changes.is_empty() && ban_changes.is_empty() && self.audit.is_empty() && file.is_ok() {
+        if changes.is_empty()
+            && forgotten.is_empty()
+            && ban_changes.is_empty()
+            && self.audit.is_empty()
+            && file.is_ok()
+        {
             return Ok(());
         }
         let result = file.and_then(|()| {
             let conn = self.conn.as_mut().expect("open after reopen_if_moved");
-            write(conn, &changes, &ban_changes, &self.audit).map_err(|e| {
+            let table = &self.table;
+            write(
+                conn,
+                &changes,
+                (&forgotten, table),
+                &ban_changes,
+                &self.audit,
+            )
+            .map_err(|e| {
                 self.disk_full = e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull);
                 e.to_string()
             })
@@ -100,6 +131,7 @@ impl Writer {
         if result.is_err() {
             // Bans are few and must not be lost: the next flush tries again.
             self.bans.restore(ban_changes);
+            self.table.restore_forgotten(forgotten);
         }
         match result {
             Ok(()) => {
@@ -162,6 +194,15 @@ impl Writer {
                     path = %self.path.display(),
                     "the SQLite file was {what} under the running process; opening it again and writing every live counter to it"
                 );
+                // The table keeps no key text: the old file names the keys
+                // to write again (those memory still holds).
+                match stored_keys(&old) {
+                    Ok(keys) => self.orphans.extend(keys),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot read the keys the old SQLite file held: only keys that change from now on reach the new one"
+                    ),
+                }
                 // Closed first: closing deletes `<file>-wal` by name, which
                 // must not be the new file's.
                 let _ = old.close();
@@ -169,7 +210,7 @@ impl Writer {
             let conn = connect(&self.path, self.options.busy_timeout).map_err(|e| e.to_string())?;
             self.identity = file_identity(&self.path);
             self.conn = Some(conn);
-            let keys = self.table.requeue_all();
+            let keys = self.table.requeue_held(std::mem::take(&mut self.orphans));
             tracing::info!(path = %self.path.display(), keys, "SQLite file open again");
         }
         Ok(())
@@ -180,7 +221,7 @@ impl Writer {
     /// before audit rows. Returns what it could not write.
     fn final_save(&mut self) -> Unsaved {
         // No cap here: every key left must be either written or reported.
-        let Err(first) = self.attempt(usize::MAX) else {
+        let Err(first) = self.attempt(usize::MAX, true) else {
             return Unsaved::default();
         };
         let mut unsaved = Unsaved::default();
@@ -198,22 +239,23 @@ impl Writer {
             // missing file would make each chunk wait or fail the same way.
             let worth_trying = self.disk_full && refused_in_a_row < 3;
             match self.conn.as_mut() {
-                Some(conn) if worth_trying => match write(conn, chunk, &[], &[]) {
-                    Ok(()) => refused_in_a_row = 0,
-                    Err(_) => {
-                        refused_in_a_row += 1;
-                        note(&mut unsaved, chunk);
+                Some(conn) if worth_trying => {
+                    match write(conn, chunk, (&[], &self.table), &[], &[]) {
+                        Ok(()) => refused_in_a_row = 0,
+                        Err(_) => {
+                            refused_in_a_row += 1;
+                            note(&mut unsaved, chunk);
+                        }
                     }
-                },
+                }
                 _ => note(&mut unsaved, chunk),
             }
         }
         if !self.audit.is_empty() {
             let written = self.disk_full
-                && self
-                    .conn
-                    .as_mut()
-                    .is_some_and(|conn| write(conn, &[], &[], &self.audit).is_ok());
+                && self.conn.as_mut().is_some_and(|conn| {
+                    write(conn, &[], (&[], &self.table), &[], &self.audit).is_ok()
+                });
             if !written {
                 unsaved.audit_rows = self.audit.len();
             }
@@ -290,14 +332,58 @@ fn give_space_back(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Every key the file holds, for a new file to get their live state.
+fn stored_keys(conn: &Connection) -> rusqlite::Result<Vec<Box<str>>> {
+    let mut stmt =
+        conn.prepare("SELECT key FROM rate_limit_windows UNION SELECT key FROM limiter_state")?;
+    let keys = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    keys.map(|k| k.map(String::into_boxed_str)).collect()
+}
+
+/// The keys of the `forgotten` rows that memory does not hold: what the file
+/// must no longer keep.
+fn forgotten_keys(
+    tx: &Transaction<'_>,
+    forgotten: &[Forgotten],
+    table: &Table,
+) -> rusqlite::Result<Vec<String>> {
+    let mut keys = Vec::new();
+    for f in forgotten {
+        let (from, to) = (format!("{}:", f.limiter), format!("{};", f.limiter));
+        let (sql, bound) = match f.rows {
+            Rows::Window(start) => (
+                "SELECT key FROM rate_limit_windows WHERE key >= ?1 AND key < ?2 AND window_start = ?3",
+                rusqlite::types::Value::Text(iso8601(start / NANOS_PER_SEC)),
+            ),
+            Rows::ExpiredBy(at) => (
+                "SELECT key FROM limiter_state WHERE key >= ?1 AND key < ?2 AND expires_at <= ?3",
+                rusqlite::types::Value::Integer(at as i64),
+            ),
+        };
+        let mut stmt = tx.prepare_cached(sql)?;
+        let rows = stmt.query_map(params![from, to, bound], |r| r.get::<_, String>(0))?;
+        for key in rows {
+            let key = key?;
+            if !table.holds(&key) {
+                keys.push(key);
+            }
+        }
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys)
+}
+
 fn write(
     conn: &mut Connection,
     changes: &[Change],
+    (forgotten, table): (&[Forgotten], &Table),
     bans: &[BanChange],
     audit: &[AuditRow],
 ) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     ban::write(&tx, bans)?;
+    let gone = forgotten_keys(&tx, forgotten, table)?;
     {
         let mut upsert_window = tx.prepare_cached(
             "INSERT INTO rate_limit_windows (key, window_start, count) VALUES (?1, ?2, ?3)
@@ -311,6 +397,10 @@ fn write(
         let mut delete_windows =
             tx.prepare_cached("DELETE FROM rate_limit_windows WHERE key = ?1")?;
         let mut delete_state = tx.prepare_cached("DELETE FROM limiter_state WHERE key = ?1")?;
+        for key in &gone {
+            delete_windows.execute([key])?;
+            delete_state.execute([key])?;
+        }
         for c in changes {
             let key: &str = &c.key;
             match &c.state {

@@ -1,0 +1,439 @@
+//! One shard of the table: its entries by key hash, what changed for the writer, and the sweep that forgets state at rest.
+
+use std::collections::HashMap;
+
+use super::key_hash::{BuildPassThrough, KeyHash};
+use super::{note_rows, Forgotten, Rows};
+use crate::limiter::{Algorithm, Nanos, Quota, State, Verdict};
+use crate::store::{Check, Outcome};
+
+#[derive(Debug, Default)]
+pub(super) struct Shard {
+    pub(super) map: HashMap<KeyHash, Entry, BuildPassThrough>,
+    /// The names of the limiters with keys here; an entry holds its limiter's
+    /// index (prune finds a removed limiter's keys by name, and a key's text
+    /// is not kept).
+    limiters: Vec<Box<str>>,
+    /// Keys changed or removed since the writer last looked.
+    pub(super) changed: Vec<Box<str>>,
+    /// Rows of keys a sweep forgot at rest, for the writer to delete.
+    pub(super) forgotten: Vec<Forgotten>,
+    /// No entry rests before this (a lower bound: entries only move it down
+    /// when recorded, a sweep sets it exactly), so a full shard skips sweeps
+    /// that could not find anything.
+    next_rest: Nanos,
+    last_sweep: Option<Nanos>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    pub(super) state: State,
+    /// The fingerprint of the shape the state was built under; 0 = loaded
+    /// without one (kept). A fingerprint, not the shape: at a million keys
+    /// every byte of an entry is a megabyte.
+    pub(super) shape: u32,
+    /// From when the state is at rest (and can be forgotten).
+    pub(super) rests_at: Nanos,
+    /// Its limiter, an index into [`Shard::limiters`]. Fits beside the
+    /// flags: the entry stays 40 bytes.
+    limiter: u16,
+    pub(super) changed: bool,
+    /// Placed for a check that is not recorded yet: a sweep run for another
+    /// limiter of the same request must not take it away.
+    pinned: bool,
+}
+
+/// State built under another shape (a reload changed the window or the
+/// algorithm) no longer means anything: the limiter starts afresh for the key.
+fn usable(e: &Entry, algorithm: &Algorithm) -> bool {
+    algorithm.fits(&e.state) && (e.shape == 0 || e.shape == algorithm.shape().fingerprint())
+}
+
+fn mark(e: &mut Entry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
+    if track && !e.changed {
+        e.changed = true;
+        changed.push(key.into());
+    }
+}
+
+fn decide_entry(
+    e: &mut Entry,
+    c: &Check<'_>,
+    now: Nanos,
+    changed: &mut Vec<Box<str>>,
+    next_rest: &mut Nanos,
+    track: bool,
+) -> Outcome {
+    let verdict = if usable(e, c.algorithm) {
+        c.algorithm.check(&e.state, now)
+    } else {
+        c.algorithm.check(&c.algorithm.fresh_state(), now)
+    };
+    let admitted = !verdict.is_deny() || c.shadow;
+    let quota = record_entry(
+        e,
+        c.key,
+        c.algorithm,
+        now,
+        admitted,
+        changed,
+        next_rest,
+        track,
+    );
+    Outcome {
+        verdict,
+        quota,
+        at: now,
+        overflowed: false,
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the split borrows of one shard
+fn record_entry(
+    e: &mut Entry,
+    key: &str,
+    algorithm: &Algorithm,
+    now: Nanos,
+    admitted: bool,
+    changed: &mut Vec<Box<str>>,
+    next_rest: &mut Nanos,
+    track: bool,
+) -> Quota {
+    if !usable(e, algorithm) {
+        e.state = algorithm.fresh_state();
+    }
+    e.shape = algorithm.shape().fingerprint();
+    algorithm.record(&mut e.state, now, admitted);
+    e.rests_at = algorithm.rests_at(&e.state);
+    e.pinned = false;
+    *next_rest = (*next_rest).min(e.rests_at);
+    mark(e, key, changed, track);
+    algorithm.quota(&e.state, now)
+}
+
+/// Notes what the writer may delete for an entry forgotten at rest.
+fn note_forgotten(list: &mut Vec<Forgotten>, limiter: &str, e: &Entry) {
+    let rows = match &e.state {
+        State::FixedWindow(w) => Rows::Window(w.window_start),
+        State::Concurrency(_) => return, // never persisted
+        _ => Rows::ExpiredBy(e.rests_at),
+    };
+    note_rows(list, limiter, rows);
+}
+
+impl Shard {
+    /// The index of `key`'s limiter in this shard, added if new.
+    fn limiter_id(&mut self, key: &str) -> u16 {
+        let name = crate::key::limiter_of(key);
+        if let Some(i) = self.limiters.iter().position(|n| &**n == name) {
+            return i as u16;
+        }
+        if self.limiters.len() > usize::from(u16::MAX) {
+            // Only reloads that keep adding limiter names get here.
+            self.forget_unused_limiters();
+        }
+        self.limiters.push(name.into());
+        (self.limiters.len() - 1) as u16
+    }
+
+    fn forget_unused_limiters(&mut self) {
+        let mut used = vec![false; self.limiters.len()];
+        for e in self.map.values() {
+            used[usize::from(e.limiter)] = true;
+        }
+        let mut new_id = vec![0u16; self.limiters.len()];
+        let mut kept = Vec::new();
+        for (i, name) in std::mem::take(&mut self.limiters).into_iter().enumerate() {
+            if used[i] {
+                new_id[i] = kept.len() as u16;
+                kept.push(name);
+            }
+        }
+        for e in self.map.values_mut() {
+            e.limiter = new_id[usize::from(e.limiter)];
+        }
+        self.limiters = kept;
+    }
+
+    fn new_entry(&mut self, key: &str, algorithm: &Algorithm, pinned: bool) -> Entry {
+        Entry {
+            state: algorithm.fresh_state(),
+            shape: algorithm.shape().fingerprint(),
+            rests_at: 0,
+            limiter: self.limiter_id(key),
+            changed: false,
+            pinned,
+        }
+    }
+
+    pub(super) fn pin(&mut self, h: KeyHash) -> bool {
+        match self.map.get_mut(&h) {
+            Some(e) => {
+                e.pinned = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn insert_pinned(&mut self, h: KeyHash, key: &str, algorithm: &Algorithm) {
+        let e = self.new_entry(key, algorithm, true);
+        self.map.insert(h, e);
+    }
+
+    /// State read from the file at start.
+    pub(super) fn load(
+        &mut self,
+        h: KeyHash,
+        key: &str,
+        state: State,
+        shape: u32,
+        rests_at: Nanos,
+    ) {
+        self.next_rest = self.next_rest.min(rests_at);
+        let limiter = self.limiter_id(key);
+        self.map.insert(
+            h,
+            Entry {
+                state,
+                shape,
+                rests_at,
+                limiter,
+                changed: false,
+                pinned: false,
+            },
+        );
+    }
+
+    pub(super) fn quota(&self, h: KeyHash, algorithm: &Algorithm, now: Nanos) -> Quota {
+        match self.map.get(&h) {
+            Some(e) if usable(e, algorithm) => algorithm.quota(&e.state, now),
+            _ => algorithm.quota(&algorithm.fresh_state(), now),
+        }
+    }
+
+    pub(super) fn verdict(&self, h: KeyHash, algorithm: &Algorithm, now: Nanos) -> Verdict {
+        match self.map.get(&h) {
+            Some(e) if usable(e, algorithm) => algorithm.check(&e.state, now),
+            _ => algorithm.check(&algorithm.fresh_state(), now),
+        }
+    }
+
+    pub(super) fn record(
+        &mut self,
+        h: KeyHash,
+        key: &str,
+        algorithm: &Algorithm,
+        now: Nanos,
+        admitted: bool,
+        track: bool,
+    ) -> Quota {
+        if !self.map.contains_key(&h) {
+            // Placed before; only a caller that skipped `place` gets here.
+            let e = self.new_entry(key, algorithm, false);
+            self.map.insert(h, e);
+        }
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = self;
+        let e = map.get_mut(&h).expect("inserted above under the same lock");
+        record_entry(e, key, algorithm, now, admitted, changed, next_rest, track)
+    }
+
+    /// One limiter alone on a key already here: one lookup, the common case.
+    pub(super) fn decide_present(
+        &mut self,
+        c: &Check<'_>,
+        h: KeyHash,
+        now: Nanos,
+        track: bool,
+    ) -> Option<Outcome> {
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = self;
+        let e = map.get_mut(&h)?;
+        Some(decide_entry(e, c, now, changed, next_rest, track))
+    }
+
+    /// One limiter alone on a key not here yet (room was made for it).
+    pub(super) fn decide_new(
+        &mut self,
+        c: &Check<'_>,
+        h: KeyHash,
+        now: Nanos,
+        track: bool,
+    ) -> Outcome {
+        let e = self.new_entry(c.key, c.algorithm, false);
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = self;
+        let e = map.entry(h).or_insert(e);
+        decide_entry(e, c, now, changed, next_rest, track)
+    }
+
+    /// Whether `key` was here (and released).
+    pub(super) fn release(
+        &mut self,
+        h: KeyHash,
+        key: &str,
+        algorithm: &Algorithm,
+        ticket: Nanos,
+        now: Nanos,
+        track: bool,
+    ) -> bool {
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = self;
+        let Some(e) = map.get_mut(&h) else {
+            return false;
+        };
+        if algorithm.fits(&e.state) {
+            algorithm.release(&mut e.state, ticket, now);
+            e.rests_at = algorithm.rests_at(&e.state);
+            *next_rest = (*next_rest).min(e.rests_at);
+            mark(e, key, changed, track);
+        }
+        true
+    }
+
+    pub(super) fn refund(
+        &mut self,
+        h: KeyHash,
+        key: &str,
+        algorithm: &Algorithm,
+        ticket: Nanos,
+        now: Nanos,
+        track: bool,
+    ) {
+        let Shard {
+            map,
+            changed,
+            next_rest,
+            ..
+        } = self;
+        if let Some(e) = map.get_mut(&h) {
+            if usable(e, algorithm) {
+                algorithm.refund(&mut e.state, ticket, now);
+                e.rests_at = algorithm.rests_at(&e.state);
+                *next_rest = (*next_rest).min(e.rests_at);
+                mark(e, key, changed, track);
+            }
+        }
+    }
+
+    /// Marks `key` changed again (the writer could not save it, or the file
+    /// needs it again); a key gone is queued as a deletion only with `gone_too`.
+    /// Returns whether memory holds it.
+    pub(super) fn requeue(&mut self, h: KeyHash, key: Box<str>, gone_too: bool) -> bool {
+        let Shard { map, changed, .. } = self;
+        match map.get_mut(&h) {
+            Some(e) if e.changed => true,
+            Some(e) => {
+                e.changed = true;
+                changed.push(key);
+                true
+            }
+            None => {
+                if gone_too {
+                    changed.push(key);
+                }
+                false
+            }
+        }
+    }
+
+    /// Forgets `key` (admin reset); with `persist`, queues it for deletion from the file.
+    pub(super) fn remove(&mut self, h: KeyHash, key: &str, persist: bool) -> bool {
+        match self.map.get(&h) {
+            Some(e) if !e.pinned => {
+                if persist && !e.changed {
+                    // A key already queued is deleted when the writer finds it gone.
+                    self.changed.push(key.into());
+                }
+                self.map.remove(&h);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Keys of the limiter `limiter` here.
+    pub(super) fn count_of(&self, limiter: &str) -> usize {
+        match self.limiters.iter().position(|n| &**n == limiter) {
+            Some(id) => self
+                .map
+                .values()
+                .filter(|e| usize::from(e.limiter) == id)
+                .count(),
+            None => 0,
+        }
+    }
+
+    /// Forgets every entry at rest at `now`; returns how many. Skipped when
+    /// nothing can rest yet, or a sweep ran less than `gap` ago. With
+    /// `track`, notes the rows the writer may delete.
+    pub(super) fn sweep(&mut self, now: Nanos, gap: Nanos, track: bool) -> usize {
+        let recent = self.last_sweep.is_some_and(|t| now.saturating_sub(t) < gap);
+        if now < self.next_rest || recent {
+            return 0;
+        }
+        self.last_sweep = Some(now);
+        let mut next_rest = Nanos::MAX;
+        let Shard {
+            map,
+            limiters,
+            forgotten,
+            ..
+        } = self;
+        let before = map.len();
+        map.retain(|_, e| {
+            if e.pinned {
+                return true;
+            }
+            if e.rests_at > now {
+                next_rest = next_rest.min(e.rests_at);
+                return true;
+            }
+            if track && !e.changed {
+                // A key already queued is deleted when the writer finds it gone.
+                note_forgotten(forgotten, &limiters[usize::from(e.limiter)], e);
+            }
+            false
+        });
+        self.next_rest = next_rest;
+        let removed = before - self.map.len();
+        self.give_back();
+        removed
+    }
+
+    /// Forgets what `doomed` names (given its limiter and when it rests), in
+    /// memory only: expiry and removed limiters, which the writer prunes from
+    /// the file on its own.
+    pub(super) fn remove_where(&mut self, mut doomed: impl FnMut(&str, Nanos) -> bool) -> usize {
+        let Shard { map, limiters, .. } = self;
+        let before = map.len();
+        map.retain(|_, e| e.pinned || !doomed(&limiters[usize::from(e.limiter)], e.rests_at));
+        let removed = before - self.map.len();
+        self.give_back();
+        removed
+    }
+
+    /// Gives memory back after a wave of one-off clients left.
+    fn give_back(&mut self) {
+        if self.map.capacity() > 64 && self.map.len() < self.map.capacity() / 4 {
+            self.map.shrink_to(self.map.len() * 2);
+        }
+    }
+}
