@@ -665,7 +665,8 @@ fn rate_limit_headers(
             })
             .collect();
         let sets = snap.config.routes[index].rate_limit_headers;
-        set_rate_limit_headers(resp.headers_mut(), &views, l.at, sets);
+        let cache = &snap.routes[index].policy;
+        set_rate_limit_headers(resp.headers_mut(), &views, l.at, sets, cache);
     }
 }
 

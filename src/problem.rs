@@ -455,6 +455,7 @@ mod tests {
             ],
             now,
             HeaderSets::Both,
+            &crate::reject::PolicyCache::default(),
         );
         assert_eq!(h["x-ratelimit-limit"], "5");
         assert_eq!(h["x-ratelimit-remaining"], "2");

@@ -108,6 +108,7 @@ pub fn set_rate_limit_headers(
     views: &[LimitView<'_>],
     now: Nanos,
     sets: HeaderSets,
+    cache: &PolicyCache,
 ) {
     let Some(tightest) = views.iter().min_by(|a, b| {
         a.quota
@@ -130,6 +131,63 @@ pub fn set_rate_limit_headers(
         return;
     }
 
+    if let Some(v) = cache.get(views) {
+        headers.insert(RATELIMIT_POLICY, v);
+    } else if let Some(v) = policy_value(views) {
+        cache.keep(views, &v);
+        headers.insert(RATELIMIT_POLICY, v);
+    }
+    let mut current = Vec::with_capacity(tightest.name.len() + 48);
+    quoted(&mut current, tightest.name);
+    current.extend_from_slice(b";r=");
+    push_u64(&mut current, q.remaining);
+    current.extend_from_slice(b";t=");
+    push_u64(&mut current, ceil_secs(q.reset_after));
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
+        headers.insert(RATELIMIT, v);
+    }
+}
+
+/// A route's `RateLimit-Policy` value, kept from its first limited response
+/// and reused while the same limiters report the same quotas: the field
+/// changes only with the config (a reload builds a new route, so a new
+/// cache) or with a per-key override (whose quotas differ: it is then
+/// written afresh, and the kept value stays the first one's).
+#[derive(Debug, Default)]
+pub struct PolicyCache(std::sync::OnceLock<(Vec<PolicyItem>, HeaderValue)>);
+
+#[derive(Debug)]
+struct PolicyItem {
+    name: Box<str>,
+    limit: u64,
+    window: Option<Nanos>,
+}
+
+impl PolicyCache {
+    fn get(&self, views: &[LimitView<'_>]) -> Option<HeaderValue> {
+        let (items, value) = self.0.get()?;
+        let same = items.len() == views.len()
+            && items.iter().zip(views).all(|(i, v)| {
+                i.limit == v.quota.limit && i.window == v.quota.window && *i.name == *v.name
+            });
+        same.then(|| value.clone())
+    }
+
+    fn keep(&self, views: &[LimitView<'_>], value: &HeaderValue) {
+        let items = views
+            .iter()
+            .map(|v| PolicyItem {
+                name: v.name.into(),
+                limit: v.quota.limit,
+                window: v.quota.window,
+            })
+            .collect();
+        let _ = self.0.set((items, value.clone()));
+    }
+}
+
+/// `"name";q=limit;w=window` for each limiter, comma separated.
+fn policy_value(views: &[LimitView<'_>]) -> Option<HeaderValue> {
     let names: usize = views.iter().map(|v| v.name.len() + 32).sum();
     let mut policy = Vec::with_capacity(names);
     for (i, v) in views.iter().enumerate() {
@@ -146,18 +204,7 @@ pub fn set_rate_limit_headers(
     }
     // A name a header cannot carry leaves the field out (as before: names are
     // the config's, validated, so this does not happen in practice).
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(policy)) {
-        headers.insert(RATELIMIT_POLICY, v);
-    }
-    let mut current = Vec::with_capacity(tightest.name.len() + 48);
-    quoted(&mut current, tightest.name);
-    current.extend_from_slice(b";r=");
-    push_u64(&mut current, q.remaining);
-    current.extend_from_slice(b";t=");
-    push_u64(&mut current, ceil_secs(q.reset_after));
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
-        headers.insert(RATELIMIT, v);
-    }
+    HeaderValue::from_maybe_shared(Bytes::from(policy)).ok()
 }
 
 fn quoted(out: &mut Vec<u8>, name: &str) {
@@ -319,5 +366,38 @@ mod tests {
             push_u64(&mut out, n);
             assert_eq!(out, n.to_string().into_bytes());
         }
+    }
+
+    fn view(name: &str, limit: u64, window: Option<Nanos>) -> LimitView<'_> {
+        LimitView {
+            name,
+            quota: Quota {
+                limit,
+                window,
+                remaining: 1,
+                reset_after: 3 * S,
+            },
+        }
+    }
+
+    fn policy(views: &[LimitView<'_>], cache: &PolicyCache) -> HeaderValue {
+        let mut h = HeaderMap::new();
+        set_rate_limit_headers(&mut h, views, 0, HeaderSets::Both, cache);
+        h["ratelimit-policy"].clone()
+    }
+
+    #[test]
+    fn a_kept_policy_is_reused_only_for_the_same_limiters_and_quotas() {
+        let cache = PolicyCache::default();
+        let route = [view("a", 5, Some(60 * S)), view("b", 100, None)];
+        assert_eq!(policy(&route, &cache), "\"a\";q=5;w=60, \"b\";q=100");
+        assert_eq!(policy(&route, &cache), "\"a\";q=5;w=60, \"b\";q=100");
+        // A per-key override changes a quota; one limiter skipped changes the list.
+        let overridden = [view("a", 50, Some(60 * S)), view("b", 100, None)];
+        assert_eq!(policy(&overridden, &cache), "\"a\";q=50;w=60, \"b\";q=100");
+        assert_eq!(policy(&route[1..], &cache), "\"b\";q=100");
+        let renamed = [view("c", 5, Some(60 * S)), view("b", 100, None)];
+        assert_eq!(policy(&renamed, &cache), "\"c\";q=5;w=60, \"b\";q=100");
+        assert_eq!(policy(&route, &cache), "\"a\";q=5;w=60, \"b\";q=100");
     }
 }

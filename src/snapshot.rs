@@ -16,6 +16,7 @@ use crate::identity::{Client, Identity};
 use crate::key::{self, StoreKey};
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
 use crate::metrics::{Counter, Histogram, Metrics, RouteSeries};
+use crate::reject::PolicyCache;
 use crate::router::Router;
 
 pub struct Snapshot {
@@ -39,6 +40,8 @@ pub struct Route {
     /// Indexes into `Snapshot::limiters`, in the order the route lists them.
     pub limiters: Vec<usize>,
     pub metrics: RouteMetrics,
+    /// Its `RateLimit-Policy` field, once a response has written it.
+    pub policy: PolicyCache,
 }
 
 pub enum RouteAction {
@@ -149,6 +152,7 @@ impl Snapshot {
                         store_error: c("store_error"),
                         series: metrics.route_series(&r.name),
                     },
+                    policy: PolicyCache::default(),
                 }
             })
             .collect();

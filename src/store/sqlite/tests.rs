@@ -492,7 +492,9 @@ fn a_flush_of_any_size_writes_every_audit_row_with_its_own_fields_in_order() {
     let mut stmt = conn
         .prepare("SELECT time, client, method, path, route, status, duration_ms, request_id FROM api_calls ORDER BY id")
         .unwrap();
-    let rows: Vec<(String, String, String, String, String, i64, f64, String)> = stmt
+    // time, client, method, path, route, status, duration_ms, request_id
+    type Row = (String, String, String, String, String, i64, f64, String);
+    let rows: Vec<Row> = stmt
         .query_map([], |r| {
             Ok((
                 r.get(0)?,
@@ -511,7 +513,7 @@ fn a_flush_of_any_size_writes_every_audit_row_with_its_own_fields_in_order() {
     assert_eq!(rows.len(), n as usize);
     for (i, row) in rows.iter().enumerate() {
         let i = i as u64;
-        let method = if i % 2 == 0 { "GET" } else { "POST" };
+        let method = if i.is_multiple_of(2) { "GET" } else { "POST" };
         assert_eq!(
             row,
             &(
