@@ -119,6 +119,29 @@ fn remaining(p: &Process) -> u64 {
 }
 
 #[test]
+fn the_last_requests_access_records_are_written_before_sigterm_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = Process::serve(
+        "routes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200, body: pong } }\n",
+        dir.path(),
+    );
+    let mut last = String::new();
+    for _ in 0..50 {
+        let r = http(p.addr, "GET", "/ping").unwrap();
+        assert_eq!(r.status, 200);
+        last = r.header("x-request-id").unwrap().to_string();
+    }
+    // At once: the log writer rests between batches, shutdown must not outrun it.
+    p.signal("TERM");
+    let status = p.wait_exit(Duration::from_secs(15));
+    assert!(status.success(), "SIGTERM exits 0, got {status}");
+    let out = p.output();
+    let logged = out.lines().filter(|l| l.contains(" rid=")).count();
+    assert_eq!(logged, 50, "every request has its record:\n{out}");
+    assert!(out.contains(&format!("rid={last} ")), "{out}");
+}
+
+#[test]
 fn counters_survive_sigterm_and_a_restart() {
     common::wait_for_window_room(HOUR, Duration::from_secs(60));
     let window = window_start_now(HOUR);
