@@ -2,115 +2,22 @@
 
 mod common;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{client, Proxy};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
+use common::{client, Proxy, Upstream};
+use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-/// An upstream that counts its connections: every one it accepted, those
-/// open now and the most ever open at once. `/echo` answers the body it
-/// got, `/big/<bytes>` that many bytes, `/slow/<ms>` waits first.
-struct Counting {
-    addr: SocketAddr,
-    accepted: Arc<AtomicUsize>,
-    open: Arc<AtomicUsize>,
-    max_open: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Counting {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-struct Open(Arc<AtomicUsize>);
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Counting {
-    async fn start() -> Counting {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let open = Arc::new(AtomicUsize::new(0));
-        let max_open = Arc::new(AtomicUsize::new(0));
-        let (a, o, m) = (accepted.clone(), open.clone(), max_open.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                a.fetch_add(1, Ordering::SeqCst);
-                let now = o.fetch_add(1, Ordering::SeqCst) + 1;
-                m.fetch_max(now, Ordering::SeqCst);
-                let open = Open(o.clone());
-                tokio::spawn(async move {
-                    let _open = open;
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service_fn(answer))
-                        .await;
-                });
-            }
-        });
-        Counting {
-            addr,
-            accepted,
-            open,
-            max_open,
-            task,
-        }
-    }
-
-    fn accepted(&self) -> usize {
-        self.accepted.load(Ordering::SeqCst)
-    }
-
-    fn open(&self) -> usize {
-        self.open.load(Ordering::SeqCst)
-    }
-
-    fn max_open(&self) -> usize {
-        self.max_open.load(Ordering::SeqCst)
-    }
-
-    fn config(&self, server: &str) -> String {
-        format!(
-            "upstreams:\n  app: {{ url: \"http://{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\nserver: {{ {server} }}\n",
-            self.addr
-        )
-    }
-}
-
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let path = req.uri().path().to_string();
-    if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse().ok()) {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-    }
-    if let Some(n) = path.strip_prefix("/big/").and_then(|n| n.parse().ok()) {
-        return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
-    }
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    Ok(Response::new(Full::new(body)))
+/// tollgate in front of `upstream` on every path, with these `server:` settings.
+fn config(upstream: &Upstream, server: &str) -> String {
+    format!(
+        "upstreams:\n  app: {{ url: \"{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\nserver: {{ {server} }}\n",
+        upstream.url()
+    )
 }
 
 /// Reads what the server answers until it closes the connection, at most `limit`.
@@ -137,8 +44,8 @@ async fn metric(proxy: &Proxy, series: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn a_trickling_body_never_reaches_the_upstream_before_its_last_byte() {
-    let upstream = Counting::start().await;
-    let proxy = Proxy::start(&upstream.config("request_body_timeout: 5s")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream, "request_body_timeout: 5s")).await;
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n")
         .await
@@ -169,8 +76,8 @@ async fn a_trickling_body_never_reaches_the_upstream_before_its_last_byte() {
 
 #[tokio::test]
 async fn a_stalled_body_gets_408_within_the_timeout_and_the_connection_closes() {
-    let upstream = Counting::start().await;
-    let proxy = Proxy::start(&upstream.config("request_body_timeout: 500ms")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream, "request_body_timeout: 500ms")).await;
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nfive!")
         .await
@@ -199,10 +106,12 @@ async fn a_stalled_body_gets_408_within_the_timeout_and_the_connection_closes() 
 
 #[tokio::test]
 async fn a_body_below_the_minimum_rate_gets_408_though_no_gap_is_long() {
-    let upstream = Counting::start().await;
-    let proxy =
-        Proxy::start(&upstream.config("request_body_timeout: 1s, request_body_min_rate: 1000"))
-            .await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        "request_body_timeout: 1s, request_body_min_rate: 1000",
+    ))
+    .await;
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
         .await
@@ -238,8 +147,8 @@ async fn a_body_below_the_minimum_rate_gets_408_though_no_gap_is_long() {
 
 #[tokio::test]
 async fn a_body_larger_than_the_memory_buffer_is_spilled_and_arrives_byte_exact() {
-    let upstream = Counting::start().await;
-    let proxy = Proxy::start(&upstream.config("request_body_buffer: 1KiB")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream, "request_body_buffer: 1KiB")).await;
     let body: Vec<u8> = (0..3 * 1024 * 1024u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
@@ -273,9 +182,12 @@ async fn a_body_larger_than_the_memory_buffer_is_spilled_and_arrives_byte_exact(
 
 #[tokio::test]
 async fn a_chunked_body_over_max_request_body_gets_413_and_never_reaches_the_upstream() {
-    let upstream = Counting::start().await;
-    let proxy =
-        Proxy::start(&upstream.config("max_request_body: 1KiB, request_body_buffer: 512")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(
+        &upstream,
+        "max_request_body: 1KiB, request_body_buffer: 512",
+    ))
+    .await;
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     let chunk = vec![b'a'; 600];
     s.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -299,8 +211,8 @@ async fn a_chunked_body_over_max_request_body_gets_413_and_never_reaches_the_ups
 
 #[tokio::test]
 async fn a_client_that_stops_reading_is_disconnected_and_its_upstream_connection_closes() {
-    let upstream = Counting::start().await;
-    let proxy = Proxy::start(&upstream.config("send_timeout: 500ms")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream, "send_timeout: 500ms")).await;
     // A small receive buffer, so the stall shows at once.
     let socket = TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
@@ -356,8 +268,8 @@ async fn a_client_that_stops_reading_is_disconnected_and_its_upstream_connection
 
 #[tokio::test]
 async fn a_client_that_reads_slowly_but_steadily_gets_the_whole_response() {
-    let upstream = Counting::start().await;
-    let proxy = Proxy::start(&upstream.config("send_timeout: 500ms")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream, "send_timeout: 500ms")).await;
     let socket = TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let mut s = socket.connect(proxy.addr).await.unwrap();
@@ -380,8 +292,8 @@ async fn a_client_that_reads_slowly_but_steadily_gets_the_whole_response() {
 
 #[tokio::test]
 async fn one_http2_connection_holds_at_most_its_share_of_upstream_connections() {
-    let upstream = Counting::start().await;
-    let proxy = Proxy::start(&upstream.config("upstream_requests_per_connection: 4")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream, "upstream_requests_per_connection: 4")).await;
     let stream = TcpStream::connect(proxy.addr).await.unwrap();
     let (sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
@@ -422,11 +334,11 @@ async fn one_http2_connection_holds_at_most_its_share_of_upstream_connections() 
 
 #[tokio::test]
 async fn requests_one_after_another_share_one_upstream_connection_whatever_their_body_size() {
-    let upstream = Counting::start().await;
-    let proxy = Proxy::start(&upstream.config("workers: 1")).await;
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(&config(&upstream, "workers: 1")).await;
     let http = client();
     // Small bodies, a body read in many pieces, a body sent up and echoed.
-    for path in ["/", "/big/3000000", "/", "/big/10"] {
+    for path in ["/echo", "/big/3000000", "/echo", "/big/10"] {
         let resp = http.get(proxy.url(path)).send().await.unwrap();
         assert_eq!(resp.status(), 200, "{path}");
         let want = path.strip_prefix("/big/").map_or(0, |n| n.parse().unwrap());

@@ -20,6 +20,10 @@ use tokio_util::sync::CancellationToken;
 /// What the stub upstream saw.
 #[derive(Default)]
 pub struct Seen {
+    /// Connections accepted, open now, and the most ever open at once.
+    pub accepted: AtomicUsize,
+    pub open: AtomicUsize,
+    pub max_open: AtomicUsize,
     pub requests: AtomicUsize,
     pub in_flight: AtomicUsize,
     pub max_in_flight: AtomicUsize,
@@ -65,9 +69,14 @@ impl Upstream {
                     _ = st.cancelled() => return,
                     a = listener.accept() => match a { Ok((s, _)) => s, Err(_) => continue },
                 };
+                s.accepted.fetch_add(1, Ordering::SeqCst);
+                let now = s.open.fetch_add(1, Ordering::SeqCst) + 1;
+                s.max_open.fetch_max(now, Ordering::SeqCst);
+                let open = OpenConnection(s.clone());
                 let seen = s.clone();
                 let killed = st.clone();
                 tokio::spawn(async move {
+                    let _open = open;
                     let svc = service_fn(move |req| handle_upstream(seen.clone(), req));
                     let builder =
                         hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -90,6 +99,25 @@ impl Upstream {
     /// Stops accepting and closes every open connection, like a crashed server.
     pub fn kill(&self) {
         self.stop.cancel();
+    }
+
+    pub fn accepted(&self) -> usize {
+        self.seen.accepted.load(Ordering::SeqCst)
+    }
+
+    pub fn open(&self) -> usize {
+        self.seen.open.load(Ordering::SeqCst)
+    }
+
+    pub fn max_open(&self) -> usize {
+        self.seen.max_open.load(Ordering::SeqCst)
+    }
+}
+
+struct OpenConnection(Arc<Seen>);
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
