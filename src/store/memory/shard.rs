@@ -280,7 +280,8 @@ impl Shard {
         decide_entry(e, c, now, changed, next_rest, track)
     }
 
-    /// Whether `key` was here (and released).
+    /// Whether `key` was here (and released). A slot is released under any
+    /// shape the state fits, so a reload that changed the limit still frees it.
     pub(super) fn release(
         &mut self,
         h: KeyHash,
@@ -289,6 +290,40 @@ impl Shard {
         ticket: Nanos,
         now: Nanos,
         track: bool,
+    ) -> bool {
+        self.update(
+            (h, key),
+            algorithm,
+            track,
+            |e, a| a.fits(&e.state),
+            |state| algorithm.release(state, ticket, now),
+        )
+    }
+
+    /// A refund applies only to state built under the same shape.
+    pub(super) fn refund(
+        &mut self,
+        h: KeyHash,
+        key: &str,
+        algorithm: &Algorithm,
+        ticket: Nanos,
+        now: Nanos,
+        track: bool,
+    ) {
+        self.update((h, key), algorithm, track, usable, |state| {
+            algorithm.refund(state, ticket, now)
+        });
+    }
+
+    /// Applies `give` to the key's state when `accepts` it, and marks the key
+    /// changed; returns whether the key was here.
+    fn update(
+        &mut self,
+        (h, key): (KeyHash, &str),
+        algorithm: &Algorithm,
+        track: bool,
+        accepts: impl FnOnce(&Entry, &Algorithm) -> bool,
+        give: impl FnOnce(&mut State),
     ) -> bool {
         let Shard {
             map,
@@ -299,38 +334,13 @@ impl Shard {
         let Some(e) = map.get_mut(&h) else {
             return false;
         };
-        if algorithm.fits(&e.state) {
-            algorithm.release(&mut e.state, ticket, now);
+        if accepts(e, algorithm) {
+            give(&mut e.state);
             e.rests_at = algorithm.rests_at(&e.state);
             *next_rest = (*next_rest).min(e.rests_at);
             mark(e, key, changed, track);
         }
         true
-    }
-
-    pub(super) fn refund(
-        &mut self,
-        h: KeyHash,
-        key: &str,
-        algorithm: &Algorithm,
-        ticket: Nanos,
-        now: Nanos,
-        track: bool,
-    ) {
-        let Shard {
-            map,
-            changed,
-            next_rest,
-            ..
-        } = self;
-        if let Some(e) = map.get_mut(&h) {
-            if usable(e, algorithm) {
-                algorithm.refund(&mut e.state, ticket, now);
-                e.rests_at = algorithm.rests_at(&e.state);
-                *next_rest = (*next_rest).min(e.rests_at);
-                mark(e, key, changed, track);
-            }
-        }
     }
 
     /// Marks `key` changed again (the writer could not save it, or the file
