@@ -23,7 +23,7 @@ use crate::limiter::{Nanos, Verdict};
 use crate::metrics::{inc, Decision, Metrics};
 use crate::problem::{set_rate_limit_headers, Denial, LimitView, Problem};
 use crate::request_id::{RequestId, X_REQUEST_ID};
-use crate::router::{normalize, request_host};
+use crate::router::{request_host, request_path};
 use crate::snapshot::{Route, RouteAction, Snapshot};
 use crate::store::{AuditRow, Check, Outcome, Store};
 use crate::tunnel::ClientSide;
@@ -226,10 +226,12 @@ impl App {
         }
     }
 
-    /// Route: which route, on the normalized path; its index in the snapshot.
+    /// Route: which route, on the normalized path (a separator the router
+    /// would not see is a 400, or decoded); its index in the snapshot.
     fn route(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<usize, Problem> {
         let snap = &x.snap;
-        let path = normalize(req.uri().path());
+        let path = request_path(req.uri().path(), snap.config.server.encoded_separators)
+            .map_err(|e| Problem::BadRequest(e.to_string()))?;
         // Building the host string is only worth it when a route asks for one.
         let host = if snap.router.uses_host() {
             request_host(req)
