@@ -370,10 +370,13 @@ impl App {
         index: usize,
         u: usize,
         client: &Client,
-        Admitted { req, upgrade }: Admitted,
+        Admitted { mut req, upgrade }: Admitted,
         limits: &mut Option<Limits>,
     ) -> Response<Body> {
         let snap = x.snap.clone();
+        if !snap.config.server.underscores_in_headers {
+            crate::proxy::drop_underscore_names(req.headers_mut(), &self.shared.metrics);
+        }
         let route = &snap.routes[index];
         let upstream = &snap.upstreams[u];
         let audit = snap
