@@ -270,8 +270,8 @@ fn escape_at(b: &[u8], i: usize) -> Option<u8> {
 
 /// Decodes percent-escapes of unreserved characters, collapses repeated
 /// slashes, resolves `.` and `..`, and drops a trailing slash.
-/// Reserved escapes such as `%2F` stay encoded: they name another resource.
-/// Most paths are already normal and come back borrowed, without a copy.
+/// Reserved escapes stay encoded (a request's `%2F` is decided before, by
+/// [`request_path`]). Most paths are already normal and come back borrowed, without a copy.
 pub fn normalize(path: &str) -> Cow<'_, str> {
     if is_normal(path) {
         return path.into();
