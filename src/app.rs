@@ -23,7 +23,7 @@ use crate::limiter::{Nanos, Verdict};
 use crate::metrics::{inc, Decision, Metrics};
 use crate::problem::{set_rate_limit_headers, Denial, LimitView, Problem};
 use crate::request_id::{RequestId, X_REQUEST_ID};
-use crate::router::{normalize, request_host};
+use crate::router::{request_host, request_path};
 use crate::snapshot::{Route, RouteAction, Snapshot};
 use crate::store::{AuditRow, Check, Outcome, Store};
 use crate::tunnel::ClientSide;
@@ -226,10 +226,12 @@ impl App {
         }
     }
 
-    /// Route: which route, on the normalized path; its index in the snapshot.
+    /// Route: which route, on the normalized path (a separator the router
+    /// would not see is a 400, or decoded); its index in the snapshot.
     fn route(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<usize, Problem> {
         let snap = &x.snap;
-        let path = normalize(req.uri().path());
+        let path = request_path(req.uri().path(), snap.config.server.encoded_separators)
+            .map_err(|e| Problem::BadRequest(e.to_string()))?;
         // Building the host string is only worth it when a route asks for one.
         let host = if snap.router.uses_host() {
             request_host(req)
@@ -368,10 +370,13 @@ impl App {
         index: usize,
         u: usize,
         client: &Client,
-        Admitted { req, upgrade }: Admitted,
+        Admitted { mut req, upgrade }: Admitted,
         limits: &mut Option<Limits>,
     ) -> Response<Body> {
         let snap = x.snap.clone();
+        if !snap.config.server.underscores_in_headers {
+            crate::proxy::drop_underscore_names(req.headers_mut(), &self.shared.metrics);
+        }
         let route = &snap.routes[index];
         let upstream = &snap.upstreams[u];
         let audit = snap

@@ -160,6 +160,56 @@ pub const EDGE_OWNED: [HeaderName; 14] = [
     HeaderName::from_static("x-client-ip"),
 ];
 
+/// Headers tollgate sets itself on every forwarded request. Written with
+/// `_` they are removed from every peer, whatever
+/// `server.underscores_in_headers` says: a CGI gateway files `X_Real_IP`
+/// under the same `HTTP_X_REAL_IP` as tollgate's own `X-Real-IP`.
+const SET_BY_EDGE: [HeaderName; 4] = [
+    X_FORWARDED_FOR,
+    X_REAL_IP,
+    X_FORWARDED_PROTO,
+    HeaderName::from_static("x-request-id"),
+];
+
+/// Whether `name` is one of `set` once `_` is read as `-` (the way CGI
+/// gateways, php-fpm's parameters among them, name a header).
+fn folds_into(name: &HeaderName, set: &[HeaderName]) -> bool {
+    let name = name.as_str().as_bytes();
+    set.iter().any(|owned| {
+        let owned = owned.as_str().as_bytes();
+        owned.len() == name.len()
+            && owned
+                .iter()
+                .zip(name)
+                .all(|(o, n)| o == n || (*o == b'-' && *n == b'_'))
+    })
+}
+
+/// Removes every header whose name has a `_` (nginx's default, without
+/// `underscores_in_headers`): CGI turns `-` into `_`, so `Client_IP` would
+/// reach PHP as the `HTTP_CLIENT_IP` an edge-owned `Client-IP` is removed
+/// to keep out. Each is counted in `tollgate_headers_dropped_total{reason="underscore"}`.
+pub fn drop_underscore_names(headers: &mut HeaderMap, metrics: &crate::metrics::Metrics) {
+    // Empty, as for nearly every request, it never allocates.
+    let named: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().contains('_'))
+        .cloned()
+        .collect();
+    if named.is_empty() {
+        return;
+    }
+    for name in &named {
+        tracing::debug!(header = %name, "a header name with `_` was dropped");
+        headers.remove(name);
+    }
+    let counter = metrics.counter(HEADERS_DROPPED, &[("reason", "underscore")]);
+    counter.fetch_add(named.len() as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The metric [`drop_underscore_names`] counts in.
+pub const HEADERS_DROPPED: &str = "tollgate_headers_dropped_total";
+
 impl Upstream {
     /// `workers`: the worker runtimes (`server.workers`); each gets its own connections.
     pub fn new(config: &UpstreamConfig, workers: usize) -> Upstream {
@@ -646,10 +696,11 @@ fn ip_value(ip: IpAddr) -> Option<HeaderValue> {
 /// `X-Forwarded-For` is extended for a trusted peer and replaced for anyone
 /// else; `X-Real-IP` is the resolved client; `X-Forwarded-Proto` the scheme
 /// the client used. From an untrusted peer, every header in [`EDGE_OWNED`]
-/// is removed and `X-Forwarded-Host` (the `Host` the client asked for) and
-/// `X-Forwarded-Port` (the port it connected to) are set by tollgate, so a
-/// framework that trusts them from tollgate trusts only what tollgate saw.
-/// A trusted peer's values pass; where it sent none, tollgate's own are set.
+/// (also spelled with `_` for `-`) is removed and `X-Forwarded-Host` (the
+/// `Host` the client asked for) and `X-Forwarded-Port` (the port it
+/// connected to) are set by tollgate, so a framework that trusts them from
+/// tollgate trusts only what tollgate saw. A trusted peer's values pass;
+/// where it sent none, tollgate's own are set.
 pub fn set_forwarded_headers(
     headers: &mut HeaderMap,
     client: &ClientIdentity,
@@ -672,10 +723,18 @@ pub fn set_forwarded_headers(
     } else {
         HeaderValue::from_str(&format!("{}, {peer}", existing.join(", "))).ok()
     };
-    if !client.peer_trusted {
-        for name in names_among(headers, &EDGE_OWNED) {
-            headers.remove(name);
-        }
+    // Compared with `_` read as `-`: with `server.underscores_in_headers`
+    // on, `Client_IP` would still reach PHP as HTTP_CLIENT_IP.
+    let forged: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| {
+            (!client.peer_trusted && folds_into(n, &EDGE_OWNED))
+                || (n.as_str().contains('_') && folds_into(n, &SET_BY_EDGE))
+        })
+        .cloned()
+        .collect();
+    for name in forged {
+        headers.remove(name);
     }
     // Sized once for the five headers below.
     headers.reserve(5);
@@ -759,6 +818,47 @@ mod tests {
         assert_eq!(h[&X_REAL_IP], "203.0.113.9");
         assert_eq!(h[&X_FORWARDED_PROTO], "http");
         assert!(!h.contains_key(header::FORWARDED));
+    }
+
+    #[test]
+    fn edge_owned_names_are_removed_in_their_underscore_spellings_too() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "client_ip",
+            "x_original_url",
+            "true_client_ip",
+            "x_real_ip",
+            "x_custom",
+        ] {
+            h.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static("6.6.6.6"),
+            );
+        }
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        set_forwarded_headers(&mut h, &client("203.0.113.9", false), peer, "http", 80);
+        for name in ["client_ip", "x_original_url", "true_client_ip", "x_real_ip"] {
+            assert!(!h.contains_key(name), "{name} passed");
+        }
+        assert_eq!(h[&X_REAL_IP], "203.0.113.9");
+        assert_eq!(
+            h["x_custom"], "6.6.6.6",
+            "not the edge's: left to the switch"
+        );
+    }
+
+    #[test]
+    fn every_name_with_an_underscore_is_dropped_and_counted() {
+        let metrics = crate::metrics::Metrics::default();
+        let mut h = HeaderMap::new();
+        h.insert("x_custom", HeaderValue::from_static("1"));
+        h.insert("client_ip", HeaderValue::from_static("1"));
+        h.insert("x-custom", HeaderValue::from_static("1"));
+        drop_underscore_names(&mut h, &metrics);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-custom"));
+        let counted = metrics.counter(HEADERS_DROPPED, &[("reason", "underscore")]);
+        assert_eq!(counted.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
     #[test]

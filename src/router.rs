@@ -11,10 +11,18 @@
 //! trailing dot or a port; `match.query` compares names and values the way
 //! PHP decodes them. Case in paths is *not* folded: Linux filesystems and
 //! PHP's handlers tell `/Login.php` from `/login.php`.
+//!
+//! A separator the router would not see is decided before routing
+//! ([`request_path`]): nginx, `php -S` and tollgate's FastCGI all decode
+//! `%2F` and then walk the path, so `/wp-login.php%2Fx` and
+//! `/x/..%2Fwp-login.php` run `/wp-login.php`. Such a path is refused, or,
+//! with `server.encoded_separators: decode`, routed decoded.
+
+use std::borrow::Cow;
 
 use http::Method;
 
-use crate::config::RouteConfig;
+use crate::config::{EncodedSeparators, RouteConfig};
 
 #[derive(Debug)]
 pub struct Router {
@@ -162,7 +170,7 @@ fn form_decode(s: &str) -> String {
 
 /// The key PHP files a decoded parameter name under in `$_GET`; `None` for
 /// an array (`a[]`, `a[x]`), whose value is never a plain string.
-fn php_name(decoded: &str) -> Option<std::borrow::Cow<'_, str>> {
+fn php_name(decoded: &str) -> Option<Cow<'_, str>> {
     let name = decoded.trim_start_matches(' ');
     if name.contains('[') {
         return None;
@@ -198,11 +206,73 @@ pub fn request_host<B>(req: &http::Request<B>) -> Option<String> {
     Some(normalize_host(raw))
 }
 
+/// Why a request path is refused before any route is tried (a `400`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathRefused {
+    #[error("The path spells a separator as %2F or %5C, or holds a backslash; this server does not accept them (write the path with plain slashes).")]
+    EncodedSeparator,
+    #[error("The path holds an encoded NUL byte (%00), which names no file.")]
+    Nul,
+}
+
+/// The path routes are matched on: `path` as the upstream will resolve it,
+/// [`normalize`]d. `%2F`, `%5C` (any case) and a raw `\` are refused under
+/// [`EncodedSeparators::Reject`]; under `Decode`, `%2F` is a `/` before `.`
+/// and `..` are resolved (as nginx and PHP do), and `%5C` and `\` stay
+/// plain characters. `%00` is refused either way (nginx and `php -S` answer
+/// `400` too). Exactly one decoding: `%252F` is the text `%2F`, as every
+/// upstream that decodes once sees it.
+pub fn request_path(path: &str, rule: EncodedSeparators) -> Result<Cow<'_, str>, PathRefused> {
+    let b = path.as_bytes();
+    if !b.iter().any(|&c| c == b'%' || c == b'\\') {
+        return Ok(normalize(path));
+    }
+    let reject = rule == EncodedSeparators::Reject;
+    let mut slashes = false;
+    for (i, &c) in b.iter().enumerate() {
+        match (c, escape_at(b, i)) {
+            (_, Some(0)) => return Err(PathRefused::Nul),
+            (b'\\', _) | (_, Some(b'/' | b'\\')) if reject => {
+                return Err(PathRefused::EncodedSeparator)
+            }
+            (_, Some(b'/')) => slashes = true,
+            _ => {}
+        }
+    }
+    if !slashes {
+        return Ok(normalize(path));
+    }
+    let mut decoded = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if escape_at(b, i) == Some(b'/') {
+            decoded.push(b'/');
+            i += 3;
+        } else {
+            decoded.push(b[i]);
+            i += 1;
+        }
+    }
+    // Only ASCII escapes were replaced by ASCII: still the UTF-8 it was.
+    let decoded = String::from_utf8_lossy(&decoded);
+    Ok(normalize(&decoded).into_owned().into())
+}
+
+/// The byte a `%XX` escape at `i` stands for, if one starts there.
+fn escape_at(b: &[u8], i: usize) -> Option<u8> {
+    if b.get(i) != Some(&b'%') {
+        return None;
+    }
+    let hex = |c: &u8| (*c as char).to_digit(16);
+    let (h, l) = (hex(b.get(i + 1)?)?, hex(b.get(i + 2)?)?);
+    Some((h * 16 + l) as u8)
+}
+
 /// Decodes percent-escapes of unreserved characters, collapses repeated
 /// slashes, resolves `.` and `..`, and drops a trailing slash.
-/// Reserved escapes such as `%2F` stay encoded: they name another resource.
-/// Most paths are already normal and come back borrowed, without a copy.
-pub fn normalize(path: &str) -> std::borrow::Cow<'_, str> {
+/// Reserved escapes stay encoded (a request's `%2F` is decided before, by
+/// [`request_path`]). Most paths are already normal and come back borrowed, without a copy.
+pub fn normalize(path: &str) -> Cow<'_, str> {
     if is_normal(path) {
         return path.into();
     }
@@ -249,7 +319,7 @@ fn is_normal(path: &str) -> bool {
         .all(|seg| !matches!(seg, "" | "." | ".."))
 }
 
-fn decode_unreserved(path: &str) -> std::borrow::Cow<'_, str> {
+fn decode_unreserved(path: &str) -> Cow<'_, str> {
     if !path.contains('%') {
         return path.into();
     }
@@ -343,6 +413,42 @@ mod tests {
         assert_eq!(normalize(""), "/");
         assert_eq!(normalize("/%"), "/%");
         assert_eq!(normalize("/%zz"), "/%zz");
+    }
+
+    #[test]
+    fn an_encoded_separator_is_refused_by_default_and_nul_always() {
+        let reject = |p| request_path(p, EncodedSeparators::Reject);
+        for p in [
+            "/wp-login.php%2fx",
+            "/x/..%2Fwp-login.php",
+            "/a%5cb",
+            "/a%5Cb",
+            "/a\\b",
+        ] {
+            assert_eq!(reject(p), Err(PathRefused::EncodedSeparator), "{p}");
+        }
+        for rule in [EncodedSeparators::Reject, EncodedSeparators::Decode] {
+            assert_eq!(request_path("/a.php%00.jpg", rule), Err(PathRefused::Nul));
+        }
+        assert_eq!(reject("/a%252Fb").unwrap(), "/a%252Fb", "one decoding only");
+        assert_eq!(reject("/x/%2e%2E/login").unwrap(), "/login");
+        assert_eq!(reject("/%").unwrap(), "/%");
+        assert!(matches!(reject("/api/v1"), Ok(Cow::Borrowed(_))));
+    }
+
+    #[test]
+    fn a_decoded_slash_is_walked_like_any_other() {
+        let decode = |p| request_path(p, EncodedSeparators::Decode).unwrap();
+        assert_eq!(decode("/wp-login.php%2fx"), "/wp-login.php/x");
+        assert_eq!(decode("/x/..%2Fwp-login.php"), "/wp-login.php");
+        assert_eq!(decode("/x%2f%2e%2e%2fwp-login.php"), "/wp-login.php");
+        assert_eq!(decode("/a%252Fb"), "/a%252Fb");
+        assert_eq!(
+            decode("/a%5Cb"),
+            "/a%5Cb",
+            "a backslash is a plain character"
+        );
+        assert_eq!(decode("/x\\..\\login"), "/x\\..\\login");
     }
 
     fn route(

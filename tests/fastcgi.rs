@@ -221,13 +221,14 @@ async fn an_uploaded_jpg_never_runs_even_when_php_fpm_would_let_it() {
     let ran = dir.path().join("evil-ran");
     // The classic: php-fpm, told about a missing x.php, would fall back to
     // evil.jpg (fix_pathinfo) and run it (limit_extensions allows .jpg).
-    for path in [
-        "/uploads/evil.jpg/x.php",
-        "/uploads/evil.jpg/x.php/more",
-        "/uploads/evil.jpg%2Fx.php",
+    // An encoded slash is refused before routing (server.encoded_separators).
+    for (path, status) in [
+        ("/uploads/evil.jpg/x.php", 404),
+        ("/uploads/evil.jpg/x.php/more", 404),
+        ("/uploads/evil.jpg%2Fx.php", 400),
     ] {
         let r = send(c.get(proxy.url(path))).await;
-        assert_eq!(r.status, 404, "{path}: {}", r.body);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
         assert!(!r.body.contains("EVIL RAN"), "{path}");
     }
     // The image itself is a static file: its bytes, never run.

@@ -94,6 +94,23 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// Request body buffering, slow-client timers, HTTP/2 fair share.
     pub bodies: BodyConfig,
+    /// What a path with `%2F`, `%5C` or `\` gets (`server.encoded_separators`).
+    pub encoded_separators: EncodedSeparators,
+    /// Header names with `_` are forwarded (`server.underscores_in_headers`); off: dropped.
+    pub underscores_in_headers: bool,
+}
+
+/// `server.encoded_separators`: a path separator spelled so that the router
+/// would not see it (`%2F`, `%5C`, a raw `\`) is refused, or routed as the
+/// upstream resolves it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EncodedSeparators {
+    /// `400`: nginx, `php -S` and php-fpm behind tollgate would run another script than the one routed.
+    #[default]
+    Reject,
+    /// `%2F` is routed as `/` (what nginx, `php -S` and tollgate's FastCGI
+    /// run); `%5C` and `\` are plain characters, as on the POSIX systems those run on.
+    Decode,
 }
 
 #[derive(Debug, Clone, PartialEq)]

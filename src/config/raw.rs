@@ -169,6 +169,9 @@ pub struct RawServer {
     pub request_body_min_rate: Option<Size>,
     pub send_timeout: Option<Dur>,
     pub upstream_requests_per_connection: Option<u64>,
+    /// `reject` (default) or `decode`.
+    pub encoded_separators: Option<Text>,
+    pub underscores_in_headers: Option<bool>,
 }
 
 /// `auto` (one per core) or a number of worker threads.

@@ -286,10 +286,15 @@ impl Cgi<'_> {
         for key in headers.keys() {
             let k = key.as_str();
             // httpoxy: a client's `Proxy` header must not become HTTP_PROXY,
-            // which PHP HTTP clients read as their outgoing proxy. A name with
-            // `_` would alias a dashed one (`X_Real_IP` → HTTP_X_REAL_IP)
-            // and overwrite what tollgate set: dropped, as nginx does.
-            if k == "proxy" || k.contains('_') || k == "content-type" || k == "content-length" {
+            // which PHP HTTP clients read as their outgoing proxy. Names
+            // with `_` were dropped before, unless `underscores_in_headers`
+            // keeps them; a kept one never overwrites its dashed twin
+            // (`X_Custom` and `X-Custom` are both HTTP_X_CUSTOM): the dashed one wins.
+            if k == "proxy"
+                || k == "content-type"
+                || k == "content-length"
+                || has_dashed_twin(headers, k)
+            {
                 continue;
             }
             name.clear();
@@ -316,6 +321,11 @@ impl Cgi<'_> {
         p.finish();
         out.freeze()
     }
+}
+
+/// Whether `name` has a `_` and the request also has the name with `-` in its place.
+fn has_dashed_twin(headers: &http::HeaderMap, name: &str) -> bool {
+    name.contains('_') && headers.contains_key(name.replace('_', "-").as_str())
 }
 
 async fn serve_static(

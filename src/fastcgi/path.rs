@@ -230,6 +230,23 @@ mod tests {
     }
 
     #[test]
+    fn a_backslash_is_part_of_a_file_name_as_the_router_reads_it() {
+        // With `encoded_separators: decode` these reach here; the router
+        // routed them as plain characters too, so both name the same file.
+        assert_eq!(
+            split("/x%5C..%5Cwp-login.php"),
+            script("/x\\..\\wp-login.php", "")
+        );
+        assert_eq!(
+            split("/wp-login.php%5Cx"),
+            Some(Split::Other {
+                path: "/wp-login.php\\x".into(),
+                directory: false
+            })
+        );
+    }
+
+    #[test]
     fn hidden_files_nul_bytes_and_bad_utf8_name_nothing() {
         assert_eq!(split("/.env"), None);
         assert_eq!(split("/.git/config"), None);

@@ -1,4 +1,4 @@
-//! A real `php -S` server on 127.0.0.1 port 0 running one script, counting the requests that reach PHP.
+//! A real `php -S` on 127.0.0.1 port 0, running one router script or serving a document root, counting the requests that reach PHP.
 
 use std::io::BufRead;
 use std::net::SocketAddr;
@@ -18,10 +18,22 @@ impl PhpServer {
     /// Starts PHP with `workers` processes (`PHP_CLI_SERVER_WORKERS`), so
     /// requests can really run in parallel.
     pub fn start(script: &Path, dir: &Path, workers: usize) -> PhpServer {
+        let mut command = std::process::Command::new("php");
+        command.args(["-S", "127.0.0.1:0"]).arg(script);
+        PhpServer::spawn(command, dir, workers)
+    }
+
+    /// `php -S 127.0.0.1:0 -t <root>` without a router script: PHP itself
+    /// resolves each path to a script (with its PATH_INFO) or a file under root.
+    pub fn serve_root(root: &Path, dir: &Path) -> PhpServer {
+        let mut command = std::process::Command::new("php");
+        command.args(["-S", "127.0.0.1:0", "-t"]).arg(root);
+        PhpServer::spawn(command, dir, 1)
+    }
+
+    fn spawn(mut command: std::process::Command, dir: &Path, workers: usize) -> PhpServer {
         let hits = dir.join("php-hits.log");
-        let spawned = std::process::Command::new("php")
-            .args(["-S", "127.0.0.1:0"])
-            .arg(script)
+        let spawned = command
             .env("TOLLGATE_TEST_HITS", &hits)
             .env("PHP_CLI_SERVER_WORKERS", workers.to_string())
             .stdin(std::process::Stdio::null())

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{dur, Validator};
-use crate::config::raw::{RawAdmin, RawServer, RawTls, RawWorkers};
-use crate::config::{admin_token, AdminConfig, CertConfig, ServerConfig, TlsConfig};
+use crate::config::raw::{RawAdmin, RawServer, RawTls, RawWorkers, Text};
+use crate::config::{
+    admin_token, AdminConfig, CertConfig, EncodedSeparators, ServerConfig, TlsConfig,
+};
 use crate::tls::CertSet;
 
 impl Validator<'_> {
@@ -55,6 +57,22 @@ impl Validator<'_> {
                 .unwrap_or(256),
             idle_timeout: dur(raw.idle_timeout, Duration::from_secs(60)),
             bodies: self.bodies(raw),
+            encoded_separators: self.encoded_separators(raw.encoded_separators.as_ref()),
+            underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+        }
+    }
+
+    fn encoded_separators(&mut self, raw: Option<&Text>) -> EncodedSeparators {
+        match raw.map(|t| t.0.as_str()) {
+            None | Some("reject") => EncodedSeparators::Reject,
+            Some("decode") => EncodedSeparators::Decode,
+            Some(other) => {
+                self.err(
+                    "server.encoded_separators",
+                    format!("unknown value {other:?}; use reject or decode"),
+                );
+                EncodedSeparators::Reject
+            }
         }
     }
 

@@ -33,6 +33,7 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("server: { workers: many }", "server.workers", "must be `auto`"),
     ("server: { max_connections: 0 }", "server.max_connections", "must be at least 1"),
     ("server: { max_connections_per_ip: 0 }", "server.max_connections_per_ip", "must be at least 1"),
+    ("server: { encoded_separators: allow }", "server.encoded_separators", "use reject or decode"),
     // server.tls
     ("server: { tls: { cert: a.pem } }", "server.tls", "`cert` and `key` go together"),
     ("server: { tls: {} }", "server.tls", "needs `cert` and `key`, or `certs`"),
