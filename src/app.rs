@@ -259,14 +259,14 @@ impl App {
         let route = &snap.routes[index];
         let mut limits = None;
         if client.exempt {
-            x.trail.record.decision = Decision::Exempt;
+            x.trail.decide(&route.metrics, Decision::Exempt);
             tracing::debug!(client = %client.ip, route = %route.name, "exempt client passed without limits");
         } else if !route.limiters.is_empty() {
             let store = &self.shared.store;
             if let Some(ban) =
                 crate::protect::banned(store, &snap, route, client, headers, x.now).await
             {
-                inc(&route.metrics.rejected);
+                x.trail.decide(&route.metrics, Decision::Banned);
                 return Err(ban);
             }
             match self
@@ -276,7 +276,7 @@ impl App {
                 Ok(l) => limits = Some(l),
                 // `check_limiters` counted it (and answered from the local table for `local`).
                 Err(_) if snap.config.store.on_error == OnError::Deny => {
-                    inc(&route.metrics.store_error);
+                    x.trail.decide(&route.metrics, Decision::StoreError);
                     return Err(Problem::StoreUnavailable);
                 }
                 Err(_) => {}
@@ -284,7 +284,7 @@ impl App {
         }
 
         if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
-            inc(&route.metrics.rejected);
+            x.trail.decide(&route.metrics, Decision::Rejected);
             if let Some(l) = limits.as_mut() {
                 let at = self.shared.clock.now();
                 let store = &self.shared.store;
@@ -304,20 +304,18 @@ impl App {
             rate_limit_headers(&snap, index, &limits, &mut resp);
             return Ok(Admission::Refused(resp));
         }
-        if client.exempt {
-            inc(&route.metrics.exempt);
-        } else {
-            inc(&route.metrics.allowed);
+        if !client.exempt {
             let shadow_rejected = limits.as_ref().is_some_and(|l| {
                 l.views
                     .iter()
                     .any(|(i, o)| snap.limiters[*i].shadow && o.verdict.is_deny())
             });
-            x.trail.record.decision = if shadow_rejected {
+            let decision = if shadow_rejected {
                 Decision::ShadowRejected
             } else {
                 Decision::Allowed
             };
+            x.trail.decide(&route.metrics, decision);
         }
 
         if let Some(l) = limits.as_mut() {

@@ -62,11 +62,11 @@ pub async fn banned(
             return None;
         }
     };
-    let (i, ban) = keys
+    let (i, store_key, ban) = keys
         .iter()
         .zip(found)
-        .filter_map(|((i, _), b)| Some((*i, b?)))
-        .max_by_key(|(_, b)| b.remaining)?;
+        .filter_map(|((i, k), b)| Some((*i, k, b?)))
+        .max_by_key(|(_, _, b)| b.remaining)?;
     let l = &snap.limiters[i];
     inc(&l.metrics.banned);
     let status = l
@@ -75,7 +75,9 @@ pub async fn banned(
         .map_or(StatusCode::TOO_MANY_REQUESTS, |(rule, _)| rule.status);
     Some(Problem::Banned(Box::new(BanDenial {
         limiter: l.name.clone(),
-        key: client.display().to_string(),
+        // The key as the ban is stored (`h:alice` for a `header:` limiter),
+        // which is also how `GET /bans` lists it.
+        key: l.value_of(store_key).to_string(),
         until: ban.until,
         retry_after: ban.remaining,
         status,
