@@ -267,7 +267,9 @@ impl App {
                 crate::protect::banned(store, &snap, route, client, headers, x.now).await
             {
                 x.trail.decide(&route.metrics, Decision::Banned);
-                return Err(ban);
+                let shape = reject_shape(&snap, index, &ban.limiter);
+                let resp = x.trail.answer(Problem::Banned(Box::new(ban)), shape);
+                return Ok(Admission::Refused(resp));
             }
             match self
                 .check_limiters(&snap, route, client, headers, x.now)
@@ -290,13 +292,7 @@ impl App {
                 let store = &self.shared.store;
                 crate::protect::settle(store, &snap, &mut l.units, &mut l.views, None, at).await;
             }
-            let shape = snap.config.routes[index].reject.as_ref().or_else(|| {
-                snap.config
-                    .limiters
-                    .iter()
-                    .find(|l| l.name == denial.limiter)
-                    .and_then(|l| l.reject.as_ref())
-            });
+            let shape = reject_shape(&snap, index, &denial.limiter);
             x.trail.rejected(self, &snap, &denial, &route.name, x.now);
             let mut resp = x
                 .trail
@@ -703,4 +699,19 @@ mod tests {
         h.insert(CONTENT_LENGTH, HeaderValue::from_static("100"));
         assert!(check_framing(&h, 100).is_ok());
     }
+}
+
+/// How a refusal on route `index` by `limiter` looks: the route's `reject`, else the limiter's.
+fn reject_shape<'s>(
+    snap: &'s Snapshot,
+    index: usize,
+    limiter: &str,
+) -> Option<&'s crate::config::RejectShape> {
+    snap.config.routes[index].reject.as_ref().or_else(|| {
+        snap.config
+            .limiters
+            .iter()
+            .find(|l| l.name == limiter)
+            .and_then(|l| l.reject.as_ref())
+    })
 }
