@@ -683,6 +683,21 @@ fn check_framing(headers: &HeaderMap, max_body: u64) -> Result<(), Problem> {
     Ok(())
 }
 
+/// How a refusal on route `index` by `limiter` looks: the route's `reject`, else the limiter's.
+fn reject_shape<'s>(
+    snap: &'s Snapshot,
+    index: usize,
+    limiter: &str,
+) -> Option<&'s crate::config::RejectShape> {
+    snap.config.routes[index].reject.as_ref().or_else(|| {
+        snap.config
+            .limiters
+            .iter()
+            .find(|l| l.name == limiter)
+            .and_then(|l| l.reject.as_ref())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,19 +714,4 @@ mod tests {
         h.insert(CONTENT_LENGTH, HeaderValue::from_static("100"));
         assert!(check_framing(&h, 100).is_ok());
     }
-}
-
-/// How a refusal on route `index` by `limiter` looks: the route's `reject`, else the limiter's.
-fn reject_shape<'s>(
-    snap: &'s Snapshot,
-    index: usize,
-    limiter: &str,
-) -> Option<&'s crate::config::RejectShape> {
-    snap.config.routes[index].reject.as_ref().or_else(|| {
-        snap.config
-            .limiters
-            .iter()
-            .find(|l| l.name == limiter)
-            .and_then(|l| l.reject.as_ref())
-    })
 }
