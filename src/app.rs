@@ -267,7 +267,7 @@ impl App {
                 crate::protect::banned(store, &snap, route, client, headers, x.now).await
             {
                 x.trail.decide(&route.metrics, Decision::Banned);
-                let shape = reject_shape(&snap, index, &ban.limiter);
+                let shape = snap.reject_shape(index, &ban.limiter);
                 let resp = x.trail.answer(Problem::Banned(Box::new(ban)), shape);
                 return Ok(Admission::Refused(resp));
             }
@@ -292,7 +292,7 @@ impl App {
                 let store = &self.shared.store;
                 crate::protect::settle(store, &snap, &mut l.units, &mut l.views, None, at).await;
             }
-            let shape = reject_shape(&snap, index, &denial.limiter);
+            let shape = snap.reject_shape(index, &denial.limiter);
             x.trail.rejected(self, &snap, &denial, &route.name, x.now);
             let mut resp = x
                 .trail
@@ -681,21 +681,6 @@ fn check_framing(headers: &HeaderMap, max_body: u64) -> Result<(), Problem> {
         }
     }
     Ok(())
-}
-
-/// How a refusal on route `index` by `limiter` looks: the route's `reject`, else the limiter's.
-fn reject_shape<'s>(
-    snap: &'s Snapshot,
-    index: usize,
-    limiter: &str,
-) -> Option<&'s crate::config::RejectShape> {
-    snap.config.routes[index].reject.as_ref().or_else(|| {
-        snap.config
-            .limiters
-            .iter()
-            .find(|l| l.name == limiter)
-            .and_then(|l| l.reject.as_ref())
-    })
 }
 
 #[cfg(test)]

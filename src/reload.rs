@@ -255,8 +255,9 @@ pub async fn watch(
         let Ok(now) = tokio::task::spawn_blocking(move || files.read()).await else {
             continue;
         };
-        let changed = now != in_force(&app) || app.shared.last_reload_error.lock().is_some();
-        if now.0.is_some() && changed && now != attempted && now == seen {
+        let worth_reloading =
+            now != in_force(&app) || app.shared.last_reload_error.lock().is_some();
+        if now.0.is_some() && worth_reloading && now != attempted && now == seen {
             // Reloading reads the files once more; if they moved again, the next poll catches it.
             let _ = reloader.reload().await;
             attempted = now.clone();

@@ -186,6 +186,19 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// How a refusal on route `index` by `limiter` looks: the route's `reject`, else the limiter's.
+    pub fn reject_shape(&self, index: usize, limiter: &str) -> Option<&crate::config::RejectShape> {
+        self.config.routes[index].reject.as_ref().or_else(|| {
+            self.config
+                .limiters
+                .iter()
+                .find(|l| l.name == limiter)
+                .and_then(|l| l.reject.as_ref())
+        })
+    }
+}
+
 impl Limiter {
     fn new(config: &LimiterConfig, identity: &Identity, metrics: &Metrics) -> Limiter {
         let overrides = config
