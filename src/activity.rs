@@ -1,4 +1,4 @@
-//! What the dashboard shows besides the counters: the keys limited lately and recent per-route rates.
+//! What the dashboard shows besides the counters: the keys limited lately, recent per-route rates, the last reload.
 //!
 //! Two bounded trackers, so the request path pays one call and nothing else:
 //! - `LimitedKeys`: the keys rejected lately, fed on the rejection path only
@@ -8,10 +8,14 @@
 //!   rejections, so a flood of one-off keys never pushes out a key that is
 //!   being limited hard.
 //! - `History`: every [`SAMPLE_EVERY`], the dashboard's sampler copies each
-//!   route's request and rejection counters here; rates are differences of
-//!   consecutive samples, kept for [`HISTORY_SAMPLES`] samples (5 minutes).
+//!   route's request, rejection, response and 5xx counters here; rates are
+//!   differences of consecutive samples, kept for [`HISTORY_SAMPLES`]
+//!   samples (5 minutes).
 //!
-//! The app records into it; the dashboard reads it. It knows neither.
+//! And the last reload: when it was tried and whether it applied, so the
+//! page can say when a rejected edit was fixed.
+//!
+//! The app and the reloader record into it; the dashboard reads it. It knows neither.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -38,6 +42,28 @@ pub const HISTORY_SAMPLES: usize = 150;
 pub struct Activity {
     limited: Mutex<LimitedKeys>,
     history: Mutex<History>,
+    last_reload: Mutex<Option<LastReload>>,
+}
+
+/// One route's counters at one instant, as the sampler reads them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteCounts {
+    /// Every decision.
+    pub requests: u64,
+    /// Refused by a limiter or a ban.
+    pub rejections: u64,
+    pub responses: u64,
+    /// Responses with a 5xx status.
+    pub server_errors: u64,
+}
+
+/// The last reload tried (admin call, file watch or SIGHUP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastReload {
+    /// Unix seconds.
+    pub at: u64,
+    /// Whether it applied (else the previous config kept serving).
+    pub ok: bool,
 }
 
 impl Activity {
@@ -50,14 +76,27 @@ impl Activity {
         self.limited.lock().keys.len()
     }
 
-    /// One sample of the route counters: (route, requests, rejections) at `unix_ms`.
-    pub fn record_sample(&self, unix_ms: u64, routes: Vec<(Arc<str>, u64, u64)>) {
+    /// One sample of the route counters at `unix_ms`.
+    pub fn record_sample(&self, unix_ms: u64, routes: Vec<(Arc<str>, RouteCounts)>) {
         self.history.lock().push(Sample { unix_ms, routes });
     }
 
-    /// Per route in `names`: the sample times (ms) and requests/s and rejections/s between them.
+    /// Per route in `names`: the sample times (ms), requests/s and
+    /// rejections/s between them, and the share of 5xx responses over them.
     pub fn rates(&self, names: &[Arc<str>]) -> (Vec<u64>, Vec<Value>) {
         self.history.lock().rates(names)
+    }
+
+    /// A reload was tried at `now`; `ok`: it applied.
+    pub fn reloaded(&self, now: Nanos, ok: bool) {
+        *self.last_reload.lock() = Some(LastReload {
+            at: now / NANOS_PER_SEC,
+            ok,
+        });
+    }
+
+    pub fn last_reload(&self) -> Option<LastReload> {
+        *self.last_reload.lock()
     }
 
     /// The keys rejected within [`LIMITED_NOW`] of `now`, most rejected first, as the dashboard shows them.
@@ -156,10 +195,10 @@ impl LimitedKeys {
     }
 }
 
-/// Route counters at one instant: (route, requests, rejections).
+/// Route counters at one instant.
 struct Sample {
     unix_ms: u64,
-    routes: Vec<(Arc<str>, u64, u64)>,
+    routes: Vec<(Arc<str>, RouteCounts)>,
 }
 
 #[derive(Default)]
@@ -175,27 +214,39 @@ impl History {
         self.samples.push_back(sample);
     }
 
-    /// Per route in `names`: requests/s and rejections/s between consecutive samples.
+    /// Per route in `names`: requests/s and rejections/s between consecutive
+    /// samples, and 5xx responses over all responses from the first sample to
+    /// the last (`null` without responses).
     fn rates(&self, names: &[Arc<str>]) -> (Vec<u64>, Vec<Value>) {
         let times: Vec<u64> = self.samples.iter().skip(1).map(|s| s.unix_ms).collect();
         let routes = names
             .iter()
             .map(|name| {
-                let find = |s: &Sample| s.routes.iter().find(|r| r.0 == *name).map(|r| (r.1, r.2));
+                let find = |s: &Sample| s.routes.iter().find(|r| r.0 == *name).map(|r| r.1);
                 let (mut requests, mut rejections) = (Vec::new(), Vec::new());
                 for (a, b) in self.samples.iter().zip(self.samples.iter().skip(1)) {
                     let secs = (b.unix_ms.saturating_sub(a.unix_ms) as f64 / 1000.0).max(0.001);
                     let (r, j) = match (find(a), find(b)) {
                         (Some(x), Some(y)) => (
-                            y.0.saturating_sub(x.0) as f64 / secs,
-                            y.1.saturating_sub(x.1) as f64 / secs,
+                            y.requests.saturating_sub(x.requests) as f64 / secs,
+                            y.rejections.saturating_sub(x.rejections) as f64 / secs,
                         ),
                         _ => (0.0, 0.0),
                     };
                     requests.push(round2(r));
                     rejections.push(round2(j));
                 }
-                json!({"name": **name, "requests_per_second": requests, "rejections_per_second": rejections})
+                let first = self.samples.iter().find_map(find).unwrap_or_default();
+                let last = self.samples.iter().rev().find_map(find).unwrap_or_default();
+                let responses = last.responses.saturating_sub(first.responses);
+                let errors = last.server_errors.saturating_sub(first.server_errors);
+                let share = (responses > 0).then(|| round4(errors as f64 / responses as f64));
+                json!({
+                    "name": **name,
+                    "requests_per_second": requests,
+                    "rejections_per_second": rejections,
+                    "server_error_share": share,
+                })
             })
             .collect();
         (times, routes)
@@ -206,11 +257,24 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+fn round4(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const S: Nanos = NANOS_PER_SEC;
+
+    fn counts(requests: u64, rejections: u64, responses: u64, server_errors: u64) -> RouteCounts {
+        RouteCounts {
+            requests,
+            rejections,
+            responses,
+            server_errors,
+        }
+    }
 
     #[test]
     fn a_flood_of_one_off_keys_never_pushes_out_a_key_limited_hard() {
@@ -253,11 +317,11 @@ mod tests {
         let mut h = History::default();
         h.push(Sample {
             unix_ms: 0,
-            routes: vec![(a.clone(), 10, 0)],
+            routes: vec![(a.clone(), counts(10, 0, 10, 0))],
         });
         h.push(Sample {
             unix_ms: 2000,
-            routes: vec![(a.clone(), 30, 4)],
+            routes: vec![(a.clone(), counts(30, 4, 30, 3))],
         });
         h.push(Sample {
             unix_ms: 4000,
@@ -267,6 +331,11 @@ mod tests {
         assert_eq!(times, vec![2000, 4000]);
         assert_eq!(routes[0]["requests_per_second"], json!([10.0, 0.0]));
         assert_eq!(routes[0]["rejections_per_second"], json!([2.0, 0.0]));
+        assert_eq!(
+            routes[0]["server_error_share"],
+            json!(0.15),
+            "3 of 20 responses"
+        );
         for i in 0..(2 * HISTORY_SAMPLES as u64) {
             h.push(Sample {
                 unix_ms: i,

@@ -1,4 +1,4 @@
-//! The admin listener: per-key status and reset, metrics, health, readiness, reload, effective config.
+//! The admin listener: per-key status and reset, bans, metrics, health, readiness, reload, effective config.
 //!
 //! It listens on its own address (never the public port, `config` enforces
 //! that). With `admin.token` set, every call but `/healthz` and `/readyz`
@@ -24,6 +24,7 @@ use crate::reload::Reloader;
 use crate::snapshot::Snapshot;
 use guard::Refusal;
 
+mod bans;
 mod guard;
 
 pub use guard::is_loopback_host;
@@ -171,6 +172,8 @@ pub async fn handle(
                 json!({"result": "error", "version": snap.version, "errors": e.messages()}),
             ),
         },
+        (&Method::GET, "/bans") => bans::list(app, &snap, req.uri().query().unwrap_or("")).await,
+        (&Method::DELETE, p) if p.starts_with("/bans/") => bans::lift(app, &p["/bans/".len()..]).await,
         (&Method::GET, "/upstreams") => json_response(
             StatusCode::OK,
             json!({"upstreams": upstreams_status(&snap)}),
@@ -186,14 +189,15 @@ pub async fn handle(
         ),
         (_, "/status") => not_allowed("GET, DELETE"),
         (_, "/reload") => not_allowed("POST"),
+        (_, p) if p.starts_with("/bans/") => not_allowed("DELETE"),
         (
             _,
-            "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/" | "/dashboard.js"
-            | "/dashboard.css" | "/dashboard.json",
+            "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/bans" | "/"
+            | "/dashboard.js" | "/dashboard.css" | "/dashboard.json",
         ) => not_allowed("GET"),
         _ => admin_error(
             StatusCode::NOT_FOUND,
-            "Admin paths: / (dashboard), /dashboard.json, /status, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
+            "Admin paths: / (dashboard), /dashboard.json, /status, /bans, /bans/{key}, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
         ),
     }
 }

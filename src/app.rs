@@ -261,15 +261,17 @@ impl App {
         let route = &snap.routes[index];
         let mut limits = None;
         if client.exempt {
-            x.trail.record.decision = Decision::Exempt;
+            x.trail.decide(&route.metrics, Decision::Exempt);
             tracing::debug!(client = %client.ip, route = %route.name, "exempt client passed without limits");
         } else if !route.limiters.is_empty() {
             let store = &self.shared.store;
             if let Some(ban) =
                 crate::protect::banned(store, &snap, route, client, headers, x.now).await
             {
-                inc(&route.metrics.rejected);
-                return Err(ban);
+                x.trail.decide(&route.metrics, Decision::Banned);
+                let shape = snap.reject_shape(index, &ban.limiter);
+                let resp = x.trail.answer(Problem::Banned(Box::new(ban)), shape);
+                return Ok(Admission::Refused(resp));
             }
             match self
                 .check_limiters(&snap, route, client, headers, x.now)
@@ -278,7 +280,7 @@ impl App {
                 Ok(l) => limits = Some(l),
                 // `check_limiters` counted it (and answered from the local table for `local`).
                 Err(_) if snap.config.store.on_error == OnError::Deny => {
-                    inc(&route.metrics.store_error);
+                    x.trail.decide(&route.metrics, Decision::StoreError);
                     return Err(Problem::StoreUnavailable);
                 }
                 Err(_) => {}
@@ -286,19 +288,13 @@ impl App {
         }
 
         if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
-            inc(&route.metrics.rejected);
+            x.trail.decide(&route.metrics, Decision::Rejected);
             if let Some(l) = limits.as_mut() {
                 let at = self.shared.clock.now();
                 let store = &self.shared.store;
                 crate::protect::settle(store, &snap, &mut l.units, &mut l.views, None, at).await;
             }
-            let shape = snap.config.routes[index].reject.as_ref().or_else(|| {
-                snap.config
-                    .limiters
-                    .iter()
-                    .find(|l| l.name == denial.limiter)
-                    .and_then(|l| l.reject.as_ref())
-            });
+            let shape = snap.reject_shape(index, &denial.limiter);
             x.trail.rejected(self, &snap, &denial, &route.name, x.now);
             let mut resp = x
                 .trail
@@ -306,20 +302,18 @@ impl App {
             rate_limit_headers(&snap, index, &limits, &mut resp);
             return Ok(Admission::Refused(resp));
         }
-        if client.exempt {
-            inc(&route.metrics.exempt);
-        } else {
-            inc(&route.metrics.allowed);
+        if !client.exempt {
             let shadow_rejected = limits.as_ref().is_some_and(|l| {
                 l.views
                     .iter()
                     .any(|(i, o)| snap.limiters[*i].shadow && o.verdict.is_deny())
             });
-            x.trail.record.decision = if shadow_rejected {
+            let decision = if shadow_rejected {
                 Decision::ShadowRejected
             } else {
                 Decision::Allowed
             };
+            x.trail.decide(&route.metrics, decision);
         }
 
         if let Some(l) = limits.as_mut() {

@@ -1,20 +1,22 @@
 //! The live dashboard on the admin listener: its page (compiled in), its data, and the sampler that feeds it.
 //!
-//! What it shows besides the counters (keys limited lately, recent rates) is
-//! kept by [`crate::activity`], which the request path records into.
+//! What it shows besides the counters (keys limited lately, recent rates,
+//! the last reload) is kept by [`crate::activity`], which the request path
+//! and the reloader record into. Bans come from `GET /bans`, which the page
+//! asks for itself.
 //!
 //! The page, its script and its stylesheet hold no data and are served
 //! without the token; `GET /dashboard.json` holds the data and needs it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::activity::SAMPLE_EVERY;
+use crate::activity::{RouteCounts, SAMPLE_EVERY};
 use crate::app::App;
+use crate::metrics::Decision;
 
 pub const PAGE: &str = include_str!("dashboard/index.html");
 pub const SCRIPT: &str = include_str!("dashboard/dashboard.js");
@@ -35,12 +37,14 @@ pub async fn sample_loop(app: App, stop: CancellationToken) {
             .iter()
             .map(|r| {
                 let m = &r.metrics;
-                let rejected = m.rejected.load(Ordering::Relaxed);
-                let requests = m.allowed.load(Ordering::Relaxed)
-                    + rejected
-                    + m.exempt.load(Ordering::Relaxed)
-                    + m.store_error.load(Ordering::Relaxed);
-                (r.name.clone(), requests, rejected)
+                let statuses = &m.series.statuses;
+                let counts = RouteCounts {
+                    requests: Decision::ALL.iter().map(|&d| m.requests(d)).sum(),
+                    rejections: m.requests(Decision::Rejected) + m.requests(Decision::Banned),
+                    responses: statuses.sum(100..=999),
+                    server_errors: statuses.sum(500..=599),
+                };
+                (r.name.clone(), counts)
             })
             .collect();
         drop(snap);
@@ -52,13 +56,19 @@ pub async fn sample_loop(app: App, stop: CancellationToken) {
     }
 }
 
-/// Everything the page shows, as `GET /dashboard.json` answers it.
+/// Everything the page shows but the bans, as `GET /dashboard.json` answers it.
 pub fn data(app: &App) -> Value {
     let snap = app.snapshot();
     let shared = &app.shared;
     let now = shared.clock.now();
     let names: Vec<Arc<str>> = snap.routes.iter().map(|r| r.name.clone()).collect();
-    let (times, routes) = shared.activity.rates(&names);
+    let (times, mut routes) = shared.activity.rates(&names);
+    // Latency since start, from the request duration histograms (every decision).
+    for (r, v) in snap.routes.iter().zip(routes.iter_mut()) {
+        let ms = |q| r.metrics.series.quantile(q).map(|s| round1(s * 1000.0));
+        v["p50_ms"] = json!(ms(0.5));
+        v["p99_ms"] = json!(ms(0.99));
+    }
     let limited = shared.activity.limited_now(now);
     let backend = shared.store.backend();
     let healthy = shared.store.healthy();
@@ -66,6 +76,11 @@ pub fn data(app: &App) -> Value {
         "version": snap.version,
         "uptime_seconds": shared.started.elapsed().as_secs(),
         "last_reload_error": *shared.last_reload_error.lock(),
+        "last_reload": shared.activity.last_reload().map(|r| json!({
+            "at": r.at,
+            "at_utc": crate::clock::iso8601(r.at),
+            "result": if r.ok { "ok" } else { "error" },
+        })),
         "store": {
             "backend": backend,
             "healthy": healthy,
@@ -73,9 +88,14 @@ pub fn data(app: &App) -> Value {
             "breaker": (backend == "redis").then_some(if healthy { "closed" } else { "open" }),
             "tracked_keys": shared.store.tracked_keys(),
         },
+        "upstreams": snap.upstreams.iter().map(|u| u.status()).collect::<Vec<_>>(),
         "sample_seconds": SAMPLE_EVERY.as_secs(),
         "times": times,
         "routes": routes,
         "limited": limited,
     })
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
 }

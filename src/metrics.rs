@@ -50,13 +50,17 @@ impl Drop for GaugeGuard {
     }
 }
 
-/// How a request was decided, as the `decision` label and the access log show it.
+/// How a request was decided: the one value the access log's `decision`,
+/// the `decision` label of `tollgate_requests_total` and of
+/// `tollgate_request_duration_seconds` all show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Every limiter allowed it (or the route has none).
     Allowed,
     /// A limiter rejected it (429, or the status its `reject` sets).
     Rejected,
+    /// Refused outright before any limiter counted it: its key is banned (`ban:`).
+    Banned,
     /// Allowed, but a `mode: shadow` limiter would have rejected it.
     ShadowRejected,
     /// The client is in `identity.exempt`: no limiter was asked.
@@ -68,9 +72,10 @@ pub enum Decision {
 }
 
 impl Decision {
-    pub const ALL: [Decision; 6] = [
+    pub const ALL: [Decision; 7] = [
         Decision::Allowed,
         Decision::Rejected,
+        Decision::Banned,
         Decision::ShadowRejected,
         Decision::Exempt,
         Decision::StoreError,
@@ -81,6 +86,7 @@ impl Decision {
         match self {
             Decision::Allowed => "allowed",
             Decision::Rejected => "rejected",
+            Decision::Banned => "banned",
             Decision::ShadowRejected => "shadow_rejected",
             Decision::Exempt => "exempt",
             Decision::StoreError => "store_error",
@@ -112,12 +118,17 @@ impl StatusCounts {
             .get(usize::from(status).wrapping_sub(100))
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
+
+    /// Responses with a status in `range` (e.g. `500..=599`).
+    pub fn sum(&self, range: std::ops::RangeInclusive<u16>) -> u64 {
+        range.map(|s| self.get(s)).sum()
+    }
 }
 
 /// What one route updates for every request it answers.
 pub struct RouteSeries {
     /// Indexed by `Decision as usize`.
-    pub duration: [Arc<Histogram>; 6],
+    pub duration: [Arc<Histogram>; Decision::ALL.len()],
     pub statuses: Arc<StatusCounts>,
 }
 
@@ -125,6 +136,13 @@ impl RouteSeries {
     pub fn observe(&self, decision: Decision, status: u16, elapsed: std::time::Duration) {
         self.duration[decision as usize].observe(elapsed);
         self.statuses.inc(status);
+    }
+
+    /// The `q` quantile (0..=1) of every request's duration since start, in
+    /// seconds, whatever its decision; `None` before the first request.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let all: Vec<&Histogram> = self.duration.iter().map(|h| &**h).collect();
+        histogram::quantile(&all, q)
     }
 }
 
@@ -145,7 +163,7 @@ pub struct Metrics {
 }
 
 const HELP: &[(&str, &str)] = &[
-    ("tollgate_requests_total", "Requests by route and limiter decision (allowed, rejected, exempt, store_error)."),
+    ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
     ("tollgate_connections_refused_total", "Client connections closed at once because a cap was reached, by reason (max_connections, max_connections_per_ip)."),
     ("tollgate_connections_closed_total", "Client connections closed by a timer, by reason (no_request: nothing sent within request_header_timeout; idle: idle_timeout; send_timeout: a write to the client blocked for send_timeout)."),
@@ -160,7 +178,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_store_fallback_total", "Requests decided by the on_error policy (allow, deny, local) because the store failed."),
     ("tollgate_config_reloads_total", "Config reloads by result (ok, error)."),
     ("tollgate_tls_handshake_failures_total", "TLS handshakes that failed, by reason (error, timeout)."),
-    (REQUEST_DURATION, "Time from the request head to the last byte of the response, by route and decision (allowed, rejected, shadow_rejected, exempt, store_error, error)."),
+    (REQUEST_DURATION, "Time from the request head to the last byte of the response, by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error, error)."),
     (UPSTREAM_DURATION, "Time until the upstream's response head arrived (or the forward failed), by upstream."),
     ("tollgate_upstream_server_failures_total", "Failed forwards counted against one server of an upstream (connect, timeout, broken exchange)."),
     ("tollgate_upstream_retries_total", "Requests sent again to the next server because the first could not be reached."),

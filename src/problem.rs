@@ -199,24 +199,7 @@ impl Problem {
                 // The hot reject path: the body written straight into one
                 // buffer (see `reject`), no serializer.
                 let secs = ceil_secs(d.retry_after).max(1);
-                let shaped = match shape.map(|s| &s.body) {
-                    Some(RejectBody::Html) => Some((
-                        render_template(HTML_PAGE, status, secs, &d.limiter, request_id),
-                        HeaderValue::from_static("text/html; charset=utf-8"),
-                    )),
-                    Some(RejectBody::Template { text, content_type }) => Some((
-                        render_template(text, status, secs, &d.limiter, request_id),
-                        HeaderValue::from_str(content_type)
-                            .unwrap_or(HeaderValue::from_static("text/html; charset=utf-8")),
-                    )),
-                    Some(RejectBody::Problem) | None => None,
-                };
-                if let Some((text, content_type)) = shaped {
-                    let mut resp = Response::new(Body::full(text));
-                    *resp.status_mut() = status;
-                    resp.headers_mut().insert(CONTENT_TYPE, content_type);
-                    resp.headers_mut()
-                        .insert(RETRY_AFTER, HeaderValue::from(secs));
+                if let Some(resp) = shaped(shape, status, secs, &d.limiter, request_id) {
                     return resp;
                 }
                 let body = crate::reject::problem_body(&d, status, title, secs, request_id);
@@ -229,6 +212,10 @@ impl Problem {
             }
             Problem::Banned(b) => {
                 let secs = ceil_secs(b.retry_after).max(1);
+                // The page of the limiter's (or route's) `reject`, with the ban's own status.
+                if let Some(resp) = shaped(shape, status, secs, &b.limiter, request_id) {
+                    return resp;
+                }
                 retry_after = Some(secs);
                 let until = b.until.div_ceil(NANOS_PER_SEC);
                 let mut v = base(
@@ -343,6 +330,34 @@ impl Problem {
 /// The built-in page of `reject: { body: html }`: plain, readable on a
 /// phone, and free of anything a browser would fetch.
 const HTML_PAGE: &str = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Too many attempts</title></head>\n<body style=\"font-family: system-ui, sans-serif; max-width: 36em; margin: 4em auto; padding: 0 1em\"><h1>Too many attempts</h1>\n<p>Please wait {{retry_after}} seconds, then try again.</p>\n<p style=\"color: #666\"><small>Status {{status}} · request {{request_id}}</small></p></body></html>\n";
+
+/// A rejection as the `reject` page or template asks (`None`: problem+json).
+fn shaped(
+    shape: Option<&RejectShape>,
+    status: StatusCode,
+    secs: u64,
+    limiter: &str,
+    request_id: Option<&str>,
+) -> Option<Response<Body>> {
+    let (text, content_type) = match &shape?.body {
+        RejectBody::Html => (
+            render_template(HTML_PAGE, status, secs, limiter, request_id),
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        ),
+        RejectBody::Template { text, content_type } => (
+            render_template(text, status, secs, limiter, request_id),
+            HeaderValue::from_str(content_type)
+                .unwrap_or(HeaderValue::from_static("text/html; charset=utf-8")),
+        ),
+        RejectBody::Problem => return None,
+    };
+    let mut resp = Response::new(Body::full(text));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(CONTENT_TYPE, content_type);
+    resp.headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(secs));
+    Some(resp)
+}
 
 /// Replaces `{{status}}`, `{{retry_after}}`, `{{limiter}}` and `{{request_id}}`, HTML-escaped.
 fn render_template(

@@ -20,7 +20,7 @@ use http::{HeaderMap, StatusCode};
 use crate::identity::Client;
 use crate::limiter::Nanos;
 use crate::metrics::inc;
-use crate::problem::{BanDenial, Problem};
+use crate::problem::BanDenial;
 use crate::snapshot::{Route, Snapshot};
 use crate::store::{Outcome, Store};
 
@@ -33,7 +33,7 @@ pub struct Unit {
     pub ticket: Nanos,
 }
 
-/// The refusal for a client banned by a limiter of `route`, if any.
+/// The ban of a client banned by a limiter of `route`, if any.
 pub async fn banned(
     store: &Store,
     snap: &Snapshot,
@@ -41,7 +41,7 @@ pub async fn banned(
     client: &Client,
     headers: &HeaderMap,
     now: Nanos,
-) -> Option<Problem> {
+) -> Option<BanDenial> {
     let mut keys: Vec<(usize, String)> = Vec::new();
     for &i in &route.limiters {
         let l = &snap.limiters[i];
@@ -62,24 +62,26 @@ pub async fn banned(
             return None;
         }
     };
-    let (i, ban) = keys
+    let (i, store_key, ban) = keys
         .iter()
         .zip(found)
-        .filter_map(|((i, _), b)| Some((*i, b?)))
-        .max_by_key(|(_, b)| b.remaining)?;
+        .filter_map(|((i, k), b)| Some((*i, k, b?)))
+        .max_by_key(|(_, _, b)| b.remaining)?;
     let l = &snap.limiters[i];
     inc(&l.metrics.banned);
     let status = l
         .ban
         .as_ref()
         .map_or(StatusCode::TOO_MANY_REQUESTS, |(rule, _)| rule.status);
-    Some(Problem::Banned(Box::new(BanDenial {
+    Some(BanDenial {
         limiter: l.name.clone(),
-        key: client.display().to_string(),
+        // The key as the ban is stored (`h:alice` for a `header:` limiter),
+        // which is also how `GET /bans` lists it.
+        key: l.value_of(store_key).to_string(),
         until: ban.until,
         retry_after: ban.remaining,
         status,
-    })))
+    })
 }
 
 /// Counts a strike for each refusing limiter with `ban:` (`refused`: limiter, store key).

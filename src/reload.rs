@@ -115,6 +115,9 @@ impl Reloader {
             }
         }
         count_reload(app, result.is_ok());
+        app.shared
+            .activity
+            .reloaded(app.shared.clock.now(), result.is_ok());
         result
     }
 
@@ -214,7 +217,9 @@ pub fn count_reload(app: &App, ok: bool) {
 /// Kubernetes ConfigMap mounts that swap a `..data` symlink, and certbot's
 /// `live/` symlinks moving to new files in `archive/`. The extra poll also
 /// lets an ACME client finish writing the certificate *and* the key before
-/// the pair is checked. A rejected edit is tried once, not on every poll.
+/// the pair is checked. A rejected edit is tried once, not on every poll; a
+/// file put back to the config in force after a rejected reload is reloaded
+/// once more, so the error it left is cleared by a reload that succeeds.
 pub async fn watch(
     reloader: Arc<Reloader>,
     path: impl AsRef<Path>,
@@ -250,7 +255,9 @@ pub async fn watch(
         let Ok(now) = tokio::task::spawn_blocking(move || files.read()).await else {
             continue;
         };
-        if now.0.is_some() && now != in_force(&app) && now != attempted && now == seen {
+        let worth_reloading =
+            now != in_force(&app) || app.shared.last_reload_error.lock().is_some();
+        if now.0.is_some() && worth_reloading && now != attempted && now == seen {
             // Reloading reads the files once more; if they moved again, the next poll catches it.
             let _ = reloader.reload().await;
             attempted = now.clone();

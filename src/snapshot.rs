@@ -15,7 +15,7 @@ use crate::config::{Action, Config, KeyPart, LimiterConfig};
 use crate::identity::{Client, Identity};
 use crate::key::{self, StoreKey};
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
-use crate::metrics::{Counter, Histogram, Metrics, RouteSeries};
+use crate::metrics::{Counter, Decision, Histogram, Metrics, RouteSeries};
 use crate::reject::PolicyCache;
 use crate::router::Router;
 
@@ -55,12 +55,22 @@ pub enum RouteAction {
 }
 
 pub struct RouteMetrics {
-    pub allowed: Counter,
-    pub rejected: Counter,
-    pub exempt: Counter,
-    pub store_error: Counter,
+    /// `tollgate_requests_total` of this route, indexed by `Decision as usize`.
+    pub requests: [Counter; Decision::ALL.len()],
     /// Request durations and response statuses.
     pub series: RouteSeries,
+}
+
+impl RouteMetrics {
+    /// Counts one request of this route under `decision`.
+    pub fn count(&self, decision: Decision) {
+        crate::metrics::inc(&self.requests[decision as usize]);
+    }
+
+    /// Requests counted under `decision` so far.
+    pub fn requests(&self, decision: Decision) -> u64 {
+        self.requests[decision as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 pub struct LimiterMetrics {
@@ -123,10 +133,10 @@ impl Snapshot {
             .routes
             .iter()
             .map(|r| {
-                let c = |decision: &str| {
+                let c = |decision: Decision| {
                     metrics.counter(
                         "tollgate_requests_total",
-                        &[("route", &r.name), ("decision", decision)],
+                        &[("route", &r.name), ("decision", decision.as_str())],
                     )
                 };
                 Route {
@@ -146,10 +156,11 @@ impl Snapshot {
                     },
                     limiters: r.limiters.clone(),
                     metrics: RouteMetrics {
-                        allowed: c("allowed"),
-                        rejected: c("rejected"),
-                        exempt: c("exempt"),
-                        store_error: c("store_error"),
+                        // `error` is decided before a route is known: no series of its own here.
+                        requests: Decision::ALL.map(|d| match d {
+                            Decision::Error => Counter::default(),
+                            d => c(d),
+                        }),
                         series: metrics.route_series(&r.name),
                     },
                     policy: PolicyCache::default(),
@@ -172,6 +183,19 @@ impl Snapshot {
             upstreams,
             config: Arc::new(config),
         }
+    }
+}
+
+impl Snapshot {
+    /// How a refusal on route `index` by `limiter` looks: the route's `reject`, else the limiter's.
+    pub fn reject_shape(&self, index: usize, limiter: &str) -> Option<&crate::config::RejectShape> {
+        self.config.routes[index].reject.as_ref().or_else(|| {
+            self.config
+                .limiters
+                .iter()
+                .find(|l| l.name == limiter)
+                .and_then(|l| l.reject.as_ref())
+        })
     }
 }
 

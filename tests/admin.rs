@@ -692,3 +692,96 @@ fn a_state_changing_call_without_a_token_is_logged() {
         "{out}"
     );
 }
+
+/// `a` bans a user name for an hour after one refusal; `b` bans the IP for ten minutes.
+const TWO_BANS: &str = "
+admin: { token: ban-token }
+limiters:
+  a: { limit: 1, window: 60s, key: \"header:X-User\", ban: { after: 1, for: 1h } }
+  b: { limit: 1, window: 60s, key: ip, ban: { after: 1, for: 10m } }
+routes:
+  - { name: users, match: { path: /users }, respond: { status: 200, body: ok }, limiters: [a] }
+  - { name: ips, match: { path: /ips }, respond: { status: 200, body: ok }, limiters: [b] }
+";
+
+async fn bans_page(c: &reqwest::Client, proxy: &Proxy, query: &str) -> (u16, serde_json::Value) {
+    let answer = send(
+        c.get(proxy.admin_url(&format!("/bans{query}")))
+            .bearer_auth("ban-token"),
+    )
+    .await;
+    (answer.status, answer.json())
+}
+
+fn keys(page: &serde_json::Value) -> Vec<&str> {
+    page["bans"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no bans in {page}"))
+        .iter()
+        .map(|b| b["key"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn bans_are_listed_paged_filtered_by_limiter_and_lifted_with_the_token() {
+    let proxy = Proxy::start_with_clock(TWO_BANS, ManualClock::at(T0)).await;
+    let c = client();
+    let get =
+        |path: &str, user: &str| send(c.get(proxy.url(path)).header("x-user", user.to_string()));
+    // Allowed, then refused (the strike that bans).
+    for user in ["u3", "u1", "u2"] {
+        assert_eq!(get("/users", user).await.status, 200);
+        assert_eq!(get("/users", user).await.status, 429);
+    }
+    assert_eq!(get("/ips", "-").await.status, 200);
+    assert_eq!(get("/ips", "-").await.status, 429);
+    assert_eq!(get("/users", "u1").await.json()["type"], "client-banned");
+
+    let (status, all) = bans_page(&c, &proxy, "").await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(
+        keys(&all),
+        ["a:h:u1", "a:h:u2", "a:h:u3", "b:ip:127.0.0.1"],
+        "sorted by key: {all}"
+    );
+    assert_eq!(all["total"], 4);
+    assert_eq!(all["next"], serde_json::Value::Null);
+    let t0 = T0 / 1_000_000_000;
+    let first = &all["bans"][0];
+    assert_eq!(first["limiter"], "a");
+    assert_eq!(first["value"], "h:u1");
+    assert_eq!(first["since"], t0);
+    assert_eq!(first["until"], t0 + 3600);
+    assert_eq!(first["until_utc"], "2026-01-01T01:00:20Z");
+    assert_eq!(first["seconds_left"], 3600);
+    assert_eq!(all["bans"][3]["seconds_left"], 600);
+
+    // Two at a time: the second page starts after the first page's last key.
+    let (_, one) = bans_page(&c, &proxy, "?limit=2").await;
+    assert_eq!(keys(&one), ["a:h:u1", "a:h:u2"]);
+    assert_eq!(one["next"], "a:h:u2");
+    let (_, two) = bans_page(&c, &proxy, "?limit=2&after=a%3Ah%3Au2").await;
+    assert_eq!(keys(&two), ["a:h:u3", "b:ip:127.0.0.1"]);
+    assert_eq!(two["next"], serde_json::Value::Null);
+    let (_, only_b) = bans_page(&c, &proxy, "?limiter=b").await;
+    assert_eq!(keys(&only_b), ["b:ip:127.0.0.1"]);
+    assert_eq!(only_b["total"], 1);
+    let (status, bad) = bans_page(&c, &proxy, "?limit=0").await;
+    assert_eq!(status, 400, "{bad}");
+
+    // Lifting needs the token, then the ban is gone and the key is no longer refused as banned.
+    let lift = proxy.admin_url("/bans/a%3Ah%3Au1");
+    assert_eq!(send(c.delete(&lift)).await.status, 401);
+    let lifted = send(c.delete(&lift).bearer_auth("ban-token")).await;
+    assert_eq!(lifted.status, 200);
+    assert_eq!(lifted.json()["key"], "a:h:u1");
+    assert_eq!(
+        send(c.delete(&lift).bearer_auth("ban-token")).await.status,
+        404,
+        "no ban left to lift"
+    );
+    let (_, after) = bans_page(&c, &proxy, "").await;
+    assert_eq!(keys(&after), ["a:h:u2", "a:h:u3", "b:ip:127.0.0.1"]);
+    assert_ne!(get("/users", "u1").await.json()["type"], "client-banned");
+    assert_eq!(get("/users", "u2").await.json()["type"], "client-banned");
+}

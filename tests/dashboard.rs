@@ -1,10 +1,12 @@
-//! The admin dashboard in a real headless Chromium: chart, limited keys, token, screenshot.
+//! The admin dashboard in a real headless Chromium: chart, limited keys, bans, upstream health, reloads, token, screenshot.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{browser, client, Proxy};
+use common::{browser, client, free_addr, Proxy, Upstream};
+use tollgate::clock::SystemClock;
 
 const TOKEN: &str = "dash-token";
 
@@ -117,15 +119,6 @@ async fn the_dashboard_draws_the_chart_and_the_limited_key_in_a_real_browser() {
         dom.contains("<form id=\"login\" hidden"),
         "no token form once in: {dom}"
     );
-
-    let shot = screenshot_path();
-    {
-        let (url, shot) = (url.clone(), shot.clone());
-        tokio::task::spawn_blocking(move || browser::screenshot(&url, &shot, (1100, 1000), 5_000))
-            .await
-            .unwrap();
-    }
-    println!("dashboard screenshot: {}", shot.display());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,4 +168,178 @@ async fn without_the_token_the_page_shows_no_data_and_asks_for_it() {
     );
     assert!(!dom.contains("ip:127.0.0.1"), "{dom}");
     assert!(dom.contains(">token needed<"), "{dom}");
+}
+
+/// The page as Chromium has it after `budget_ms` of the page's own time.
+async fn dom_of(proxy: &Proxy, budget_ms: u32) -> String {
+    let url = format!("http://{}/#token={TOKEN}", proxy.admin);
+    tokio::task::spawn_blocking(move || browser::run(&url, &["--dump-dom"], budget_ms))
+        .await
+        .unwrap()
+}
+
+/// The `<tr>` of `class` (and more attributes) whose cells hold `cell`.
+fn row_with<'d>(dom: &'d str, class: &str, cell: &str) -> &'d str {
+    dom.split(&format!("<tr class=\"{class}\""))
+        .skip(1)
+        .map(|r| r.split("</tr>").next().unwrap())
+        .find(|r| r.contains(&format!("<td>{cell}</td>")))
+        .unwrap_or_else(|| panic!("no {class} row with {cell} in:\n{dom}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_a_ban_and_a_down_upstream_in_a_real_browser() {
+    let up = Upstream::start().await;
+    let dead = format!("http://{}", free_addr());
+    let proxy = Proxy::start(&format!(
+        "
+admin: {{ token: {TOKEN} }}
+upstreams:
+  app: {{ servers: [\"{}\", \"{dead}\"], fail_timeout: 1h }}
+limiters:
+  strict: {{ limit: 3, window: 60s }}
+  global: {{ limit: 100000, window: 60s }}
+  guard: {{ limit: 1, window: 60s, ban: {{ after: 1, for: 1h }} }}
+routes:
+  - {{ name: login, match: {{ path: /login }}, respond: {{ status: 200, body: welcome }}, limiters: [guard] }}
+  - {{ name: app, match: {{ path_prefix: /app }}, upstream: app }}
+  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [strict] }}
+  - {{ name: hello, match: {{ path_prefix: / }}, respond: {{ status: 200, body: hello }}, limiters: [global] }}
+",
+        up.url()
+    ))
+    .await;
+    let c = client();
+    // A request that meets the dead server takes it out (passive health) and is retried on the live one.
+    let down = common::eventually(Duration::from_secs(10), || async {
+        common::status(&c, &proxy.url("/app"), &[]).await;
+        let u = get_json_auth(&c, &proxy, "/upstreams").await;
+        u["upstreams"][0]["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["state"] == "down")
+    })
+    .await;
+    assert!(down, "the dead server is never marked down");
+    // Allowed, refused (the strike that bans), banned.
+    for _ in 0..3 {
+        common::status(&c, &proxy.url("/login"), &[]).await;
+    }
+    traffic_until_charted(&c, &proxy).await;
+
+    let dom = dom_of(&proxy, 5_000).await;
+    let ban = row_with(&dom, "ban", "guard:ip:127.0.0.1");
+    assert!(ban.contains("<td>guard</td>"), "{ban}");
+    assert!(
+        ban.contains("<button type=\"button\" class=\"lift\">Lift</button>"),
+        "{ban}"
+    );
+    let left = ban.split("<td class=\"num left\">").nth(1).unwrap();
+    assert!(
+        left.starts_with("59m ") || left.starts_with("1h 0m"),
+        "time left: {ban}"
+    );
+    assert!(
+        dom.contains("<span id=\"banned\" class=\"value bad\">1</span>"),
+        "{dom}"
+    );
+    // Servers are shown as URLs, with their path.
+    let server = row_with(
+        &dom,
+        "upstream-server\" data-state=\"down",
+        &format!("{dead}/"),
+    );
+    assert!(
+        server.contains("<td class=\"state bad\">down</td>"),
+        "{server}"
+    );
+    assert!(server.contains("<td>app</td>"), "{server}");
+    row_with(
+        &dom,
+        "upstream-server\" data-state=\"up",
+        &format!("{}/", up.url()),
+    );
+    assert!(dom.contains(">upstream down<"), "status pill: {dom}");
+    let app = row_with(&dom, "route-health", "app");
+    assert!(app.matches(" ms</td>").count() == 2, "p50 and p99: {app}");
+
+    let shot = screenshot_path();
+    {
+        let url = format!("http://{}/#token={TOKEN}", proxy.admin);
+        let shot = shot.clone();
+        tokio::task::spawn_blocking(move || browser::screenshot(&url, &shot, (1000, 1080), 5_000))
+            .await
+            .unwrap();
+    }
+    println!("dashboard screenshot: {}", shot.display());
+}
+
+async fn get_json_auth(c: &reqwest::Client, proxy: &Proxy, path: &str) -> serde_json::Value {
+    let r = c
+        .get(proxy.admin_url(path))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_str(&r.text().await.unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_reload_shows_its_time_and_its_banner_clears_once_the_file_is_fixed() {
+    let proxy = Proxy::start_in(
+        YAML,
+        Arc::new(SystemClock),
+        tempfile::tempdir().unwrap(),
+        Some(Duration::from_millis(100)),
+    )
+    .await;
+    let c = client();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // An edit naming a limiter that does not exist: rejected, the old config serves.
+    proxy.write_config(&YAML.replace("limiters: [strict]", "limiters: [missing]"));
+    let last = std::cell::RefCell::new(serde_json::Value::Null);
+    let rejected = common::eventually(Duration::from_secs(10), || async {
+        let d = dashboard_json(&c, &proxy).await;
+        let seen = d["last_reload"]["result"] == "error" && d["last_reload_error"].is_string();
+        *last.borrow_mut() = d;
+        seen
+    })
+    .await;
+    assert!(rejected, "no rejected reload: {}", last.borrow());
+    let at = last.borrow()["last_reload"]["at"].as_u64().unwrap();
+    assert!(at >= started, "{at} < {started}");
+    let dom = dom_of(&proxy, 3_000).await;
+    assert!(
+        dom.contains("<section id=\"reload-error\" class=\"error\">"),
+        "{dom}"
+    );
+    assert!(dom.contains("missing"), "the error shows: {dom}");
+
+    // The file put back as it was: the banner goes, the reload that cleared it shows.
+    proxy.write_config(YAML);
+    let cleared = common::eventually(Duration::from_secs(10), || async {
+        let d = dashboard_json(&c, &proxy).await;
+        let seen = d["last_reload"]["result"] == "ok" && d["last_reload_error"].is_null();
+        *last.borrow_mut() = d;
+        seen
+    })
+    .await;
+    assert!(
+        cleared,
+        "the rejected reload's error stays: {}",
+        last.borrow()
+    );
+    let dom = dom_of(&proxy, 3_000).await;
+    assert!(
+        dom.contains("<section id=\"reload-error\" class=\"error\" hidden"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("<span id=\"reload\" class=\"value\">applied "),
+        "{dom}"
+    );
 }

@@ -303,6 +303,27 @@ async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
     assert!((3590..=3600).contains(&retry), "{retry}");
     assert_eq!(status_of(&c, &a).await["ban"]["banned"], true);
 
+    // Every proxy lists the fleet's bans from Redis, and any of them lifts one for all.
+    let listed = get_json(&c, &a.admin_url("/bans")).await;
+    assert_eq!(listed["backend"], "redis");
+    assert_eq!(listed["total"], 1, "{listed}");
+    let key = listed["bans"][0]["key"].as_str().unwrap().to_string();
+    assert_eq!(key, "failed_logins:ip:127.0.0.1");
+    assert!((3590..=3600).contains(&listed["bans"][0]["seconds_left"].as_u64().unwrap()));
+    let lifted = c
+        .delete(b.admin_url(&format!("/bans/{key}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lifted.status(), 200);
+    assert_eq!(get_json(&c, &a.admin_url("/bans")).await["total"], 0);
+    let after_lift = login(&c, &a, "right", "").await;
+    assert_eq!(
+        after_lift.body["type"], "rate-limit-exceeded",
+        "no longer banned; the limiter's own count stays: {}",
+        after_lift.body
+    );
+
     let reset = c
         .delete(b.admin_url("/status?key=127.0.0.1"))
         .send()
@@ -314,4 +335,117 @@ async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
         200,
         "lifted everywhere"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_banned_request_is_decision_banned_in_the_access_log_the_histogram_and_the_counters() {
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let yaml = format!(
+        "log: {{ format: json }}\n{}",
+        config(
+            &php,
+            "{ status: [401, 403] }",
+            "    ban: { after: 1, for: 1h }\n"
+        )
+    );
+    let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(T0)).await;
+    let access = common::AccessCapture::attach(&proxy);
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(login(&c, &proxy, "wrong", "").await.status, 401);
+    }
+    // The sixth failure is refused by the limiter and starts the ban.
+    let refused = login(&c, &proxy, "wrong", "").await;
+    assert_eq!(refused.body["type"], "rate-limit-exceeded");
+    let banned = login(&c, &proxy, "right", "").await;
+    assert_eq!(banned.status, 429);
+    assert_eq!(banned.body["type"], "client-banned", "{}", banned.body);
+
+    let records = access.wait_records(7).await;
+    let last = &records[6];
+    assert_eq!(last["decision"], "banned", "{last}");
+    assert_eq!(last["limiter"], "failed_logins", "{last}");
+    assert_eq!(last["retry_after"], 3600, "{last}");
+    assert_eq!(records[5]["decision"], "rejected", "{}", records[5]);
+
+    let route = "route=\"login\"";
+    let metrics = proxy.metrics().await;
+    for line in [
+        format!("tollgate_requests_total{{{route},decision=\"banned\"}} 1"),
+        format!("tollgate_requests_total{{{route},decision=\"rejected\"}} 1"),
+        format!("tollgate_request_duration_seconds_count{{{route},decision=\"banned\"}} 1"),
+        format!("tollgate_request_duration_seconds_count{{{route},decision=\"rejected\"}} 1"),
+        format!("tollgate_request_duration_seconds_count{{{route},decision=\"error\"}} 0"),
+    ] {
+        assert!(
+            metrics.contains(&format!("{line}\n")),
+            "no `{line}` in:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_429_of_a_ban_on_a_header_names_the_header_key_as_stored() {
+    let proxy = Proxy::start_with_clock(
+        "
+limiters:
+  per_user: { limit: 1, window: 15m, key: \"header:X-Username\", ban: { after: 1, for: 1h } }
+routes:
+  - { name: login, match: { path: /login }, respond: { status: 200, body: ok }, limiters: [per_user] }
+",
+        ManualClock::at(T0),
+    )
+    .await;
+    let c = client();
+    let as_alice = || common::send(c.post(proxy.url("/login")).header("x-username", "alice"));
+    assert_eq!(as_alice().await.status, 200);
+    assert_eq!(as_alice().await.json()["type"], "rate-limit-exceeded");
+    let banned = as_alice().await;
+    let body = banned.json();
+    assert_eq!(banned.status, 429);
+    assert_eq!(body["type"], "client-banned", "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("Key 'h:alice' is banned until"),
+        "the banned key, not the client's IP: {detail}"
+    );
+    // The same key `GET /bans` lists and `DELETE /bans/{key}` takes.
+    let bans = get_json(&c, &proxy.admin_url("/bans")).await;
+    assert_eq!(bans["bans"][0]["key"], "per_user:h:alice", "{bans}");
+    assert_eq!(bans["bans"][0]["value"], "h:alice", "{bans}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_banned_client_gets_the_limiters_html_page_with_the_bans_status() {
+    let php_dir = tempfile::tempdir().unwrap();
+    let php = start_php(php_dir.path());
+    let yaml = config(
+        &php,
+        "{ status: [401, 403] }",
+        "    ban: { after: 1, for: 1h, status: 403 }\n    reject: { body: html }\n",
+    );
+    let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(T0)).await;
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(login(&c, &proxy, "wrong", "").await.status, 401);
+    }
+    assert_eq!(login(&c, &proxy, "wrong", "").await.status, 429);
+    let resp = c
+        .post(proxy.url("/login.php"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("user=alice&password=right")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403, "the ban's status");
+    assert_eq!(resp.headers()["retry-after"], "3600");
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/html; charset=utf-8",
+        "the limiter's reject page, not problem+json"
+    );
+    let page = resp.text().await.unwrap();
+    assert!(page.contains("<html") && page.contains("3600"), "{page}");
+    assert_eq!(failed(&php), 5, "the banned attempt never reached PHP");
 }

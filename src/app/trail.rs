@@ -14,7 +14,7 @@ use crate::limiter::Nanos;
 use crate::metrics::Decision;
 use crate::problem::{Denial, Problem};
 use crate::request_id::RequestId;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{RouteMetrics, Snapshot};
 
 /// The access phase: what the log and the request metrics say about one
 /// request, filled in as it goes and emitted once, when the response body
@@ -62,15 +62,25 @@ impl Trail {
         }
     }
 
-    /// A problem answered locally: the record learns where it came from.
+    /// How the request was decided: the one place that sets the access
+    /// record's `decision` (which the duration histogram reads when the
+    /// request ends) and counts `tollgate_requests_total` with it.
+    pub(super) fn decide(&mut self, metrics: &RouteMetrics, decision: Decision) {
+        self.record.decision = decision;
+        metrics.count(decision);
+    }
+
+    /// A problem answered locally: the record learns where it came from
+    /// (and, for a ban, which limiter banned and until when).
     pub(super) fn answer(
         &mut self,
         problem: Problem,
         shape: Option<&RejectShape>,
     ) -> Response<Body> {
         self.record.error_origin = Some(problem.origin());
-        if matches!(problem, Problem::StoreUnavailable) {
-            self.record.decision = Decision::StoreError;
+        if let Problem::Banned(ban) = &problem {
+            self.record.limiter = Some(ban.limiter.clone());
+            self.record.retry_after = Some(crate::limiter::ceil_secs(ban.retry_after).max(1));
         }
         problem.respond(Some(&self.record.request_id), shape)
     }
@@ -85,7 +95,6 @@ impl Trail {
         route: &Arc<str>,
         now: Nanos,
     ) {
-        self.record.decision = Decision::Rejected;
         self.record.limiter = Some(denial.limiter.clone());
         self.record.retry_after = Some(crate::limiter::ceil_secs(denial.retry_after).max(1));
         app.shared

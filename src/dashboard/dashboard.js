@@ -1,8 +1,10 @@
-// tollgate's admin dashboard: polls /dashboard.json and draws it. No
-// framework, no build step; every value reaches the page as text, never HTML.
+// tollgate's admin dashboard: polls /dashboard.json and /bans and draws
+// them. No framework, no build step; every value reaches the page as text,
+// never HTML.
 "use strict";
 
 const POLL_MS = 2000;
+const BANS_SHOWN = 50;
 const COLORS = ["#1570ef", "#e04f16", "#079455", "#7a5af8", "#dd2590", "#ca8504", "#0e9384", "#475467"];
 const SVG = "http://www.w3.org/2000/svg";
 const $ = (id) => document.getElementById(id);
@@ -18,14 +20,20 @@ function takeToken() {
   return sessionStorage.getItem("tollgate-token");
 }
 
+function authHeaders() {
+  const token = takeToken();
+  return token ? { Authorization: "Bearer " + token } : {};
+}
+
 let timer = null;
 
 async function poll() {
   const token = takeToken();
-  const headers = token ? { Authorization: "Bearer " + token } : {};
-  let resp;
+  const headers = authHeaders();
+  let resp, bans;
   try {
     resp = await fetch("/dashboard.json", { headers, cache: "no-store" });
+    bans = resp.ok ? await fetch("/bans?limit=" + BANS_SHOWN, { headers, cache: "no-store" }) : null;
   } catch (e) {
     setStatus("unreachable", false);
     return schedule();
@@ -42,7 +50,7 @@ async function poll() {
     setStatus("HTTP " + resp.status, false);
     return schedule();
   }
-  render(await resp.json());
+  render(await resp.json(), bans && bans.ok ? await bans.json() : null);
   schedule();
 }
 
@@ -57,10 +65,12 @@ function setStatus(text, ok) {
   s.className = "pill " + (ok ? "ok" : "bad");
 }
 
-function render(d) {
+function render(d, bans) {
   $("login").hidden = true;
   $("main").hidden = false;
-  setStatus(d.store.healthy ? "serving" : "store failing", d.store.healthy);
+  const down = d.upstreams.some((u) => u.servers.some((s) => s.state !== "up"));
+  const trouble = !d.store.healthy ? "store failing" : down ? "upstream down" : d.last_reload_error ? "reload rejected" : null;
+  setStatus(trouble || "serving", !trouble);
   $("version").textContent = d.version;
   $("uptime").textContent = duration(d.uptime_seconds);
   const store = $("store");
@@ -70,9 +80,18 @@ function render(d) {
   breaker.textContent = d.store.breaker || "none (" + d.store.backend + ")";
   breaker.className = "value" + (d.store.breaker === "open" ? " bad" : "");
   $("tracked").textContent = d.store.tracked_keys;
+  $("banned").textContent = bans ? bans.total : "–";
+  $("banned").className = "value" + (bans && bans.total > 0 ? " bad" : "");
+  const reload = $("reload");
+  reload.textContent = d.last_reload ? (d.last_reload.result === "ok" ? "applied " : "rejected ") + clock(d.last_reload.at) : "none yet";
+  reload.className = "value" + (d.last_reload && d.last_reload.result !== "ok" ? " bad" : "");
   $("reload-error").hidden = !d.last_reload_error;
+  $("reload-error-at").textContent = d.last_reload ? " at " + clock(d.last_reload.at) : "";
   $("reload-error-text").textContent = d.last_reload_error || "";
   chart(d);
+  routes(d);
+  upstreams(d);
+  banList(bans);
   limited(d);
 }
 
@@ -109,27 +128,113 @@ function chart(d) {
     const item = document.createElement("span");
     const swatch = document.createElement("i");
     swatch.style.background = color;
-    const last = (a) => (a.length ? a[a.length - 1] : 0);
     item.append(swatch, r.name + ": " + fmt(last(r.requests_per_second)) + " req/s, " + fmt(last(r.rejections_per_second)) + " rejected/s");
     legend.append(item);
   });
+}
+
+// Per route: latency percentiles since start, 5xx share over the chart's span.
+function routes(d) {
+  const body = $("routes").tBodies[0];
+  body.replaceChildren();
+  for (const r of d.routes) {
+    const share = r.server_error_share;
+    row(body, "route-health", [
+      [r.name],
+      [fmt(last(r.requests_per_second)), "num"],
+      [fmt(last(r.rejections_per_second)), "num"],
+      [share === null ? "–" : pct(share), "num" + (share > 0 ? " bad" : "")],
+      [ms(r.p50_ms), "num"],
+      [ms(r.p99_ms), "num"],
+    ]);
+  }
+}
+
+function upstreams(d) {
+  const body = $("upstreams").tBodies[0];
+  body.replaceChildren();
+  for (const u of d.upstreams) {
+    for (const s of u.servers) {
+      const tr = row(body, "upstream-server", [
+        [u.name],
+        [s.url],
+        [s.state, "state " + (s.state === "up" ? "ok" : "bad")],
+        [s.in_flight, "num"],
+        [s.fails, "num" + (s.fails > 0 ? " bad" : "")],
+        [s.health_check || "off"],
+        [u.queue.waiting + " / " + u.queue.size, "num"],
+      ]);
+      tr.dataset.state = s.state;
+    }
+  }
+  $("upstreams").hidden = d.upstreams.length === 0;
+  $("no-upstreams").hidden = d.upstreams.length > 0;
+}
+
+// Bans with a countdown; the lift button asks first, then sends DELETE /bans/{key}.
+let banDeadlines = [];
+
+function banList(bans) {
+  const body = $("bans").tBodies[0];
+  body.replaceChildren();
+  banDeadlines = [];
+  const list = bans ? bans.bans : [];
+  for (const b of list) {
+    const tr = row(body, "ban", [[b.key], [b.limiter], ["", "num left"], [clock(b.until)], [""]]);
+    const left = tr.cells[2];
+    banDeadlines.push([left, Date.now() + b.seconds_left * 1000]);
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "lift";
+    button.textContent = "Lift";
+    button.addEventListener("click", () => lift(b.key));
+    tr.cells[4].append(button);
+  }
+  tick();
+  $("bans").hidden = list.length === 0;
+  $("none-banned").hidden = list.length > 0;
+  $("none-banned").textContent = bans ? "Nobody is banned." : "Bans could not be read.";
+  $("bans-more").hidden = !bans || bans.total <= list.length;
+  $("bans-more").textContent = bans ? "Showing " + list.length + " of " + bans.total + " (GET /bans pages through all)." : "";
+}
+
+function tick() {
+  for (const [cell, deadline] of banDeadlines) {
+    cell.textContent = duration(Math.max(0, Math.ceil((deadline - Date.now()) / 1000)));
+  }
+}
+
+async function lift(key) {
+  if (!confirm("Lift the ban on " + key + "? Its requests are admitted again (its limiter still counts them).")) return;
+  try {
+    const r = await fetch("/bans/" + encodeURIComponent(key), { method: "DELETE", headers: authHeaders() });
+    if (!r.ok && r.status !== 404) alert("Lifting failed: HTTP " + r.status);
+  } catch (e) {
+    alert("Lifting failed: the admin listener is unreachable.");
+  }
+  poll();
 }
 
 function limited(d) {
   const body = $("limited").tBodies[0];
   body.replaceChildren();
   for (const k of d.limited) {
-    const tr = body.insertRow();
-    tr.className = "limited-key";
-    const cells = [k.key, k.limiter, k.route, k.rejections, clock(k.since), clock(k.last)];
-    cells.forEach((v, i) => {
-      const td = tr.insertCell();
-      td.textContent = v;
-      if (i === 3) td.className = "num";
-    });
+    row(body, "limited-key", [[k.key], [k.limiter], [k.route], [k.rejections, "num"], [clock(k.since)], [clock(k.last)]]);
   }
   $("limited").hidden = d.limited.length === 0;
   $("none-limited").hidden = d.limited.length > 0;
+}
+
+// One table row of [text, class] cells.
+function row(body, cls, cells) {
+  const tr = body.insertRow();
+  tr.className = cls;
+  for (const [text, tdClass] of cells) {
+    const td = tr.insertCell();
+    td.textContent = text;
+    if (tdClass) td.className = tdClass;
+  }
+  return tr;
 }
 
 function el(parent, name, attrs) {
@@ -145,14 +250,26 @@ function niceCeil(v) {
   return 10 * p;
 }
 
+function last(a) {
+  return a.length ? a[a.length - 1] : 0;
+}
+
 function fmt(v) {
   return v >= 10 ? Math.round(v).toString() : (Math.round(v * 10) / 10).toString();
 }
 
+function pct(share) {
+  return (Math.round(share * 1000) / 10).toString() + "%";
+}
+
+function ms(v) {
+  return v === null ? "–" : v >= 10 ? Math.round(v) + " ms" : (Math.round(v * 10) / 10) + " ms";
+}
+
 function duration(s) {
   if (s < 120) return s + "s";
-  if (s < 7200) return Math.round(s / 60) + "m";
-  return Math.round(s / 3600) + "h";
+  if (s < 7200) return Math.floor(s / 60) + "m " + (s % 60) + "s";
+  return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
 }
 
 function clock(unix) {
@@ -166,5 +283,6 @@ document.addEventListener("DOMContentLoaded", () => {
     $("token").value = "";
     poll();
   });
+  setInterval(tick, 1000);
   poll();
 });

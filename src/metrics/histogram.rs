@@ -46,6 +46,11 @@ impl Histogram {
         self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
     }
 
+    /// Observations per bucket (not cumulative), `+Inf` last.
+    fn bucket_counts(&self) -> [u64; BOUNDS.len() + 1] {
+        std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed))
+    }
+
     /// Appends the `_bucket`, `_sum` and `_count` lines; `labels` is `k="v",…` or empty.
     pub fn render(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
@@ -79,6 +84,35 @@ impl Histogram {
     }
 }
 
+/// The `q` quantile (0..=1) of the observations of `histograms` together, in
+/// seconds, interpolated linearly inside its bucket as Prometheus'
+/// `histogram_quantile` does (above the last bound: that bound). `None`
+/// without observations.
+pub fn quantile(histograms: &[&Histogram], q: f64) -> Option<f64> {
+    let mut buckets = [0u64; BOUNDS.len() + 1];
+    for h in histograms {
+        for (sum, n) in buckets.iter_mut().zip(h.bucket_counts()) {
+            *sum += n;
+        }
+    }
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let rank = q.clamp(0.0, 1.0) * total as f64;
+    let mut below = 0u64;
+    for (i, &n) in buckets.iter().enumerate() {
+        if n > 0 && (below + n) as f64 >= rank {
+            let Some(&upper) = BOUNDS.get(i) else { break };
+            let lower = if i == 0 { 0.0 } else { BOUNDS[i - 1] };
+            let into = ((rank - below as f64) / n as f64).clamp(0.0, 1.0);
+            return Some(lower + (upper - lower) * into);
+        }
+        below += n;
+    }
+    Some(BOUNDS[BOUNDS.len() - 1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +144,22 @@ mod tests {
         );
         assert!(out.contains("t_count{route=\"r\"} 3\n"), "{out}");
         assert!(out.contains("t_sum{route=\"r\"} 60.004\n"), "{out}");
+    }
+
+    #[test]
+    fn quantiles_interpolate_inside_the_bucket_they_fall_in() {
+        let fast = Histogram::default();
+        let slow = Histogram::default();
+        for _ in 0..98 {
+            fast.observe(Duration::from_micros(1_500)); // (1 ms, 2.5 ms]
+        }
+        for _ in 0..2 {
+            slow.observe(Duration::from_secs(60)); // +Inf
+        }
+        let both = [&fast, &slow];
+        let p50 = quantile(&both, 0.5).unwrap();
+        assert!((p50 - (0.001 + 0.0015 * 50.0 / 98.0)).abs() < 1e-9, "{p50}");
+        assert_eq!(quantile(&both, 0.99), Some(30.0), "above every bound");
+        assert_eq!(quantile(&[&Histogram::default()], 0.5), None);
     }
 }

@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, Transaction};
 
 use super::redis::Redis;
-use super::StoreError;
+use super::{Store, StoreError};
 use crate::clock::iso8601;
 use crate::config::LimiterConfig;
 use crate::limiter::ban::{BanRule, BanState};
@@ -41,6 +41,14 @@ const SHARDS: usize = 16;
 pub struct Banned {
     pub until: Nanos,
     pub remaining: Nanos,
+}
+
+/// A ban in force, as `GET /bans` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveBan {
+    /// The store key, `<limiter>:<key value>`.
+    pub key: String,
+    pub ban: Banned,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -208,6 +216,25 @@ impl Bans {
             .sum()
     }
 
+    /// Every key banned at `now`, in no order.
+    pub fn list(&self, now: Nanos) -> Vec<ActiveBan> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock();
+            out.extend(shard.map.iter().filter_map(|(key, e)| {
+                let until = e.state.banned(now)?;
+                Some(ActiveBan {
+                    key: key.to_string(),
+                    ban: Banned {
+                        until,
+                        remaining: until - now,
+                    },
+                })
+            }));
+        }
+        out
+    }
+
     /// New keys whose strikes were not kept because the table was full.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
@@ -350,6 +377,52 @@ impl Redis {
             .collect())
     }
 
+    /// Every ban in force in Redis: a `SCAN` for the ban hashes of this
+    /// prefix, then their time left read on Redis' clock (a hash that holds
+    /// only strikes is not a ban).
+    pub async fn list_bans(&self) -> Result<Vec<ActiveBan>, StoreError> {
+        let prefix = self.key(&redis_key(""));
+        let pattern = format!("{}*", glob_escape(&prefix));
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = ::redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let cmd = &cmd;
+            let (next, found): (u64, Vec<String>) = self
+                .call(|mut con| async move { cmd.query_async(&mut con).await })
+                .await?;
+            keys.extend(
+                found
+                    .into_iter()
+                    .filter_map(|k| k.strip_prefix(&prefix).map(str::to_string)),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        // SCAN may return a key twice.
+        keys.sort_unstable();
+        keys.dedup();
+        let mut out = Vec::new();
+        for chunk in keys.chunks(256) {
+            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let found = self.banned(&refs).await?;
+            out.extend(chunk.iter().zip(found).filter_map(|(key, ban)| {
+                Some(ActiveBan {
+                    key: key.clone(),
+                    ban: ban?,
+                })
+            }));
+        }
+        Ok(out)
+    }
+
     /// Counts one rejection of `store_key`; returns the ban when this strike starts one.
     pub async fn strike(
         &self,
@@ -378,6 +451,45 @@ impl Redis {
                 remaining,
             }
         }))
+    }
+}
+
+/// A Redis `MATCH` pattern that matches `text` literally.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Bans in force across backends, for `GET /bans` and `DELETE /bans/{key}`:
+/// the local table for memory and SQLite, Redis' own keys for a fleet.
+impl Store {
+    /// Every ban in force at `now`, sorted by store key.
+    pub async fn ban_list(&self, now: Nanos) -> Result<Vec<ActiveBan>, StoreError> {
+        let mut out = match &self.redis {
+            Some(r) => r.list_bans().await?,
+            None => self.bans.list(now),
+        };
+        out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Lifts the ban on the store key `key` and forgets its strikes (SQLite
+    /// deletes its row with the next write); `false` when it was not banned.
+    pub async fn lift_ban(&self, key: &str, now: Nanos) -> Result<bool, StoreError> {
+        let banned = self.banned(&[key], now).await?[0].is_some();
+        if banned {
+            self.bans.lift(&[key.to_string()]);
+            if let Some(r) = &self.redis {
+                r.reset(&[redis_key(key)]).await?;
+            }
+        }
+        Ok(banned)
     }
 }
 
@@ -424,5 +536,31 @@ mod tests {
         assert_eq!(bans.take_changes().len(), 1, "handed over again");
         assert_eq!(bans.lift(&["l:a".to_string()]), 1);
         assert_eq!(bans.take_changes(), vec![("l:a".into(), None)]);
+    }
+
+    #[test]
+    fn the_list_holds_bans_in_force_and_neither_strikes_nor_ended_bans() {
+        let bans = Bans::new(false);
+        let w = 10 * NANOS_PER_SEC;
+        let twice = BanRule { after: 2, ..once() };
+        bans.strike("l:banned", &once(), w, T0);
+        bans.strike("l:struck", &twice, w, T0);
+        let listed = bans.list(T0 + NANOS_PER_SEC);
+        assert_eq!(
+            listed,
+            vec![ActiveBan {
+                key: "l:banned".into(),
+                ban: Banned {
+                    until: T0 + 60 * NANOS_PER_SEC,
+                    remaining: 59 * NANOS_PER_SEC,
+                },
+            }]
+        );
+        assert!(bans.list(T0 + 60 * NANOS_PER_SEC).is_empty());
+    }
+
+    #[test]
+    fn a_match_pattern_takes_the_prefix_literally() {
+        assert_eq!(glob_escape("a*{b}[c]?\\"), "a\\*{b}\\[c\\]\\?\\\\");
     }
 }
