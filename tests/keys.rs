@@ -118,7 +118,8 @@ fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_li
     let most = most.load(Ordering::Relaxed);
     let overflow = metric(&text, "tollgate_keys_overflow_total").unwrap();
     let evicted = metric(&text, "tollgate_keys_evicted_total").unwrap();
-    eprintln!("RSS {rss_before} KiB -> {rss_after} KiB over 45,000 new identities; gauge peak {most}, overflow {overflow}, evicted {evicted}");
+    let live = metric(&text, "tollgate_keys_evicted_live_total").unwrap();
+    eprintln!("RSS {rss_before} KiB -> {rss_after} KiB over 45,000 new identities; gauge peak {most}, overflow {overflow}, evicted {evicted} (live {live})");
     assert!(tracked <= 1000.0, "tracked {tracked}");
     assert!(most <= 1000, "the gauge peaked at {most}");
     assert!(
@@ -126,14 +127,10 @@ fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_li
         "the table did fill up ({most}): the bound was reached"
     );
     assert_eq!(metric(&text, "tollgate_max_keys"), Some(1000.0));
-    assert!(
-        overflow > 40_000.0,
-        "overflow decisions counted: {overflow}"
-    );
-    assert!(
-        evicted > 0.0,
-        "token buckets at rest were evicted: {evicted}"
-    );
+    // One request of 5 each: the flood's own keys are the lightest, and
+    // room is made by evicting them (the limited client's key never).
+    assert!(live > 40_000.0, "light live keys evicted: {live}");
+    assert!(evicted >= live, "evicted {evicted} counts the live ones");
     // Measured: bounded, +1 MB; the same flood with no effective bound
     // (max_keys: 1000000) grows RSS by ~17 MB. The gauge above is the exact
     // check; this one catches whatever else might grow per identity.

@@ -33,8 +33,9 @@ pub use sqlite::AuditRow;
 pub struct Check<'a> {
     /// `<limiter name>:<key value>`, e.g. `strict:ip:203.0.113.9` (see [`crate::key`]).
     pub key: &'a str,
-    /// The limiter's overflow key: where the check is counted when the
-    /// process already tracks `store.max_keys` keys and none of them rests.
+    /// The limiter's overflow key: where the check is counted when the key's
+    /// share of `store.max_keys` is full of keys at or over half their quota
+    /// (see [`memory`]).
     pub overflow: &'a str,
     pub algorithm: &'a Algorithm,
     /// Counts and reports, never blocks the request.
@@ -406,7 +407,7 @@ impl Store {
         self.table.max_keys()
     }
 
-    /// Evictions, overflow decisions and refusals of the bounded table.
+    /// Evictions (at rest and live), overflow decisions and refusals of the bounded table.
     pub fn key_counters(&self) -> &memory::KeyCounters {
         self.table.counters()
     }
