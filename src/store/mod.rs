@@ -75,14 +75,14 @@ pub enum StoreError {
         source: rusqlite::Error,
     },
     #[error(
-        "another process is already using the SQLite store {path} (it holds the lock {lock}); \
-         one tollgate per file: give each instance its own store.path, or share counters with backend: redis"
+        "another process is already using the SQLite store {path} (the file {file}, under this \
+         or any other name: it holds the file's lock); one tollgate per file: give each instance \
+         its own store.path, or share counters with backend: redis"
     )]
-    InUse { path: PathBuf, lock: PathBuf },
-    #[error("cannot lock the SQLite store {path} (lock file {lock}): {source}")]
+    InUse { path: PathBuf, file: PathBuf },
+    #[error("cannot lock the SQLite store {path}: {source}")]
     Lock {
         path: PathBuf,
-        lock: PathBuf,
         #[source]
         source: std::io::Error,
     },
