@@ -19,9 +19,8 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 
-/// A store key as the table files it. Ordered only so that keys of equal
-/// weight have a stable order when a shard picks its lightest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// A store key as the table files it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyHash {
     /// Hashes the key within its shard.
     low: u64,

@@ -1,6 +1,6 @@
 //! One shard of the table: its entries by key hash, what changed for the writer, and what it forgets to make room (state at rest, then the lightest live keys).
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
 use super::key_hash::{BuildPassThrough, KeyHash};
 use super::{note_rows, Forgotten, Rows};
@@ -517,19 +517,30 @@ impl Shard {
             return false;
         }
         let batch = (self.map.len() / LIGHT_BATCH).max(1);
-        // A max-heap of the lightest `batch` so far: the heaviest of them on top.
-        let mut lightest: BinaryHeap<(u8, KeyHash)> = BinaryHeap::with_capacity(batch + 1);
+        // Two walks, no sorting of the shard: count the evictable entries of
+        // each weight, then take the lightest `batch` by those counts.
+        let mut left = [0usize; EVICTABLE_BELOW as usize];
+        for e in self.map.values().filter(|e| e.light()) {
+            left[usize::from(e.standing)] += 1;
+        }
+        let mut wanted = batch;
+        for n in left.iter_mut() {
+            *n = (*n).min(wanted);
+            wanted -= *n;
+        }
+        self.light_search = Some((now, wanted == 0));
+        let mut found: Vec<(u8, KeyHash)> = Vec::with_capacity(batch - wanted);
         for (h, e) in self.map.iter().filter(|(_, e)| e.light()) {
-            lightest.push((e.standing, *h));
-            if lightest.len() > batch {
-                lightest.pop();
+            let n = &mut left[usize::from(e.standing)];
+            if *n > 0 {
+                *n -= 1;
+                found.push((e.standing, *h));
             }
         }
-        self.light_search = Some((now, lightest.len() == batch));
-        // Sorted lightest first; `pop` takes from the end, so reversed.
+        // Heaviest first: `pop` takes the lightest from the end.
+        found.sort_unstable_by_key(|&(w, _)| std::cmp::Reverse(w));
         self.light.clear();
-        self.light
-            .extend(lightest.into_sorted_vec().into_iter().rev().map(|(_, h)| h));
+        self.light.extend(found.into_iter().map(|(_, h)| h));
         !self.light.is_empty()
     }
 
