@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::redis_server::RedisServer;
 use common::{metric, Process};
 
 const MAX_KEYS: usize = 1024;
@@ -209,4 +210,41 @@ fn a_flood_of_100_times_max_keys_identities_costs_no_new_client_and_frees_no_lim
         limited >= 6,
         "the limited client's window was kept ({limited})"
     );
+}
+
+#[test]
+fn with_redis_a_request_refused_by_one_limiter_creates_no_key_in_the_others() {
+    let redis = RedisServer::start();
+    let yaml = format!(
+        "store: {{ backend: redis, url: \"{}\", prefix: \"floods:\" }}\n{}",
+        redis.url(),
+        YAML.trim_start()
+            .trim_start_matches("store: { max_keys: 1024 }\n")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Process::serve(&yaml, dir.path());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", proxy.addr);
+    let c = common::client();
+    let dbsize = || redis.command(&["DBSIZE"]).expect("Redis answers");
+    let (statuses, before, refused, after) = runtime.block_on(async {
+        let mut statuses = Vec::new();
+        for _ in 0..6 {
+            statuses.push(get(&c, &url, LIMITED, None).await);
+        }
+        let before = dbsize();
+        let mut refused = 0;
+        for t in 0..300 {
+            let tenant = format!("walk-{t}");
+            refused += usize::from(get(&c, &url, LIMITED, Some(&tenant)).await == 429);
+        }
+        (statuses, before, refused, dbsize())
+    });
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    eprintln!("300 refused attempts with new tenants: Redis DBSIZE {before} -> {after}");
+    assert_eq!(refused, 300);
+    assert_eq!(after, before, "a refused request created Redis keys");
 }
