@@ -337,12 +337,17 @@ async fn metrics_text(app: &App, snap: &Snapshot) -> String {
             ),
             counter(
                 "tollgate_keys_evicted_total",
-                "Limiter keys at rest forgotten to make room for new ones (store.max_keys).",
+                "Limiter keys forgotten to make room for new ones (store.max_keys): at rest, or live and under half their quota.",
                 keys.evicted.load(Relaxed),
             ),
             counter(
+                "tollgate_keys_evicted_live_total",
+                "Of tollgate_keys_evicted_total, live keys under half their quota (lightest first): each such client starts afresh.",
+                keys.evicted_live.load(Relaxed),
+            ),
+            counter(
                 "tollgate_keys_overflow_total",
-                "Checks counted on their limiter's shared overflow key because the key table was full and nothing in it rested.",
+                "Checks counted on their limiter's shared overflow key because the key's shard was full of keys at or over half their quota.",
                 keys.overflowed.load(Relaxed),
             ),
             counter(

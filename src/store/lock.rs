@@ -1,39 +1,60 @@
-//! One process per SQLite file: an exclusive OS lock on a sidecar `<file>.lock`, held while serving.
+//! One process per SQLite file: an exclusive lock on one byte of the database file itself, held while serving.
 //!
 //! Two tollgates on one file would each keep their own counters in memory
 //! and overwrite each other's rows: silent wrong limits. So the second one
 //! must refuse to start, and say which file.
 //!
-//! Why a sidecar file and not SQLite's own `locking_mode=EXCLUSIVE`: SQLite's
-//! exclusive mode would also lock out every reader (an operator's `sqlite3`
-//! query, a `.backup`), and a second process would only notice at its first
-//! read or write, as `SQLITE_BUSY`, not at start with a clear message. And why
-//! not `flock` on the database file itself: SQLite locks the file with POSIX
-//! `fcntl` locks, and where `flock` is emulated with `fcntl` (NFS, some
-//! container volumes) the two would collide. A sidecar lock touches nothing
-//! SQLite uses. The lock is released by the kernel when the process ends,
-//! however it ends (`kill -9` included), so a stale lock file is harmless and
-//! is never deleted (deleting it would let two processes lock two inodes).
+//! The lock is on the file, not on its name: a symlink, a hard link, a
+//! bind mount or `./` spelling of the same file reaches the same inode and
+//! the same lock (a sidecar `<file>.lock` followed the path string, so a
+//! second tollgate through a link took a second sidecar and both served).
+//!
+//! It is an open-file-description byte-range lock (`F_OFD_SETLK`) on a byte
+//! SQLite never locks, far past the bytes it uses (`0x40000000` and the 512
+//! after it), so it never meets SQLite's own locks: an operator's `sqlite3`
+//! query or `.backup` still reads the file. Why not the alternatives:
+//! SQLite's `locking_mode=EXCLUSIVE` would lock every reader out, and a
+//! second process would only notice at its first write, as `SQLITE_BUSY`;
+//! `flock` on the database is emulated with a whole-file `fcntl` lock on NFS
+//! and some container volumes, where it collides with SQLite's; a classic
+//! `fcntl` lock is dropped as soon as the process closes *any* descriptor of
+//! the file (every connection SQLite closes would release it). An OFD lock
+//! belongs to our one descriptor and goes away only when it is closed, or
+//! when the process ends however it ends (`kill -9` included).
+//!
+//! A descriptor is copied into a child a program forks, until the child
+//! execs (the copy is close-on-exec); meanwhile the lock stays held. So a
+//! refused lock is tried again for [`RETRY_FOR`] before the answer is "in
+//! use": a store dropped and reopened at once in a program that spawns
+//! processes (the test suite does) must not see its own lock as a stranger's.
 
-use std::fs::{File, OpenOptions, TryLockError};
-use std::path::{Path, PathBuf};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use super::StoreError;
+
+/// The byte locked: past every byte SQLite locks (its lock bytes start at
+/// 1 GiB and span 512 bytes), and past any database tollgate writes; a
+/// lock beyond the end of a file is allowed and does not grow it.
+const LOCK_BYTE: i64 = 1 << 50;
+
+/// How long a refused lock is tried again before it counts as another process's.
+const RETRY_FOR: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 pub struct FileLock {
     /// Held open for the lock's lifetime; closing it releases the lock.
     _file: File,
-    path: PathBuf,
 }
 
 impl FileLock {
-    /// Takes the lock for the database at `db`, or explains who holds it.
+    /// Takes the lock on the database at `db` (created empty if missing:
+    /// SQLite takes an empty file as a new database), or explains who holds it.
     pub fn acquire(db: &Path) -> Result<FileLock, StoreError> {
-        let path = sidecar(db);
         let cannot = |source| StoreError::Lock {
             path: db.to_path_buf(),
-            lock: path.clone(),
             source,
         };
         let file = OpenOptions::new()
@@ -41,28 +62,47 @@ impl FileLock {
             .write(true)
             .create(true)
             .truncate(false)
-            .open(&path)
+            .open(db)
             .map_err(cannot)?;
-        match file.try_lock() {
-            Ok(()) => Ok(FileLock { _file: file, path }),
-            Err(TryLockError::WouldBlock) => Err(StoreError::InUse {
-                path: db.to_path_buf(),
-                lock: path,
-            }),
-            Err(TryLockError::Error(e)) => Err(cannot(e)),
+        let started = Instant::now();
+        loop {
+            match try_lock(&file) {
+                Ok(true) => return Ok(FileLock { _file: file }),
+                Ok(false) if started.elapsed() < RETRY_FOR => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(false) => {
+                    return Err(StoreError::InUse {
+                        path: db.to_path_buf(),
+                        file: std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf()),
+                    })
+                }
+                Err(e) => return Err(cannot(e)),
+            }
         }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 
-/// `tollgate.db` → `tollgate.db.lock`, beside it.
-pub fn sidecar(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
-    name.push(".lock");
-    PathBuf::from(name)
+/// One attempt at the lock: `Ok(false)` when another descriptor holds it.
+fn try_lock(file: &File) -> std::io::Result<bool> {
+    // SAFETY: an all-zero `flock` is a valid value of this plain C struct.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as _;
+    lock.l_whence = libc::SEEK_SET as _;
+    lock.l_start = LOCK_BYTE as _;
+    lock.l_len = 1;
+    // l_pid must be 0 for an OFD lock (zeroed above).
+    // SAFETY: the descriptor is open for as long as `file` lives, and `lock`
+    // is a valid `flock` the call only reads.
+    let done = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    if done == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+        _ => Err(e),
+    }
 }
 
 #[cfg(test)]
@@ -79,5 +119,24 @@ mod tests {
         assert!(err.to_string().contains(&db.display().to_string()), "{err}");
         drop(first);
         FileLock::acquire(&db).expect("free again once the first is gone");
+    }
+
+    #[test]
+    fn a_symlink_or_a_hard_link_to_a_locked_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("t.db");
+        let _first = FileLock::acquire(&db).unwrap();
+        let soft = dir.path().join("soft.db");
+        std::os::unix::fs::symlink(&db, &soft).unwrap();
+        let hard = dir.path().join("hard.db");
+        std::fs::hard_link(&db, &hard).unwrap();
+        for other in [soft, hard] {
+            let err = FileLock::acquire(&other).unwrap_err();
+            assert!(matches!(err, StoreError::InUse { .. }), "{err}");
+            assert!(
+                err.to_string().contains(&other.display().to_string()),
+                "{err}"
+            );
+        }
     }
 }

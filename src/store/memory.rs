@@ -12,11 +12,25 @@
 //! already holds, whether a new key fits: no global lock, no global counter on
 //! the request path. A full shard first forgets state that is back at rest
 //! (see [`crate::limiter::Rule::rests_at`]): such state answers exactly like
-//! a key never seen, so forgetting it changes no decision. A key that is
-//! limited, or merely counting, is never forgotten to make room. When nothing
-//! in the shard rests, the new key is counted on its limiter's one overflow
-//! key (shared by every client that did not fit), which lives in a second set
-//! of shards locked after the first, so the lock order stays total.
+//! a key never seen, so forgetting it changes no decision. When nothing
+//! rests, it forgets its lightest live key among those with strictly less
+//! than half their quota used at their last request ([`shard`]'s weight):
+//! that client's next request starts on a fresh quota, so it regains at most
+//! what its key had counted, under half its limit, and only when its shard
+//! held no lighter key. A key at or over half its quota (a limited one above
+//! all) is never forgotten while live. A flood of made-up identities thus
+//! makes room by forgetting itself (its keys are the lightest), and a new
+//! well-behaved client gets a key of its own. Finding the lightest is
+//! amortised O(1): one walk of the shard keeps its lightest sixteenth as
+//! the next candidates. Only a shard full of keys at or over half their
+//! quota counts a new key on its limiter's one overflow key (shared by every
+//! client that did not fit), which lives in a second set of shards locked
+//! after the first, so the lock order stays total: to get there, an attacker
+//! must hold a whole shard's share of `max_keys` at half a quota each.
+//!
+//! A request one limiter refuses creates no key in the others (see
+//! [`Table::check`]): a client at 429 sending a new header value per attempt
+//! adds nothing to the table.
 //!
 //! Keys are filed under a keyed 128-bit hash, not their text ([`key_hash`]):
 //! at a million keys the strings cost as much as the table. Where the text
@@ -88,9 +102,12 @@ pub struct Table {
 /// What the bound did, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct KeyCounters {
-    /// Keys at rest forgotten to make room for a new one.
+    /// Keys forgotten to make room for a new one: at rest, or live and light.
     pub evicted: AtomicU64,
-    /// Checks counted on a limiter's overflow key because the key's shard was full.
+    /// Of those, live keys (under half their quota used): their clients start afresh.
+    pub evicted_live: AtomicU64,
+    /// Checks counted on a limiter's overflow key because the key's shard
+    /// was full of keys at or over half their quota.
     pub overflowed: AtomicU64,
     /// Checks refused because even the overflow slots were all busy.
     pub refused: AtomicU64,
@@ -127,11 +144,16 @@ pub enum Rows {
 /// Where one check of a request is counted.
 #[derive(Clone, Copy)]
 enum Target {
-    /// Its own key, in the regular shard with this guard index.
-    Own(usize),
-    /// Its limiter's overflow key, in the overflow shard with this guard index.
-    Overflow(usize),
-    /// Nowhere: the shard and the overflow slots are full of live state.
+    /// Its own key, already held, in the regular shard with this guard index.
+    Held(usize),
+    /// No key yet in that shard, and none is made: the request is refused.
+    Absent(usize),
+    /// Its own key, placed for this request in that shard.
+    Placed(usize),
+    /// Its limiter's overflow key (hashed so), in the overflow shard with this guard index.
+    Overflow(usize, KeyHash),
+    /// Nowhere: no room in its shard (then the overflow key is tried), or
+    /// the overflow slots are full too.
     Refused,
 }
 
@@ -184,151 +206,173 @@ impl Table {
     }
 
     /// Checks every limiter of one request and records the result, atomically.
+    ///
+    /// A refused request records on the keys it already has (a fixed window
+    /// counts every attempt) but creates none: a new key is placed only when
+    /// every limiter admits the request, each on its state or, without one,
+    /// on a fresh state. So a client refused by one limiter cannot fill the
+    /// table through another (a new header value per attempt).
     pub fn check(&self, checks: &[Check<'_>], now: Nanos) -> Vec<Outcome> {
         if let [c] = checks {
-            // The common route with one limiter: one lock, no bookkeeping.
-            let (h, s) = self.locate(c.key);
-            let track = self.track_changes;
-            let mut shard = self.shards[s].lock();
-            if let Some(out) = shard.decide_present(c, h, now, track) {
-                return vec![out];
-            }
-            if self.make_room(&mut shard, s, now) {
-                return vec![shard.decide_new(c, h, now, track)];
-            }
-            drop(shard);
-            let (oh, o) = self.locate(c.overflow);
-            let mut over = self.overflow[o].lock();
-            let on_overflow = Check {
-                key: c.overflow,
-                ..*c
-            };
-            // Placed just above; overflow keys are never persisted.
-            let out = match self.place_overflow(&mut over, c, oh, now) {
-                true => over.decide_present(&on_overflow, oh, now, false),
-                false => None,
-            };
-            return vec![out.map_or_else(|| refused(c, now), Outcome::overflowed)];
+            return vec![self.check_one(c, now)];
         }
         let located: Vec<(KeyHash, usize)> = checks.iter().map(|c| self.locate(c.key)).collect();
-        let mut order: Vec<usize> = located.iter().map(|&(_, s)| s).collect();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
-            order.iter().map(|&i| self.shards[i].lock()).collect();
+        let (order, mut guards) = lock_all(&self.shards, located.iter().map(|&(_, s)| s));
         let guard_of = |shard: usize| order.binary_search(&shard).expect("locked above");
-
-        let placed: Vec<bool> = checks
+        // Held keys are pinned, so making room for another check keeps them.
+        let mut targets: Vec<Target> = located
             .iter()
-            .zip(&located)
-            .map(|(c, &(h, s))| self.place(&mut guards[guard_of(s)], s, h, c, now))
-            .collect();
-        // Overflow shards are locked after every regular one: one total order.
-        let over_located: Vec<Option<(KeyHash, usize)>> = checks
-            .iter()
-            .zip(&placed)
-            .map(|(c, &p)| (!p).then(|| self.locate(c.overflow)))
-            .collect();
-        let mut over_order: Vec<usize> = over_located.iter().flatten().map(|&(_, o)| o).collect();
-        over_order.sort_unstable();
-        over_order.dedup();
-        let mut over_guards: Vec<MutexGuard<'_, Shard>> = over_order
-            .iter()
-            .map(|&i| self.overflow[i].lock())
-            .collect();
-        let targets: Vec<Target> = checks
-            .iter()
-            .zip(&located)
-            .zip(&over_located)
-            .map(|((c, &(_, s)), over)| {
-                let Some((oh, o)) = *over else {
-                    return Target::Own(guard_of(s));
-                };
-                let g = over_order.binary_search(&o).expect("locked above");
-                if self.place_overflow(&mut over_guards[g], c, oh, now) {
-                    Target::Overflow(g)
-                } else {
-                    Target::Refused
-                }
+            .map(|&(h, s)| match guards[guard_of(s)].pin(h) {
+                true => Target::Held(guard_of(s)),
+                false => Target::Absent(guard_of(s)),
             })
             .collect();
-
-        let verdicts: Vec<Verdict> = checks
+        let mut verdicts: Vec<Verdict> = checks
             .iter()
-            .zip(&targets)
             .zip(&located)
-            .zip(&over_located)
-            .map(|(((c, t), &(h, _)), over)| match (*t, over) {
-                (Target::Own(g), _) => guards[g].verdict(h, c.algorithm, now),
-                (Target::Overflow(g), Some((oh, _))) => {
-                    over_guards[g].verdict(*oh, c.algorithm, now)
-                }
-                _ => refused(c, now).verdict,
-            })
+            .map(|(c, &(h, s))| guards[guard_of(s)].verdict(h, c.algorithm, now))
             .collect();
-        let admitted = !checks
-            .iter()
-            .zip(&verdicts)
-            .any(|(c, v)| v.is_deny() && !c.shadow);
-
+        if admits(checks, &verdicts) {
+            for ((c, &(h, s)), t) in checks.iter().zip(&located).zip(&mut targets) {
+                if let Target::Absent(g) = *t {
+                    *t = match self.make_room(&mut guards[g], s, now) {
+                        true => {
+                            guards[g].insert_pinned(h, c.key, c.algorithm);
+                            Target::Placed(g)
+                        }
+                        false => Target::Refused,
+                    };
+                }
+            }
+        }
+        let mut over_guards = self.overflow_for(checks, &mut targets, &mut verdicts, now);
+        let admitted = admits(checks, &verdicts);
         let track = self.track_changes;
-        checks
-            .iter()
-            .zip(targets)
-            .zip(verdicts)
-            .zip(located.iter().zip(&over_located))
-            .map(|(((c, t), verdict), (&(h, _), over))| {
-                let (quota, overflowed) = match (t, over) {
-                    (Target::Own(g), _) => (
-                        guards[g].record(h, c.key, c.algorithm, now, admitted, track),
-                        false,
-                    ),
-                    (Target::Overflow(g), Some((oh, _))) => (
-                        over_guards[g].record(*oh, c.overflow, c.algorithm, now, admitted, false),
-                        true,
-                    ),
-                    _ => return refused(c, now),
-                };
-                Outcome {
-                    verdict,
-                    quota,
-                    at: now,
-                    overflowed,
+        let mut outcomes = Vec::with_capacity(checks.len());
+        for (((c, t), verdict), &(h, _)) in checks.iter().zip(targets).zip(verdicts).zip(&located) {
+            let (quota, overflowed) = match t {
+                Target::Held(g) => (
+                    guards[g].record(h, c.key, c.algorithm, now, admitted, track),
+                    false,
+                ),
+                Target::Placed(g) if admitted => (
+                    guards[g].record(h, c.key, c.algorithm, now, admitted, track),
+                    false,
+                ),
+                Target::Placed(g) => {
+                    // Placed, then refused on another limiter's overflow key: taken back.
+                    guards[g].discard(h);
+                    outcomes.push(untracked(c, verdict, now));
+                    continue;
                 }
-            })
-            .collect()
+                Target::Absent(_) => {
+                    outcomes.push(untracked(c, verdict, now));
+                    continue;
+                }
+                Target::Overflow(g, oh) => (
+                    over_guards[g].record(oh, c.overflow, c.algorithm, now, admitted, false),
+                    true,
+                ),
+                Target::Refused => {
+                    outcomes.push(refused(c, now));
+                    continue;
+                }
+            };
+            outcomes.push(Outcome {
+                verdict,
+                quota,
+                at: now,
+                overflowed,
+            });
+        }
+        outcomes
     }
 
-    /// Makes sure the check's key has an entry in `shard`, pinned until
-    /// recorded; false when the shard is full and nothing in it rests.
-    fn place(
+    /// Counts each check that found no room ([`Target::Refused`]) on its
+    /// limiter's overflow key, with that key's verdict, or leaves it refused
+    /// when the overflow slots are full too. Overflow shards are locked after
+    /// every regular one: one total order. Returns their guards.
+    fn overflow_for(
         &self,
-        shard: &mut Shard,
-        index: usize,
-        h: KeyHash,
-        c: &Check<'_>,
+        checks: &[Check<'_>],
+        targets: &mut [Target],
+        verdicts: &mut [Verdict],
         now: Nanos,
-    ) -> bool {
-        if shard.pin(h) {
-            return true;
+    ) -> Vec<MutexGuard<'_, Shard>> {
+        let located: Vec<(KeyHash, usize)> = checks
+            .iter()
+            .zip(targets.iter())
+            .filter(|(_, t)| matches!(t, Target::Refused))
+            .map(|(c, _)| self.locate(c.overflow))
+            .collect();
+        if located.is_empty() {
+            return Vec::new();
         }
-        if !self.make_room(shard, index, now) {
-            return false;
+        let (order, mut guards) = lock_all(&self.overflow, located.iter().map(|&(_, o)| o));
+        let mut located = located.into_iter();
+        for ((c, t), v) in checks.iter().zip(targets).zip(verdicts) {
+            if !matches!(t, Target::Refused) {
+                continue;
+            }
+            let (oh, o) = located.next().expect("one per check without room");
+            let g = order.binary_search(&o).expect("locked above");
+            *v = match self.place_overflow(&mut guards[g], c, oh, now) {
+                true => {
+                    *t = Target::Overflow(g, oh);
+                    guards[g].verdict(oh, c.algorithm, now)
+                }
+                false => refused(c, now).verdict,
+            };
         }
-        shard.insert_pinned(h, c.key, c.algorithm);
-        true
+        guards
     }
 
-    /// Whether `shard` has room for one more key, after forgetting what rests if it is full.
+    /// [`Table::check`] for a route with one limiter: one lock, no bookkeeping.
+    fn check_one(&self, c: &Check<'_>, now: Nanos) -> Outcome {
+        let (h, s) = self.locate(c.key);
+        let track = self.track_changes;
+        let mut shard = self.shards[s].lock();
+        if let Some(out) = shard.decide_present(c, h, now, track) {
+            return out;
+        }
+        if self.make_room(&mut shard, s, now) {
+            return shard.decide_new(c, h, now, track);
+        }
+        drop(shard);
+        let (oh, o) = self.locate(c.overflow);
+        let mut over = self.overflow[o].lock();
+        let on_overflow = Check {
+            key: c.overflow,
+            ..*c
+        };
+        // Placed just above; overflow keys are never persisted.
+        let out = match self.place_overflow(&mut over, c, oh, now) {
+            true => over.decide_present(&on_overflow, oh, now, false),
+            false => None,
+        };
+        out.map_or_else(|| refused(c, now), Outcome::overflowed)
+    }
+
+    /// Whether `shard` has room for one more key. A full shard first forgets
+    /// what rests; if nothing does, its lightest live key under half its
+    /// quota (see the module doc for what that costs whom).
     fn make_room(&self, shard: &mut Shard, index: usize, now: Nanos) -> bool {
         if shard.map.len() < self.cap(index) {
             return true;
         }
-        let evicted = shard.sweep(now, SWEEP_GAP, self.track_changes);
+        let rested = shard.sweep(now, SWEEP_GAP, self.track_changes);
         self.counters
             .evicted
-            .fetch_add(evicted as u64, Ordering::Relaxed);
-        shard.map.len() < self.cap(index)
+            .fetch_add(rested as u64, Ordering::Relaxed);
+        if shard.map.len() < self.cap(index) {
+            return true;
+        }
+        if !shard.evict_lightest(now, SWEEP_GAP, self.track_changes) {
+            return false;
+        }
+        self.counters.evicted.fetch_add(1, Ordering::Relaxed);
+        self.counters.evicted_live.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// [`Table::place`] for the check's overflow key (hashed `oh`), within [`OVERFLOW_SLOTS`].
@@ -400,11 +444,18 @@ impl Table {
             .refund(h, key, algorithm, ticket, now, track);
     }
 
-    /// Puts loaded state in place (start-up), without marking it changed.
-    /// State already at rest is not worth a slot, and state that does not
-    /// fit is dropped: both are deleted from the file with the next write, so
-    /// the file never holds a key the table does not. Returns whether it was kept.
-    pub fn load(&self, key: &str, state: State, shape: u32, rests_at: Nanos, now: Nanos) -> bool {
+    /// Puts loaded state (with its shape fingerprint and when it rests) in
+    /// place at start-up, without marking it changed. State already at rest
+    /// is not worth a slot, and state that does not fit is dropped: both are
+    /// deleted from the file with the next write, so the file never holds a
+    /// key the table does not. Returns whether it was kept.
+    pub fn load(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        (state, shape, rests_at): (State, u32, Nanos),
+        now: Nanos,
+    ) -> bool {
         let (h, s) = self.locate(key);
         let mut shard = self.shards[s].lock();
         let fits = shard.map.contains_key(&h) || shard.map.len() < self.cap(s);
@@ -414,7 +465,8 @@ impl Table {
             }
             return false;
         }
-        shard.load(h, key, state, shape, rests_at);
+        let weight = shard::weight(&algorithm.quota(&state, now));
+        shard.load(h, key, (state, shape, rests_at), weight);
         true
     }
 
@@ -563,6 +615,39 @@ fn note_rows(list: &mut Vec<Forgotten>, limiter: &str, rows: Rows) {
         limiter: limiter.into(),
         rows,
     });
+}
+
+/// Locks the shards of `set` at these indices, each once, in index order
+/// (so two requests never deadlock); returns the indices in that order and
+/// their guards.
+fn lock_all(
+    set: &[Mutex<Shard>],
+    indices: impl Iterator<Item = usize>,
+) -> (Vec<usize>, Vec<MutexGuard<'_, Shard>>) {
+    let mut order: Vec<usize> = indices.collect();
+    order.sort_unstable();
+    order.dedup();
+    let guards = order.iter().map(|&i| set[i].lock()).collect();
+    (order, guards)
+}
+
+/// Whether no enforcing limiter refuses (a shadow limiter's denial blocks nothing).
+fn admits(checks: &[Check<'_>], verdicts: &[Verdict]) -> bool {
+    !checks
+        .iter()
+        .zip(verdicts)
+        .any(|(c, v)| v.is_deny() && !c.shadow)
+}
+
+/// The answer for a check with no key of its own in a refused request:
+/// its verdict on a fresh state, and nothing recorded.
+fn untracked(c: &Check<'_>, verdict: Verdict, now: Nanos) -> Outcome {
+    Outcome {
+        verdict,
+        quota: c.algorithm.quota(&c.algorithm.fresh_state(), now),
+        at: now,
+        overflowed: false,
+    }
 }
 
 /// The answer when a check cannot be counted anywhere: refuse, never admit

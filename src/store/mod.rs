@@ -33,8 +33,9 @@ pub use sqlite::AuditRow;
 pub struct Check<'a> {
     /// `<limiter name>:<key value>`, e.g. `strict:ip:203.0.113.9` (see [`crate::key`]).
     pub key: &'a str,
-    /// The limiter's overflow key: where the check is counted when the
-    /// process already tracks `store.max_keys` keys and none of them rests.
+    /// The limiter's overflow key: where the check is counted when the key's
+    /// share of `store.max_keys` is full of keys at or over half their quota
+    /// (see [`memory`]).
     pub overflow: &'a str,
     pub algorithm: &'a Algorithm,
     /// Counts and reports, never blocks the request.
@@ -74,14 +75,14 @@ pub enum StoreError {
         source: rusqlite::Error,
     },
     #[error(
-        "another process is already using the SQLite store {path} (it holds the lock {lock}); \
-         one tollgate per file: give each instance its own store.path, or share counters with backend: redis"
+        "another process is already using the SQLite store {path} (the file {file}, under this \
+         or any other name: it holds the file's lock); one tollgate per file: give each instance \
+         its own store.path, or share counters with backend: redis"
     )]
-    InUse { path: PathBuf, lock: PathBuf },
-    #[error("cannot lock the SQLite store {path} (lock file {lock}): {source}")]
+    InUse { path: PathBuf, file: PathBuf },
+    #[error("cannot lock the SQLite store {path}: {source}")]
     Lock {
         path: PathBuf,
-        lock: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -406,7 +407,7 @@ impl Store {
         self.table.max_keys()
     }
 
-    /// Evictions, overflow decisions and refusals of the bounded table.
+    /// Evictions (at rest and live), overflow decisions and refusals of the bounded table.
     pub fn key_counters(&self) -> &memory::KeyCounters {
         self.table.counters()
     }

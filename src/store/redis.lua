@@ -265,10 +265,13 @@ end
 
 local function record(k, kind, p, st, admitted, shape, member)
   if kind == 'fw' then
-    -- Every attempt counts, also a refused one.
-    st.count = st.count + 1
-    redis.call('HSET', k, 's', shape, 'w', st.start, 'n', int(st.count))
-    expire(k, 2 * p[2] - st.pos)
+    -- Every attempt counts, also a refused one, but only in a window this
+    -- key has already counted in: a refused request creates no key.
+    if admitted or st.count > 0 then
+      st.count = st.count + 1
+      redis.call('HSET', k, 's', shape, 'w', st.start, 'n', int(st.count))
+      expire(k, 2 * p[2] - st.pos)
+    end
   elseif kind == 'sw' then
     if admitted then
       local len = redis.call('LLEN', k)

@@ -168,7 +168,7 @@ impl Sqlite {
             .name("tollgate-sqlite".into())
             .spawn(move || writer.run(rx, interval))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the SQLite writer: {e}")))?;
-        tracing::debug!(lock = %lock.path().display(), "holding the SQLite store's lock");
+        tracing::debug!(path = %path.display(), "holding the SQLite store's lock");
         Ok(Sqlite {
             path: path.to_path_buf(),
             tx,

@@ -1,4 +1,4 @@
-//! One shard of the table: its entries by key hash, what changed for the writer, and the sweep that forgets state at rest.
+//! One shard of the table: its entries by key hash, what changed for the writer, and what it forgets to make room (state at rest, then the lightest live keys).
 
 use std::collections::HashMap;
 
@@ -23,7 +23,24 @@ pub(super) struct Shard {
     /// that could not find anything.
     next_rest: Nanos,
     last_sweep: Option<Nanos>,
+    /// Candidates for eviction while live, the lightest last (see
+    /// [`Shard::evict_lightest`]); each is checked again when its turn comes.
+    light: Vec<KeyHash>,
+    /// When the shard was last searched for light keys, and whether that
+    /// search filled a whole batch (then the next one may follow at once).
+    light_search: Option<(Nanos, bool)>,
 }
+
+/// [`Entry::standing`]'s bit for an entry pinned by a request in progress.
+const PINNED: u8 = 0x80;
+/// The weight of a key with nothing left (limited): never evicted while live.
+const LIMITED: u8 = 127;
+/// Weights count the quota used at the last record in 126ths: a live key
+/// is evicted only below this, i.e. with strictly less than half its quota used.
+pub(super) const EVICTABLE_BELOW: u8 = 63;
+/// A search for light keys keeps at most one in this many of the shard's
+/// keys: a full-shard walk pays for that many evictions.
+const LIGHT_BATCH: usize = 16;
 
 #[derive(Debug, Clone)]
 pub(super) struct Entry {
@@ -38,9 +55,34 @@ pub(super) struct Entry {
     /// flags: the entry stays 40 bytes.
     limiter: u16,
     pub(super) changed: bool,
-    /// Placed for a check that is not recorded yet: a sweep run for another
-    /// limiter of the same request must not take it away.
-    pinned: bool,
+    /// Two facts in one byte, so the entry stays 40 bytes: its weight (low 7
+    /// bits, see [`weight`]) and [`PINNED`], set while it is placed for a
+    /// check not recorded yet (a room-making run for another limiter of the
+    /// same request must not take it away).
+    standing: u8,
+}
+
+impl Entry {
+    fn pinned(&self) -> bool {
+        self.standing & PINNED != 0
+    }
+
+    /// Whether forgetting it while live is allowed: not pinned, under half its quota used.
+    fn light(&self) -> bool {
+        self.standing < EVICTABLE_BELOW
+    }
+}
+
+/// How much of its quota a key had used at its last record, in 126ths
+/// rounded down (so below [`EVICTABLE_BELOW`] exactly when strictly less
+/// than half is used); [`LIMITED`] when nothing is left. Time only gives
+/// quota back, so the weight recorded is never less than the key's weight now.
+pub(super) fn weight(q: &Quota) -> u8 {
+    if q.remaining == 0 || q.limit == 0 {
+        return LIMITED;
+    }
+    let used = u128::from(q.limit.saturating_sub(q.remaining));
+    (used * 126 / u128::from(q.limit)).min(126) as u8
 }
 
 /// State built under another shape (a reload changed the window or the
@@ -105,10 +147,11 @@ fn record_entry(
     e.shape = algorithm.shape().fingerprint();
     algorithm.record(&mut e.state, now, admitted);
     e.rests_at = algorithm.rests_at(&e.state);
-    e.pinned = false;
     *next_rest = (*next_rest).min(e.rests_at);
     mark(e, key, changed, track);
-    algorithm.quota(&e.state, now)
+    let quota = algorithm.quota(&e.state, now);
+    e.standing = weight(&quota); // unpinned
+    quota
 }
 
 /// Notes what the writer may delete for an entry forgotten at rest.
@@ -162,14 +205,14 @@ impl Shard {
             rests_at: 0,
             limiter: self.limiter_id(key),
             changed: false,
-            pinned,
+            standing: if pinned { PINNED } else { 0 },
         }
     }
 
     pub(super) fn pin(&mut self, h: KeyHash) -> bool {
         match self.map.get_mut(&h) {
             Some(e) => {
-                e.pinned = true;
+                e.standing |= PINNED;
                 true
             }
             None => false,
@@ -181,14 +224,19 @@ impl Shard {
         self.map.insert(h, e);
     }
 
-    /// State read from the file at start.
+    /// Takes back an entry placed for a request that ended up refused before
+    /// anything was recorded on it: a refused request creates no key.
+    pub(super) fn discard(&mut self, h: KeyHash) {
+        self.map.remove(&h);
+    }
+
+    /// State read from the file at start, with its [`weight`].
     pub(super) fn load(
         &mut self,
         h: KeyHash,
         key: &str,
-        state: State,
-        shape: u32,
-        rests_at: Nanos,
+        (state, shape, rests_at): (State, u32, Nanos),
+        weight: u8,
     ) {
         self.next_rest = self.next_rest.min(rests_at);
         let limiter = self.limiter_id(key);
@@ -200,7 +248,7 @@ impl Shard {
                 rests_at,
                 limiter,
                 changed: false,
-                pinned: false,
+                standing: weight & !PINNED,
             },
         );
     }
@@ -367,7 +415,7 @@ impl Shard {
     /// Forgets `key` (admin reset); with `persist`, queues it for deletion from the file.
     pub(super) fn remove(&mut self, h: KeyHash, key: &str, persist: bool) -> bool {
         match self.map.get(&h) {
-            Some(e) if !e.pinned => {
+            Some(e) if !e.pinned() => {
                 if persist && !e.changed {
                     // A key already queued is deleted when the writer finds it gone.
                     self.changed.push(key.into());
@@ -409,7 +457,7 @@ impl Shard {
         } = self;
         let before = map.len();
         map.retain(|_, e| {
-            if e.pinned {
+            if e.pinned() {
                 return true;
             }
             if e.rests_at > now {
@@ -428,13 +476,81 @@ impl Shard {
         removed
     }
 
+    /// Forgets the lightest live entry under half its quota (see [`weight`]),
+    /// to make room for a new key when nothing rests; false when there is
+    /// none. Candidates come from a search that keeps the lightest
+    /// 1/[`LIGHT_BATCH`] of the shard, so a walk of the shard pays for that
+    /// many evictions; a search that found less than a batch is not repeated
+    /// within `gap`. Each candidate is checked again when its turn comes (a
+    /// key that got heavier, or was pinned, stays). With `track`, notes the
+    /// rows the writer must delete.
+    pub(super) fn evict_lightest(&mut self, now: Nanos, gap: Nanos, track: bool) -> bool {
+        loop {
+            while let Some(h) = self.light.pop() {
+                if !self.map.get(&h).is_some_and(Entry::light) {
+                    continue;
+                }
+                let e = self.map.remove(&h).expect("found just above");
+                if track && !e.changed {
+                    // A key already queued is deleted when the writer finds it gone.
+                    note_forgotten(
+                        &mut self.forgotten,
+                        &self.limiters[usize::from(e.limiter)],
+                        &e,
+                    );
+                }
+                return true;
+            }
+            if !self.search_light(now, gap) {
+                return false;
+            }
+        }
+    }
+
+    /// Fills [`Shard::light`] with the lightest evictable entries, the
+    /// lightest last; false when it found none or searched too recently.
+    fn search_light(&mut self, now: Nanos, gap: Nanos) -> bool {
+        let wait = self
+            .light_search
+            .is_some_and(|(at, full)| !full && now.saturating_sub(at) < gap);
+        if wait {
+            return false;
+        }
+        let batch = (self.map.len() / LIGHT_BATCH).max(1);
+        // Two walks, no sorting of the shard: count the evictable entries of
+        // each weight, then take the lightest `batch` by those counts.
+        let mut left = [0usize; EVICTABLE_BELOW as usize];
+        for e in self.map.values().filter(|e| e.light()) {
+            left[usize::from(e.standing)] += 1;
+        }
+        let mut wanted = batch;
+        for n in left.iter_mut() {
+            *n = (*n).min(wanted);
+            wanted -= *n;
+        }
+        self.light_search = Some((now, wanted == 0));
+        let mut found: Vec<(u8, KeyHash)> = Vec::with_capacity(batch - wanted);
+        for (h, e) in self.map.iter().filter(|(_, e)| e.light()) {
+            let n = &mut left[usize::from(e.standing)];
+            if *n > 0 {
+                *n -= 1;
+                found.push((e.standing, *h));
+            }
+        }
+        // Heaviest first: `pop` takes the lightest from the end.
+        found.sort_unstable_by_key(|&(w, _)| std::cmp::Reverse(w));
+        self.light.clear();
+        self.light.extend(found.into_iter().map(|(_, h)| h));
+        !self.light.is_empty()
+    }
+
     /// Forgets what `doomed` names (given its limiter and when it rests), in
     /// memory only: expiry and removed limiters, which the writer prunes from
     /// the file on its own.
     pub(super) fn remove_where(&mut self, mut doomed: impl FnMut(&str, Nanos) -> bool) -> usize {
         let Shard { map, limiters, .. } = self;
         let before = map.len();
-        map.retain(|_, e| e.pinned || !doomed(&limiters[usize::from(e.limiter)], e.rests_at));
+        map.retain(|_, e| e.pinned() || !doomed(&limiters[usize::from(e.limiter)], e.rests_at));
         let removed = before - self.map.len();
         self.give_back();
         removed

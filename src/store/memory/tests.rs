@@ -42,6 +42,48 @@ fn a_denial_by_one_limiter_is_still_counted_by_a_fixed_window_beside_it() {
 }
 
 #[test]
+fn a_request_refused_by_one_limiter_creates_no_key_in_the_others() {
+    let table = Table::new(false);
+    let (strict, tenant) = (fixed(1), fixed(100));
+    let now = 6_000 * S;
+    let request = |value: &str| {
+        let key = format!("tenant:header:{value}");
+        table.check(
+            &[
+                Check {
+                    key: "strict:ip:a",
+                    overflow: "strict:*overflow",
+                    algorithm: &strict,
+                    shadow: false,
+                },
+                Check {
+                    key: &key,
+                    overflow: "tenant:*overflow",
+                    algorithm: &tenant,
+                    shadow: false,
+                },
+            ],
+            now,
+        )
+    };
+    assert!(request("first").iter().all(|o| o.verdict == Verdict::Allow));
+    assert_eq!(table.len(), 2);
+    for i in 0..100 {
+        let out = request(&format!("new-{i}"));
+        assert!(out[0].verdict.is_deny());
+        assert!(!out[1].overflowed);
+        assert_eq!(out[1].quota.remaining, 100, "nothing was counted on it");
+    }
+    assert_eq!(table.len(), 2, "100 refused requests made no key");
+    assert_eq!(table.count_of("tenant"), 1);
+    let held = request("first");
+    assert_eq!(
+        held[1].quota.remaining, 98,
+        "a key it already had still counts the refused attempt"
+    );
+}
+
+#[test]
 fn a_shadow_limiter_reports_a_denial_but_does_not_block() {
     let table = Table::new(false);
     let a = fixed(1);
@@ -202,34 +244,39 @@ fn when_nothing_rests_new_keys_share_the_limiters_overflow_counter() {
 #[test]
 fn every_algorithm_rests_only_when_forgetting_it_changes_nothing() {
     let algorithms = [
-        (fixed(5), 60 * S),
+        (fixed(2), 60 * S),
         (
             Algorithm::SlidingWindow(SlidingWindow {
-                limit: 5,
+                limit: 2,
                 window: 10 * S,
             }),
             10 * S,
         ),
         (
             Algorithm::TokenBucket(TokenBucket {
-                capacity: 5,
+                capacity: 2,
                 interval: 2 * S,
             }),
             2 * S,
         ),
         (
             Algorithm::LeakyBucket(LeakyBucket {
-                capacity: 5,
+                capacity: 2,
                 interval: 3 * S,
             }),
-            3 * S,
+            6 * S,
         ),
     ];
     for (algorithm, rest) in algorithms {
         let table = Table::with_max_keys(false, bound(1));
+        // Half its quota used, so never evicted while live: one request of
+        // two, or for the leaky bucket (whose quota is its queue) one waiting.
         let used = "l:ip:203.0.113.9";
         let [newcomer]: [String; 1] = neighbours(&table, used, 1).try_into().unwrap();
         hit(&table, used, &algorithm, T0);
+        if let Algorithm::LeakyBucket(_) = algorithm {
+            hit(&table, used, &algorithm, T0);
+        }
         // A full shard sweeps at most once per SWEEP_GAP.
         let before = hit(&table, &newcomer, &algorithm, T0 + rest - SWEEP_GAP);
         assert!(before.overflowed, "{}: not at rest yet", algorithm.name());
@@ -270,7 +317,9 @@ fn a_flood_of_one_request_clients_never_grows_the_table_past_its_bound() {
     assert!(hit(&table, "l:ip:203.0.113.9", &strict, T0 + 30 * S)
         .verdict
         .is_deny());
-    assert!(table.counters().overflowed.load(Ordering::Relaxed) > 19_000);
+    // At 1 of 5 each, the flood's keys are the lightest: it evicts itself.
+    assert!(table.counters().evicted_live.load(Ordering::Relaxed) > 19_000);
+    assert_eq!(table.counters().overflowed.load(Ordering::Relaxed), 0);
     // A window later the flood is at rest: new keys evict it, one for one.
     for i in 0..1_000u32 {
         let key = format!("l:ip:172.16.{}.{}", i >> 8, i & 255);
@@ -314,7 +363,93 @@ fn two_limiters_of_one_request_in_one_full_shard_stay_atomic() {
     ];
     let out = table.check(&checks, T0);
     assert!(!out[0].overflowed && out[1].overflowed);
+    let len = table.len();
     let again = table.check(&checks, T0);
-    assert!(again.iter().all(|o| o.verdict.is_deny()));
+    assert!(again[0].verdict.is_deny());
+    assert!(
+        !again[1].overflowed && table.len() == len,
+        "refused by a: b is counted nowhere"
+    );
     assert!(table.len() <= bound(1));
+}
+
+/// Fills the shard of `key` (one of `per_shard` slots each) with `key` and
+/// its neighbours, hit `uses[i]` times each at `T0` on `fixed(10)`.
+fn fill(table: &Table, key: &str, uses: &[u32]) -> Vec<String> {
+    let mut keys = vec![key.to_string()];
+    keys.extend(neighbours(table, key, uses.len() - 1));
+    for (k, &n) in keys.iter().zip(uses) {
+        for _ in 0..n {
+            hit(table, k, &fixed(10), T0);
+        }
+    }
+    keys
+}
+
+fn evicted_live(table: &Table) -> u64 {
+    table.counters().evicted_live.load(Ordering::Relaxed)
+}
+
+#[test]
+fn a_full_shard_with_nothing_at_rest_evicts_its_lightest_live_key_first() {
+    let table = Table::with_max_keys(false, bound(3));
+    let keys = fill(&table, "l:ip:203.0.113.9", &[3, 1, 4]);
+    let [newcomer, second]: [String; 2] = neighbours(&table, &keys[2], 5)[3..]
+        .to_vec()
+        .try_into()
+        .unwrap();
+    let out = hit(&table, &newcomer, &fixed(10), T0 + S);
+    assert!(!out.overflowed, "a live key made room");
+    assert_eq!(evicted_live(&table), 1);
+    assert!(!table.holds(&keys[1]), "the one at 1 of 10 went first");
+    assert!(table.holds(&keys[0]) && table.holds(&keys[2]));
+
+    // Now the newcomer (1 of 10) is the lightest.
+    hit(&table, &second, &fixed(10), T0 + S);
+    assert!(!table.holds(&newcomer));
+    assert!(table.holds(&keys[0]) && table.holds(&keys[2]));
+    assert_eq!(
+        table.peek(&keys[2], &fixed(10), T0 + S).remaining,
+        6,
+        "the heavier keys kept their counts"
+    );
+}
+
+#[test]
+fn a_key_at_half_its_quota_or_limited_is_never_evicted_while_live() {
+    let table = Table::with_max_keys(false, bound(2));
+    let keys = fill(&table, "l:ip:203.0.113.9", &[5, 11]);
+    let [newcomer]: [String; 1] = neighbours(&table, &keys[1], 3)[2..]
+        .to_vec()
+        .try_into()
+        .unwrap();
+    let out = hit(&table, &newcomer, &fixed(10), T0 + S);
+    assert!(
+        out.overflowed,
+        "nothing under half: the overflow key counts it"
+    );
+    assert_eq!(evicted_live(&table), 0);
+    assert!(table.holds(&keys[0]) && table.holds(&keys[1]));
+    assert!(hit(&table, &keys[1], &fixed(10), T0 + S).verdict.is_deny());
+}
+
+#[test]
+fn a_key_is_light_exactly_while_less_than_half_its_quota_is_used() {
+    let quota = |limit, remaining| Quota {
+        limit,
+        window: None,
+        remaining,
+        reset_after: 0,
+    };
+    let light = |q: Quota| shard::weight(&q) < shard::EVICTABLE_BELOW;
+    assert!(light(quota(10, 10)) && light(quota(10, 6)));
+    assert!(!light(quota(10, 5)), "half used");
+    assert!(light(quota(5, 3)) && !light(quota(5, 2)));
+    assert!(light(quota(u64::MAX, u64::MAX / 2 + 1)));
+    assert!(!light(quota(u64::MAX, u64::MAX / 2)));
+    assert!(!light(quota(1, 0)) && !light(quota(3, 0)), "limited");
+    assert!(
+        shard::weight(&quota(10, 9)) < shard::weight(&quota(10, 7)),
+        "lighter first"
+    );
 }

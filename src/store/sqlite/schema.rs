@@ -198,7 +198,7 @@ pub(super) fn load(
             // The window start itself tells whether it is still current,
             // so no shape is needed: a changed window simply won't match.
             let rests_at = algorithm.rests_at(&state);
-            if table.load(&key, state, 0, rests_at, now) {
+            if table.load(&key, algorithm, (state, 0, rests_at), now) {
                 loaded += 1;
             }
         }
@@ -221,7 +221,12 @@ pub(super) fn load(
             continue; // the limiter changed while we were down: start afresh
         }
         if let Some(state) = decode(algorithm, &blob) {
-            if table.load(&key, state, fingerprint, expires_at as Nanos, now) {
+            if table.load(
+                &key,
+                algorithm,
+                (state, fingerprint, expires_at as Nanos),
+                now,
+            ) {
                 loaded += 1;
             }
         }
