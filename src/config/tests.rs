@@ -46,7 +46,10 @@ fn store_max_keys_has_a_default_and_a_floor() {
 fn a_misspelt_key_is_an_error_with_its_location() {
     let errs = problems("limiters:\n  strict:\n    limt: 5\n    window: 60s\n");
     assert_eq!(errs.len(), 1, "{errs:?}");
-    assert!(errs[0].contains("unknown field `limt`"), "{errs:?}");
+    assert!(
+        errs[0].contains("unknown key `limt`; did you mean `limit`?"),
+        "{errs:?}"
+    );
     assert!(errs[0].starts_with("line 3 column 5"), "{errs:?}");
 }
 
@@ -224,7 +227,7 @@ fn a_route_that_only_limits_client_chosen_values_is_a_warning_naming_it() {
     // With keys verified, `api_key` holds; the header-keyed one still does not on its own.
     let verified = parse(&format!("identity: {{ api_keys: [k1] }}\n{yaml}")).unwrap();
     assert!(verified.warnings.is_empty(), "{:?}", verified.warnings);
-    let unverified_override = parse("limiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip, limit: 9 }, { key: 10.0.0.1, limit: 9 }] }\n").unwrap();
+    let unverified_override = parse("limiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip, limit: 9 }, { key: 10.0.0.1, limit: 9 }] }\nroutes: [{ name: a, respond: { status: 200 }, limiters: [l] }]\n").unwrap();
     assert_eq!(
         unverified_override.warnings.len(),
         1,

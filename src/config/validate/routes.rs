@@ -1,11 +1,12 @@
-//! Validation of `routes`: the match, the action (an upstream or a local answer), the limiters by name; and the warning for a route a client can walk around.
+//! Validation of `routes`: the name, the match, the action (an upstream or a local answer), the limiters by name.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use http::{Method, StatusCode};
 
-use super::Validator;
+use super::{valid_name, Validator};
 use crate::config::raw::{RawLimiter, RawRoute, RawUpstream};
+use crate::config::suggest;
 use crate::config::{Action, LimiterConfig, RouteConfig, UpstreamConfig};
 
 impl Validator<'_> {
@@ -39,6 +40,14 @@ impl Validator<'_> {
             }
             if r.name.0.is_empty() {
                 self.err(at("name"), "a route needs a name");
+            } else if !valid_name(&r.name.0) {
+                self.err(
+                    at("name"),
+                    format!(
+                        "route name {:?} may use only letters, digits, `_` and `-` (it appears in log lines and metric labels)",
+                        r.name.0
+                    ),
+                );
             }
             let m = &r.matcher;
             for (field, value) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
@@ -76,7 +85,15 @@ impl Validator<'_> {
                     Some(&idx) => Some(Action::Upstream(idx)),
                     None => {
                         if !raw_upstreams.contains_key(&u.0) {
-                            self.err(at("upstream"), format!("no upstream named {:?}", u.0));
+                            let names = raw_upstreams.keys().map(String::as_str);
+                            self.err(
+                                at("upstream"),
+                                format!(
+                                    "no upstream named {:?}{}",
+                                    u.0,
+                                    suggest::hint(&u.0, names)
+                                ),
+                            );
                         }
                         None
                     }
@@ -138,7 +155,11 @@ impl Validator<'_> {
                     None if raw_limiters.contains_key(&l.0) => {} // already reported
                     None => self.err(
                         at(&format!("limiters[{j}]")),
-                        format!("no limiter named {:?}", l.0),
+                        format!(
+                            "no limiter named {:?}{}",
+                            l.0,
+                            suggest::hint(&l.0, raw_limiters.keys().map(String::as_str))
+                        ),
                     ),
                 }
             }
@@ -161,44 +182,5 @@ impl Validator<'_> {
             }
         }
         out
-    }
-
-    /// A route whose every limiter keys on something the client picks (a
-    /// header, or an API key nobody verifies) can be walked around by picking
-    /// a new value per request: said at `check`, start and reload.
-    pub(super) fn warn_walkable_routes(
-        &mut self,
-        raw: &[RawRoute],
-        routes: &[RouteConfig],
-        limiters: &[LimiterConfig],
-        key_source: bool,
-    ) {
-        for route in routes.iter().filter(|r| !r.limiters.is_empty()) {
-            let holds = route.limiters.iter().any(|&l| {
-                !limiters[l]
-                    .key
-                    .iter()
-                    .any(|p| p.chosen_by_client(key_source))
-            });
-            if holds {
-                continue;
-            }
-            let i = raw.iter().position(|r| r.name.0 == route.name).unwrap_or(0);
-            let names: Vec<&str> = route
-                .limiters
-                .iter()
-                .map(|&l| limiters[l].name.as_str())
-                .collect();
-            self.warn(
-                format!("routes[{i}].limiters"),
-                format!(
-                    "route {:?}: every limiter ({}) keys on a value the client chooses{}, so a client \
-                     gets a fresh counter by sending a new value; add a limiter keyed on `ip` (or `client`) to this route",
-                    route.name,
-                    names.join(", "),
-                    if key_source { "" } else { " (no identity.api_keys or api_keys_file verifies api_key)" },
-                ),
-            );
-        }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::Uri;
 
-use super::{dur, Validator};
+use super::{dur, valid_name, Validator};
 use crate::config::balance::RawBalance;
 use crate::config::raw::{RawUpstream, Text};
 use crate::config::{UpstreamConfig, UpstreamTls};
@@ -45,6 +45,13 @@ impl Validator<'_> {
     }
 
     pub(super) fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
+        if !valid_name(name) {
+            self.err(
+                format!("upstreams.{name}"),
+                "an upstream name uses only letters, digits, `_` and `-` (it appears in log lines and metric labels)",
+            );
+            return None;
+        }
         if raw
             .url
             .as_ref()
