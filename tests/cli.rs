@@ -65,7 +65,7 @@ fn check_accepts_the_example_config_and_prints_a_summary() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("config.example.yaml: ok"), "{out}");
     for part in [
-        "3 route(s)",
+        "5 route(s)",
         "4 limiter(s)",
         "1 upstream(s)",
         "admin on 127.0.0.1:9901",

@@ -164,8 +164,11 @@ fn found_in_yaml(found: &str) -> String {
     }
     for prefix in ["integer ", "floating point "] {
         if let Some(n) = found.strip_prefix(prefix) {
-            let n = n.split(" as ").next().unwrap_or(n);
-            return format!("the number {}", quoted(n));
+            // `integer `N` as u128`: a number beyond any integer a key takes.
+            return match n.split_once(" as ") {
+                Some((n, _)) => format!("the number {}, which is too large", quoted(n)),
+                None => format!("the number {}", quoted(n)),
+            };
         }
     }
     if let Some(b) = found.strip_prefix("boolean ") {

@@ -74,7 +74,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(36_500 * 86_400);
 
 /// How a duration is written, for messages.
 const DURATION_SHAPE: &str =
-    "a duration is a whole number and one unit (ms, s, m, h or d), e.g. `60s` or `1m`";
+    "a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`";
 
 impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -92,7 +92,7 @@ impl<'de> Deserialize<'de> for Dur {
             }
             fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Dur, E> {
                 Err(E::custom(format!(
-                    "`{n}` has no unit; write e.g. `{n}s` ({DURATION_SHAPE})"
+                    "`{n}` has no unit, write e.g. `{n}s`; {DURATION_SHAPE}"
                 )))
             }
             fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Dur, E> {
@@ -117,26 +117,30 @@ pub fn parse_duration(written: &str) -> Result<Duration, String> {
     let s = written.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
-    let unit_nanos: u128 = match unit {
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        "d" => 86_400_000_000_000,
-        _ => {
-            let why = if s.contains(char::is_whitespace) {
-                "no space between the number and the unit".to_string()
-            } else if unit.starts_with(['.', ',']) {
-                "whole numbers only, so use a smaller unit (`90s`, not `1.5m`)".to_string()
-            } else if digits.is_empty() {
-                "it starts with no number".to_string()
-            } else if unit.is_empty() {
-                "it has no unit".to_string()
-            } else {
-                format!("`{unit}` is not a unit")
-            };
-            return Err(format!("`{s}`: {why}; {DURATION_SHAPE}"));
-        }
+    let unit_nanos: Option<u128> = match unit {
+        _ if digits.is_empty() => None,
+        "ms" => Some(1_000_000),
+        "s" => Some(1_000_000_000),
+        "m" => Some(60_000_000_000),
+        "h" => Some(3_600_000_000_000),
+        "d" => Some(86_400_000_000_000),
+        _ => None,
+    };
+    let Some(unit_nanos) = unit_nanos else {
+        let why = if s.contains(char::is_whitespace) {
+            "no space between the number and the unit".to_string()
+        } else if unit.starts_with(['.', ',']) {
+            "whole numbers only, so use a smaller unit (`90s`, not `1.5m`)".to_string()
+        } else if digits.is_empty() {
+            "it starts with no number".to_string()
+        } else if unit.is_empty() {
+            "it has no unit".to_string()
+        } else if unit == "M" {
+            "`M` is not a unit (minutes are `m`, and a month is written `30d`)".to_string()
+        } else {
+            format!("`{unit}` is not a unit")
+        };
+        return Err(format!("`{s}`: {why}; {DURATION_SHAPE}"));
     };
     let nanos = digits
         .parse::<u128>()

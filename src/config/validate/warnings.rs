@@ -129,7 +129,7 @@ impl Validator<'_> {
                         format!(
                             "`{hook}` on limiter {:?}, keyed only on values the client chooses ({key}){}: anyone can {harm} by sending the victim's value; add `ip` to the key (e.g. `key: [ip, {key}]`)",
                             l.name,
-                            unverified(key_source),
+                            unverified(key_source || !l.key.contains(&KeyPart::ApiKey)),
                         ),
                     );
                 }
