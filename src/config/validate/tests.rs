@@ -237,7 +237,7 @@ fn a_login_route_behind_a_catch_all_is_a_warning_that_says_what_to_do() {
         "{ path: /login.php, methods: [POST] }",
     ));
     assert_eq!(w.len(), 1, "{w:?}");
-    assert_eq!(w[0].0, "routes[1]");
+    assert_eq!(w[0].0, "routes[1].name");
     assert_eq!(
         w[0].1,
         "route \"second\" is never reached: route \"first\" (routes[0]) comes first and matches every request it would, so its limiters never run; move \"second\" above \"first\" or narrow \"first\"'s `match`"
@@ -274,7 +274,7 @@ fn shadowing_follows_path_prefix_method_host_and_query_subsumption() {
     for (first, second) in shadowed {
         let w = warnings(&two_routes(first, second));
         assert!(
-            w.len() == 1 && w[0].0 == "routes[1]",
+            w.len() == 1 && w[0].0 == "routes[1].name",
             "{first} / {second}: {w:?}"
         );
     }

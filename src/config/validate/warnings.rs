@@ -35,7 +35,7 @@ impl Validator<'_> {
             };
             let at = position(raw, &later.name);
             self.warn(
-                format!("routes[{at}]"),
+                format!("routes[{at}].name"),
                 format!(
                     "route {:?} is never reached: route {:?} (routes[{}]) comes first and matches every request it would, so its limiters never run; move {:?} above {:?} or narrow {:?}'s `match`",
                     later.name,
