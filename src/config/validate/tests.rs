@@ -198,16 +198,25 @@ fn a_walkable_route_is_a_warning_with_its_path_not_a_problem() {
 }
 
 #[test]
-fn the_smallest_rate_a_message_names_is_accepted() {
-    for yaml in [
-        "limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1.59e-9 } }",
-        "limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 3.18e-10 } }",
+fn a_rate_too_slow_to_limit_is_refused_and_the_smallest_rate_it_names_is_accepted() {
+    for (too_slow, smallest) in [
+        (
+            "limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1e-9 } }",
+            "limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1.59e-9 } }",
+        ),
+        (
+            "limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 3e-10 } }",
+            "limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 3.18e-10 } }",
+        ),
     ] {
+        let problems = validated(too_slow).err().unwrap_or_default();
         assert!(
-            validated(yaml).is_ok(),
-            "{yaml}: {:?}",
-            validated(yaml).err()
+            problems.len() == 1 && problems[0].message.contains("the smallest value here is"),
+            "{too_slow}: {problems:?}"
         );
+        let named = problems[0].message.rsplit(' ').next().unwrap();
+        assert!(smallest.contains(named), "{named} is the value tried next");
+        assert!(validated(smallest).is_ok(), "{smallest}: {:?}", validated(smallest).err());
     }
 }
 
