@@ -17,7 +17,7 @@ pub fn closest<'a>(written: &str, defined: impl IntoIterator<Item = &'a str>) ->
         // A short word inside a long one says little: `x` is in `fixed_window`.
         let inside = (lower.len() >= 2 && written_lower.contains(&lower))
             || (written_lower.len() >= 3 && lower.contains(&written_lower));
-        if (near || inside) && best.map_or(true, |(d, _)| distance < d) {
+        if (near || inside) && best.is_none_or(|(d, _)| distance < d) {
             best = Some((distance, name));
         }
     }
