@@ -39,25 +39,7 @@ impl Validator<'_> {
             return None;
         };
         let algorithm = self.algorithm(name, kind, raw);
-        let key = match &raw.key {
-            None => vec![KeyPart::Client],
-            Some(k) => {
-                let entries = k.entries(&at("key"));
-                if entries.is_empty() {
-                    self.err(at("key"), "a key list needs at least one part");
-                }
-                let mut parts = Vec::new();
-                for (path, s) in entries {
-                    if let Some(p) = self.key_part(&path, s) {
-                        if parts.contains(&p) {
-                            self.err(path, format!("key part {s:?} is listed twice"));
-                        }
-                        parts.push(p);
-                    }
-                }
-                parts
-            }
-        };
+        let key = self.key(name, raw);
         let shadow = match raw.mode.as_ref().map(|t| t.0.as_str()).unwrap_or("enforce") {
             "enforce" => false,
             "shadow" => true,
@@ -72,21 +54,7 @@ impl Validator<'_> {
                 false
             }
         };
-        let mut seen = HashSet::new();
-        for (i, o) in raw.overrides.iter().enumerate() {
-            if !seen.insert(&o.key.0) {
-                self.err(
-                    format!("limiters.{name}.overrides[{i}].key"),
-                    "this key already has an override",
-                );
-            }
-            if o.limit == 0 && !matches!(algorithm, Algorithm::LeakyBucket(_)) {
-                self.err(
-                    format!("limiters.{name}.overrides[{i}].limit"),
-                    "must be at least 1",
-                );
-            }
-        }
+        self.overrides(name, raw, &algorithm);
         let reject = raw
             .reject
             .as_ref()
@@ -121,14 +89,51 @@ impl Validator<'_> {
         })
     }
 
-    /// The algorithm and its parameters: exactly the fields `kind` takes,
-    /// each within the bounds that let the limiter limit.
-    fn algorithm(&mut self, name: &str, kind: Kind, raw: &RawLimiter) -> Algorithm {
-        let at = |field: &str| format!("limiters.{name}.{field}");
-        let algorithm_name = kind.name();
-        // Which fields each algorithm takes, all of them needed; anything else
-        // set is an error, because a stray `limit` on a token bucket would
-        // silently do nothing.
+    /// `overrides:`: each key once, each quota at least 1 (a leaky bucket's may be 0: no queue).
+    fn overrides(&mut self, name: &str, raw: &RawLimiter, algorithm: &Algorithm) {
+        let mut seen = HashSet::new();
+        for (i, o) in raw.overrides.iter().enumerate() {
+            if !seen.insert(&o.key.0) {
+                self.err(
+                    format!("limiters.{name}.overrides[{i}].key"),
+                    "this key already has an override",
+                );
+            }
+            if o.limit == 0 && !matches!(algorithm, Algorithm::LeakyBucket(_)) {
+                self.err(
+                    format!("limiters.{name}.overrides[{i}].limit"),
+                    "must be at least 1",
+                );
+            }
+        }
+    }
+
+    /// `key:`, one part or a list (default `client`), each part once.
+    fn key(&mut self, name: &str, raw: &RawLimiter) -> Vec<KeyPart> {
+        let Some(k) = &raw.key else {
+            return vec![KeyPart::Client];
+        };
+        let at = format!("limiters.{name}.key");
+        let entries = k.entries(&at);
+        if entries.is_empty() {
+            self.err(at, "a key list needs at least one part");
+        }
+        let mut parts = Vec::new();
+        for (path, s) in entries {
+            if let Some(p) = self.key_part(&path, s) {
+                if parts.contains(&p) {
+                    self.err(path, format!("key part {s:?} is listed twice"));
+                }
+                parts.push(p);
+            }
+        }
+        parts
+    }
+
+    /// Which fields each algorithm takes, all of them needed; anything else
+    /// set is an error, because a stray `limit` on a token bucket would
+    /// silently do nothing.
+    fn algorithm_fields(&mut self, name: &str, kind: Kind, raw: &RawLimiter) {
         let fields: &[&str] = match kind {
             Kind::FixedWindow | Kind::SlidingWindow => &["limit", "window"],
             Kind::TokenBucket => &["capacity", "refill_per_second"],
@@ -143,10 +148,11 @@ impl Validator<'_> {
             ("leak_per_second", raw.leak_per_second.is_some()),
             ("max_in_flight", raw.max_in_flight.is_some()),
         ];
+        let algorithm_name = kind.name();
         for (field, is_set) in present {
             if is_set && !fields.contains(&field) {
                 self.err(
-                    at(field),
+                    format!("limiters.{name}.{field}"),
                     format!("`{field}` does not apply to {algorithm_name}"),
                 );
             }
@@ -157,6 +163,13 @@ impl Validator<'_> {
                 );
             }
         }
+    }
+
+    /// The algorithm and its parameters: exactly the fields `kind` takes,
+    /// each within the bounds that let the limiter limit.
+    fn algorithm(&mut self, name: &str, kind: Kind, raw: &RawLimiter) -> Algorithm {
+        let at = |field: &str| format!("limiters.{name}.{field}");
+        self.algorithm_fields(name, kind, raw);
         let positive = |v: &mut Self, field: &str, n: Option<u64>| -> u64 {
             let n = n.unwrap_or(1);
             if n == 0 {

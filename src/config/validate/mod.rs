@@ -140,7 +140,10 @@ impl Validator<'_> {
         let upstreams: Vec<UpstreamConfig> = raw
             .upstreams
             .iter()
-            .filter_map(|(name, u)| self.upstream(name, u))
+            .filter_map(|(name, u)| match self.upstream_name(name) {
+                true => self.upstream(name, u),
+                false => None,
+            })
             .collect();
         let limiters: Vec<LimiterConfig> = raw
             .limiters

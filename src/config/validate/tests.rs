@@ -216,7 +216,11 @@ fn a_rate_too_slow_to_limit_is_refused_and_the_smallest_rate_it_names_is_accepte
         );
         let named = problems[0].message.rsplit(' ').next().unwrap();
         assert!(smallest.contains(named), "{named} is the value tried next");
-        assert!(validated(smallest).is_ok(), "{smallest}: {:?}", validated(smallest).err());
+        assert!(
+            validated(smallest).is_ok(),
+            "{smallest}: {:?}",
+            validated(smallest).err()
+        );
     }
 }
 

@@ -44,14 +44,19 @@ impl Validator<'_> {
         Some(url)
     }
 
-    pub(super) fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
-        if !valid_name(name) {
+    /// Whether an upstream's name is of the characters a log line can carry (else reported).
+    pub(super) fn upstream_name(&mut self, name: &str) -> bool {
+        let valid = valid_name(name);
+        if !valid {
             self.err(
                 format!("upstreams.{name}"),
                 "an upstream name uses only letters, digits, `_` and `-` (it appears in log lines and metric labels)",
             );
-            return None;
         }
+        valid
+    }
+
+    pub(super) fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
         if raw
             .url
             .as_ref()
