@@ -55,9 +55,7 @@ pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{load_file, load_file_text, parse, survey};
 pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
-pub use raw::{
-    expand_env, parse_duration, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION,
-};
+pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};
 pub use validate::{validate, Host};
 
 // The section files (balance, fastcgi, observe, protect) extend the validator.

@@ -140,9 +140,12 @@ impl Validator<'_> {
         let upstreams: Vec<UpstreamConfig> = raw
             .upstreams
             .iter()
-            .filter_map(|(name, u)| match self.upstream_name(name) {
-                true => self.upstream(name, u),
-                false => None,
+            .filter_map(|(name, u)| {
+                if self.upstream_name(name) {
+                    self.upstream(name, u)
+                } else {
+                    None
+                }
             })
             .collect();
         let limiters: Vec<LimiterConfig> = raw
