@@ -53,7 +53,18 @@ fn value_problem(path: &str, message: &str) -> ConfigProblem {
         let shape = shape(expected, key, path);
         let found = found_in_yaml(found);
         let hint = indent_hint(expected, key, &found);
-        return ConfigProblem::at(path, format!("expected {shape}, found {found}{hint}"));
+        // A number of the right kind but out of range: say the range.
+        let out_of_range = kind == "invalid value: " || found.starts_with("the number -");
+        let range = match largest(expected) {
+            Some(max) if out_of_range && !found.ends_with("too large") => {
+                format!(", out of range (0 to {max})")
+            }
+            _ => String::new(),
+        };
+        return ConfigProblem::at(
+            path,
+            format!("expected {shape}, found {found}{range}{hint}"),
+        );
     }
     ConfigProblem::at(path, message)
 }
@@ -119,6 +130,7 @@ fn shape(expected: &str, key: &str, path: &str) -> String {
         "a sequence" if key == "limiters" => {
             "a list of limiter names, e.g. `limiters: [per_ip]`".into()
         }
+        "a sequence" if key == "routes" => "a list of routes, e.g. `routes: [{ name: api, match: { path_prefix: /api }, upstream: app }]`".into(),
         "a sequence" if key == "methods" => "a list of methods, e.g. `methods: [GET, POST]`".into(),
         "a sequence" => format!("a list, e.g. `{key}: [a, b]`"),
         "a map" if key == "query" => {
@@ -132,6 +144,17 @@ fn shape(expected: &str, key: &str, path: &str) -> String {
             // Our own types say what they expect in YAML terms already.
             None => other.to_string(),
         },
+    }
+}
+
+/// The largest value of an unsigned integer key, by serde's name of its type.
+fn largest(expected: &str) -> Option<u64> {
+    match expected {
+        "u8" => Some(u8::MAX.into()),
+        "u16" => Some(u16::MAX.into()),
+        "u32" => Some(u32::MAX.into()),
+        "u64" => Some(u64::MAX),
+        _ => None,
     }
 }
 

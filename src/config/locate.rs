@@ -88,7 +88,13 @@ impl MarkedEventReceiver for Index {
                         *key = Some(value);
                     }
                 } else if let Some(p) = path {
-                    self.marks.insert(p, pos);
+                    if value.is_empty() {
+                        // An empty value (`strict:` and nothing after it) is
+                        // marked where the next line starts; its key is the place.
+                        self.marks.entry(p).or_insert(pos);
+                    } else {
+                        self.marks.insert(p, pos);
+                    }
                 }
             }
             Event::MappingStart(..) | Event::SequenceStart(..) => {

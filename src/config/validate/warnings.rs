@@ -37,10 +37,11 @@ impl Validator<'_> {
             self.warn(
                 format!("routes[{at}].name"),
                 format!(
-                    "route {:?} is never reached: route {:?} (routes[{}]) comes first and matches every request it would, so its limiters never run; move {:?} above {:?} or narrow {:?}'s `match`",
+                    "route {:?} is never reached: route {:?} (routes[{}]) comes first and matches every request it would{}; move {:?} above {:?} or narrow {:?}'s `match`",
                     later.name,
                     earlier.name,
                     position(raw, &earlier.name),
+                    if later.limiters.is_empty() { "" } else { ", so its limiters never run" },
                     later.name,
                     earlier.name,
                     earlier.name,
