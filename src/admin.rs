@@ -165,7 +165,17 @@ pub async fn handle(
         },
         (&Method::POST, "/reload") => match reloader.reload().await {
             Ok(version) => {
-                json_response(StatusCode::OK, json!({"result": "ok", "version": version}))
+                // The snapshot the reload installed (a later reload would carry a higher version).
+                let now = app.snapshot();
+                let warnings: Vec<String> = if now.version == version {
+                    now.config.warnings.iter().map(ToString::to_string).collect()
+                } else {
+                    Vec::new()
+                };
+                json_response(
+                    StatusCode::OK,
+                    json!({"result": "ok", "version": version, "warnings": warnings}),
+                )
             }
             Err(e) => json_response(
                 StatusCode::UNPROCESSABLE_ENTITY,

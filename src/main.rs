@@ -63,7 +63,12 @@ enum Command {
     /// Run the proxy (the default).
     Serve,
     /// Validate a config like `nginx -t`: a summary and exit 0, or every error and exit 1.
-    Check,
+    /// Warnings (a route no request reaches, an unused limiter, …) are printed and exit 0.
+    Check {
+        /// Treat warnings as errors: exit 1 when there is any (for CI pipelines).
+        #[arg(long)]
+        strict: bool,
+    },
     /// Probe the admin /healthz of a running tollgate (for Docker HEALTHCHECK); exit 0 when healthy.
     Healthcheck {
         /// The URL to probe; default: the admin listener of the config.
@@ -92,7 +97,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => config_path(cli.config).and_then(|p| serve(&p)),
-        Command::Check => config_path(cli.config).map(|p| check(&p)),
+        Command::Check { strict } => config_path(cli.config).map(|p| check(&p, strict)),
         Command::Healthcheck { url } => healthcheck(url, cli.config),
     };
     match result {
@@ -104,11 +109,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(path: &Path) -> ExitCode {
+fn check(path: &Path, strict: bool) -> ExitCode {
     match config::load_file(path) {
         Ok(c) => {
             for w in &c.warnings {
                 eprintln!("{}: warning: {w}", path.display());
+            }
+            if strict && !c.warnings.is_empty() {
+                let n = c.warnings.len();
+                eprintln!(
+                    "{}: {n} warning{} and --strict: not ok",
+                    path.display(),
+                    if n == 1 { "" } else { "s" }
+                );
+                return ExitCode::FAILURE;
             }
             println!(
                 "{}: ok: {} listener(s), {} route(s), {} limiter(s), {} upstream(s), store {}, admin on {}",

@@ -304,7 +304,10 @@ async fn reload_applies_a_changed_limit_to_the_running_counters() {
     let (code, body) = proxy.reload().await;
     assert_eq!(
         (code, body),
-        (200, serde_json::json!({"result": "ok", "version": 2}))
+        (
+            200,
+            serde_json::json!({"result": "ok", "version": 2, "warnings": []})
+        )
     );
 
     let r = c.get(proxy.url("/ping")).send().await.unwrap();
@@ -432,7 +435,10 @@ async fn counters_survive_a_reload_and_a_higher_limit_admits_at_once() {
     proxy.write_config(&limit_two("a different body"));
     assert_eq!(
         proxy.reload().await,
-        (200, serde_json::json!({"result": "ok", "version": 2}))
+        (
+            200,
+            serde_json::json!({"result": "ok", "version": 2, "warnings": []})
+        )
     );
     let r = c.get(proxy.url("/ping")).send().await.unwrap();
     assert_eq!(
@@ -444,7 +450,10 @@ async fn counters_survive_a_reload_and_a_higher_limit_admits_at_once() {
     proxy.write_config(&limit_two("a different body").replace("limit: 2", "limit: 10"));
     assert_eq!(
         proxy.reload().await,
-        (200, serde_json::json!({"result": "ok", "version": 3}))
+        (
+            200,
+            serde_json::json!({"result": "ok", "version": 3, "warnings": []})
+        )
     );
     let r = c.get(proxy.url("/ping")).send().await.unwrap();
     assert_eq!(r.status(), 200, "the higher limit admits at once");

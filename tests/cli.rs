@@ -31,10 +31,18 @@ fn run(cmd: &mut Command) -> (i32, String, String) {
 
 /// Runs `tollgate check --config <file with yaml>`.
 fn check(yaml: &str) -> (i32, String, String) {
+    check_with(yaml, &[])
+}
+
+/// Runs `tollgate check <flags> --config <file with yaml>`.
+fn check_with(yaml: &str, flags: &[&str]) -> (i32, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.yaml");
     std::fs::write(&path, yaml).unwrap();
-    run(tollgate(&["check", "--config", path.to_str().unwrap()]).current_dir(dir.path()))
+    let mut args = vec!["check"];
+    args.extend(flags);
+    args.extend(["--config", path.to_str().unwrap()]);
+    run(tollgate(&args).current_dir(dir.path()))
 }
 
 /// The error lines of a failed check (each starts with the file name).
@@ -65,7 +73,7 @@ fn check_accepts_the_example_config_and_prints_a_summary() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("config.example.yaml: ok"), "{out}");
     for part in [
-        "3 route(s)",
+        "5 route(s)",
         "4 limiter(s)",
         "1 upstream(s)",
         "admin on 127.0.0.1:9901",
@@ -99,7 +107,7 @@ fn check_reports_a_misspelt_key_with_its_line_and_column() {
     let (code, _, err) = check("limiters:\n  strict: { limt: 5, window: 60s }\n");
     assert_eq!(code, 1);
     assert!(err.contains("line 2 column 13"), "{err}");
-    assert!(err.contains("unknown field `limt`"), "{err}");
+    assert!(err.contains("unknown key `limt`"), "{err}");
     assert!(
         err.contains("`limit`"),
         "the message offers the right spelling: {err}"
@@ -392,4 +400,131 @@ fn healthcheck_reads_only_the_admin_address_so_a_rejected_edit_keeps_the_contain
     proxy.wait_exit(Duration::from_secs(15));
     let (code, _, _) = probe();
     assert_ne!(code, 0);
+}
+
+#[test]
+fn check_explains_typical_mistakes_in_yaml_terms_at_the_key_that_is_wrong() {
+    for (yaml, expected) in [
+        (
+            "limiters:\n  per_ip:\n    limit: \"100/min\"\n    window: 60s\n",
+            "bad.yaml: line 3 column 12: limiters.per_ip.limit: expected a whole number, e.g. `limit: 100`, found the text \"100/min\"",
+        ),
+        (
+            "limiters:\n  per_ip:\n  limit: 5\n  window: 60s\n",
+            "bad.yaml: line 3 column 10: limiters.limit: expected a limiter: a mapping of its settings, e.g. `{ limit: 100, window: 1m, key: ip }`, found the number 5 (`limit` is read as the name of a limiter here; if it is a setting, indent it under its limiter)",
+        ),
+        (
+            "upstreams:\n  php: { url: \"fastcgi://127.0.0.1:9000\", root: /srv }\nroutes:\n  - name: site\n    upstream: phpfpm\n",
+            "bad.yaml: line 5 column 15: routes[0].upstream: no upstream named \"phpfpm\"; did you mean `php`?",
+        ),
+        (
+            "limiters:\n  a:\n    limit: 5\n    window: 1M\n",
+            "bad.yaml: line 4 column 13: limiters.a.window: `1M`: `M` is not a unit (minutes are `m`, and a month is written `30d`); a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`",
+        ),
+    ] {
+        let (code, out, err) = check(yaml);
+        assert_eq!(code, 1, "{yaml}\n{out}");
+        assert_eq!(error_lines(&err).len(), 1, "{err}");
+        assert!(error_lines(&err)[0].ends_with(expected), "{yaml}\n  expected …{expected}\n  got {err}");
+    }
+}
+
+/// A catch-all route above the login route: the config runs, and the login limit never does.
+const SHADOWED_LOGIN: &str = "limiters:
+  per_ip: { limit: 100, window: 60s, key: ip }
+  login: { limit: 5, window: 15m, key: ip }
+routes:
+  - name: site
+    match: { path_prefix: / }
+    respond: { status: 200 }
+    limiters: [per_ip]
+  - name: wp_login
+    match: { path: /wp-login.php, methods: [POST] }
+    respond: { status: 200 }
+    limiters: [login]
+";
+
+#[test]
+fn check_warns_about_a_login_route_a_catch_all_shadows_and_strict_makes_it_fail() {
+    let (code, out, err) = check(SHADOWED_LOGIN);
+    assert_eq!(code, 0, "a warning is not an error: {err}");
+    assert!(out.contains("bad.yaml: ok"), "{out}");
+    assert!(
+        err.contains("bad.yaml: warning: line 9 column 11: routes[1].name: route \"wp_login\" is never reached: route \"site\" (routes[0]) comes first"),
+        "{err}"
+    );
+    assert!(err.contains("move \"wp_login\" above \"site\""), "{err}");
+
+    let (code, out, err) = check_with(SHADOWED_LOGIN, &["--strict"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("routes[1].name: route \"wp_login\" is never reached"),
+        "{err}"
+    );
+    assert!(
+        err.contains("bad.yaml: 1 warning and --strict: not ok"),
+        "{err}"
+    );
+    assert!(!out.contains("ok:"), "no summary: {out}");
+
+    // Put in order, the same routes pass --strict.
+    let ordered = "limiters:
+  per_ip: { limit: 100, window: 60s, key: ip }
+  login: { limit: 5, window: 15m, key: ip }
+routes:
+  - { name: wp_login, match: { path: /wp-login.php, methods: [POST] }, respond: { status: 200 }, limiters: [login] }
+  - { name: site, match: { path_prefix: / }, respond: { status: 200 }, limiters: [per_ip] }
+";
+    let (code, _, err) = check_with(ordered, &["--strict"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+}
+
+#[test]
+fn check_warns_about_a_fastcgi_root_that_does_not_exist() {
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("index.php"), "<?php echo 'hi';").unwrap();
+    let yaml = |root: &str| {
+        format!(
+            "upstreams:\n  php:\n    url: \"fastcgi://127.0.0.1:9000\"\n    root: {root}\nroutes:\n  - {{ name: site, upstream: php }}\n"
+        )
+    };
+    let typo = format!("{}/htdcos", site.path().display());
+    let (code, _, err) = check(&yaml(&typo));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("bad.yaml: warning: line 4 column 11: upstreams.php.root: {typo}: No such file or directory")),
+        "{err}"
+    );
+    assert!(
+        err.contains("every request to this upstream would be a 404"),
+        "{err}"
+    );
+    let (code, _, _) = check_with(&yaml(&typo), &["--strict"]);
+    assert_eq!(code, 1);
+
+    let (code, _, err) = check_with(&yaml(&site.path().display().to_string()), &["--strict"]);
+    assert_eq!(code, 0, "the real root is fine: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reports_the_warnings_check_prints() {
+    let proxy = Proxy::start(
+        "routes:\n  - { name: site, match: { path_prefix: / }, respond: { status: 200 } }\n",
+    )
+    .await;
+    proxy.write_config(SHADOWED_LOGIN);
+    let (code, body) = proxy.reload().await;
+    assert_eq!(code, 200, "{body}");
+    let warnings: Vec<&str> = body["warnings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no warnings in {body}"))
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect();
+    assert_eq!(warnings.len(), 1, "{body}");
+    assert!(
+        warnings[0].contains("routes[1].name: route \"wp_login\" is never reached"),
+        "{body}"
+    );
 }

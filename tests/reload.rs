@@ -106,7 +106,7 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
     let pinned = |yaml: &str| pin_yaml(yaml, proxy.addr, proxy.admin, proxy.dir.path());
     let cases: Vec<(&str, String, &str)> = vec![
         ("yaml syntax", "limiters: [\n".into(), "line"),
-        ("unknown key", pinned("limiters:\n  strict: { limt: 5, window: 60s }\n"), "unknown field `limt`"),
+        ("unknown key", pinned("limiters:\n  strict: { limt: 5, window: 60s }\n"), "unknown key `limt`"),
         ("missing limiter", pinned("routes:\n  - { name: p, match: { path: /ping }, respond: { status: 200 }, limiters: [nope] }\n"), "no limiter named \"nope\""),
         ("missing upstream", pinned("routes:\n  - { name: p, match: { path: /ping }, upstream: nowhere }\n"), "no upstream named \"nowhere\""),
         ("bad CIDR", pinned("identity: { trusted_proxies: [10.0.0.0/33] }\n"), "invalid CIDR"),

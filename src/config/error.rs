@@ -23,18 +23,32 @@ pub struct ConfigProblem {
 
 impl fmt::Display for ConfigProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = Printable(&self.path);
         match (self.location, self.path.is_empty()) {
             (Some((line, col)), false) => {
-                write!(
-                    f,
-                    "line {line} column {col}: {}: {}",
-                    self.path, self.message
-                )
+                write!(f, "line {line} column {col}: {path}: {}", self.message)
             }
             (Some((line, col)), true) => write!(f, "line {line} column {col}: {}", self.message),
-            (None, false) => write!(f, "{}: {}", self.path, self.message),
+            (None, false) => write!(f, "{path}: {}", self.message),
             (None, true) => write!(f, "{}", self.message),
         }
+    }
+}
+
+/// A path as printed: a key may hold any character, and a newline in a
+/// name must not split the line of a log record or of `check`'s output.
+struct Printable<'a>(&'a str);
+
+impl fmt::Display for Printable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
     }
 }
 

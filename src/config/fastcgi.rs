@@ -246,7 +246,7 @@ mod tests {
             ),
             (
                 "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, docroot: /x }",
-                "unknown field",
+                "unknown key `docroot`; did you mean `root`?",
             ),
         ];
         for (upstream, expected) in cases {

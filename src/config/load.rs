@@ -18,8 +18,8 @@ use super::error::locate_all;
 use super::raw::RawConfig;
 use super::validate::{self, Host};
 use super::{
-    locate, scan, AdminConfig, ApiKeyEntry, CertConfig, Config, ConfigError, ConfigProblem,
-    IdentityConfig, TlsConfig, UpstreamTls,
+    explain, locate, scan, AdminConfig, ApiKeyEntry, CertConfig, Config, ConfigError,
+    ConfigProblem, IdentityConfig, TlsConfig, UpstreamTls,
 };
 use crate::tls::{CertSet, TlsError};
 
@@ -50,10 +50,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
     } else {
-        serde_yaml::from_str(text).map_err(|e| {
-            let location = e.location().map(|l| (l.line(), l.column()));
-            ConfigError::single(None, clean_serde_message(&e.to_string()), location)
-        })?
+        serde_yaml::from_str(text).map_err(|e| ConfigError::new(vec![schema_problem(&e, text)]))?
     };
     let checked = validate::check(&raw, &survey(&raw));
     let mut config = checked.config;
@@ -67,6 +64,9 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     }
     if problems.is_empty() {
         problems.extend(read_key_file(&mut config.identity));
+    }
+    if problems.is_empty() {
+        warn_missing_fastcgi_files(&mut config);
     }
     let index = locate::Index::build(text);
     if problems.is_empty() {
@@ -201,10 +201,81 @@ fn read_key_file(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
     problems
 }
 
-/// serde_yaml appends " at line L column C" itself; we print the location up front.
-fn clean_serde_message(msg: &str) -> String {
-    match msg.rfind(" at line ") {
-        Some(i) => msg[..i].to_string(),
-        None => msg.to_string(),
+/// A value that does not fit the schema (or text that is not YAML), in
+/// operator terms and located at the key that is wrong: serde's own mark
+/// is sometimes the mapping around it.
+fn schema_problem(e: &serde_yaml::Error, text: &str) -> ConfigProblem {
+    let index = locate::Index::build(text);
+    let message = e.to_string();
+    // serde_yaml appends " at line L column C" itself; we print the location up front.
+    let message = message
+        .rfind(" at line ")
+        .map_or(message.as_str(), |i| &message[..i]);
+    let (mut problem, anchor) = explain::problem(message, |path| index.has(path));
+    problem.location = match (problem.path.as_str(), anchor) {
+        ("", _) => None,
+        (path, explain::Anchor::Key) => index.find_key(path),
+        (path, explain::Anchor::Value) => index.find(path),
     }
+    .or_else(|| e.location().map(|l| (l.line(), l.column())));
+    problem
+}
+
+/// Warns about a FastCGI `root` that does not exist or cannot be listed,
+/// and an `index` or `fallback` script missing from it: tollgate checks
+/// scripts and serves static files from `root`, so such a config starts
+/// and then answers every request with a 404. Only metadata is read (and
+/// a directory listed), never a file's content, so a FIFO cannot hang it.
+fn warn_missing_fastcgi_files(config: &mut Config) {
+    let mut warnings = Vec::new();
+    for upstream in &config.upstreams {
+        let Some(f) = &upstream.fastcgi else {
+            continue;
+        };
+        let at = |field: &str| format!("upstreams.{}.{field}", upstream.name);
+        let root = f.root.display();
+        let fix = "every request to this upstream would be a 404; fix the path (php-fpm must see the same directory)";
+        match std::fs::metadata(&f.root) {
+            Err(e) => {
+                warnings.push(ConfigProblem::at(at("root"), format!("{root}: {e}: {fix}")));
+                continue;
+            }
+            Ok(m) if !m.is_dir() => {
+                warnings.push(ConfigProblem::at(
+                    at("root"),
+                    format!("{root} is not a directory: {fix}"),
+                ));
+                continue;
+            }
+            Ok(_) => {}
+        }
+        if let Err(e) = std::fs::read_dir(&f.root) {
+            warnings.push(ConfigProblem::at(
+                at("root"),
+                format!("{root} cannot be read: {e}: {fix}"),
+            ));
+            continue;
+        }
+        let scripts = [
+            ("index", Some(f.index.as_str())),
+            ("fallback", f.fallback.as_deref()),
+        ];
+        for (field, script) in scripts {
+            let Some(script) = script else { continue };
+            let file = f.root.join(script.trim_start_matches('/'));
+            let readable = std::fs::metadata(&file).is_ok_and(|m| m.is_file())
+                && std::fs::File::open(&file).is_ok();
+            if !readable {
+                warnings.push(ConfigProblem::at(
+                    at(field),
+                    format!(
+                        "{} is not a readable file, so {} would be a 404; create it or set `{field}` to a script under {root}",
+                        file.display(),
+                        if field == "index" { "a request for a directory (`/`)" } else { "every path that names no file" },
+                    ),
+                ));
+            }
+        }
+    }
+    config.warnings.extend(warnings);
 }

@@ -14,6 +14,8 @@ enum Frame {
 #[derive(Default)]
 pub struct Index {
     marks: HashMap<String, (usize, usize)>,
+    /// Where each mapping key itself is written (`marks` holds its value's place).
+    keys: HashMap<String, (usize, usize)>,
     stack: Vec<Frame>,
 }
 
@@ -35,6 +37,16 @@ impl Index {
             let cut = p.rfind(['.', '['])?;
             p = &p[..cut];
         }
+    }
+
+    /// Where the key that ends `path` is written (an unknown key is shown there, not at its value).
+    pub fn find_key(&self, path: &str) -> Option<(usize, usize)> {
+        self.keys.get(path).copied()
+    }
+
+    /// Whether `path` is a node of the document.
+    pub fn has(&self, path: &str) -> bool {
+        self.marks.contains_key(path)
     }
 
     /// The path the next node takes, and whether that node is a map key.
@@ -70,11 +82,19 @@ impl MarkedEventReceiver for Index {
                 let (path, is_key) = self.next_path();
                 if is_key {
                     if let Some(Frame::Map { prefix, key }) = self.stack.last_mut() {
-                        self.marks.entry(join(prefix, &value)).or_insert(pos);
+                        let path = join(prefix, &value);
+                        self.keys.entry(path.clone()).or_insert(pos);
+                        self.marks.entry(path).or_insert(pos);
                         *key = Some(value);
                     }
                 } else if let Some(p) = path {
-                    self.marks.insert(p, pos);
+                    if value.is_empty() {
+                        // An empty value (`strict:` and nothing after it) is
+                        // marked where the next line starts; its key is the place.
+                        self.marks.entry(p).or_insert(pos);
+                    } else {
+                        self.marks.insert(p, pos);
+                    }
                 }
             }
             Event::MappingStart(..) | Event::SequenceStart(..) => {

@@ -32,6 +32,8 @@ pub mod raw;
 pub mod validate;
 
 mod error;
+/// serde's messages in YAML terms, at the key's own path.
+mod explain;
 mod load;
 mod locate;
 /// Duplicate keys and nesting depth, checked on the text before serde reads it.
@@ -40,6 +42,8 @@ mod scan;
 mod admin_token;
 mod observe;
 mod protect;
+/// "Did you mean …?" over the names a config defines.
+mod suggest;
 
 pub mod balance;
 mod bodies;
@@ -51,7 +55,7 @@ pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{load_file, load_file_text, parse, survey};
 pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
-pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text};
+pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};
 pub use validate::{validate, Host};
 
 // The section files (balance, fastcgi, observe, protect) extend the validator.

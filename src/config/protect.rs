@@ -17,11 +17,39 @@ pub struct RawCount {
 }
 
 /// One status or a list of them.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum Statuses {
     One(u16),
     Many(Vec<u16>),
+}
+
+impl<'de> Deserialize<'de> for Statuses {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Not `#[serde(untagged)]`: its error names a Rust enum and loses the key's path.
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Statuses;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an HTTP status or a list of them, e.g. `status: [401, 403]`")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Statuses, E> {
+                u16::try_from(n)
+                    .map(Statuses::One)
+                    .map_err(|_| E::custom(format!("{n} is not an HTTP status (100–599)")))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Statuses, A::Error> {
+                let mut all = Vec::new();
+                while let Some(s) = seq.next_element::<u16>()? {
+                    all.push(s);
+                }
+                Ok(Statuses::Many(all))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// `ban: { after: 3, for: 1h, status: 429 }`.

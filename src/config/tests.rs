@@ -46,7 +46,10 @@ fn store_max_keys_has_a_default_and_a_floor() {
 fn a_misspelt_key_is_an_error_with_its_location() {
     let errs = problems("limiters:\n  strict:\n    limt: 5\n    window: 60s\n");
     assert_eq!(errs.len(), 1, "{errs:?}");
-    assert!(errs[0].contains("unknown field `limt`"), "{errs:?}");
+    assert!(
+        errs[0].contains("unknown key `limt`; did you mean `limit`?"),
+        "{errs:?}"
+    );
     assert!(errs[0].starts_with("line 3 column 5"), "{errs:?}");
 }
 
@@ -224,7 +227,7 @@ fn a_route_that_only_limits_client_chosen_values_is_a_warning_naming_it() {
     // With keys verified, `api_key` holds; the header-keyed one still does not on its own.
     let verified = parse(&format!("identity: {{ api_keys: [k1] }}\n{yaml}")).unwrap();
     assert!(verified.warnings.is_empty(), "{:?}", verified.warnings);
-    let unverified_override = parse("limiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip, limit: 9 }, { key: 10.0.0.1, limit: 9 }] }\n").unwrap();
+    let unverified_override = parse("limiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip, limit: 9 }, { key: 10.0.0.1, limit: 9 }] }\nroutes: [{ name: a, respond: { status: 200 }, limiters: [l] }]\n").unwrap();
     assert_eq!(
         unverified_override.warnings.len(),
         1,
@@ -297,4 +300,161 @@ fn upstream_tls_options_apply_to_https_only_and_a_ca_must_hold_certificates() {
     ))
     .unwrap();
     assert!(matches!(&c.upstreams[0].tls, UpstreamTls::Ca { certs, .. } if certs.len() == 1));
+}
+
+/// Typical mistakes and the exact message `check` prints for each: the
+/// expected YAML in words (never a Rust type), the key that is wrong with
+/// its line and column, and a did-you-mean for a misspelt name.
+#[rustfmt::skip]
+const MISTAKES: &[(&str, &str)] = &[
+    // A rate written where a number goes.
+    ("limiters:\n  per_ip:\n    limit: \"100/min\"\n    window: 60s\n",
+     "line 3 column 12: limiters.per_ip.limit: expected a whole number, e.g. `limit: 100`, found the text \"100/min\""),
+    // A limiter's settings dedented one level.
+    ("limiters:\n  per_ip:\n  limit: 5\n  window: 60s\n",
+     "line 3 column 10: limiters.limit: expected a limiter: a mapping of its settings, e.g. `{ limit: 100, window: 1m, key: ip }`, found the number 5 (`limit` is read as the name of a limiter here; if it is a setting, indent it under its limiter)"),
+    // A key written as a mapping.
+    ("limiters:\n  per_ip:\n    limit: 5\n    window: 60s\n    key: { header: X-User }\n",
+     "line 5 column 5: limiters.per_ip.key: expected one value or a list of values, e.g. `ip` or `[ip, route]`, found a mapping"),
+    // A number no integer holds.
+    ("limiters:\n  per_ip:\n    limit: 100000000000000000000\n    window: 60s\n",
+     "line 3 column 12: limiters.per_ip.limit: expected a whole number, e.g. `limit: 100`, found the number 100000000000000000000, which is too large"),
+    // Misspelt names: upstream, key part, algorithm, limiter, config key.
+    ("upstreams:\n  php: { url: \"fastcgi://127.0.0.1:9000\", root: /srv }\nroutes:\n  - name: site\n    upstream: phpfpm\n",
+     "line 5 column 15: routes[0].upstream: no upstream named \"phpfpm\"; did you mean `php`?"),
+    ("limiters:\n  a:\n    limit: 5\n    window: 60s\n    key: per_ip\n",
+     "line 5 column 10: limiters.a.key: unknown key \"per_ip\" (client, ip, api_key, route, global or header:<Name>); did you mean `ip`?"),
+    ("limiters:\n  a:\n    algorithm: token-bucket\n    capacity: 5\n    refill_per_second: 1\n",
+     "line 3 column 16: limiters.a.algorithm: unknown algorithm \"token-bucket\" (fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency); did you mean `token_bucket`?"),
+    ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: [per-ip]\n",
+     "line 6 column 16: routes[0].limiters[0]: no limiter named \"per-ip\"; did you mean `per_ip`?"),
+    ("limiters:\n  a:\n    limt: 5\n    window: 60s\n",
+     "line 3 column 5: limiters.a.limt: unknown key `limt`; did you mean `limit`? (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban)"),
+    // A duration without a unit, pointed at `window`, not at the limiter.
+    ("limiters:\n  a:\n    limit: 5\n    window: 15\n",
+     "line 4 column 13: limiters.a.window: `15` has no unit, write e.g. `15s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),
+    // An unset variable, pointed at its value, not at `store:`.
+    ("store:\n  backend: redis\n  url: \"${TOLLGATE_TEST_SURELY_UNSET}\"\n",
+     "line 3 column 8: store.url: environment variable TOLLGATE_TEST_SURELY_UNSET is not set"),
+    // A single limiter name where a list goes.
+    ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: per_ip\n",
+     "line 6 column 15: routes[0].limiters: expected a list of limiter names, e.g. `limiters: [per_ip]`, found the text \"per_ip\""),
+    // YAML 1.2 has no `yes`.
+    ("upstreams:\n  app: { url: \"https://a\", insecure_skip_verify: yes }\n",
+     "line 2 column 50: upstreams.app.insecure_skip_verify: expected `true` or `false`, e.g. `insecure_skip_verify: true`, found the text \"yes\""),
+    ("server:\n  workers: [1]\n",
+     "line 2 column 3: server.workers: expected `auto` or a number of threads, e.g. `workers: 4`, found a list"),
+    ("routes:\n  - { name: a, respond: { status: 99999 } }\n",
+     "line 2 column 35: routes[0].respond.status: expected a whole number, e.g. `status: 429`, found the number 99999, out of range (0 to 65535)"),
+    ("routes:\n  a: { respond: { status: 200 } }\n",
+     "line 1 column 1: routes: expected a list of routes, e.g. `routes: [{ name: api, match: { path_prefix: /api }, upstream: app }]`, found a mapping"),
+    // A limiter with nothing under it is shown at its name, not at the next line.
+    ("limiters:\n  strict:\nroutes: []\n",
+     "line 2 column 3: limiters.strict: fixed_window needs `limit`"),
+];
+
+#[test]
+fn typical_mistakes_get_their_exact_message_at_the_key_that_is_wrong() {
+    for &(yaml, expected) in MISTAKES {
+        let got = problems(yaml);
+        assert_eq!(
+            got.first().map(String::as_str),
+            Some(expected),
+            "{yaml}: {got:?}"
+        );
+    }
+}
+
+#[test]
+fn durations_take_exactly_ms_s_m_h_and_d() {
+    let window = |w: &str| parse(&format!("limiters:\n  a: {{ limit: 5, window: {w} }}\n"));
+    for (written, nanos) in [
+        ("500ms", 500_000_000u64),
+        ("2s", 2_000_000_000),
+        ("1m", 60_000_000_000),
+        ("1h", 3_600_000_000_000),
+        ("7d", 604_800_000_000_000),
+        ("36500d", 3_153_600_000_000_000_000),
+    ] {
+        let c = window(written).unwrap_or_else(|e| panic!("{written}: {e}"));
+        assert_eq!(
+            c.limiters[0].algorithm.shape(),
+            crate::limiter::Shape::FixedWindow { window: nanos },
+            "{written}"
+        );
+    }
+    for (written, why) in [
+        (
+            "1M",
+            "`M` is not a unit (minutes are `m`, and a month is written `30d`)",
+        ),
+        ("1y", "`y` is not a unit"),
+        ("1000y", "`y` is not a unit"),
+        ("\"1 minute\"", "no space between the number and the unit"),
+        ("1.5m", "whole numbers only"),
+        ("m", "it starts with no number"),
+        ("1us", "`us` is not a unit"),
+        (
+            "36501d",
+            "longer than the longest duration tollgate supports, 36500d (100 years)",
+        ),
+        (
+            "99999999999999999999999d",
+            "longer than the longest duration",
+        ),
+    ] {
+        let errors = window(written).expect_err(written).to_string();
+        assert!(
+            errors.contains("limiters.a.window: ") && errors.contains(why),
+            "{written}: {errors}"
+        );
+    }
+}
+
+#[test]
+fn a_name_with_a_newline_never_reaches_a_line_of_output() {
+    let errors = parse("upstreams:\n  \"app\\nforged\": { url: \"http://127.0.0.1:1\" }\nroutes:\n  - name: \"ok\\n127.0.0.1 - GET /admin 200\"\n    respond: { status: 200 }\n")
+        .expect_err("names outside [A-Za-z0-9_-] are refused")
+        .to_string();
+    assert_eq!(
+        errors.lines().count(),
+        3,
+        "a header and one line per problem: {errors}"
+    );
+    assert!(
+        errors.contains("upstreams.app\\nforged: an upstream name uses only letters"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains(
+            "routes[0].name: route name \"ok\\n127.0.0.1 - GET /admin 200\" may use only letters"
+        ),
+        "{errors}"
+    );
+}
+
+#[test]
+fn a_missing_fastcgi_root_and_index_are_warnings_at_their_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().display();
+    let yaml = |root: &str| {
+        format!("upstreams:\n  php:\n    url: \"fastcgi://127.0.0.1:9000\"\n    root: {root}\n")
+    };
+    let missing = parse(&yaml(&format!("{root}/no-such-dir"))).unwrap();
+    assert_eq!(missing.warnings.len(), 1, "{:?}", missing.warnings);
+    let w = missing.warnings[0].to_string();
+    assert!(
+        w.starts_with("line 4 column 11: upstreams.php.root: "),
+        "{w}"
+    );
+    assert!(
+        w.contains("No such file or directory")
+            && w.contains("every request to this upstream would be a 404"),
+        "{w}"
+    );
+    let no_index = parse(&yaml(&root.to_string())).unwrap();
+    assert_eq!(no_index.warnings.len(), 1, "{:?}", no_index.warnings);
+    assert_eq!(no_index.warnings[0].path, "upstreams.php.index");
+    std::fs::write(dir.path().join("index.php"), "<?php").unwrap();
+    assert!(parse(&yaml(&root.to_string())).unwrap().warnings.is_empty());
 }

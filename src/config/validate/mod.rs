@@ -22,6 +22,7 @@ use http::HeaderName;
 use ipnet::IpNet;
 
 use super::raw::{Dur, RawConfig, RawIdentity, RawStore, Text};
+use super::suggest;
 use super::{
     ApiKeyEntry, AuditConfig, Backend, Config, ConfigError, ConfigProblem, IdentityConfig,
     LimiterConfig, OnError, StoreConfig, UpstreamConfig, DEFAULT_MAX_KEYS, MIN_MAX_KEYS,
@@ -32,6 +33,7 @@ mod limiters;
 mod routes;
 mod server;
 mod upstreams;
+mod warnings;
 
 #[cfg(test)]
 mod tests;
@@ -103,6 +105,16 @@ pub(in crate::config) fn dur(d: Option<Dur>, default: Duration) -> Duration {
     d.map(|d| d.0).unwrap_or(default)
 }
 
+/// Whether a name (of a route, upstream or limiter) keeps to letters,
+/// digits, `_` and `-`: names appear in log lines, metric labels and URLs,
+/// where anything else (a newline above all) could forge or break a record.
+pub(in crate::config) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 pub(in crate::config) fn nanos(d: Duration) -> Nanos {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -128,7 +140,13 @@ impl Validator<'_> {
         let upstreams: Vec<UpstreamConfig> = raw
             .upstreams
             .iter()
-            .filter_map(|(name, u)| self.upstream(name, u))
+            .filter_map(|(name, u)| {
+                if self.upstream_name(name) {
+                    self.upstream(name, u)
+                } else {
+                    None
+                }
+            })
             .collect();
         let limiters: Vec<LimiterConfig> = raw
             .limiters
@@ -142,8 +160,7 @@ impl Validator<'_> {
             &raw.limiters,
             &limiters,
         );
-        self.warn_walkable_routes(&raw.routes, &routes, &limiters, identity.has_key_source());
-        self.warn_unverified_overrides(&limiters, identity.has_key_source());
+        self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
         let log = self.log(&raw.log);
         Config {
             warnings: Vec::new(),
@@ -200,7 +217,10 @@ impl Validator<'_> {
             other => {
                 self.err(
                     "store.backend",
-                    format!("unknown backend {other:?} (sqlite, memory or redis)"),
+                    format!(
+                        "unknown backend {other:?} (sqlite, memory or redis){}",
+                        suggest::hint(other, ["sqlite", "memory", "redis"])
+                    ),
                 );
                 Backend::Memory
             }
@@ -217,7 +237,10 @@ impl Validator<'_> {
             other => {
                 self.err(
                     "store.on_error",
-                    format!("unknown policy {other:?} (allow, deny or local)"),
+                    format!(
+                        "unknown policy {other:?} (allow, deny or local){}",
+                        suggest::hint(other, ["allow", "deny", "local"])
+                    ),
                 );
                 OnError::Allow
             }

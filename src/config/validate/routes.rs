@@ -1,11 +1,12 @@
-//! Validation of `routes`: the match, the action (an upstream or a local answer), the limiters by name; and the warning for a route a client can walk around.
+//! Validation of `routes`: the name, the match, the action (an upstream or a local answer), the limiters by name.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use http::{Method, StatusCode};
 
-use super::Validator;
-use crate::config::raw::{RawLimiter, RawRoute, RawUpstream};
+use super::{valid_name, Validator};
+use crate::config::raw::{RawLimiter, RawMatch, RawRoute, RawUpstream, Text};
+use crate::config::suggest;
 use crate::config::{Action, LimiterConfig, RouteConfig, UpstreamConfig};
 
 impl Validator<'_> {
@@ -31,29 +32,9 @@ impl Validator<'_> {
         let mut out = Vec::new();
         for (i, r) in raw.iter().enumerate() {
             let at = |field: &str| format!("routes[{i}].{field}");
-            if !names.insert(r.name.0.as_str()) {
-                self.err(
-                    at("name"),
-                    format!("route name {:?} is used twice", r.name.0),
-                );
-            }
-            if r.name.0.is_empty() {
-                self.err(at("name"), "a route needs a name");
-            }
+            self.route_name(i, &r.name.0, &mut names);
             let m = &r.matcher;
-            for (field, value) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
-                if let Some(v) = value {
-                    if !v.0.starts_with('/') {
-                        self.err(
-                            at(&format!("match.{field}")),
-                            format!("{:?} must start with /", v.0),
-                        );
-                    }
-                }
-            }
-            if m.path.is_some() && m.path_prefix.is_some() {
-                self.err(at("match"), "use `path` or `path_prefix`, not both");
-            }
+            self.route_paths(i, m);
             let methods = m.methods.as_ref().map(|ms| {
                 ms.iter()
                     .enumerate()
@@ -71,49 +52,7 @@ impl Validator<'_> {
                     })
                     .collect::<Vec<_>>()
             });
-            let action = match (&r.upstream, &r.respond) {
-                (Some(u), None) => match upstream_index.get(u.0.as_str()) {
-                    Some(&idx) => Some(Action::Upstream(idx)),
-                    None => {
-                        if !raw_upstreams.contains_key(&u.0) {
-                            self.err(at("upstream"), format!("no upstream named {:?}", u.0));
-                        }
-                        None
-                    }
-                },
-                (None, Some(resp)) => match StatusCode::from_u16(resp.status) {
-                    Ok(status) => Some(Action::Respond {
-                        status,
-                        body: resp.body.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
-                        content_type: resp
-                            .content_type
-                            .as_ref()
-                            .map(|t| t.0.clone())
-                            .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
-                    }),
-                    Err(_) => {
-                        self.err(
-                            at("respond.status"),
-                            format!("invalid status {}", resp.status),
-                        );
-                        None
-                    }
-                },
-                (Some(_), Some(_)) => {
-                    self.err(
-                        at("upstream"),
-                        "a route has `upstream` or `respond`, not both",
-                    );
-                    None
-                }
-                (None, None) => {
-                    self.err(
-                        format!("routes[{i}]"),
-                        "a route needs `upstream` or `respond`",
-                    );
-                    None
-                }
-            };
+            let action = self.route_action(i, r, &upstream_index, raw_upstreams);
             let query: Vec<(String, String)> = m
                 .query
                 .iter()
@@ -123,25 +62,7 @@ impl Validator<'_> {
             if query.iter().any(|(name, _)| name.is_empty()) {
                 self.err(at("match.query"), "a query parameter needs a name");
             }
-            let mut route_limiters = Vec::new();
-            for (j, l) in r.limiters.iter().enumerate() {
-                match limiter_index.get(l.0.as_str()) {
-                    Some(&idx) => {
-                        if route_limiters.contains(&idx) {
-                            self.err(
-                                at(&format!("limiters[{j}]")),
-                                format!("limiter {:?} is listed twice", l.0),
-                            );
-                        }
-                        route_limiters.push(idx)
-                    }
-                    None if raw_limiters.contains_key(&l.0) => {} // already reported
-                    None => self.err(
-                        at(&format!("limiters[{j}]")),
-                        format!("no limiter named {:?}", l.0),
-                    ),
-                }
-            }
+            let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
             let rate_limit_headers =
                 self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
@@ -163,42 +84,129 @@ impl Validator<'_> {
         out
     }
 
-    /// A route whose every limiter keys on something the client picks (a
-    /// header, or an API key nobody verifies) can be walked around by picking
-    /// a new value per request: said at `check`, start and reload.
-    pub(super) fn warn_walkable_routes(
-        &mut self,
-        raw: &[RawRoute],
-        routes: &[RouteConfig],
-        limiters: &[LimiterConfig],
-        key_source: bool,
-    ) {
-        for route in routes.iter().filter(|r| !r.limiters.is_empty()) {
-            let holds = route.limiters.iter().any(|&l| {
-                !limiters[l]
-                    .key
-                    .iter()
-                    .any(|p| p.chosen_by_client(key_source))
-            });
-            if holds {
-                continue;
+    /// `match.path` and `match.path_prefix`: absolute, and not both.
+    fn route_paths(&mut self, i: usize, m: &RawMatch) {
+        let at = |field: &str| format!("routes[{i}].{field}");
+        for (field, value) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
+            if let Some(v) = value {
+                if !v.0.starts_with('/') {
+                    self.err(
+                        at(&format!("match.{field}")),
+                        format!("{:?} must start with /", v.0),
+                    );
+                }
             }
-            let i = raw.iter().position(|r| r.name.0 == route.name).unwrap_or(0);
-            let names: Vec<&str> = route
-                .limiters
-                .iter()
-                .map(|&l| limiters[l].name.as_str())
-                .collect();
-            self.warn(
-                format!("routes[{i}].limiters"),
+        }
+        if m.path.is_some() && m.path_prefix.is_some() {
+            self.err(at("match"), "use `path` or `path_prefix`, not both");
+        }
+    }
+
+    /// Where a route sends its requests: an upstream by name, or a local answer.
+    fn route_action(
+        &mut self,
+        i: usize,
+        r: &RawRoute,
+        upstream_index: &HashMap<&str, usize>,
+        raw_upstreams: &BTreeMap<String, RawUpstream>,
+    ) -> Option<Action> {
+        let at = |field: &str| format!("routes[{i}].{field}");
+        match (&r.upstream, &r.respond) {
+            (Some(u), None) => match upstream_index.get(u.0.as_str()) {
+                Some(&idx) => Some(Action::Upstream(idx)),
+                None => {
+                    if !raw_upstreams.contains_key(&u.0) {
+                        let names = raw_upstreams.keys().map(String::as_str);
+                        self.err(
+                            at("upstream"),
+                            format!("no upstream named {:?}{}", u.0, suggest::hint(&u.0, names)),
+                        );
+                    }
+                    None
+                }
+            },
+            (None, Some(resp)) => match StatusCode::from_u16(resp.status) {
+                Ok(status) => Some(Action::Respond {
+                    status,
+                    body: resp.body.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
+                    content_type: resp
+                        .content_type
+                        .as_ref()
+                        .map(|t| t.0.clone())
+                        .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+                }),
+                Err(_) => {
+                    self.err(
+                        at("respond.status"),
+                        format!("invalid status {}", resp.status),
+                    );
+                    None
+                }
+            },
+            (Some(_), Some(_)) => {
+                self.err(
+                    at("upstream"),
+                    "a route has `upstream` or `respond`, not both",
+                );
+                None
+            }
+            (None, None) => {
+                self.err(
+                    format!("routes[{i}]"),
+                    "a route needs `upstream` or `respond`",
+                );
+                None
+            }
+        }
+    }
+
+    /// A route's name: present, unique, and of the characters a log line can carry.
+    fn route_name<'r>(&mut self, i: usize, name: &'r str, names: &mut HashSet<&'r str>) {
+        let at = format!("routes[{i}].name");
+        if !names.insert(name) {
+            self.err(at.clone(), format!("route name {name:?} is used twice"));
+        }
+        if name.is_empty() {
+            self.err(at, "a route needs a name");
+        } else if !valid_name(name) {
+            self.err(
+                at,
                 format!(
-                    "route {:?}: every limiter ({}) keys on a value the client chooses{}, so a client \
-                     gets a fresh counter by sending a new value; add a limiter keyed on `ip` (or `client`) to this route",
-                    route.name,
-                    names.join(", "),
-                    if key_source { "" } else { " (no identity.api_keys or api_keys_file verifies api_key)" },
+                    "route name {name:?} may use only letters, digits, `_` and `-` (it appears in log lines and metric labels)"
                 ),
             );
         }
+    }
+
+    /// A route's `limiters`, by name, each once: their indexes in the config.
+    fn route_limiters(
+        &mut self,
+        i: usize,
+        written: &[Text],
+        index: &HashMap<&str, usize>,
+        raw_limiters: &BTreeMap<String, RawLimiter>,
+    ) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (j, l) in written.iter().enumerate() {
+            let at = format!("routes[{i}].limiters[{j}]");
+            match index.get(l.0.as_str()) {
+                Some(&idx) => {
+                    if out.contains(&idx) {
+                        self.err(at, format!("limiter {:?} is listed twice", l.0));
+                    }
+                    out.push(idx)
+                }
+                None if raw_limiters.contains_key(&l.0) => {} // already reported
+                None => self.err(
+                    at,
+                    format!(
+                        "no limiter named {:?}{}",
+                        l.0,
+                        suggest::hint(&l.0, raw_limiters.keys().map(String::as_str))
+                    ),
+                ),
+            }
+        }
+        out
     }
 }

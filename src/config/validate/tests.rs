@@ -51,6 +51,7 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("store: { backend: etcd }", "store.backend", "unknown backend \"etcd\" (sqlite, memory or redis)"),
     ("store: { backend: redis, url: \"http://cache\" }", "store.url", "is not a redis:// or rediss:// URL"),
     ("store: { on_error: retry }", "store.on_error", "unknown policy \"retry\""),
+    ("store: { backend: sqlit }", "store.backend", "unknown backend \"sqlit\" (sqlite, memory or redis); did you mean `sqlite`?"),
     ("store: { flush_interval: 0s }", "store.flush_interval", "must be greater than zero"),
     ("store: { prune_interval: 0s }", "store.prune_interval", "must be greater than zero"),
     ("store: { max_keys: 100 }", "store.max_keys", "100 is too small: at least 128"),
@@ -77,6 +78,8 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("upstreams: { app: { url: \"http://a\", ca: ca.pem } }", "upstreams.app.ca", "applies to https:// upstreams only"),
     ("upstreams: { app: { url: \"https://a\", ca: ca.pem, insecure_skip_verify: true } }", "upstreams.app", "`ca` and `insecure_skip_verify` contradict each other"),
     ("upstreams: { app: { url: \"http://a\", fallback: /index.php } }", "upstreams.app.fallback", "applies to fastcgi:// upstreams only"),
+    ("upstreams: { \"my app\": { url: \"http://a\" } }", "upstreams.my app", "an upstream name uses only letters, digits, `_` and `-`"),
+    ("upstreams: { \"app\\nx\": { url: \"http://a\" } }", "upstreams.app\nx", "an upstream name uses only letters, digits, `_` and `-`"),
     // limiters
     ("limiters: { \"per ip\": { limit: 1, window: 1s } }", "limiters.per ip", "uses only letters, digits, `_` and `-`"),
     ("limiters: { a: { algorithm: gcra, limit: 1 } }", "limiters.a.algorithm", "unknown algorithm \"gcra\" (fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency)"),
@@ -91,6 +94,10 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("limiters: { a: { algorithm: token_bucket, capacity: 1, refill_per_second: -1 } }", "limiters.a.refill_per_second", "must be a number greater than 0 and at most 1e9"),
     ("limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 2e9 } }", "limiters.a.leak_per_second", "at most 1e9"),
     ("limiters: { a: { algorithm: concurrency, max_in_flight: 0 } }", "limiters.a.max_in_flight", "must be at least 1"),
+    ("limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1e-10 } }", "limiters.a.refill_per_second", "1e-10 per second is too slow to limit: with capacity 5, a full bucket's tokens must come back within 36500d (100 years), the longest time tollgate counts; the smallest value here is 1.59e-9"),
+    ("limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 1e-300 } }", "limiters.a.leak_per_second", "1e-300 per second is too slow to limit: with capacity 1, a full queue must drain within 36500d (100 years), the longest time tollgate counts; the smallest value here is 3.18e-10"),
+    ("limiters: { a: { algorithm: leaky_bucket, capacity: 0, leak_per_second: 1e-10 } }", "limiters.a.leak_per_second", "the smallest value here is 3.18e-10"),
+    ("limiters: { a: { limit: 1, window: 1s, mode: shadw } }", "limiters.a.mode", "unknown mode \"shadw\" (enforce or shadow); did you mean `shadow`?"),
     ("limiters: { a: { limit: 1, window: 1s, key: [] } }", "limiters.a.key", "a key list needs at least one part"),
     ("limiters: { a: { limit: 1, window: 1s, key: who } }", "limiters.a.key", "unknown key \"who\" (client, ip, api_key, route, global or header:<Name>)"),
     ("limiters: { a: { limit: 1, window: 1s, key: [ip, route, ip] } }", "limiters.a.key[2]", "key part \"ip\" is listed twice"),
@@ -101,6 +108,8 @@ const REJECTED: &[(&str, &str, &str)] = &[
     // routes
     ("routes: [{ name: a, respond: { status: 200 } }, { name: a, respond: { status: 200 } }]", "routes[1].name", "route name \"a\" is used twice"),
     ("routes: [{ name: \"\", respond: { status: 200 } }]", "routes[0].name", "a route needs a name"),
+    ("routes: [{ name: \"log\\nin\", respond: { status: 200 } }]", "routes[0].name", "route name \"log\\nin\" may use only letters, digits, `_` and `-`"),
+    ("routes: [{ name: wp.login, respond: { status: 200 } }]", "routes[0].name", "may use only letters, digits, `_` and `-`"),
     ("routes: [{ name: a, match: { path: a }, respond: { status: 200 } }]", "routes[0].match.path", "\"a\" must start with /"),
     ("routes: [{ name: a, match: { path_prefix: api }, respond: { status: 200 } }]", "routes[0].match.path_prefix", "must start with /"),
     ("routes: [{ name: a, match: { path: /a, path_prefix: /b }, respond: { status: 200 } }]", "routes[0].match", "use `path` or `path_prefix`, not both"),
@@ -187,4 +196,156 @@ fn a_walkable_route_is_a_warning_with_its_path_not_a_problem() {
     assert!(c.warnings[0]
         .message
         .contains("keys on a value the client chooses"));
+}
+
+#[test]
+fn a_rate_too_slow_to_limit_is_refused_and_the_smallest_rate_it_names_is_accepted() {
+    for (too_slow, smallest) in [
+        (
+            "limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1e-9 } }",
+            "limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1.59e-9 } }",
+        ),
+        (
+            "limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 3e-10 } }",
+            "limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 3.18e-10 } }",
+        ),
+    ] {
+        let problems = validated(too_slow).err().unwrap_or_default();
+        assert!(
+            problems.len() == 1 && problems[0].message.contains("the smallest value here is"),
+            "{too_slow}: {problems:?}"
+        );
+        let named = problems[0].message.rsplit(' ').next().unwrap();
+        assert!(smallest.contains(named), "{named} is the value tried next");
+        assert!(
+            validated(smallest).is_ok(),
+            "{smallest}: {:?}",
+            validated(smallest).err()
+        );
+    }
+}
+
+/// The warnings of a valid document, as (path, message).
+fn warnings(yaml: &str) -> Vec<(String, String)> {
+    validated(yaml)
+        .unwrap_or_else(|e| panic!("{yaml}: {e:#?}"))
+        .warnings
+        .into_iter()
+        .map(|w| (w.path, w.message))
+        .collect()
+}
+
+/// Two routes, `first` then `second`, each `{ name, <match> }`, with a limiter each.
+fn two_routes(first: &str, second: &str) -> String {
+    format!(
+        "limiters: {{ per_ip: {{ limit: 5, window: 60s, key: ip }} }}\n\
+         routes:\n  - {{ name: first, match: {first}, respond: {{ status: 200 }}, limiters: [per_ip] }}\n  \
+         - {{ name: second, match: {second}, respond: {{ status: 200 }}, limiters: [per_ip] }}\n"
+    )
+}
+
+#[test]
+fn a_login_route_behind_a_catch_all_is_a_warning_that_says_what_to_do() {
+    let w = warnings(&two_routes(
+        "{ path_prefix: / }",
+        "{ path: /login.php, methods: [POST] }",
+    ));
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].0, "routes[1].name");
+    assert_eq!(
+        w[0].1,
+        "route \"second\" is never reached: route \"first\" (routes[0]) comes first and matches every request it would, so its limiters never run; move \"second\" above \"first\" or narrow \"first\"'s `match`"
+    );
+    // The other way round, each route has requests of its own.
+    assert!(warnings(&two_routes(
+        "{ path: /login.php, methods: [POST] }",
+        "{ path_prefix: / }"
+    ))
+    .is_empty());
+}
+
+#[test]
+fn shadowing_follows_path_prefix_method_host_and_query_subsumption() {
+    let shadowed = [
+        ("{}", "{ path: /a }"),
+        ("{ path_prefix: /api }", "{ path_prefix: /api/v1 }"),
+        ("{ path_prefix: /api/ }", "{ path: /api }"),
+        ("{ path: /a }", "{ path: /a, methods: [GET] }"),
+        (
+            "{ path: /wp-login.php }",
+            "{ path_prefix: /wp-login.php/x }",
+        ),
+        (
+            "{ path_prefix: /, methods: [GET, POST] }",
+            "{ path: /login, methods: [POST] }",
+        ),
+        ("{ host: a.example }", "{ host: a.example, path: /a }"),
+        (
+            "{ query: { action: login } }",
+            "{ query: { action: login, x: \"1\" } }",
+        ),
+    ];
+    for (first, second) in shadowed {
+        let w = warnings(&two_routes(first, second));
+        assert!(
+            w.len() == 1 && w[0].0 == "routes[1].name",
+            "{first} / {second}: {w:?}"
+        );
+    }
+    let reachable = [
+        ("{ path_prefix: /api }", "{ path_prefix: /apiary }"),
+        ("{ path: /a }", "{ path_prefix: /a }"),
+        ("{ path: /login }", "{ path: /login/x }"),
+        ("{ methods: [GET] }", "{ path: /a, methods: [POST] }"),
+        ("{ methods: [GET] }", "{ path: /a }"),
+        ("{ host: a.example }", "{ path: /a }"),
+        ("{ host: a.example }", "{ host: b.example }"),
+        ("{ query: { action: login } }", "{ path: /a }"),
+    ];
+    for (first, second) in reachable {
+        assert!(
+            warnings(&two_routes(first, second)).is_empty(),
+            "{first} / {second}"
+        );
+    }
+}
+
+#[test]
+fn a_limiter_no_route_uses_is_a_warning_at_the_limiter() {
+    let w = warnings("limiters: { used: { limit: 5, window: 60s, key: ip }, spare: { limit: 5, window: 60s, key: ip } }\nroutes: [{ name: a, respond: { status: 200 }, limiters: [used] }]\n");
+    assert_eq!(
+        w,
+        [(
+            "limiters.spare".to_string(),
+            "no route lists limiter \"spare\", so it limits nothing; add it to a route's `limiters` or remove it".to_string()
+        )]
+    );
+}
+
+#[test]
+fn a_ban_or_count_on_a_key_the_client_chooses_is_a_warning() {
+    let doc = |key: &str, identity: &str| {
+        format!(
+            "{identity}limiters:\n  logins: {{ limit: 5, window: 15m, key: {key}, count: {{ status: [401] }}, ban: {{ after: 3, for: 1h }} }}\n  per_ip: {{ limit: 50, window: 1m, key: ip }}\nroutes: [{{ name: login, respond: {{ status: 200 }}, limiters: [per_ip, logins] }}]\n"
+        )
+    };
+    let w = warnings(&doc("\"header:X-Username\"", ""));
+    let paths: Vec<&str> = w.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["limiters.logins.ban", "limiters.logins.count"],
+        "{w:?}"
+    );
+    assert_eq!(
+        w[0].1,
+        "`ban` on limiter \"logins\", keyed only on values the client chooses (header:x-username): anyone can get a victim banned by sending the victim's value; add `ip` to the key (e.g. `key: [ip, header:x-username]`)"
+    );
+    let unverified = warnings(&doc("[route, api_key]", ""));
+    assert_eq!(unverified.len(), 2, "{unverified:?}");
+    assert!(unverified[0]
+        .1
+        .contains("no identity.api_keys or api_keys_file verifies api_key"));
+    // A key that names the sender (the IP, or a verified API key) cannot be turned on a victim.
+    assert!(warnings(&doc("[ip, \"header:X-Username\"]", "")).is_empty());
+    assert!(warnings(&doc("api_key", "identity: { api_keys: [k1] }\n")).is_empty());
 }

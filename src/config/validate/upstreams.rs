@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::Uri;
 
-use super::{dur, Validator};
+use super::{dur, valid_name, Validator};
 use crate::config::balance::RawBalance;
 use crate::config::raw::{RawUpstream, Text};
 use crate::config::{UpstreamConfig, UpstreamTls};
@@ -42,6 +42,18 @@ impl Validator<'_> {
             return None;
         }
         Some(url)
+    }
+
+    /// Whether an upstream's name is of the characters a log line can carry (else reported).
+    pub(super) fn upstream_name(&mut self, name: &str) -> bool {
+        let valid = valid_name(name);
+        if !valid {
+            self.err(
+                format!("upstreams.{name}"),
+                "an upstream name uses only letters, digits, `_` and `-` (it appears in log lines and metric labels)",
+            );
+        }
+        valid
     }
 
     pub(super) fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
