@@ -613,3 +613,83 @@ routes: [{{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }}, li
         "{m}"
     );
 }
+
+#[test]
+fn a_reload_that_changes_log_format_is_rejected_and_every_line_keeps_the_running_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "log: { format: json }\nroutes: [{ name: ping, match: { path: /ping }, respond: { status: 200 } }]\n";
+    let mut p = common::Process::serve(yaml, dir.path());
+    let config = dir.path().join("tollgate.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("format: json"), "{text}");
+    std::fs::write(&config, text.replace("format: json", "format: text")).unwrap();
+    let answer = common::http(p.admin, "POST", "/reload").unwrap();
+    assert_eq!(answer.status, 422, "{}", answer.body);
+    assert!(
+        answer
+            .body
+            .contains("log.format cannot change while running; restart tollgate to apply it"),
+        "{}",
+        answer.body
+    );
+    assert_eq!(common::http(p.addr, "GET", "/ping").unwrap().status, 200);
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(15)).success());
+    let out = p.output();
+    for line in out.lines() {
+        assert!(
+            serde_json::from_str::<Value>(line).is_ok(),
+            "not JSON: {line}\n{out}"
+        );
+    }
+    assert!(out.contains("\"log\":\"access\""), "{out}");
+}
+
+/// The four ways an https:// upstream's certificate is commonly wrong, each
+/// behind a route of its own, all trusted through one `ca:`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_tls_failure_is_logged_with_its_reason() {
+    use common::certs::{Ca, TlsUpstream};
+    let ours = Ca::new("our CA");
+    let unknown = TlsUpstream::start(&Ca::new("someone else").issue(&["localhost"])).await;
+    let ca_as_leaf = TlsUpstream::start(&ours.own).await;
+    let wrong_name = TlsUpstream::start(&ours.issue(&["other.example"])).await;
+    let expired = TlsUpstream::start(&ours.issue_expired(&["localhost"])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ours.write(dir.path(), "ca.pem");
+    let cases = [
+        ("unknown", &unknown, "unknown CA"),
+        ("ca_as_leaf", &ca_as_leaf, "CA used as end entity"),
+        ("wrong_name", &wrong_name, "name mismatch"),
+        ("expired", &expired, "expired"),
+    ];
+    let mut yaml = String::from("upstreams:\n");
+    for (name, up, _) in &cases {
+        yaml += &format!(
+            "  {name}: {{ url: \"https://localhost:{}\", ca: \"{}\" }}\n",
+            up.addr.port(),
+            ca.display()
+        );
+    }
+    yaml += "routes:\n";
+    for (name, _, _) in &cases {
+        yaml += &format!("  - {{ name: {name}, match: {{ path: /{name} }}, upstream: {name} }}\n");
+    }
+    let out = tokio::task::block_in_place(|| {
+        let mut p = common::Process::serve(&yaml, dir.path());
+        for (name, _, _) in &cases {
+            let r = common::http(p.addr, "GET", &format!("/{name}")).unwrap();
+            assert_eq!(r.status, 502, "{name}");
+        }
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(15)).success());
+        p.output()
+    });
+    for (name, _, reason) in &cases {
+        let line = out
+            .lines()
+            .find(|l| l.contains("forwarding failed") && l.contains(&format!("upstream {name}:")))
+            .unwrap_or_else(|| panic!("no failure logged for {name}:\n{out}"));
+        assert!(line.contains(reason), "{name}: {reason:?} missing from {line}");
+    }
+}
