@@ -131,6 +131,10 @@ impl RouteSeries {
 /// The label of requests that matched no route.
 pub const NO_ROUTE: &str = "(none)";
 
+/// The `kind`s of `tollgate_upstream_errors_total` every upstream starts
+/// with (the common failures); rarer kinds appear when they first happen.
+pub const UPSTREAM_ERRORS_AT_ZERO: [&str; 3] = ["connect", "timeout", "other"];
+
 pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
 pub const UPSTREAM_DURATION: &str = "tollgate_upstream_duration_seconds";
 
@@ -206,6 +210,40 @@ impl Metrics {
             .entry((name, label_key(labels)))
             .or_default()
             .clone()
+    }
+
+    /// Creates at zero the series of events that may not have happened yet,
+    /// so every family is there from the first scrape: a dashboard or an
+    /// alert on `rate()` sees 0, not "no data", and a typo in a query is
+    /// told from a quiet proxy. Per snapshot (idempotent): `upstreams` are the
+    /// configured upstream names, `backend` and `on_error` the store's labels.
+    pub fn start_at_zero(&self, upstreams: &[&str], backend: &str, on_error: &str) {
+        for name in [
+            "tollgate_request_body_timeouts_total",
+            "tollgate_request_bodies_spilled_total",
+            "tollgate_upstream_share_waits_total",
+        ] {
+            self.counter(name, &[]);
+        }
+        for result in ["ok", "error"] {
+            self.counter("tollgate_config_reloads_total", &[("result", result)]);
+        }
+        for reason in ["error", "timeout"] {
+            self.counter("tollgate_tls_handshake_failures_total", &[("reason", reason)]);
+        }
+        self.counter(
+            "tollgate_store_errors_total",
+            &[("backend", backend), ("policy", on_error)],
+        );
+        self.counter("tollgate_store_fallback_total", &[("policy", on_error)]);
+        for upstream in upstreams {
+            for kind in UPSTREAM_ERRORS_AT_ZERO {
+                self.counter(
+                    "tollgate_upstream_errors_total",
+                    &[("upstream", upstream), ("kind", kind)],
+                );
+            }
+        }
     }
 
     /// The series a route updates per request (also for [`NO_ROUTE`]).

@@ -693,3 +693,82 @@ async fn an_upstream_tls_failure_is_logged_with_its_reason() {
         assert!(line.contains(reason), "{name}: {reason:?} missing from {line}");
     }
 }
+
+/// The metric names in the first column of docs/OBSERVABILITY.md's metrics table.
+fn documented_metric_families() -> std::collections::BTreeSet<String> {
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/OBSERVABILITY.md"
+    ))
+    .unwrap();
+    let section = docs
+        .split("\n## Metrics")
+        .nth(1)
+        .expect("a Metrics section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .flat_map(|l| {
+            let first_cell = l.split(" |").next().unwrap_or_default();
+            first_cell
+                .split('`')
+                .map(|s| s.trim_matches(|c: char| c == ',' || c == ' ').to_string())
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fresh_proxy_exposes_every_documented_metric_family_and_only_those_each_with_a_series() {
+    let up = Upstream::start().await;
+    let yaml = format!(
+        r#"
+identity: {{ api_keys: ["{KEY}"] }}
+upstreams:
+  app: {{ url: "{}" }}
+  pool: {{ servers: ["{}", "{}"], max_conns: 2, queue: 1 }}
+limiters:
+  logins: {{ limit: 5, window: 1m, count: {{ status: [401] }}, ban: {{ after: 2, for: 10m }} }}
+routes:
+  - {{ name: login, match: {{ path: /login }}, upstream: app, limiters: [logins] }}
+  - {{ name: pool, match: {{ path_prefix: /pool }}, upstream: pool }}
+"#,
+        up.url(),
+        up.url(),
+        up.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let text = proxy.metrics().await;
+    let exposed: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    let documented = documented_metric_families();
+    let undocumented: Vec<_> = exposed.difference(&documented).collect();
+    let missing: Vec<_> = documented.difference(&exposed).collect();
+    assert!(
+        undocumented.is_empty() && missing.is_empty(),
+        "exposed but not in docs/OBSERVABILITY.md: {undocumented:?}\nin the docs but not exposed: {missing:?}"
+    );
+    // Before any event, each family has its series at zero (responses get
+    // theirs per status code as they are sent).
+    for family in exposed.iter().filter(|f| *f != "tollgate_responses_total") {
+        assert!(
+            text.lines()
+                .any(|l| !l.starts_with('#') && l.starts_with(family.as_str())),
+            "{family} has no series at start:\n{text}"
+        );
+    }
+    assert_eq!(
+        common::metric(
+            &text,
+            "tollgate_upstream_errors_total{upstream=\"app\",kind=\"connect\"}"
+        ),
+        Some(0.0)
+    );
+}
