@@ -772,3 +772,130 @@ routes:
         Some(0.0)
     );
 }
+
+/// The keys in the first column of docs/CONFIG.md's tables, as paths into
+/// `GET /config` (`limiters.<name>.limit` is `limiters[].limit` there).
+fn documented_config_keys() -> std::collections::BTreeSet<String> {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md")).unwrap();
+    let mut keys = std::collections::BTreeSet::new();
+    for row in docs.lines().filter_map(|l| l.strip_prefix("| `")) {
+        let first_cell = row.split(" |").next().unwrap_or_default();
+        let mut parent = String::new();
+        for key in first_cell.split('`').map(|k| k.trim_matches([',', ' '])) {
+            if key.is_empty() {
+                continue;
+            }
+            // `upstreams.<name>.max_fails`, `fail_timeout`: the second shares the first's parent.
+            let key = if key.contains('.') {
+                parent = key.rsplit_once('.').unwrap().0.to_string();
+                key.to_string()
+            } else {
+                format!("{parent}.{key}")
+            };
+            keys.insert(
+                key.replace("limiters.<name>", "limiters[]")
+                    .replace("upstreams.<name>", "upstreams[]"),
+            );
+        }
+    }
+    keys
+}
+
+/// Every path in `value`: `a.b` for maps, `a[].b` into lists of maps.
+fn json_paths(value: &Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+    let join = |k: &str| {
+        if at.is_empty() {
+            k.to_string()
+        } else {
+            format!("{at}.{k}")
+        }
+    };
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let path = join(k);
+                out.insert(path.clone());
+                json_paths(v, &path, out);
+            }
+        }
+        Value::Array(items) if items.iter().any(Value::is_object) => {
+            for item in items {
+                json_paths(item, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn get_config_shows_every_key_config_md_lists_and_no_other() {
+    use common::certs::Ca;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (cert, key) = ca.issue(&["localhost"]).write(dir.path(), "site");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let root = dir.path().display();
+    let yaml = format!(
+        r#"
+server:
+  tls: {{ cert: "{}", key: "{}", listen: ["127.0.0.1:0"] }}
+log: {{ format: text, access: false }}
+identity: {{ api_keys: ["{KEY}"], unknown_keys: {{ limit: 5, window: 1m }} }}
+upstreams:
+  app: {{ url: "http://127.0.0.1:9", health: {{ path: /health, interval: 5s }} }}
+  php: {{ url: "fastcgi://127.0.0.1:9", root: "{root}", index: index.php, fallback: /index.php, max_conns: 3 }}
+  secure: {{ url: "https://localhost:9", ca: "{}" }}
+limiters:
+  fixed: {{ limit: 5, window: 1m, count: {{ status: [401] }}, ban: {{ after: 2, for: 10m }}, reject: {{ status: 503, body: html }} }}
+  bucket: {{ algorithm: token_bucket, capacity: 10, refill_per_second: 2 }}
+  leaky: {{ algorithm: leaky_bucket, capacity: 10, leak_per_second: 2 }}
+  conc: {{ algorithm: concurrency, max_in_flight: 2, overrides: [{{ key: "{KEY}", limit: 5 }}] }}
+routes:
+  - {{ name: login, match: {{ path: /login, methods: [POST], host: example.com, query: {{ action: login }} }}, upstream: app, limiters: [fixed], reject: {{ status: 429, body: problem }}, rate_limit_headers: draft }}
+  - {{ name: ping, match: {{ path_prefix: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [bucket, leaky, conc] }}
+  - {{ name: php, match: {{ path_prefix: /php }}, upstream: php }}
+"#,
+        cert.display(),
+        key.display(),
+        ca_file.display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let c = common::client();
+    let body: Value = common::get_json(&c, &proxy.admin_url("/config")).await;
+    let text = body.to_string();
+    assert!(!text.contains(KEY), "an API key leaked: {text}");
+    let mut shown = std::collections::BTreeSet::new();
+    json_paths(&body["config"], "", &mut shown);
+    let documented = documented_config_keys();
+    // What the YAML accepts as a shorthand, and /config shows in its long form.
+    let shorthands = ["server.tls.cert", "server.tls.key"];
+    let missing: Vec<_> = documented
+        .iter()
+        .filter(|k| !shorthands.contains(&k.as_str()) && !shown.contains(*k))
+        .collect();
+    // A shown path is documented when it is a documented key, lies under one
+    // (`limiters[].ban.after`), leads to one (`routes[].match`), or names a
+    // map entry (`limiters[].name`: the `<name>` of `limiters.<name>`).
+    let undocumented: Vec<_> = shown
+        .iter()
+        .filter(|p| {
+            !documented.iter().any(|d| {
+                *p == d
+                    || p.starts_with(&format!("{d}."))
+                    || p.starts_with(&format!("{d}[]"))
+                    || d.starts_with(&format!("{p}."))
+                    || d.starts_with(&format!("{p}[]"))
+            }) && !["limiters[].name", "upstreams[].name"].contains(&p.as_str())
+        })
+        .collect();
+    assert!(
+        missing.is_empty() && undocumented.is_empty(),
+        "documented but not in GET /config: {missing:?}\nin GET /config but not documented: {undocumented:?}\n{body:#}"
+    );
+    let config = &body["config"];
+    assert_eq!(config["routes"][0]["match"]["query"]["action"], "login");
+    assert_eq!(config["routes"][0]["rate_limit_headers"], "draft");
+    assert_eq!(config["upstreams"][1]["max_conns"], 3);
+    assert_eq!(config["log"]["access"], false);
+}
