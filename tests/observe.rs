@@ -899,3 +899,34 @@ routes:
     assert_eq!(config["upstreams"][1]["max_conns"], 3);
     assert_eq!(config["log"]["access"], false);
 }
+
+/// A request through a test proxy, for the test below to run on its own.
+#[tokio::test]
+async fn a_test_proxy_keeps_its_access_log_for_the_test() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(&common::forward_all(&up.url(), "")).await;
+    let r = common::client().get(proxy.url("/quiet")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let lines = proxy.access.wait_lines(1).await;
+    assert!(lines.iter().any(|l| l.contains("GET /quiet")), "{lines:?}");
+}
+
+/// A green test prints no access record: the test binary runs the test above
+/// alone, with the output capture off, and its stdout holds none.
+#[test]
+fn a_green_test_prints_no_access_log() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_test_proxy_keeps_its_access_log_for_the_test",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TOLLGATE_LOG", "off")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    assert!(!stdout.contains("GET /quiet"), "an access record was printed:\n{stdout}");
+}
