@@ -259,7 +259,14 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
         .with_context(|| format!("no address for {authority}"))?;
     let (status_line, _) = http_exchange(addr, authority, "GET", &path, None)?;
     let healthy = status_line.starts_with("HTTP/1.1 200");
-    println!("{}", if status_line.is_empty() { "no answer" } else { &status_line });
+    println!(
+        "{}",
+        if status_line.is_empty() {
+            "no answer"
+        } else {
+            &status_line
+        }
+    );
     Ok(if healthy {
         ExitCode::SUCCESS
     } else {
@@ -271,8 +278,8 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
 /// its token, and report what the running process answered.
 fn reload(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let path = config_path(config)?;
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let addr = local_admin(admin_address(&text)?);
     let token = admin_token(&text)?;
     let (status_line, body) =

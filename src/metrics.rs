@@ -229,7 +229,10 @@ impl Metrics {
             self.counter("tollgate_config_reloads_total", &[("result", result)]);
         }
         for reason in ["error", "timeout"] {
-            self.counter("tollgate_tls_handshake_failures_total", &[("reason", reason)]);
+            self.counter(
+                "tollgate_tls_handshake_failures_total",
+                &[("reason", reason)],
+            );
         }
         self.counter(
             "tollgate_store_errors_total",

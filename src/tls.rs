@@ -366,7 +366,10 @@ pub fn upstream_failure(err: &(dyn std::error::Error + 'static)) -> Option<Strin
         }
         // An io::Error's `source()` skips the error it wraps (which may be
         // another io::Error): step into it instead.
-        next = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
             None => e.source(),
         };

@@ -72,7 +72,8 @@ fn the_quick_start_leaves_nothing_behind_that_git_would_add() {
     assert!(p.wait_exit(Duration::from_secs(15)).success());
     assert!(left.iter().any(|f| f == "tollgate.db"), "{left:?}");
     // The config and the log are this harness's, not the quick start's.
-    let harness = |f: &str| f == "tollgate.yaml" || f.starts_with("tollgate-") && f.ends_with(".log");
+    let harness =
+        |f: &str| f == "tollgate.yaml" || f.starts_with("tollgate-") && f.ends_with(".log");
     for file in left.iter().filter(|f| !harness(f)) {
         let ignored = Command::new("git")
             .args(["check-ignore", "--no-index", "-q", file])

@@ -322,7 +322,11 @@ fn reload_makes_the_running_process_take_the_edited_config_or_reports_why_not() 
     }
     assert_eq!(common::http(p.addr, "GET", "/ping").unwrap().status, 429);
 
-    std::fs::write(&config, pinned.replace("window: 60s", "window: 60s, bogus: 1")).unwrap();
+    std::fs::write(
+        &config,
+        pinned.replace("window: 60s", "window: 60s, bogus: 1"),
+    )
+    .unwrap();
     let (code, out, err) = run(&mut tollgate(&["reload", "-c", config_arg]));
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.starts_with("reload rejected;"), "{err}");

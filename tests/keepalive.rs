@@ -76,7 +76,9 @@ async fn a_request_head_that_stalls_after_a_kept_alive_request_is_cut_at_the_hea
     assert!(get_on(&mut s, "/one").await.starts_with("HTTP/1.1 200"));
     // Idle for longer than the header timeout first: the head's timer starts with its first byte.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    s.write_all(b"GET /two HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    s.write_all(b"GET /two HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
     let took = time_until_closed(&mut s).await;
     assert!(
         took >= Duration::from_millis(900),

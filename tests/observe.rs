@@ -690,7 +690,10 @@ async fn an_upstream_tls_failure_is_logged_with_its_reason() {
             .lines()
             .find(|l| l.contains("forwarding failed") && l.contains(&format!("upstream {name}:")))
             .unwrap_or_else(|| panic!("no failure logged for {name}:\n{out}"));
-        assert!(line.contains(reason), "{name}: {reason:?} missing from {line}");
+        assert!(
+            line.contains(reason),
+            "{name}: {reason:?} missing from {line}"
+        );
     }
 }
 
@@ -905,7 +908,11 @@ routes:
 async fn a_test_proxy_keeps_its_access_log_for_the_test() {
     let up = Upstream::start().await;
     let proxy = Proxy::start(&common::forward_all(&up.url(), "")).await;
-    let r = common::client().get(proxy.url("/quiet")).send().await.unwrap();
+    let r = common::client()
+        .get(proxy.url("/quiet"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let lines = proxy.access.wait_lines(1).await;
     assert!(lines.iter().any(|l| l.contains("GET /quiet")), "{lines:?}");
@@ -928,5 +935,8 @@ fn a_green_test_prints_no_access_log() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("1 passed"), "{stdout}");
-    assert!(!stdout.contains("GET /quiet"), "an access record was printed:\n{stdout}");
+    assert!(
+        !stdout.contains("GET /quiet"),
+        "an access record was printed:\n{stdout}"
+    );
 }

@@ -322,9 +322,15 @@ fn limiter(l: &LimiterConfig) -> Value {
         "reject": reject.as_ref().map(reject_shape),
     });
     let params: Vec<(&str, Value)> = match algorithm {
-        Algorithm::FixedWindow(p) => vec![("limit", json!(p.limit)), ("window", json!(nanos(p.window)))],
+        Algorithm::FixedWindow(p) => vec![
+            ("limit", json!(p.limit)),
+            ("window", json!(nanos(p.window))),
+        ],
         Algorithm::SlidingWindow(p) => {
-            vec![("limit", json!(p.limit)), ("window", json!(nanos(p.window)))]
+            vec![
+                ("limit", json!(p.limit)),
+                ("window", json!(nanos(p.window))),
+            ]
         }
         Algorithm::TokenBucket(p) => vec![
             ("capacity", json!(p.capacity)),
