@@ -54,15 +54,15 @@ pub fn effective_config(c: &Config) -> Value {
 /// A duration the way the config spells one (`250ms`, `10s`, `5m`, `1h`, `7d`).
 fn dur(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         return format!("{ms}ms");
     }
     let s = d.as_secs();
     match s {
         0 => "0s".into(),
-        _ if s % 86_400 == 0 => format!("{}d", s / 86_400),
-        _ if s % 3_600 == 0 => format!("{}h", s / 3_600),
-        _ if s % 60 == 0 => format!("{}m", s / 60),
+        _ if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        _ if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        _ if s.is_multiple_of(60) => format!("{}m", s / 60),
         _ => format!("{s}s"),
     }
 }
