@@ -45,6 +45,7 @@ pub struct Connections {
     refused_total: Counter,
     refused_per_ip: Counter,
     closed_silent: Counter,
+    closed_slow_head: Counter,
     closed_idle: Counter,
     closed_send_timeout: Counter,
 }
@@ -77,6 +78,7 @@ impl Connections {
             refused_total: refused("max_connections"),
             refused_per_ip: refused("max_connections_per_ip"),
             closed_silent: closed("no_request"),
+            closed_slow_head: closed("request_header_timeout"),
             closed_idle: closed("idle"),
             closed_send_timeout: closed("send_timeout"),
         })
@@ -125,6 +127,10 @@ impl Connections {
 
     pub fn count_closed_silent(&self) {
         inc(&self.closed_silent);
+    }
+
+    pub fn count_closed_slow_head(&self) {
+        inc(&self.closed_slow_head);
     }
 
     pub fn count_closed_idle(&self) {
@@ -206,8 +212,9 @@ pub fn raise_fd_limit() {
     }
 }
 
-/// When a connection last started or finished a request, and whether the
-/// client has sent a byte at all: what the first-byte and idle timers read.
+/// When a connection last started or finished a request, whether the
+/// client has sent a byte at all, and since when a request head has been
+/// arriving: what the first-byte, header and idle timers read.
 #[derive(Debug)]
 pub struct Activity {
     started: Instant,
@@ -216,7 +223,20 @@ pub struct Activity {
     busy: AtomicUsize,
     read_any: AtomicBool,
     first_byte: tokio::sync::Notify,
+    /// Milliseconds after `started` of the first byte read since the last
+    /// request began ([`NO_HEAD`] when none): a request head in progress.
+    head_since: AtomicU64,
+    head_started: tokio::sync::Notify,
+    /// HTTP/2: bytes between requests are frames (PING, WINDOW_UPDATE), not
+    /// the start of a head, so only the idle timer applies.
+    multiplexed: AtomicBool,
 }
+
+/// `head_since` when no request head is in progress.
+const NO_HEAD: u64 = u64::MAX;
+
+/// How an HTTP/2 connection starts (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl Activity {
     pub fn new() -> Arc<Activity> {
@@ -226,19 +246,59 @@ impl Activity {
             busy: AtomicUsize::new(0),
             read_any: AtomicBool::new(false),
             first_byte: tokio::sync::Notify::new(),
+            head_since: AtomicU64::new(NO_HEAD),
+            head_started: tokio::sync::Notify::new(),
+            multiplexed: AtomicBool::new(false),
         })
     }
 
-    fn touch(&self) {
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last.store(ms, Ordering::Relaxed);
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(NO_HEAD - 1)
     }
 
-    /// Marks a request in progress until the guard is dropped.
+    fn touch(&self) {
+        self.last.store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    /// Marks a request in progress until the guard is dropped; its head has arrived.
     pub fn request(self: &Arc<Self>) -> Busy {
         self.busy.fetch_add(1, Ordering::Relaxed);
+        self.head_since.store(NO_HEAD, Ordering::Relaxed);
         self.touch();
         Busy(self.clone())
+    }
+
+    /// The connection speaks HTTP/2: no request head timer between requests.
+    pub fn set_multiplexed(&self) {
+        self.multiplexed.store(true, Ordering::Relaxed);
+    }
+
+    /// Bytes arrived: with no request in progress they start a request head.
+    fn bytes_read(&self) {
+        if self.busy.load(Ordering::Relaxed) == 0
+            && !self.multiplexed.load(Ordering::Relaxed)
+            && self
+                .head_since
+                .compare_exchange(
+                    NO_HEAD,
+                    self.elapsed_ms(),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            self.head_started.notify_one();
+        }
+    }
+
+    /// How long the request head in progress has been arriving, if one is.
+    fn head_for(&self) -> Option<Duration> {
+        let since = self.head_since.load(Ordering::Relaxed);
+        if since == NO_HEAD || self.busy.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let since = Duration::from_millis(since);
+        Some(self.started.elapsed().saturating_sub(since))
     }
 
     pub fn read_any(&self) -> bool {
@@ -266,10 +326,13 @@ impl Drop for Busy {
 }
 
 /// Waits until the connection should be closed: `Silent` when the client sent
-/// nothing within `first_byte`, `Idle` when no request ran for `idle`.
-pub async fn watch(activity: &Activity, first_byte: Duration, idle: Duration) -> Closing {
+/// nothing within `header` of connecting, `SlowHead` when a request head
+/// started arriving `header` ago and is not complete, `Idle` when no request
+/// ran or started for `idle`. Between requests only `idle` applies: a
+/// kept-alive connection may wait that long for its next request.
+pub async fn watch(activity: &Activity, header: Duration, idle: Duration) -> Closing {
     tokio::select! {
-        _ = tokio::time::sleep(first_byte) => {
+        _ = tokio::time::sleep(header) => {
             if !activity.read_any() {
                 return Closing::Silent;
             }
@@ -277,11 +340,21 @@ pub async fn watch(activity: &Activity, first_byte: Duration, idle: Duration) ->
         _ = activity.first_byte.notified() => {}
     }
     loop {
-        let idle_for = activity.idle_for();
-        if idle_for >= idle {
-            return Closing::Idle;
+        let wait = match activity.head_for() {
+            Some(head_for) if head_for >= header => return Closing::SlowHead,
+            Some(head_for) => header - head_for,
+            None => {
+                let idle_for = activity.idle_for();
+                if idle_for >= idle {
+                    return Closing::Idle;
+                }
+                idle - idle_for
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = activity.head_started.notified() => {}
         }
-        tokio::time::sleep(idle - idle_for).await;
     }
 }
 
@@ -289,6 +362,7 @@ pub async fn watch(activity: &Activity, first_byte: Duration, idle: Duration) ->
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Closing {
     Silent,
+    SlowHead,
     Idle,
 }
 
@@ -371,11 +445,16 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before
-            && !self.activity.read_any()
-            && !self.activity.read_any.swap(true, Ordering::Relaxed)
-        {
-            self.activity.first_byte.notify_one();
+        if buf.filled().len() > before {
+            if !self.activity.read_any() && !self.activity.read_any.swap(true, Ordering::Relaxed) {
+                // A client that opens HTTP/2 and waits (a browser's preconnect)
+                // is idle, not slow: its preface is no request head.
+                if buf.filled()[before..].starts_with(H2_PREFACE) {
+                    self.activity.set_multiplexed();
+                }
+                self.activity.first_byte.notify_one();
+            }
+            self.activity.bytes_read();
         }
         polled
     }

@@ -44,15 +44,34 @@ use tollgate::store::Store;
 use tollgate::workers::Workers;
 use tollgate::{App, Listeners, RunOptions};
 
+/// What `--help` says about the process as a whole: where the config comes
+/// from, the environment it reads and the signals it answers.
+const ENVIRONMENT_AND_SIGNALS: &str = "\
+Config file: --config/-c PATH, else $TOLLGATE_CONFIG, else ./tollgate.yaml.
+
+Environment:
+  TOLLGATE_CONFIG   the config file when --config is not given (wins over ./tollgate.yaml)
+  TOLLGATE_LOG      which log records to write, e.g. `debug` or `tollgate=debug,hyper=info`
+                    (default `info`; the access log is `log.access`)
+  ${VAR}            any variable a config value names, e.g. `token: ${TOLLGATE_ADMIN_TOKEN}`
+
+Signals (to a running `tollgate serve`):
+  SIGHUP            reload the config (as `tollgate reload` and the admin API's POST /reload)
+  SIGTERM, SIGINT   stop accepting, let requests in flight finish within server.shutdown_grace,
+                    save every counter, exit 0";
+
 #[derive(Parser)]
 #[command(
     name = "tollgate",
     version,
-    about = "A reverse proxy with built-in, durable rate limiting"
+    about = "A reverse proxy with built-in, durable rate limiting",
+    after_help = ENVIRONMENT_AND_SIGNALS,
+    // Our own `help` below: clap's refuses `help --help`.
+    disable_help_subcommand = true
 )]
 struct Cli {
-    /// Config file (default: ./tollgate.yaml, else $TOLLGATE_CONFIG).
-    #[arg(long, global = true)]
+    /// Config file (default: $TOLLGATE_CONFIG, else ./tollgate.yaml).
+    #[arg(short = 'c', long, global = true)]
     config: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
@@ -75,22 +94,30 @@ enum Command {
         #[arg(long)]
         url: Option<String>,
     },
+    /// Make the running tollgate reload its config, like `nginx -s reload`: POST /reload to the
+    /// admin listener the config names (with its admin.token or admin.token_file); exit 0 when the
+    /// new config is in force, 1 with its errors when it was rejected (the old one stays).
+    Reload,
+    /// Print this help, or a command's.
+    Help {
+        /// The command to explain.
+        command: Option<String>,
+    },
 }
 
 fn config_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(p) = given {
         return Ok(p);
     }
+    // The environment is explicit, a file in the working directory may be a leftover.
+    if let Some(p) = std::env::var_os("TOLLGATE_CONFIG") {
+        return Ok(PathBuf::from(p));
+    }
     let local = PathBuf::from("tollgate.yaml");
     if local.exists() {
         return Ok(local);
     }
-    match std::env::var_os("TOLLGATE_CONFIG") {
-        Some(p) => Ok(PathBuf::from(p)),
-        None => anyhow::bail!(
-            "no config: pass --config PATH, create ./tollgate.yaml, or set TOLLGATE_CONFIG"
-        ),
-    }
+    anyhow::bail!("no config: pass --config PATH, set TOLLGATE_CONFIG, or create ./tollgate.yaml")
 }
 
 fn main() -> ExitCode {
@@ -99,6 +126,8 @@ fn main() -> ExitCode {
         Command::Serve => config_path(cli.config).and_then(|p| serve(&p)),
         Command::Check { strict } => config_path(cli.config).map(|p| check(&p, strict)),
         Command::Healthcheck { url } => healthcheck(url, cli.config),
+        Command::Reload => reload(cli.config),
+        Command::Help { command } => help(command.as_deref()),
     };
     match result {
         Ok(code) => code,
@@ -205,23 +234,31 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
+/// Prints the help of `command` (or the whole program's).
+fn help(command: Option<&str>) -> anyhow::Result<ExitCode> {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    // Built, so a command's usage line names its parent and the global `--config`.
+    cli.build();
+    match command {
+        None => cli.print_help()?,
+        Some(name) => match cli.find_subcommand_mut(name) {
+            Some(sub) => sub.print_help()?,
+            None => anyhow::bail!("no command {name:?}; `tollgate --help` lists them"),
+        },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// A plain HTTP/1.1 GET with no dependencies, so the Docker image needs no curl.
 fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    use std::io::{Read, Write};
     let url = match url {
         Some(u) => u,
         None => {
             let path = config_path(config)?;
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
-            let mut addr = admin_address(&text)?;
-            if addr.ip().is_unspecified() {
-                addr.set_ip(match addr {
-                    std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                    std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-                });
-            }
-            format!("http://{addr}/healthz")
+            format!("http://{}/healthz", local_admin(admin_address(&text)?))
         }
     };
     let rest = url
@@ -234,19 +271,16 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
         .with_context(|| format!("cannot resolve {authority}"))?
         .next()
         .with_context(|| format!("no address for {authority}"))?;
-    let timeout = Duration::from_secs(3);
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
-        .with_context(|| format!("cannot connect to {addr}"))?;
-    stream.set_read_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut head = [0u8; 64];
-    let n = stream.read(&mut head)?;
-    let line = String::from_utf8_lossy(&head[..n]);
-    let healthy = line.starts_with("HTTP/1.1 200");
-    println!("{}", line.lines().next().unwrap_or("no answer"));
+    let (status_line, _) = http_exchange(addr, authority, "GET", &path, None)?;
+    let healthy = status_line.starts_with("HTTP/1.1 200");
+    println!(
+        "{}",
+        if status_line.is_empty() {
+            "no answer"
+        } else {
+            &status_line
+        }
+    );
     Ok(if healthy {
         ExitCode::SUCCESS
     } else {
@@ -254,24 +288,114 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
     })
 }
 
-/// The admin address a config file names, read without validating the rest:
-/// the running process may have rightly rejected an edit the file now holds,
-/// and that must not make the probe (and the container) unhealthy.
-fn admin_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
+/// `tollgate reload`: POST /reload to the admin listener of the config, with
+/// its token, and report what the running process answered.
+fn reload(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let path = config_path(config)?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let addr = local_admin(admin_address(&text)?);
+    let token = admin_token(&text)?;
+    let (status_line, body) =
+        http_exchange(addr, &addr.to_string(), "POST", "/reload", token.as_deref())
+            .with_context(|| format!("is tollgate running with its admin listener on {addr}?"))?;
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    if status_line.starts_with("HTTP/1.1 200") {
+        println!("reloaded: config version {}", answer["version"]);
+        return Ok(ExitCode::SUCCESS);
+    }
+    match answer["errors"].as_array() {
+        Some(errors) => {
+            eprintln!(
+                "reload rejected; config version {} stays in force:",
+                answer["version"]
+            );
+            for e in errors {
+                eprintln!("  {}", e.as_str().unwrap_or_default());
+            }
+        }
+        None => eprintln!("reload failed: {status_line}\n{body}"),
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+/// The admin token a config file names (`admin.token`, with `${VAR}`
+/// expanded, or the content of `admin.token_file`; see [`admin_field`]).
+fn admin_token(text: &str) -> anyhow::Result<Option<String>> {
+    if let Some(token) = admin_field(text, "token") {
+        let token = config::expand_env(&token, |n| std::env::var(n).ok())
+            .map_err(|e| anyhow::anyhow!("admin.token: {e}"))?;
+        return Ok(Some(token));
+    }
+    match admin_field(text, "token_file") {
+        Some(file) => {
+            let token = std::fs::read_to_string(&file)
+                .with_context(|| format!("admin.token_file: cannot read {file}"))?;
+            Ok(Some(token.trim().to_string()))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Where to reach an admin listener from this host: an unspecified address
+/// (`0.0.0.0:9901`) is asked on loopback.
+fn local_admin(mut addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    addr
+}
+
+/// One HTTP/1.1 exchange on a fresh connection (3 s timeouts): the status
+/// line (empty when the server closed without one) and the body.
+fn http_exchange(
+    addr: std::net::SocketAddr,
+    host: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(String, String)> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(3);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status_line = head.lines().next().unwrap_or_default().to_string();
+    Ok((status_line, body.to_string()))
+}
+
+/// A string under the top-level `admin:` of a config file, read without
+/// validating the rest: the running process may have rightly rejected an
+/// edit the file now holds, and that must not stop the probe (and the
+/// container) from being healthy, or `tollgate reload` from reaching the
+/// process to hear why.
+fn admin_field(text: &str, name: &str) -> Option<String> {
     let doc: Option<serde_yaml::Value> = serde_yaml::from_str(text).ok();
-    let listen = match &doc {
+    match &doc {
         Some(doc) => doc
             .get("admin")
-            .and_then(|a| a.get("listen"))
+            .and_then(|a| a.get(name))
             .and_then(|l| l.as_str())
             .map(str::to_string),
-        // Not even YAML: look for `listen:` in a top-level `admin:` block.
+        // Not even YAML: look for `name:` in a top-level `admin:` block.
         None => text
             .lines()
             .skip_while(|l| !l.starts_with("admin:"))
             .skip(1)
             .take_while(|l| l.starts_with([' ', '\t']) || l.trim().is_empty())
-            .find_map(|l| l.trim().strip_prefix("listen:"))
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
             .map(|v| {
                 v.split(" #")
                     .next()
@@ -280,7 +404,12 @@ fn admin_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
                     .trim_matches(['"', '\''])
                     .to_string()
             }),
-    };
+    }
+}
+
+/// The admin address a config file names (see [`admin_field`]).
+fn admin_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let listen = admin_field(text, "listen");
     let Some(listen) = listen else {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], 9901)));
     };

@@ -149,6 +149,10 @@ impl RouteSeries {
 /// The label of requests that matched no route.
 pub const NO_ROUTE: &str = "(none)";
 
+/// The `kind`s of `tollgate_upstream_errors_total` every upstream starts
+/// with (the common failures); rarer kinds appear when they first happen.
+pub const UPSTREAM_ERRORS_AT_ZERO: [&str; 3] = ["connect", "timeout", "other"];
+
 pub const REQUEST_DURATION: &str = "tollgate_request_duration_seconds";
 pub const UPSTREAM_DURATION: &str = "tollgate_upstream_duration_seconds";
 
@@ -166,7 +170,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
     ("tollgate_connections_refused_total", "Client connections closed at once because a cap was reached, by reason (max_connections, max_connections_per_ip)."),
-    ("tollgate_connections_closed_total", "Client connections closed by a timer, by reason (no_request: nothing sent within request_header_timeout; idle: idle_timeout; send_timeout: a write to the client blocked for send_timeout)."),
+    ("tollgate_connections_closed_total", "Client connections closed by a timer, by reason (no_request: nothing sent within request_header_timeout; request_header_timeout: a request head begun and not finished within it; idle: idle_timeout; send_timeout: a write to the client blocked for send_timeout)."),
     ("tollgate_request_body_timeouts_total", "Requests answered 408 because their body stalled for request_body_timeout or fell below request_body_min_rate."),
     ("tollgate_request_bodies_spilled_total", "Request bodies larger than request_body_buffer, set aside in a temp file before forwarding."),
     ("tollgate_upstream_share_waits_total", "Requests that waited for a place because their connection had upstream_requests_per_connection exchanges in flight (HTTP/2)."),
@@ -225,6 +229,43 @@ impl Metrics {
             .entry((name, label_key(labels)))
             .or_default()
             .clone()
+    }
+
+    /// Creates at zero the series of events that may not have happened yet,
+    /// so every family is there from the first scrape: a dashboard or an
+    /// alert on `rate()` sees 0, not "no data", and a typo in a query is
+    /// told from a quiet proxy. Per snapshot (idempotent): `upstreams` are the
+    /// configured upstream names, `backend` and `on_error` the store's labels.
+    pub fn start_at_zero(&self, upstreams: &[&str], backend: &str, on_error: &str) {
+        for name in [
+            "tollgate_request_body_timeouts_total",
+            "tollgate_request_bodies_spilled_total",
+            "tollgate_upstream_share_waits_total",
+        ] {
+            self.counter(name, &[]);
+        }
+        for result in ["ok", "error"] {
+            self.counter("tollgate_config_reloads_total", &[("result", result)]);
+        }
+        for reason in ["error", "timeout"] {
+            self.counter(
+                "tollgate_tls_handshake_failures_total",
+                &[("reason", reason)],
+            );
+        }
+        self.counter(
+            "tollgate_store_errors_total",
+            &[("backend", backend), ("policy", on_error)],
+        );
+        self.counter("tollgate_store_fallback_total", &[("policy", on_error)]);
+        for upstream in upstreams {
+            for kind in UPSTREAM_ERRORS_AT_ZERO {
+                self.counter(
+                    "tollgate_upstream_errors_total",
+                    &[("upstream", upstream), ("kind", kind)],
+                );
+            }
+        }
     }
 
     /// The series a route updates per request (also for [`NO_ROUTE`]).

@@ -46,7 +46,7 @@ pub struct Upstream {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    #[error("cannot connect to upstream {upstream}: {source}")]
+    #[error("cannot connect to upstream {upstream}: {}", connect_reason(source))]
     Connect {
         upstream: String,
         #[source]
@@ -77,6 +77,22 @@ pub enum ProxyError {
         #[source]
         source: crate::fastcgi::FastCgiError,
     },
+}
+
+/// What went wrong connecting: the TLS reason when there is one, else the
+/// error's whole source chain (hyper-util's own text is only `client error (Connect)`).
+fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
+    if let Some(tls) = crate::tls::upstream_failure(e) {
+        return tls;
+    }
+    let mut reason = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        reason.push_str(": ");
+        reason.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    reason
 }
 
 impl ProxyError {

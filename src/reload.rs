@@ -136,6 +136,12 @@ impl Reloader {
         if config.store.max_keys != was.store.max_keys {
             return Err(ReloadError::RequiresRestart("store.max_keys"));
         }
+        // The log subscriber is installed once, before anything logs; a live
+        // change would mix both formats on stdout (the access log would follow
+        // the new one, every other record the old one).
+        if config.log.format != was.log.format {
+            return Err(ReloadError::RequiresRestart("log.format"));
+        }
         if config.store.backend != was.store.backend {
             return Err(ReloadError::RequiresRestart(
                 "store.backend / store.path / store.url",

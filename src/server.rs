@@ -47,13 +47,17 @@ const H2_STREAM_WINDOW: u32 = 64 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
 const H2_SEND_BUF: usize = 32 * 1024;
 
-/// The HTTP settings of one connection, from the snapshot current when it was accepted.
-pub fn connection_builder(request_header_timeout: Duration) -> auto::Builder<TokioExecutor> {
+/// The HTTP settings of one connection. `header_read_timeout` is hyper's
+/// HTTP/1.1 head timer, which runs from the moment hyper waits for a head, so
+/// it also cuts the wait between kept-alive requests: public connections pass
+/// `None` and time their heads with [`watch`] instead (the head timer starts
+/// with the head's first byte, the idle timer governs the wait before it).
+pub fn connection_builder(header_read_timeout: Option<Duration>) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(request_header_timeout)
+        .header_read_timeout(header_read_timeout)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
     builder
@@ -213,7 +217,7 @@ fn admin_acceptor(
                 let answer = handler(req, peer);
                 async move { Ok::<_, Infallible>(answer.await) }
             });
-            let builder = connection_builder(ADMIN_HEADER_TIMEOUT);
+            let builder = connection_builder(Some(ADMIN_HEADER_TIMEOUT));
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = conn => {}
@@ -226,9 +230,9 @@ fn admin_acceptor(
 /// A connection's timers, from the snapshot current when it was accepted.
 #[derive(Debug, Clone, Copy)]
 struct Timeouts {
-    /// For the TLS handshake, the first byte, and each request head.
+    /// For the TLS handshake, the first byte, and each request head from its first byte.
     header: Duration,
-    /// With no request in progress.
+    /// Between requests: from the end of one to the first byte of the next.
     idle: Duration,
 }
 
@@ -311,6 +315,9 @@ async fn serve_connection<I>(
         share.tag(&mut req);
         let app = app.clone();
         let busy = in_service.request();
+        if req.version() == http::Version::HTTP_2 {
+            in_service.set_multiplexed();
+        }
         async move {
             let _busy = busy;
             if let Some(port) = redirect_to {
@@ -329,13 +336,12 @@ async fn serve_connection<I>(
             Ok::<_, Infallible>(Box::pin(app.handle(req, conn_info)).await)
         }
     });
-    let builder = connection_builder(timeouts.header);
+    let builder = connection_builder(None);
     // With upgrades: a 101 answer hands the socket to a tunnel (WebSockets).
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
-    // hyper-util's auto builder waits for the first bytes (to tell HTTP/1.1
-    // from HTTP/2) before hyper's header timer starts: `watch` closes a
-    // connection that says nothing, and one that stays idle between requests.
+    // `watch` closes a connection that says nothing, one whose request head
+    // stalls, and one that stays idle between requests.
     let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = drain.cancelled() => {
@@ -346,6 +352,11 @@ async fn serve_connection<I>(
             Closing::Silent => {
                 connections.count_closed_silent();
                 tracing::debug!(%peer, "closed: no request within request_header_timeout");
+                return;
+            }
+            Closing::SlowHead => {
+                connections.count_closed_slow_head();
+                tracing::debug!(%peer, "closed: request head incomplete after request_header_timeout");
                 return;
             }
             Closing::Idle => {

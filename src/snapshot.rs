@@ -115,6 +115,12 @@ impl Snapshot {
         metrics: &Metrics,
     ) -> Snapshot {
         let identity = Identity::new(&config.identity, previous.map(|p| &p.identity), metrics);
+        let upstream_names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
+        metrics.start_at_zero(
+            &upstream_names,
+            config.store.backend.label(),
+            config.store.on_error.as_str(),
+        );
         let upstreams: Vec<Arc<Balancer>> = config
             .upstreams
             .iter()

@@ -354,6 +354,49 @@ impl Terminator {
 
 /// The rustls client config for one upstream, verified as `trust` says.
 /// The server name (SNI and the name verified) is the URL's host, set per connection by the connector.
+/// Why a connection to an https:// upstream failed, in an operator's words,
+/// when anything in `err`'s source chain is a rustls error: hyper-util's
+/// error only says `client error (Connect)`, and the reason (the CA, the
+/// name, the dates) is what the operator has to fix.
+pub fn upstream_failure(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(r) = e.downcast_ref::<rustls::Error>() {
+            return Some(describe_rustls(r));
+        }
+        // An io::Error's `source()` skips the error it wraps (which may be
+        // another io::Error): step into it instead.
+        next = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    None
+}
+
+fn describe_rustls(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    let rustls::Error::InvalidCertificate(cert) = e else {
+        return format!("TLS: {e}");
+    };
+    match cert {
+        C::UnknownIssuer => "TLS: unknown CA: the upstream's certificate is not signed by a CA tollgate trusts (set the upstream's `ca:` to the CA that signed it)".into(),
+        C::NotValidForName | C::NotValidForNameContext { .. } => {
+            format!("TLS: name mismatch: {cert} (the upstream URL's host must be one of the certificate's names)")
+        }
+        C::Expired | C::ExpiredContext { .. } => format!("TLS: expired: {cert}"),
+        C::NotValidYet | C::NotValidYetContext { .. } => format!("TLS: not valid yet: {cert}"),
+        // webpki's reason travels as an opaque `Other`; its name is the only handle.
+        C::Other(other) if other.to_string().contains("CaUsedAsEndEntity") => {
+            "TLS: CA used as end entity: the upstream presents a CA certificate as its own (it must serve a certificate issued by that CA)".into()
+        }
+        other => format!("TLS: invalid certificate: {other}"),
+    }
+}
+
 pub fn upstream_client_config(trust: &UpstreamTls) -> rustls::ClientConfig {
     let provider = Arc::new(provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())

@@ -1,4 +1,4 @@
-//! The `tollgate` binary's command line: --version, check, config discovery, healthcheck.
+//! The `tollgate` binary's command line: --version, help, check, config discovery, healthcheck, reload.
 
 mod common;
 
@@ -230,7 +230,7 @@ fn serve_uses_tollgate_config_when_there_is_no_local_file() {
 }
 
 #[test]
-fn a_local_tollgate_yaml_comes_before_tollgate_config() {
+fn tollgate_config_comes_before_a_local_tollgate_yaml() {
     let cwd = tempfile::tempdir().unwrap();
     std::fs::write(
         cwd.path().join("tollgate.yaml"),
@@ -243,24 +243,115 @@ fn a_local_tollgate_yaml_comes_before_tollgate_config() {
         "limiters: { a: { limit: 1, window: 1s }, b: { limit: 1, window: 1s } }\n",
     )
     .unwrap();
-    let mut cmd = Command::new(BINARY);
-    cmd.arg("check")
-        .current_dir(cwd.path())
-        .env("TOLLGATE_CONFIG", &other);
-    let (code, out, err) = run(&mut cmd);
-    assert_eq!(code, 0, "{err}");
-    assert!(
-        out.starts_with("tollgate.yaml: ok") && out.contains("1 limiter(s)"),
-        "{out}"
-    );
-
-    std::fs::remove_file(cwd.path().join("tollgate.yaml")).unwrap();
+    let mut cmd = tollgate(&["check"]);
+    cmd.current_dir(cwd.path()).env("TOLLGATE_CONFIG", &other);
     let (code, out, err) = run(&mut cmd);
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("other.yaml: ok") && out.contains("2 limiter(s)"),
         "{out}"
     );
+
+    let mut cmd = tollgate(&["check"]);
+    cmd.current_dir(cwd.path());
+    let (code, out, err) = run(&mut cmd);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("tollgate.yaml: ok") && out.contains("1 limiter(s)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn dash_c_is_short_for_config() {
+    let (code, out, err) = run(&mut tollgate(&["check", "-c", EXAMPLE]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("config.example.yaml: ok"), "{out}");
+    let (code, out, err) = run(&mut tollgate(&["-c", EXAMPLE, "check"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("config.example.yaml: ok"), "{out}");
+}
+
+#[test]
+fn help_names_the_environment_variables_and_the_signals() {
+    let (code, out, err) = run(&mut tollgate(&["--help"]));
+    assert_eq!(code, 0, "{err}");
+    for word in [
+        "-c, --config",
+        "TOLLGATE_CONFIG",
+        "TOLLGATE_LOG",
+        "SIGHUP",
+        "SIGTERM",
+        "SIGINT",
+        "reload",
+    ] {
+        assert!(out.contains(word), "{word:?} missing from --help:\n{out}");
+    }
+}
+
+#[test]
+fn help_answers_with_or_without_a_command_and_to_its_own_help() {
+    for args in [
+        &["help"][..],
+        &["help", "reload"],
+        &["help", "--help"],
+        &["reload", "--help"],
+    ] {
+        let (code, out, err) = run(&mut tollgate(args));
+        assert_eq!(code, 0, "tollgate {args:?}: {err}");
+        assert!(out.contains("Usage: tollgate"), "tollgate {args:?}: {out}");
+    }
+    let (code, _, err) = run(&mut tollgate(&["help", "nonsense"]));
+    assert_ne!(code, 0);
+    assert!(err.contains("nonsense"), "{err}");
+}
+
+#[test]
+fn reload_makes_the_running_process_take_the_edited_config_or_reports_why_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |limit: u32| {
+        format!(
+            "admin: {{ token: rel0ad-t0ken }}\n{}",
+            common::ping_yaml(limit)
+        )
+    };
+    let mut p = Process::serve(&yaml(1), dir.path());
+    let config = dir.path().join("tollgate.yaml");
+    let pinned = std::fs::read_to_string(&config).unwrap();
+    let config_arg = config.to_str().unwrap();
+    // The running process would pick an edit up on its own within 250 ms;
+    // the check below holds either way, `reload` answers once it is in force.
+    std::fs::write(&config, pinned.replace("limit: 1", "limit: 3")).unwrap();
+    let (code, out, err) = run(&mut tollgate(&["reload", "-c", config_arg]));
+    assert_eq!(code, 0, "{out}{err}\n{pinned}");
+    assert!(out.starts_with("reloaded: config version"), "{out}");
+    for _ in 0..3 {
+        assert_eq!(common::http(p.addr, "GET", "/ping").unwrap().status, 200);
+    }
+    assert_eq!(common::http(p.addr, "GET", "/ping").unwrap().status, 429);
+
+    std::fs::write(
+        &config,
+        pinned.replace("window: 60s", "window: 60s, bogus: 1"),
+    )
+    .unwrap();
+    let (code, out, err) = run(&mut tollgate(&["reload", "-c", config_arg]));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.starts_with("reload rejected;"), "{err}");
+    assert!(err.contains("line"), "{err}");
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(15)).success());
+}
+
+#[test]
+fn reload_without_a_running_process_says_where_it_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin = free_addr();
+    let config = dir.path().join("tollgate.yaml");
+    std::fs::write(&config, format!("admin: {{ listen: \"{admin}\" }}\n")).unwrap();
+    let (code, _, err) = run(&mut tollgate(&["reload", "-c", config.to_str().unwrap()]));
+    assert_eq!(code, 1);
+    assert!(err.contains(&admin.to_string()), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

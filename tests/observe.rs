@@ -613,3 +613,330 @@ routes: [{{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }}, li
         "{m}"
     );
 }
+
+#[test]
+fn a_reload_that_changes_log_format_is_rejected_and_every_line_keeps_the_running_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "log: { format: json }\nroutes: [{ name: ping, match: { path: /ping }, respond: { status: 200 } }]\n";
+    let mut p = common::Process::serve(yaml, dir.path());
+    let config = dir.path().join("tollgate.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("format: json"), "{text}");
+    std::fs::write(&config, text.replace("format: json", "format: text")).unwrap();
+    let answer = common::http(p.admin, "POST", "/reload").unwrap();
+    assert_eq!(answer.status, 422, "{}", answer.body);
+    assert!(
+        answer
+            .body
+            .contains("log.format cannot change while running; restart tollgate to apply it"),
+        "{}",
+        answer.body
+    );
+    assert_eq!(common::http(p.addr, "GET", "/ping").unwrap().status, 200);
+    p.signal("TERM");
+    assert!(p.wait_exit(Duration::from_secs(15)).success());
+    let out = p.output();
+    for line in out.lines() {
+        assert!(
+            serde_json::from_str::<Value>(line).is_ok(),
+            "not JSON: {line}\n{out}"
+        );
+    }
+    assert!(out.contains("\"log\":\"access\""), "{out}");
+}
+
+/// The four ways an https:// upstream's certificate is commonly wrong, each
+/// behind a route of its own, all trusted through one `ca:`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_tls_failure_is_logged_with_its_reason() {
+    use common::certs::{Ca, TlsUpstream};
+    let ours = Ca::new("our CA");
+    let unknown = TlsUpstream::start(&Ca::new("someone else").issue(&["localhost"])).await;
+    let ca_as_leaf = TlsUpstream::start(&ours.own).await;
+    let wrong_name = TlsUpstream::start(&ours.issue(&["other.example"])).await;
+    let expired = TlsUpstream::start(&ours.issue_expired(&["localhost"])).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ours.write(dir.path(), "ca.pem");
+    let cases = [
+        ("unknown", &unknown, "unknown CA"),
+        ("ca_as_leaf", &ca_as_leaf, "CA used as end entity"),
+        ("wrong_name", &wrong_name, "name mismatch"),
+        ("expired", &expired, "expired"),
+    ];
+    let mut yaml = String::from("upstreams:\n");
+    for (name, up, _) in &cases {
+        yaml += &format!(
+            "  {name}: {{ url: \"https://localhost:{}\", ca: \"{}\" }}\n",
+            up.addr.port(),
+            ca.display()
+        );
+    }
+    yaml += "routes:\n";
+    for (name, _, _) in &cases {
+        yaml += &format!("  - {{ name: {name}, match: {{ path: /{name} }}, upstream: {name} }}\n");
+    }
+    let out = tokio::task::block_in_place(|| {
+        let mut p = common::Process::serve(&yaml, dir.path());
+        for (name, _, _) in &cases {
+            let r = common::http(p.addr, "GET", &format!("/{name}")).unwrap();
+            assert_eq!(r.status, 502, "{name}");
+        }
+        p.signal("TERM");
+        assert!(p.wait_exit(Duration::from_secs(15)).success());
+        p.output()
+    });
+    for (name, _, reason) in &cases {
+        let line = out
+            .lines()
+            .find(|l| l.contains("forwarding failed") && l.contains(&format!("upstream {name}:")))
+            .unwrap_or_else(|| panic!("no failure logged for {name}:\n{out}"));
+        assert!(
+            line.contains(reason),
+            "{name}: {reason:?} missing from {line}"
+        );
+    }
+}
+
+/// The metric names in the first column of docs/OBSERVABILITY.md's metrics table.
+fn documented_metric_families() -> std::collections::BTreeSet<String> {
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/OBSERVABILITY.md"
+    ))
+    .unwrap();
+    let section = docs
+        .split("\n## Metrics")
+        .nth(1)
+        .expect("a Metrics section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .flat_map(|l| {
+            let first_cell = l.split(" |").next().unwrap_or_default();
+            first_cell
+                .split('`')
+                .map(|s| s.trim_matches(|c: char| c == ',' || c == ' ').to_string())
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fresh_proxy_exposes_every_documented_metric_family_and_only_those_each_with_a_series() {
+    let up = Upstream::start().await;
+    let yaml = format!(
+        r#"
+identity: {{ api_keys: ["{KEY}"] }}
+upstreams:
+  app: {{ url: "{}" }}
+  pool: {{ servers: ["{}", "{}"], max_conns: 2, queue: 1 }}
+limiters:
+  logins: {{ limit: 5, window: 1m, count: {{ status: [401] }}, ban: {{ after: 2, for: 10m }} }}
+routes:
+  - {{ name: login, match: {{ path: /login }}, upstream: app, limiters: [logins] }}
+  - {{ name: pool, match: {{ path_prefix: /pool }}, upstream: pool }}
+"#,
+        up.url(),
+        up.url(),
+        up.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let text = proxy.metrics().await;
+    let exposed: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    let documented = documented_metric_families();
+    let undocumented: Vec<_> = exposed.difference(&documented).collect();
+    let missing: Vec<_> = documented.difference(&exposed).collect();
+    assert!(
+        undocumented.is_empty() && missing.is_empty(),
+        "exposed but not in docs/OBSERVABILITY.md: {undocumented:?}\nin the docs but not exposed: {missing:?}"
+    );
+    // Before any event, each family has its series at zero (responses get
+    // theirs per status code as they are sent).
+    for family in exposed.iter().filter(|f| *f != "tollgate_responses_total") {
+        assert!(
+            text.lines()
+                .any(|l| !l.starts_with('#') && l.starts_with(family.as_str())),
+            "{family} has no series at start:\n{text}"
+        );
+    }
+    assert_eq!(
+        common::metric(
+            &text,
+            "tollgate_upstream_errors_total{upstream=\"app\",kind=\"connect\"}"
+        ),
+        Some(0.0)
+    );
+}
+
+/// The keys in the first column of docs/CONFIG.md's tables, as paths into
+/// `GET /config` (`limiters.<name>.limit` is `limiters[].limit` there).
+fn documented_config_keys() -> std::collections::BTreeSet<String> {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md")).unwrap();
+    let mut keys = std::collections::BTreeSet::new();
+    for row in docs.lines().filter_map(|l| l.strip_prefix("| `")) {
+        let first_cell = row.split(" |").next().unwrap_or_default();
+        let mut parent = String::new();
+        for key in first_cell.split('`').map(|k| k.trim_matches([',', ' '])) {
+            if key.is_empty() {
+                continue;
+            }
+            // `upstreams.<name>.max_fails`, `fail_timeout`: the second shares the first's parent.
+            let key = if key.contains('.') {
+                parent = key.rsplit_once('.').unwrap().0.to_string();
+                key.to_string()
+            } else {
+                format!("{parent}.{key}")
+            };
+            keys.insert(
+                key.replace("limiters.<name>", "limiters[]")
+                    .replace("upstreams.<name>", "upstreams[]"),
+            );
+        }
+    }
+    keys
+}
+
+/// Every path in `value`: `a.b` for maps, `a[].b` into lists of maps.
+fn json_paths(value: &Value, at: &str, out: &mut std::collections::BTreeSet<String>) {
+    let join = |k: &str| {
+        if at.is_empty() {
+            k.to_string()
+        } else {
+            format!("{at}.{k}")
+        }
+    };
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let path = join(k);
+                out.insert(path.clone());
+                json_paths(v, &path, out);
+            }
+        }
+        Value::Array(items) if items.iter().any(Value::is_object) => {
+            for item in items {
+                json_paths(item, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn get_config_shows_every_key_config_md_lists_and_no_other() {
+    use common::certs::Ca;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (cert, key) = ca.issue(&["localhost"]).write(dir.path(), "site");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let root = dir.path().display();
+    let yaml = format!(
+        r#"
+server:
+  tls: {{ cert: "{}", key: "{}", listen: ["127.0.0.1:0"] }}
+log: {{ format: text, access: false }}
+identity: {{ api_keys: ["{KEY}"], unknown_keys: {{ limit: 5, window: 1m }} }}
+upstreams:
+  app: {{ url: "http://127.0.0.1:9", health: {{ path: /health, interval: 5s }} }}
+  php: {{ url: "fastcgi://127.0.0.1:9", root: "{root}", index: index.php, fallback: /index.php, max_conns: 3 }}
+  secure: {{ url: "https://localhost:9", ca: "{}" }}
+limiters:
+  fixed: {{ limit: 5, window: 1m, count: {{ status: [401] }}, ban: {{ after: 2, for: 10m }}, reject: {{ status: 503, body: html }} }}
+  bucket: {{ algorithm: token_bucket, capacity: 10, refill_per_second: 2 }}
+  leaky: {{ algorithm: leaky_bucket, capacity: 10, leak_per_second: 2 }}
+  conc: {{ algorithm: concurrency, max_in_flight: 2, overrides: [{{ key: "{KEY}", limit: 5 }}] }}
+routes:
+  - {{ name: login, match: {{ path: /login, methods: [POST], host: example.com, query: {{ action: login }} }}, upstream: app, limiters: [fixed], reject: {{ status: 429, body: problem }}, rate_limit_headers: draft }}
+  - {{ name: ping, match: {{ path_prefix: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [bucket, leaky, conc] }}
+  - {{ name: php, match: {{ path_prefix: /php }}, upstream: php }}
+"#,
+        cert.display(),
+        key.display(),
+        ca_file.display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let c = common::client();
+    let body: Value = common::get_json(&c, &proxy.admin_url("/config")).await;
+    let text = body.to_string();
+    assert!(!text.contains(KEY), "an API key leaked: {text}");
+    let mut shown = std::collections::BTreeSet::new();
+    json_paths(&body["config"], "", &mut shown);
+    let documented = documented_config_keys();
+    // What the YAML accepts as a shorthand, and /config shows in its long form.
+    let shorthands = ["server.tls.cert", "server.tls.key"];
+    let missing: Vec<_> = documented
+        .iter()
+        .filter(|k| !shorthands.contains(&k.as_str()) && !shown.contains(*k))
+        .collect();
+    // A shown path is documented when it is a documented key, lies under one
+    // (`limiters[].ban.after`), leads to one (`routes[].match`), or names a
+    // map entry (`limiters[].name`: the `<name>` of `limiters.<name>`).
+    let undocumented: Vec<_> = shown
+        .iter()
+        .filter(|p| {
+            !documented.iter().any(|d| {
+                *p == d
+                    || p.starts_with(&format!("{d}."))
+                    || p.starts_with(&format!("{d}[]"))
+                    || d.starts_with(&format!("{p}."))
+                    || d.starts_with(&format!("{p}[]"))
+            }) && !["limiters[].name", "upstreams[].name"].contains(&p.as_str())
+        })
+        .collect();
+    assert!(
+        missing.is_empty() && undocumented.is_empty(),
+        "documented but not in GET /config: {missing:?}\nin GET /config but not documented: {undocumented:?}\n{body:#}"
+    );
+    let config = &body["config"];
+    assert_eq!(config["routes"][0]["match"]["query"]["action"], "login");
+    assert_eq!(config["routes"][0]["rate_limit_headers"], "draft");
+    assert_eq!(config["upstreams"][1]["max_conns"], 3);
+    assert_eq!(config["log"]["access"], false);
+}
+
+/// A request through a test proxy, for the test below to run on its own.
+#[tokio::test]
+async fn a_test_proxy_keeps_its_access_log_for_the_test() {
+    let up = Upstream::start().await;
+    let proxy = Proxy::start(&common::forward_all(&up.url(), "")).await;
+    let r = common::client()
+        .get(proxy.url("/quiet"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let lines = proxy.access.wait_lines(1).await;
+    assert!(lines.iter().any(|l| l.contains("GET /quiet")), "{lines:?}");
+}
+
+/// A green test prints no access record: the test binary runs the test above
+/// alone, with the output capture off, and its stdout holds none.
+#[test]
+fn a_green_test_prints_no_access_log() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_test_proxy_keeps_its_access_log_for_the_test",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TOLLGATE_LOG", "off")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    assert!(
+        !stdout.contains("GET /quiet"),
+        "an access record was printed:\n{stdout}"
+    );
+}

@@ -198,6 +198,17 @@ pub enum Backend {
     },
 }
 
+impl Backend {
+    /// The config spelling, also the `backend` metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Backend::Memory => "memory",
+            Backend::Sqlite { .. } => "sqlite",
+            Backend::Redis { .. } => "redis",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnError {
     Allow,

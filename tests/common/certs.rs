@@ -20,6 +20,8 @@ use super::{Answer, Seen};
 pub struct Ca {
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
     pub pem: String,
+    /// The CA's own certificate and key, for a server that wrongly serves it.
+    pub own: Leaf,
 }
 
 /// A certificate and its key, as PEM, and the certificate as DER (to compare with what a handshake shows).
@@ -45,16 +47,34 @@ impl Ca {
         let cert = params.self_signed(&key).unwrap();
         Ca {
             pem: cert.pem(),
+            own: Leaf {
+                cert_pem: cert.pem(),
+                key_pem: key.serialize_pem(),
+                der: cert.der().clone(),
+            },
             issuer: rcgen::Issuer::new(params, key),
         }
     }
 
     /// A server certificate for `names` (DNS names or IP addresses), signed by this CA.
     pub fn issue(&self, names: &[&str]) -> Leaf {
+        self.issue_with(names, |_| {})
+    }
+
+    /// A server certificate for `names` that expired in 2021.
+    pub fn issue_expired(&self, names: &[&str]) -> Leaf {
+        self.issue_with(names, |p| {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        })
+    }
+
+    fn issue_with(&self, names: &[&str], edit: impl FnOnce(&mut rcgen::CertificateParams)) -> Leaf {
         let key = rcgen::KeyPair::generate().unwrap();
-        let params =
+        let mut params =
             rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .unwrap();
+        edit(&mut params);
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         Leaf {
             cert_pem: cert.pem(),

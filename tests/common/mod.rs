@@ -50,6 +50,9 @@ pub struct Proxy {
     pub app: App,
     pub config_path: PathBuf,
     pub dir: tempfile::TempDir,
+    /// The access log, kept here instead of printed: a green run stays quiet,
+    /// a failing test shows it (see `Drop`), and a test can read it.
+    pub access: AccessCapture,
     shutdown: CancellationToken,
     handle: Option<JoinHandle<()>>,
 }
@@ -154,6 +157,8 @@ impl Proxy {
             text,
         };
         let app = App::new(config, store, clock, Some(source));
+        let access = AccessCapture::default();
+        app.shared.access.redirect(Box::new(access.clone()));
         let shutdown = CancellationToken::new();
         let listeners = Listeners { public, admin };
         let options = RunOptions {
@@ -174,6 +179,7 @@ impl Proxy {
             app,
             config_path,
             dir,
+            access,
             shutdown,
             handle: Some(handle),
         }
@@ -225,6 +231,12 @@ impl Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.shutdown.cancel();
+        // Printed through the test harness, which shows it for a failing test only.
+        if std::thread::panicking() {
+            for line in self.access.lines() {
+                println!("access: {line}");
+            }
+        }
     }
 }
 
@@ -293,7 +305,8 @@ impl std::io::Write for AccessCapture {
 }
 
 impl AccessCapture {
-    /// Redirects `proxy`'s access log here from the next record on.
+    /// Redirects `proxy`'s access log here from the next record on (a
+    /// capture of its own; [`Proxy::access`] holds everything since start).
     pub fn attach(proxy: &Proxy) -> AccessCapture {
         let c = AccessCapture::default();
         proxy.app.shared.access.redirect(Box::new(c.clone()));

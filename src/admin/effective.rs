@@ -1,0 +1,448 @@
+//! `GET /config`: the validated config in force, in the shape and key names of the YAML, secrets redacted.
+//!
+//! Every struct is taken apart with an exhaustive pattern (no `..`), so a
+//! field added to the validated config does not compile until it is shown
+//! here (or deliberately skipped with `_`). Keys that do not apply (a Redis
+//! URL with SQLite, a `window` for a token bucket) are `null` rather than
+//! missing, so every config shows the same keys: the ones docs/CONFIG.md
+//! lists, which a test compares both ways.
+
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use crate::config::{
+    Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config, FastCgiConfig,
+    HeaderSets, HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig,
+    Policy, RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig,
+    UpstreamConfig, UpstreamTls,
+};
+use crate::identity::ApiKey;
+use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
+
+/// What a secret is replaced with.
+const REDACTED: &str = "[redacted]";
+
+/// The config in force, with every secret replaced.
+pub fn effective_config(c: &Config) -> Value {
+    let Config {
+        // Shown by `check` and logged; not config keys.
+        warnings: _,
+        server,
+        admin,
+        store,
+        audit,
+        identity,
+        upstreams,
+        limiters,
+        routes,
+        log,
+    } = c;
+    json!({
+        "server": server_section(server),
+        "log": log_section(log),
+        "admin": admin_section(admin),
+        "store": store_section(store),
+        "audit": audit_section(audit),
+        "identity": identity_section(identity),
+        "upstreams": upstreams.iter().map(upstream).collect::<Vec<_>>(),
+        "limiters": limiters.iter().map(limiter).collect::<Vec<_>>(),
+        "routes": routes.iter().map(|r| route(r, c)).collect::<Vec<_>>(),
+    })
+}
+
+/// A duration the way the config spells one (`250ms`, `10s`, `5m`, `1h`, `7d`).
+fn dur(d: Duration) -> String {
+    let ms = d.as_millis();
+    if !ms.is_multiple_of(1000) {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    match s {
+        0 => "0s".into(),
+        _ if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        _ if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        _ if s.is_multiple_of(60) => format!("{}m", s / 60),
+        _ => format!("{s}s"),
+    }
+}
+
+fn nanos(n: Nanos) -> String {
+    dur(Duration::from_nanos(n))
+}
+
+/// Events per second from the nanoseconds between two of them.
+fn per_second(interval: Nanos) -> f64 {
+    NANOS_PER_SEC as f64 / interval.max(1) as f64
+}
+
+fn server_section(s: &ServerConfig) -> Value {
+    let ServerConfig {
+        listen,
+        tls,
+        request_header_timeout,
+        max_request_body,
+        shutdown_grace,
+        workers,
+        max_connections,
+        max_connections_per_ip,
+        idle_timeout,
+        bodies,
+    } = s;
+    let BodyConfig {
+        buffer,
+        timeout,
+        min_rate,
+        send_timeout,
+        upstream_per_connection,
+    } = bodies;
+    json!({
+        "listen": listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "tls": tls.as_ref().map(tls_section),
+        "request_header_timeout": dur(*request_header_timeout),
+        "max_request_body": max_request_body,
+        "shutdown_grace": dur(*shutdown_grace),
+        "workers": workers,
+        "max_connections": max_connections,
+        "max_connections_per_ip": max_connections_per_ip,
+        "idle_timeout": dur(*idle_timeout),
+        "request_body_buffer": buffer,
+        "request_body_timeout": dur(*timeout),
+        "request_body_min_rate": min_rate,
+        "send_timeout": dur(*send_timeout),
+        "upstream_requests_per_connection": upstream_per_connection,
+    })
+}
+
+fn tls_section(t: &TlsConfig) -> Value {
+    let TlsConfig {
+        certs,
+        // The certificates read from `certs`: key material, never shown.
+        loaded: _,
+        listen,
+        redirect_plain,
+    } = t;
+    json!({
+        "certs": certs.iter().map(|x| json!({"cert": x.cert.display().to_string(), "key": x.key.display().to_string(), "hosts": x.hosts})).collect::<Vec<_>>(),
+        "listen": listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "redirect_plain": redirect_plain,
+    })
+}
+
+fn log_section(l: &LogConfig) -> Value {
+    let LogConfig { format, access } = l;
+    let format = match format {
+        LogFormat::Text => "text",
+        LogFormat::Json => "json",
+    };
+    json!({"format": format, "access": access})
+}
+
+fn admin_section(a: &AdminConfig) -> Value {
+    let AdminConfig {
+        listen,
+        token,
+        token_file,
+    } = a;
+    json!({
+        "listen": listen.to_string(),
+        "token": token.as_ref().map(|_| REDACTED),
+        "token_file": token_file.as_ref().map(|p| p.display().to_string()),
+    })
+}
+
+/// A Redis URL without its password (the host stays, to tell stores apart).
+fn redis_url(url: &str) -> String {
+    match url.split_once('@') {
+        Some((scheme_and_auth, host)) => {
+            let scheme = scheme_and_auth.split("://").next().unwrap_or("redis");
+            format!("{scheme}://{REDACTED}@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
+fn store_section(s: &StoreConfig) -> Value {
+    let StoreConfig {
+        backend,
+        on_error,
+        prune_interval,
+        flush_interval,
+        max_keys,
+    } = s;
+    let (name, path, url, prefix, timeout) = match backend {
+        Backend::Memory => ("memory", None, None, None, None),
+        Backend::Sqlite { path } => ("sqlite", Some(path.display().to_string()), None, None, None),
+        Backend::Redis {
+            url,
+            prefix,
+            timeout,
+        } => (
+            "redis",
+            None,
+            Some(redis_url(url)),
+            Some(prefix.clone()),
+            Some(dur(*timeout)),
+        ),
+    };
+    json!({
+        "backend": name,
+        "path": path,
+        "url": url,
+        "prefix": prefix,
+        "timeout": timeout,
+        "on_error": on_error.as_str(),
+        "prune_interval": dur(*prune_interval),
+        "flush_interval": dur(*flush_interval),
+        "max_keys": max_keys,
+    })
+}
+
+fn audit_section(a: &AuditConfig) -> Value {
+    let AuditConfig { enabled, retention } = a;
+    json!({"enabled": enabled, "retention": dur(*retention)})
+}
+
+fn identity_section(i: &IdentityConfig) -> Value {
+    let IdentityConfig {
+        api_key_header,
+        api_keys,
+        api_keys_file,
+        unknown_key_limit,
+        unknown_key_window,
+        trusted_proxies,
+        ipv6_prefix,
+        exempt,
+    } = i;
+    json!({
+        "api_key_header": api_key_header.as_str(),
+        // The hash prefix the logs show, never the key.
+        "api_keys": api_keys.iter().map(|k| ApiKey::from_entry(k).short).collect::<Vec<_>>(),
+        "api_keys_file": api_keys_file.as_ref().map(|(p, _)| p.display().to_string()),
+        "trusted_proxies": trusted_proxies.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "ipv6_prefix": ipv6_prefix,
+        "exempt": exempt.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "unknown_keys": {"limit": unknown_key_limit, "window": dur(*unknown_key_window)},
+    })
+}
+
+fn upstream(u: &UpstreamConfig) -> Value {
+    let UpstreamConfig {
+        name,
+        url,
+        connect_timeout,
+        timeout,
+        tls,
+        balance,
+        fastcgi,
+    } = u;
+    let BalanceConfig {
+        servers,
+        policy,
+        max_fails,
+        fail_timeout,
+        max_conns,
+        queue,
+        queue_timeout,
+        health,
+        tunnel_idle_timeout,
+    } = balance;
+    let (ca, insecure_skip_verify) = match tls {
+        UpstreamTls::SystemRoots => (None, false),
+        UpstreamTls::Ca { path, certs: _ } => (Some(path.display().to_string()), false),
+        UpstreamTls::InsecureSkipVerify => (None, true),
+    };
+    let policy = match policy {
+        Policy::RoundRobin => "round_robin",
+        Policy::LeastConn => "least_conn",
+    };
+    let mut out = json!({
+        "name": name,
+        "url": url.to_string(),
+        "servers": servers.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "balance": policy,
+        "max_conns": max_conns,
+        "queue": queue,
+        "queue_timeout": dur(*queue_timeout),
+        "max_fails": max_fails,
+        "fail_timeout": dur(*fail_timeout),
+        "health": health.as_ref().map(|HealthCheck { path, interval }| json!({"path": path, "interval": dur(*interval)})),
+        "tunnel_idle_timeout": dur(*tunnel_idle_timeout),
+        "connect_timeout": dur(*connect_timeout),
+        "timeout": dur(*timeout),
+        "ca": ca,
+        "insecure_skip_verify": insecure_skip_verify,
+        "root": null,
+        "index": null,
+        "fallback": null,
+    });
+    if let Some(FastCgiConfig {
+        // Shown as `url`.
+        address: _,
+        root,
+        index,
+        fallback,
+        max_conns,
+    }) = fastcgi
+    {
+        out["root"] = json!(root.display().to_string());
+        out["index"] = json!(index);
+        out["fallback"] = json!(fallback);
+        // php-fpm connections are capped by the FastCGI client, not the balancer.
+        out["max_conns"] = json!(max_conns);
+    }
+    out
+}
+
+fn limiter(l: &LimiterConfig) -> Value {
+    let LimiterConfig {
+        name,
+        algorithm,
+        key,
+        shadow,
+        overrides,
+        reject,
+        count,
+        ban,
+    } = l;
+    let mut out = json!({
+        "name": name,
+        "algorithm": algorithm.name(),
+        "limit": null,
+        "window": null,
+        "capacity": null,
+        "refill_per_second": null,
+        "leak_per_second": null,
+        "max_in_flight": null,
+        "key": key.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "mode": if *shadow { "shadow" } else { "enforce" },
+        "overrides": overrides.iter().map(override_entry).collect::<Vec<_>>(),
+        "count": count.as_ref().map(|c| json!({"status": c.status, "header": c.header.as_ref().map(|h| h.as_str())})),
+        "ban": ban.as_ref().map(|b| json!({"after": b.after, "for": nanos(b.duration), "status": b.status.as_u16()})),
+        "reject": reject.as_ref().map(reject_shape),
+    });
+    let params: Vec<(&str, Value)> = match algorithm {
+        Algorithm::FixedWindow(p) => vec![
+            ("limit", json!(p.limit)),
+            ("window", json!(nanos(p.window))),
+        ],
+        Algorithm::SlidingWindow(p) => {
+            vec![
+                ("limit", json!(p.limit)),
+                ("window", json!(nanos(p.window))),
+            ]
+        }
+        Algorithm::TokenBucket(p) => vec![
+            ("capacity", json!(p.capacity)),
+            ("refill_per_second", json!(per_second(p.interval))),
+        ],
+        Algorithm::LeakyBucket(p) => vec![
+            ("capacity", json!(p.capacity)),
+            ("leak_per_second", json!(per_second(p.interval))),
+        ],
+        Algorithm::Concurrency(p) => vec![("max_in_flight", json!(p.max_in_flight))],
+    };
+    for (k, v) in params {
+        out[k] = v;
+    }
+    out
+}
+
+fn override_entry(o: &OverrideConfig) -> Value {
+    let OverrideConfig { key, limit } = o;
+    // An override key may be an API key: shown the way logs show keys.
+    let key = if key.parse::<std::net::IpAddr>().is_ok() {
+        key.clone()
+    } else {
+        ApiKey::from_secret(key).short
+    };
+    json!({"key": key, "limit": limit})
+}
+
+fn reject_shape(r: &RejectShape) -> Value {
+    let RejectShape { status, body } = r;
+    let (body, template, content_type) = match body {
+        RejectBody::Problem => ("problem", None, None),
+        RejectBody::Html => ("html", None, None),
+        RejectBody::Template { text, content_type } => {
+            ("template", Some(text.as_str()), Some(content_type.as_str()))
+        }
+    };
+    json!({"status": status.as_u16(), "body": body, "template": template, "content_type": content_type})
+}
+
+fn route(r: &RouteConfig, c: &Config) -> Value {
+    let RouteConfig {
+        name,
+        path,
+        path_prefix,
+        methods,
+        host,
+        query,
+        action,
+        limiters,
+        reject,
+        rate_limit_headers,
+    } = r;
+    let (upstream, respond) = match action {
+        Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
+        Action::Respond {
+            status,
+            body,
+            content_type,
+        } => (
+            None,
+            Some(json!({"status": status.as_u16(), "body": body, "content_type": content_type})),
+        ),
+    };
+    let headers = match rate_limit_headers {
+        HeaderSets::Both => "both",
+        HeaderSets::XRateLimit => "x-ratelimit",
+        HeaderSets::Draft => "draft",
+        HeaderSets::None => "none",
+    };
+    let query: Map<String, Value> = query
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+        .collect();
+    json!({
+        "name": name,
+        "match": {
+            "path": path,
+            "path_prefix": path_prefix,
+            "methods": methods.as_ref().map(|m| m.iter().map(ToString::to_string).collect::<Vec<_>>()),
+            "host": host,
+            "query": query,
+        },
+        "upstream": upstream,
+        "respond": respond,
+        "limiters": limiters.iter().map(|&i| c.limiters[i].name.as_str()).collect::<Vec<_>>(),
+        "reject": reject.as_ref().map(reject_shape),
+        "rate_limit_headers": headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_spelled_as_the_config_spells_them() {
+        assert_eq!(dur(Duration::from_millis(250)), "250ms");
+        assert_eq!(dur(Duration::from_secs(10)), "10s");
+        assert_eq!(dur(Duration::from_secs(300)), "5m");
+        assert_eq!(dur(Duration::from_secs(7 * 86_400)), "7d");
+    }
+
+    #[test]
+    fn secrets_never_appear_in_the_effective_config() {
+        let c = crate::config::parse(
+            "admin: { token: hunter2 }\nstore: { backend: redis, url: \"redis://:pw@127.0.0.1:6379/0\" }\nidentity: { api_keys: [sekrit] }\nlimiters:\n  l: { limit: 1, window: 1s, overrides: [{ key: vip-key, limit: 5 }] }\n",
+        )
+        .unwrap();
+        let text = effective_config(&c).to_string();
+        for secret in ["hunter2", ":pw@", "sekrit", "vip-key"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+    }
+}
