@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::config::{
-    Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config, FastCgiConfig,
-    HeaderSets, HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig,
-    Policy, RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig,
-    UpstreamConfig, UpstreamTls,
+    Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
+    EncodedSeparators, FastCgiConfig, HeaderSets, HealthCheck, IdentityConfig, LimiterConfig,
+    LogConfig, LogFormat, OverrideConfig, Policy, RejectBody, RejectShape, RouteConfig,
+    ServerConfig, StoreConfig, TlsConfig, UpstreamConfig, UpstreamTls,
 };
 use crate::identity::ApiKey;
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
@@ -88,6 +88,8 @@ fn server_section(s: &ServerConfig) -> Value {
         max_connections_per_ip,
         idle_timeout,
         bodies,
+        encoded_separators,
+        underscores_in_headers,
     } = s;
     let BodyConfig {
         buffer,
@@ -111,6 +113,11 @@ fn server_section(s: &ServerConfig) -> Value {
         "request_body_min_rate": min_rate,
         "send_timeout": dur(*send_timeout),
         "upstream_requests_per_connection": upstream_per_connection,
+        "encoded_separators": match encoded_separators {
+            EncodedSeparators::Reject => "reject",
+            EncodedSeparators::Decode => "decode",
+        },
+        "underscores_in_headers": underscores_in_headers,
     })
 }
 
