@@ -105,7 +105,7 @@ fn main() -> ExitCode {
 }
 
 fn check(path: &Path) -> ExitCode {
-    match config::load_file(path) {
+    match config::load_file(path).and_then(|c| config::require_routes(c, path)) {
         Ok(c) => {
             for w in &c.warnings {
                 eprintln!("{}: warning: {w}", path.display());
@@ -132,7 +132,9 @@ fn check(path: &Path) -> ExitCode {
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (config, text) = config::load_file_text(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (config, text) = config::load_file_text(path)
+        .and_then(|(c, text)| Ok((config::require_routes(c, path)?, text)))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     // After the config: its `log.format` decides the format of every line.
     // Changing it takes a restart; `log.access` reloads live.
     tollgate::logging::init(config.log.format);
