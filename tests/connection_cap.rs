@@ -84,7 +84,7 @@ async fn read_until(s: &mut TcpStream, marker: &[u8]) -> bool {
 /// and stays open between requests, the others send nothing at all.
 async fn idle_connection(from: Ipv4Addr, to: SocketAddr, n: usize) -> TcpStream {
     let mut s = connect_from(from, to).await;
-    if n % 3 == 0
+    if n.is_multiple_of(3)
         && s.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .is_ok()
