@@ -139,7 +139,7 @@ fn main() -> ExitCode {
 }
 
 fn check(path: &Path, strict: bool) -> ExitCode {
-    match config::load_file(path) {
+    match config::load_file(path).and_then(|c| config::require_routes(c, path)) {
         Ok(c) => {
             for w in &c.warnings {
                 eprintln!("{}: warning: {w}", path.display());
@@ -175,7 +175,9 @@ fn check(path: &Path, strict: bool) -> ExitCode {
 
 fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (config, text) = config::load_file_text(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (config, text) = config::load_file_text(path)
+        .and_then(|(c, text)| Ok((config::require_routes(c, path)?, text)))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     // After the config: its `log.format` decides the format of every line.
     // Changing it takes a restart; `log.access` reloads live.
     tollgate::logging::init(config.log.format);

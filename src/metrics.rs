@@ -170,6 +170,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
     ("tollgate_connections_refused_total", "Client connections closed at once because a cap was reached, by reason (max_connections, max_connections_per_ip)."),
+    ("tollgate_connections_displaced_total", "Client connections closed to make room for a new one at max_connections, by what they were waiting for (no_request: their first request head; idle: their next request)."),
     ("tollgate_connections_closed_total", "Client connections closed by a timer, by reason (no_request: nothing sent within request_header_timeout; request_header_timeout: a request head begun and not finished within it; idle: idle_timeout; send_timeout: a write to the client blocked for send_timeout)."),
     ("tollgate_request_body_timeouts_total", "Requests answered 408 because their body stalled for request_body_timeout or fell below request_body_min_rate."),
     ("tollgate_request_bodies_spilled_total", "Request bodies larger than request_body_buffer, set aside in a temp file before forwarding."),

@@ -4,7 +4,16 @@
 //! swap; any error leaves the running snapshot untouched, is logged, counted
 //! and kept for `GET /config`. Requests in flight finish on the snapshot they
 //! loaded. Counters live in the store, keyed by limiter name, so a limiter
-//! that keeps its name keeps its counts.
+//! that keeps its name keeps its counts, and one a reload removes keeps them
+//! for a grace period (see [`crate::prune`]): an edit and its revert reset
+//! nobody's counters.
+//!
+//! A reload cannot hang: reading and checking the files has an overall
+//! deadline ([`RELOAD_DEADLINE`]), past which it is rejected (a reader
+//! stuck on a stalled disk is left behind; the next reload does not wait
+//! for it). Nor can it silently open the gate: a reload that takes every
+//! limiter off a route that had some is rejected unless that route says
+//! `allow_unlimited: true`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -32,7 +41,14 @@ pub enum ReloadError {
     Bind(std::io::Error),
     #[error("reading the config failed: {0}")]
     Read(#[from] tokio::task::JoinError),
+    #[error("reading and checking the config took longer than {0:?} (a file on a stalled disk?); the running config stays")]
+    Timeout(Duration),
+    #[error("{}", .0.join("; "))]
+    Unlimited(Vec<String>),
 }
+
+/// The longest a reload may spend reading and checking the config and the files it names.
+pub const RELOAD_DEADLINE: Duration = Duration::from_secs(10);
 
 impl ReloadError {
     /// One line per problem, for the admin API.
@@ -46,7 +62,12 @@ impl ReloadError {
                     None => p.to_string(),
                 })
                 .collect(),
-            other => vec![other.to_string()],
+            ReloadError::Unlimited(routes) => routes.clone(),
+            ReloadError::RequiresRestart(_)
+            | ReloadError::NoFile
+            | ReloadError::Bind(_)
+            | ReloadError::Read(_)
+            | ReloadError::Timeout(_) => vec![self.to_string()],
         }
     }
 }
@@ -147,6 +168,10 @@ impl Reloader {
                 "store.backend / store.path / store.url",
             ));
         }
+        let unlimited = routes_losing_every_limiter(was, &config);
+        if !unlimited.is_empty() {
+            return Err(ReloadError::Unlimited(unlimited));
+        }
         // Every public address, plain or TLS: what each serves is read from the
         // snapshot per connection, so only added or removed addresses rebind.
         let listen: Vec<SocketAddr> = config.server.public().into_iter().map(|(a, _)| a).collect();
@@ -186,23 +211,66 @@ impl Reloader {
         }
         drop(listeners);
         let new = app.snapshot();
-        if old
+        let removed: Vec<_> = was
             .limiters
             .iter()
-            .any(|l| !new.limiters.iter().any(|n| n.name == l.name))
-        {
-            self.prune_now.now();
+            .filter(|l| !new.config.limiters.iter().any(|n| n.name == l.name))
+            .cloned()
+            .collect();
+        if !removed.is_empty() {
+            self.prune_now.retire(removed, app.shared.clock.now());
         }
         Ok(version)
     }
 }
 
+/// Every route of `new` that had limiters in `was` (by name) and has none
+/// now, unless it says `allow_unlimited: true`: one message each.
+fn routes_losing_every_limiter(was: &Config, new: &Config) -> Vec<String> {
+    new.routes
+        .iter()
+        .filter(|r| r.limiters.is_empty() && !r.allow_unlimited)
+        .filter_map(|r| {
+            let before = was.routes.iter().find(|o| o.name == r.name)?;
+            let names: Vec<&str> = before
+                .limiters
+                .iter()
+                .map(|&i| was.limiters[i].name.as_str())
+                .collect();
+            (!names.is_empty()).then(|| {
+                format!(
+                    "routes.{}: this reload would take every limiter off the route ({}); \
+                     set `allow_unlimited: true` on it to mean that",
+                    r.name,
+                    names.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
 /// Reads and validates the config file (and the certificate and key files
-/// it names) on a blocking thread, never on the runtime that accepts connections.
+/// it names) on a blocking thread, never on the runtime that accepts
+/// connections, within [`RELOAD_DEADLINE`].
 async fn read(path: PathBuf) -> Result<(Config, String), ReloadError> {
-    tokio::task::spawn_blocking(move || config::load_file_text(&path))
-        .await?
-        .map_err(ReloadError::from)
+    let load = move || -> Result<(Config, String), ReloadError> {
+        let (loaded, text) = config::load_file_text(&path)?;
+        Ok((config::require_routes(loaded, &path)?, text))
+    };
+    within(RELOAD_DEADLINE, load).await?
+}
+
+/// Runs blocking `work` on a blocking thread and waits at most `deadline`
+/// for it. Past the deadline the thread is left to finish on its own (a
+/// blocking thread cannot be cancelled); the caller moves on.
+async fn within<T: Send + 'static>(
+    deadline: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ReloadError> {
+    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(work)).await {
+        Ok(joined) => Ok(joined?),
+        Err(_) => Err(ReloadError::Timeout(deadline)),
+    }
 }
 
 /// Reload outcomes are counted here, so the admin call, the watch and SIGHUP agree.
@@ -258,7 +326,7 @@ pub async fn watch(
             _ = tokio::time::sleep(every) => {}
         }
         let files = Watched::of(&app, &path);
-        let Ok(now) = tokio::task::spawn_blocking(move || files.read()).await else {
+        let Ok(now) = within(RELOAD_DEADLINE, move || files.read()).await else {
             continue;
         };
         let worth_reloading =
@@ -311,17 +379,22 @@ impl Watched {
         }
     }
 
-    /// Reads them all: blocking file I/O, for a blocking thread.
+    /// Reads them all, under the loader's rules (regular files only, each
+    /// up to its bound): blocking file I/O, for a blocking thread.
     fn read(self) -> Polled {
+        use config::{read_named_file, CONFIG_FILE_LIMIT, KEYS_FILE_LIMIT, SMALL_FILE_LIMIT};
         let tls = self.tls.and_then(|files| {
-            let contents: Vec<Option<Vec<u8>>> =
-                files.iter().map(|p| std::fs::read(p).ok()).collect();
+            let contents: Vec<Option<Vec<u8>>> = files
+                .iter()
+                .map(|p| read_named_file(p, SMALL_FILE_LIMIT).ok())
+                .collect();
             crate::tls::digest_of(&contents)
         });
         (
-            std::fs::read(&self.config).ok(),
+            read_named_file(&self.config, CONFIG_FILE_LIMIT).ok(),
             tls,
-            self.api_keys.map(|p| std::fs::read(p).unwrap_or_default()),
+            self.api_keys
+                .map(|p| read_named_file(&p, KEYS_FILE_LIMIT).unwrap_or_default()),
         )
     }
 }
@@ -341,5 +414,19 @@ pub async fn on_sighup(reloader: Arc<Reloader>, stop: CancellationToken) {
                 let _ = reloader.reload().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn work_past_the_deadline_is_a_timeout_and_does_not_hold_up_the_next() {
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let late = within(Duration::from_millis(50), move || stuck.recv().is_ok()).await;
+        assert!(matches!(late, Err(ReloadError::Timeout(_))), "{late:?}");
+        assert_eq!(within(RELOAD_DEADLINE, || 7).await.unwrap(), 7);
+        drop(release);
     }
 }

@@ -467,6 +467,7 @@ mod tests {
             limiters: vec![],
             reject: None,
             rate_limit_headers: Default::default(),
+            allow_unlimited: false,
         }
     }
 

@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use crate::app::{App, ConnInfo};
 use crate::body::Body;
 use crate::config::Serve;
-use crate::connections::{watch, Activity, Closing, Watched};
+use crate::connections::{watch, Activity, Closing, Permit, Watched};
 use crate::problem::Problem;
 use crate::workers::Workers;
 
@@ -176,8 +176,7 @@ fn public_acceptor(
                             match TcpStream::from_std(std_stream) {
                                 Ok(stream) => {
                                     let conn = ConnInfo { peer, proto: "http", port, worker };
-                                    serve_accepted(stream, conn, serve, app, timeouts, drain).await;
-                                    drop(permit);
+                                    serve_accepted(stream, conn, serve, app, timeouts, drain, &permit).await;
                                 }
                                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
                             }
@@ -195,8 +194,7 @@ fn public_acceptor(
                         port,
                         worker: 0,
                     };
-                    serve_accepted(stream, conn, serve, app, timeouts, drain).await;
-                    drop(permit);
+                    serve_accepted(stream, conn, serve, app, timeouts, drain, &permit).await;
                 });
             }
         }
@@ -236,7 +234,8 @@ struct Timeouts {
     idle: Duration,
 }
 
-/// Serves one accepted connection as its listener says: plain, TLS, or redirect.
+/// Serves one accepted connection as its listener says: plain, TLS, or
+/// redirect, while `permit` holds its place (its activity is what may be displaced).
 async fn serve_accepted(
     stream: TcpStream,
     conn: ConnInfo,
@@ -244,21 +243,25 @@ async fn serve_accepted(
     app: App,
     timeouts: Timeouts,
     drain: CancellationToken,
+    permit: &Permit,
 ) {
     let timeout = timeouts.header;
     let peer = conn.peer;
+    let activity = permit.activity();
     match serve {
-        Serve::Http => serve_connection(stream, app, conn, None, timeouts, drain).await,
+        Serve::Http => serve_connection(stream, app, conn, None, timeouts, drain, activity).await,
         Serve::RedirectToHttps { port } => {
-            serve_connection(stream, app, conn, Some(port), timeouts, drain).await
+            serve_connection(stream, app, conn, Some(port), timeouts, drain, activity).await
         }
         Serve::Https => {
             let acceptor = app.shared.tls.acceptor();
             // The handshake gets the same budget as a request head: a
-            // client that opens a socket and says nothing is cut off.
+            // client that opens a socket and says nothing is cut off. It
+            // has sent no request head yet, so a newcomer may displace it.
             let handshake = tokio::select! {
                 r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
                 _ = drain.cancelled() => return,
+                _ = activity.displaced() => return,
             };
             let stream = match handshake {
                 Ok(Ok(s)) => s,
@@ -277,7 +280,7 @@ async fn serve_accepted(
                 proto: "https",
                 ..conn
             };
-            serve_connection(stream, app, conn, None, timeouts, drain).await
+            serve_connection(stream, app, conn, None, timeouts, drain, activity).await
         }
     }
 }
@@ -292,8 +295,9 @@ fn handshake_failed(app: &App, reason: &'static str) {
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Serves HTTP/1.1 or HTTP/2 on one connection until it closes or drains;
-/// with `redirect_to`, every request but an ACME challenge gets 308 to https on that port.
+/// Serves HTTP/1.1 or HTTP/2 on one connection until it closes, drains or
+/// is displaced; with `redirect_to`, every request but an ACME challenge
+/// gets 308 to https on that port.
 async fn serve_connection<I>(
     io: I,
     app: App,
@@ -301,11 +305,11 @@ async fn serve_connection<I>(
     redirect_to: Option<u16>,
     timeouts: Timeouts,
     drain: CancellationToken,
+    activity: Arc<Activity>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let peer = conn_info.peer;
-    let activity = Activity::new();
     let connections = app.shared.connections.clone();
     let (send_timeout, share) = crate::buffering::per_connection(&app.snapshot().config.server);
     let io =
@@ -347,6 +351,20 @@ async fn serve_connection<I>(
         _ = drain.cancelled() => {
             conn.as_mut().graceful_shutdown();
             conn.await
+        }
+        _ = activity.displaced() => {
+            tracing::debug!(%peer, "closed: displaced by a new connection at max_connections");
+            // One that never started a request is cut at once; one idle
+            // between requests closes gracefully (at once, unless a
+            // response is still streaming: that one finishes).
+            if !activity.served_any() {
+                return;
+            }
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                r = conn.as_mut() => r,
+                _ = drain.cancelled() => conn.await,
+            }
         }
         closing = watch(&activity, timeouts.header, timeouts.idle) => match closing {
             Closing::Silent => {

@@ -147,15 +147,16 @@ impl CertSet {
         }
     }
 
-    /// Reads and checks every pair; the first unusable file is the error.
-    pub fn load(pairs: &[CertConfig]) -> Result<CertSet, TlsError> {
+    /// Reads (with `read`: the config's loader owns file reading and its
+    /// bounds) and checks every pair; the first unusable file is the error.
+    pub fn load(pairs: &[CertConfig], read: ReadFile<'_>) -> Result<CertSet, TlsError> {
         let provider = provider();
         let mut set = CertSet::empty();
         let mut hasher = Sha256::new();
         let mut first = None;
         for pair in pairs {
-            let cert_pem = read(&pair.cert)?;
-            let key_pem = read(&pair.key)?;
+            let cert_pem = read_with(read, &pair.cert)?;
+            let key_pem = read_with(read, &pair.key)?;
             add_to_digest(&mut hasher, &cert_pem);
             add_to_digest(&mut hasher, &key_pem);
             let certified = Arc::new(certified_key(pair, &cert_pem, &key_pem, &provider)?);
@@ -198,8 +199,12 @@ impl CertSet {
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+/// How this module reads a certificate, key or CA file: handed in by the
+/// config loader, which opens named files safely and bounds their size.
+pub type ReadFile<'a> = &'a dyn Fn(&Path) -> std::io::Result<Vec<u8>>;
+
+fn read_with(read: ReadFile<'_>, path: &Path) -> Result<Vec<u8>, TlsError> {
+    read(path).map_err(|source| TlsError::Read {
         path: path.to_path_buf(),
         source,
     })
@@ -278,8 +283,8 @@ pub fn pem_certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'s
 }
 
 /// Reads a CA bundle for an upstream's `ca:`.
-pub fn load_ca(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    pem_certificates(path, &read(path)?)
+pub fn load_ca(path: &Path, read: ReadFile<'_>) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    pem_certificates(path, &read_with(read, path)?)
 }
 
 fn provider() -> CryptoProvider {
@@ -497,6 +502,10 @@ impl ServerCertVerifier for NoVerification {
 mod tests {
     use super::*;
 
+    fn std_read(p: &Path) -> std::io::Result<Vec<u8>> {
+        std::fs::read(p)
+    }
+
     struct Pair {
         cert: String,
         key: String,
@@ -534,7 +543,7 @@ mod tests {
         let a = write(dir.path(), "a", &pair(&["a.test"]), &["a.test"]);
         let w = write(dir.path(), "w", &pair(&["*.w.test"]), &["*.w.test"]);
         let d = write(dir.path(), "d", &pair(&["d.test"]), &[]);
-        let set = CertSet::load(&[a, w, d]).unwrap();
+        let set = CertSet::load(&[a, w, d], &std_read).unwrap();
         let pick = |n: Option<&str>| set.pick(n).unwrap().cert[0].clone();
         let (a_der, w_der, d_der) = (pick(Some("a.test")), pick(Some("x.w.test")), pick(None));
         assert_ne!(a_der, d_der);
@@ -553,7 +562,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = write(dir.path(), "a", &pair(&["a.test"]), &["a.test"]);
         let b = write(dir.path(), "b", &pair(&["b.test"]), &["b.test"]);
-        let set = CertSet::load(&[a, b]).unwrap();
+        let set = CertSet::load(&[a, b], &std_read).unwrap();
         assert_eq!(
             set.pick(Some("c.test")).unwrap().cert,
             set.pick(Some("a.test")).unwrap().cert
@@ -569,7 +578,7 @@ mod tests {
             key: two.key,
         };
         let c = write(dir.path(), "mixed", &mixed, &[]);
-        let e = CertSet::load(std::slice::from_ref(&c)).unwrap_err();
+        let e = CertSet::load(std::slice::from_ref(&c), &std_read).unwrap_err();
         assert!(matches!(e, TlsError::Mismatch { .. }), "{e}");
         let msg = e.to_string();
         assert!(
@@ -584,15 +593,15 @@ mod tests {
         let p = pair(&["a.test"]);
         let mut c = write(dir.path(), "a", &p, &[]);
         std::fs::write(&c.key, "not a key").unwrap();
-        let e = CertSet::load(std::slice::from_ref(&c)).unwrap_err();
+        let e = CertSet::load(std::slice::from_ref(&c), &std_read).unwrap_err();
         assert!(matches!(e, TlsError::NoKey { .. }), "{e}");
         assert!(e.to_string().contains("a.key"), "{e}");
         std::fs::write(&c.key, &p.key).unwrap();
         std::fs::write(&c.cert, "").unwrap();
-        let e = CertSet::load(std::slice::from_ref(&c)).unwrap_err();
+        let e = CertSet::load(std::slice::from_ref(&c), &std_read).unwrap_err();
         assert!(matches!(e, TlsError::NoCertificate { .. }), "{e}");
         c.cert = dir.path().join("missing.crt");
-        let e = CertSet::load(&[c]).unwrap_err();
+        let e = CertSet::load(&[c], &std_read).unwrap_err();
         assert!(e.to_string().contains("missing.crt"), "{e}");
     }
 
@@ -600,7 +609,7 @@ mod tests {
     fn the_digest_of_the_same_files_read_elsewhere_matches_the_loaded_one() {
         let dir = tempfile::tempdir().unwrap();
         let c = write(dir.path(), "a", &pair(&["a.test"]), &[]);
-        let set = CertSet::load(std::slice::from_ref(&c)).unwrap();
+        let set = CertSet::load(std::slice::from_ref(&c), &std_read).unwrap();
         let read = |p: &Path| Some(std::fs::read(p).unwrap());
         assert_eq!(
             digest_of(&[read(&c.cert), read(&c.key)]),

@@ -133,7 +133,11 @@ fn check_names_an_unset_environment_variable() {
     // The same file passes once the variable is set.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ok.yaml");
-    std::fs::write(&path, format!("admin:\n  token: ${{{var}}}\n")).unwrap();
+    std::fs::write(
+        &path,
+        format!("admin:\n  token: ${{{var}}}\nallow_no_routes: true\n"),
+    )
+    .unwrap();
     let (code, out, err) =
         run(tollgate(&["check", "--config", path.to_str().unwrap()]).env(var, "t0ken"));
     assert_eq!(code, 0, "{err}");
@@ -234,13 +238,13 @@ fn tollgate_config_comes_before_a_local_tollgate_yaml() {
     let cwd = tempfile::tempdir().unwrap();
     std::fs::write(
         cwd.path().join("tollgate.yaml"),
-        "limiters: { a: { limit: 1, window: 1s } }\n",
+        "limiters: { a: { limit: 1, window: 1s } }\nallow_no_routes: true\n",
     )
     .unwrap();
     let other = cwd.path().join("other.yaml");
     std::fs::write(
         &other,
-        "limiters: { a: { limit: 1, window: 1s }, b: { limit: 1, window: 1s } }\n",
+        "limiters: { a: { limit: 1, window: 1s }, b: { limit: 1, window: 1s } }\nallow_no_routes: true\n",
     )
     .unwrap();
     let mut cmd = tollgate(&["check"]);
@@ -376,7 +380,7 @@ async fn healthcheck_exits_0_against_a_running_proxy_and_non_zero_against_a_clos
 #[test]
 fn check_never_prints_a_redis_password() {
     let (code, out, err) =
-        check("store: { backend: redis, url: \"redis://:hunter2@127.0.0.1:6379/0\" }\n");
+        check("store: { backend: redis, url: \"redis://:hunter2@127.0.0.1:6379/0\" }\nallow_no_routes: true\n");
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("redis"), "{out}");
     assert!(
@@ -394,7 +398,7 @@ fn check_rejects_an_exposed_admin_without_a_token_and_accepts_one_with_a_token()
         "{err}"
     );
     let path = write_temp(
-        "admin: { listen: \"0.0.0.0:9901\", token: \"${TOLLGATE_TEST_ADMIN_TOKEN}\" }\n",
+        "admin: { listen: \"0.0.0.0:9901\", token: \"${TOLLGATE_TEST_ADMIN_TOKEN}\" }\nallow_no_routes: true\n",
     );
     let (code, out, err) = run(tollgate(&["check", "--config", path.to_str().unwrap()])
         .env("TOLLGATE_TEST_ADMIN_TOKEN", "t0ken"));
@@ -617,5 +621,48 @@ async fn a_reload_reports_the_warnings_check_prints() {
     assert!(
         warnings[0].contains("routes[1].name: route \"wp_login\" is never reached"),
         "{body}"
+    );
+}
+
+#[test]
+fn check_refuses_a_config_with_no_routes_unless_it_says_so() {
+    let (code, _, err) = check("limiters:\n  strict: { limit: 5, window: 60s }\n");
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("routes") && err.contains("allow_no_routes: true"),
+        "{err}"
+    );
+    let (code, out, err) = check("allow_no_routes: true\n");
+    assert_eq!(code, 0, "{out}{err}");
+}
+
+#[test]
+fn check_refuses_a_fifo_as_the_api_keys_file_at_once_naming_the_key_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("keys.fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let config = dir.path().join("tollgate.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "identity: {{ api_keys_file: \"{}\" }}\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, respond: {{ status: 200 }} }}\n",
+            fifo.display()
+        ),
+    )
+    .unwrap();
+    // Before, the open waited for a writer that never came.
+    let (status, out) = common::run_to_exit(
+        &["check".as_ref(), "--config".as_ref(), config.as_os_str()],
+        Duration::from_secs(10),
+    );
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(
+        out.contains(&format!(
+            "identity.api_keys_file: cannot read {}: it is a FIFO",
+            fifo.display()
+        )),
+        "{out}"
     );
 }

@@ -130,20 +130,34 @@ async fn held_connections(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 }
 
 #[tokio::test]
-async fn past_max_connections_a_new_connection_is_closed_and_the_admin_api_still_answers() {
+async fn past_max_connections_with_every_connection_busy_a_new_one_is_closed_and_the_admin_api_still_answers(
+) {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(&forward_all(
         &upstream.url(),
         "server: { max_connections: 3, request_header_timeout: 30s }\nidentity: { trusted_proxies: [127.0.0.0/8] }",
     ))
     .await;
-    let mut held = held_connections(proxy.addr, 3).await;
+    // Each with a request in flight: a connection that waits for nothing
+    // would be displaced by the fourth (tests/connection_cap.rs).
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        s.write_all(b"GET /slow/600000 HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        held.push(s);
+    }
     assert!(
         eventually(Duration::from_secs(5), || async {
-            metric(&proxy, "tollgate_open_connections").await == Some(3.0)
+            upstream
+                .seen
+                .in_flight
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 3
         })
         .await,
-        "three connections never counted"
+        "three requests never reached the upstream"
     );
     let mut fourth = TcpStream::connect(proxy.addr).await.unwrap();
     let _ = fourth.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;

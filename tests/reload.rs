@@ -277,18 +277,75 @@ async fn a_lowered_limit_applies_to_the_current_count_and_a_new_window_starts_af
     );
 }
 
+/// `ping` (limit `limit` a minute, on `strict`) and `/mark` behind a
+/// 1-second `marker`, pruned every 100 ms. `strict` can be taken off the
+/// ping route (`allow_unlimited`): the marker's key going at rest, then
+/// away, shows that a prune round ran.
+fn with_marker(limit: u32, strict: bool) -> String {
+    let (limiter, route_limiters) = if strict {
+        (
+            format!("  strict: {{ limit: {limit}, window: 60s }}\n"),
+            "strict",
+        )
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        "store: {{ prune_interval: 100ms }}\nlimiters:\n{limiter}  marker: {{ limit: 1000, window: 1s }}\nroutes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [{route_limiters}], allow_unlimited: true }}\n  - {{ name: mark, match: {{ path: /mark }}, respond: {{ status: 200 }}, limiters: [marker] }}\n"
+    )
+}
+
+/// Records a key on `marker`, moves the clock 3 s on (the marker's window
+/// ends, `strict`'s minute does not) and waits until a prune round forgot it.
+async fn wait_for_a_prune_round(proxy: &Proxy, clock: &ManualClock) {
+    let c = client();
+    assert_eq!(common::status(&c, &proxy.url("/mark"), &[]).await, 200);
+    assert_eq!(proxy.app.shared.store.table().count_of("marker"), 1);
+    clock.advance(Duration::from_secs(3));
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            proxy.app.shared.store.table().count_of("marker") == 0
+        })
+        .await,
+        "no prune round ran"
+    );
+}
+
 #[tokio::test]
-async fn a_removed_limiter_loses_its_state_in_memory_and_on_disk() {
-    let proxy = Proxy::start_with_clock(&ping_yaml(5), ManualClock::at(T0)).await;
+async fn a_limiter_removed_by_a_reload_and_restored_still_limits_the_exhausted_client() {
+    let clock = ManualClock::at(T0);
+    let proxy = Proxy::start_with_clock(&with_marker(2, true), clock.clone()).await;
+    let c = client();
+    let url = proxy.url("/ping");
+    let ping = || common::status(&c, &url, &[]);
+    assert_eq!([ping().await, ping().await, ping().await], [200, 200, 429]);
+    // The bad edit: `strict` is gone, the route is unlimited.
+    proxy.write_config(&with_marker(2, false));
+    assert_eq!(proxy.reload().await.0, 200);
+    assert_eq!(ping().await, 200);
+    wait_for_a_prune_round(&proxy, &clock).await;
+    assert_eq!(proxy.app.shared.store.table().count_of("strict"), 1);
+    // Its revert: the exhausted client is still exhausted.
+    proxy.write_config(&with_marker(2, true));
+    assert_eq!(proxy.reload().await.0, 200);
+    assert_eq!(ping().await, 429, "the restored limiter started afresh");
+}
+
+#[tokio::test]
+async fn a_removed_limiter_keeps_its_state_for_its_grace_then_loses_it_in_memory_and_on_disk() {
+    let clock = ManualClock::at(T0);
+    let proxy = Proxy::start_with_clock(&with_marker(5, true), clock.clone()).await;
     let c = client();
     assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
     assert_eq!(proxy.app.shared.store.table().count_of("strict"), 1);
-    proxy.write_config(
-        "routes:\n  - { name: ping, match: { path: /ping }, respond: { status: 200 } }\n",
-    );
+    proxy.write_config(&with_marker(5, false));
     assert_eq!(proxy.reload().await.0, 200);
+    wait_for_a_prune_round(&proxy, &clock).await;
+    assert_eq!(proxy.app.shared.store.table().count_of("strict"), 1);
+    // Its grace (twice its 60 s window) ends: the next round forgets it.
+    clock.advance(Duration::from_secs(121));
     assert!(
-        eventually(Duration::from_secs(2), || async {
+        eventually(Duration::from_secs(5), || async {
             proxy.app.shared.store.table().count_of("strict") == 0
         })
         .await,
@@ -353,4 +410,101 @@ async fn listeners_follow_the_config_without_a_restart() {
         fresh.get(proxy.admin_url("/healthz")).send().await.is_err(),
         "the old admin address is closed"
     );
+}
+
+/// A proxy whose config names `keys` as `identity.api_keys_file`.
+fn with_keys_file(keys: &std::path::Path) -> String {
+    format!(
+        "identity: {{ api_keys_file: \"{}\" }}\n{}",
+        keys.display(),
+        ping_yaml(5)
+    )
+}
+
+/// `POST /reload`, failed if it takes longer than the reload deadline and a margin.
+async fn reload_within_the_deadline(proxy: &Proxy) -> (u16, serde_json::Value) {
+    let limit = tollgate::reload::RELOAD_DEADLINE + Duration::from_secs(5);
+    tokio::time::timeout(limit, proxy.reload())
+        .await
+        .expect("the reload answered within its deadline")
+}
+
+#[tokio::test]
+async fn a_fifo_as_the_api_keys_file_is_refused_at_once_and_the_next_good_reload_applies() {
+    let proxy = Proxy::start(&ping_yaml(5)).await;
+    let fifo = proxy.dir.path().join("keys.fifo");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads the NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    proxy.write_config(&with_keys_file(&fifo));
+    let (code, body) = reload_within_the_deadline(&proxy).await;
+    assert_eq!(code, 422, "{body}");
+    let errors = common::reload_errors(&body).join("\n");
+    assert!(
+        errors.contains("identity.api_keys_file") && errors.contains("FIFO"),
+        "{errors}"
+    );
+    // The good file back: the next reload is not stuck behind the first.
+    let keys = proxy.dir.path().join("keys");
+    std::fs::write(&keys, "k-1\n").unwrap();
+    proxy.write_config(&with_keys_file(&keys));
+    let (code, body) = reload_within_the_deadline(&proxy).await;
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test]
+async fn dev_zero_as_the_api_keys_file_is_refused_without_reading_it() {
+    let proxy = Proxy::start(&ping_yaml(5)).await;
+    let before = common::rss_kib(std::process::id());
+    proxy.write_config(&with_keys_file(std::path::Path::new("/dev/zero")));
+    let (code, body) = reload_within_the_deadline(&proxy).await;
+    assert_eq!(code, 422, "{body}");
+    let errors = common::reload_errors(&body).join("\n");
+    assert!(
+        errors.contains("identity.api_keys_file: cannot read /dev/zero: it is a device"),
+        "{errors}"
+    );
+    let grew = common::rss_kib(std::process::id()).saturating_sub(before);
+    assert!(grew < 64 * 1024, "resident memory grew by {grew} KiB");
+}
+
+#[tokio::test]
+async fn a_truncated_config_with_no_routes_is_refused_and_the_limits_stay() {
+    let proxy = Proxy::start_with_clock(&ping_yaml(1), ManualClock::at(T0)).await;
+    let c = client();
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
+    proxy.write_config("limiters:\n  strict: { limit: 1, window: 60s }\n");
+    let (code, body) = proxy.reload().await;
+    assert_eq!(code, 422, "{body}");
+    let errors = common::reload_errors(&body).join("\n");
+    assert!(errors.contains("allow_no_routes"), "{errors}");
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 429);
+    // Said on purpose, it applies.
+    proxy.write_config("allow_no_routes: true\n");
+    assert_eq!(proxy.reload().await.0, 200);
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 404);
+}
+
+#[tokio::test]
+async fn a_reload_that_takes_every_limiter_off_a_route_is_refused_unless_the_route_allows_it() {
+    let proxy = Proxy::start_with_clock(&ping_yaml(1), ManualClock::at(T0)).await;
+    let c = client();
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
+    let unlimited = |allow: &str| {
+        format!("routes:\n  - {{ name: ping, match: {{ path: /ping }}, respond: {{ status: 200 }}{allow} }}\n")
+    };
+    proxy.write_config(&unlimited(""));
+    let (code, body) = proxy.reload().await;
+    assert_eq!(code, 422, "{body}");
+    let errors = common::reload_errors(&body).join("\n");
+    assert!(
+        errors.contains("routes.ping")
+            && errors.contains("strict")
+            && errors.contains("allow_unlimited"),
+        "{errors}"
+    );
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 429);
+    proxy.write_config(&unlimited(", allow_unlimited: true"));
+    assert_eq!(proxy.reload().await.0, 200);
+    assert_eq!(common::status(&c, &proxy.url("/ping"), &[]).await, 200);
 }

@@ -37,8 +37,10 @@ pub fn effective_config(c: &Config) -> Value {
         limiters,
         routes,
         log,
+        allow_no_routes,
     } = c;
     json!({
+        "allow_no_routes": allow_no_routes,
         "server": server_section(server),
         "log": log_section(log),
         "admin": admin_section(admin),
@@ -390,6 +392,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         limiters,
         reject,
         rate_limit_headers,
+        allow_unlimited,
     } = r;
     let (upstream, respond) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
@@ -426,6 +429,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "limiters": limiters.iter().map(|&i| c.limiters[i].name.as_str()).collect::<Vec<_>>(),
         "reject": reject.as_ref().map(reject_shape),
         "rate_limit_headers": headers,
+        "allow_unlimited": allow_unlimited,
     })
 }
 

@@ -7,9 +7,16 @@
 //! only once everything else is valid. Every problem here carries a YAML
 //! path, exactly like a validation problem, and all are located at the end.
 //!
+//! Every file is read through [`read_named_file`]: opened without blocking
+//! (a FIFO cannot hang the open), refused unless it is a regular file (a
+//! FIFO, a device such as `/dev/zero`, a directory), and read up to a bound
+//! per kind (the `*_LIMIT` constants), so neither `check` nor a reload can
+//! hang on a file or read one until memory runs out.
+//!
 //! All of this blocks (file reads, DNS): async callers run it on a blocking thread.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +30,74 @@ use super::{
 };
 use crate::tls::{CertSet, TlsError};
 
+/// The most of the config file that is read.
+pub const CONFIG_FILE_LIMIT: u64 = 4 << 20;
+/// The most of `identity.api_keys_file` that is read (about 200,000 keys).
+pub const KEYS_FILE_LIMIT: u64 = 16 << 20;
+/// The most of `admin.token_file` and of each certificate, private key and CA bundle.
+pub const SMALL_FILE_LIMIT: u64 = 1 << 20;
+
+/// Reads a file the config names (or the config itself): opened with
+/// `O_NONBLOCK` so that a FIFO does not block the open, refused unless it
+/// is a regular file, and never more than `limit` bytes. The error says
+/// what the file is instead; its caller names the key and the path.
+pub fn read_named_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO (named pipe)"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("it is {what}; only a regular file is read"),
+        ));
+    }
+    let too_big = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it is larger than {}, the most read for it", size(limit)),
+        )
+    };
+    if meta.len() > limit {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // One byte past the bound tells a file that grew while it was read.
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big());
+    }
+    Ok(bytes)
+}
+
+/// `limit` in the units the docs use.
+fn size(limit: u64) -> String {
+    match limit {
+        l if l >= 1 << 20 && l % (1 << 20) == 0 => format!("{} MiB", l >> 20),
+        l if l >= 1 << 10 && l % (1 << 10) == 0 => format!("{} KiB", l >> 10),
+        l => format!("{l} bytes"),
+    }
+}
+
+/// Certificates, keys and CA bundles, for [`crate::tls`].
+fn read_small_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    read_named_file(path, SMALL_FILE_LIMIT)
+}
+
 /// Reads and validates a config file.
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
     load_file_text(path).map(|(config, _)| config)
@@ -30,8 +105,10 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
 
 /// Reads and validates a config file, returning the text it was built from.
 pub fn load_file_text(path: &Path) -> Result<(Config, String), ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::single(Some(path), format!("cannot read config: {e}"), None))?;
+    let cannot =
+        |e: String| ConfigError::single(Some(path), format!("cannot read config: {e}"), None);
+    let bytes = read_named_file(path, CONFIG_FILE_LIMIT).map_err(|e| cannot(e.to_string()))?;
+    let text = String::from_utf8(bytes).map_err(|_| cannot("it is not UTF-8 text".into()))?;
     match parse(&text) {
         Ok(config) => Ok((config, text)),
         Err(mut e) => {
@@ -39,6 +116,25 @@ pub fn load_file_text(path: &Path) -> Result<(Config, String), ConfigError> {
             Err(e)
         }
     }
+}
+
+/// A config file with no routes answers every request 404 and limits
+/// nothing: most often a truncated or emptied file. It runs only when it
+/// says so (`allow_no_routes: true`): `tollgate serve`, `tollgate check` and
+/// every reload pass the config they loaded from `file` through here (a
+/// pure check; a program embedding the library decides for itself).
+pub fn require_routes(config: Config, file: &Path) -> Result<Config, ConfigError> {
+    if config.routes.is_empty() && !config.allow_no_routes {
+        let mut e = ConfigError::new(vec![ConfigProblem::at(
+            "routes",
+            "no routes: every request would get 404 and no limit would apply \
+             (a truncated file?); define routes, or set `allow_no_routes: true` \
+             to run without any",
+        )]);
+        e.file = Some(file.to_path_buf());
+        return Err(e);
+    }
+    Ok(config)
 }
 
 /// Parses and validates YAML text, then reads the files it names.
@@ -107,7 +203,7 @@ fn read_certificates(tls: &mut TlsConfig, at: &[String]) -> Vec<ConfigProblem> {
     let mut problems = Vec::new();
     for (pair, path) in tls.certs.iter().zip(at) {
         // One pair at a time, so every broken pair is reported with its own YAML path.
-        if let Err(e) = CertSet::load(std::slice::from_ref(pair)) {
+        if let Err(e) = CertSet::load(std::slice::from_ref(pair), &read_small_file) {
             let field = broken_file(pair, &e);
             problems.push(ConfigProblem::at(format!("{path}.{field}"), e.to_string()));
         }
@@ -115,7 +211,7 @@ fn read_certificates(tls: &mut TlsConfig, at: &[String]) -> Vec<ConfigProblem> {
     if !problems.is_empty() {
         return problems;
     }
-    match CertSet::load(&tls.certs) {
+    match CertSet::load(&tls.certs, &read_small_file) {
         Ok(set) => tls.loaded = Arc::new(set),
         // A file changed between the two reads; the next reload sees it settled.
         Err(e) => problems.push(ConfigProblem::at("server.tls", e.to_string())),
@@ -137,7 +233,7 @@ fn read_upstream_cas(config: &mut Config) -> Vec<ConfigProblem> {
     let mut problems = Vec::new();
     for upstream in &mut config.upstreams {
         if let UpstreamTls::Ca { path, certs } = &mut upstream.tls {
-            match crate::tls::load_ca(path) {
+            match crate::tls::load_ca(path, &read_small_file) {
                 Ok(read) => *certs = read,
                 Err(e) => problems.push(ConfigProblem::at(
                     format!("upstreams.{}.ca", upstream.name),
@@ -156,8 +252,11 @@ fn read_upstream_cas(config: &mut Config) -> Vec<ConfigProblem> {
 fn read_token_file(admin: &mut AdminConfig) -> Option<ConfigProblem> {
     let path = admin.token_file.as_ref()?;
     let at = |message: String| Some(ConfigProblem::at("admin.token_file", message));
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
+    let text = match read_named_file(path, SMALL_FILE_LIMIT) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(_) => return at(format!("{} is not UTF-8 text", path.display())),
+        },
         Err(e) => return at(format!("cannot read {}: {e}", path.display())),
     };
     let token = text.trim();
@@ -179,7 +278,7 @@ fn read_key_file(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
         return Vec::new();
     };
     let at = |message: String| vec![ConfigProblem::at("identity.api_keys_file", message)];
-    let bytes = match std::fs::read(&path) {
+    let bytes = match read_named_file(&path, KEYS_FILE_LIMIT) {
         Ok(b) => b,
         Err(e) => return at(format!("cannot read {}: {e}", path.display())),
     };
@@ -278,4 +377,33 @@ fn warn_missing_fastcgi_files(config: &mut Config) {
         }
     }
     config.warnings.extend(warnings);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(path: &Path, limit: u64) -> String {
+        read_named_file(path, limit).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn only_a_regular_file_within_its_bound_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path we own.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        assert!(refusal(&fifo, 10).contains("a FIFO"));
+        assert!(refusal(Path::new("/dev/zero"), 10).contains("a device"));
+        assert!(refusal(dir.path(), 10).contains("a directory"));
+        let file = dir.path().join("f");
+        std::fs::write(&file, "0123456789").unwrap();
+        assert_eq!(read_named_file(&file, 10).unwrap(), b"0123456789");
+        assert_eq!(
+            refusal(&file, 9),
+            "it is larger than 9 bytes, the most read for it"
+        );
+        assert!(refusal(&dir.path().join("none"), 10).contains("No such file"));
+    }
 }

@@ -53,7 +53,10 @@ pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::BodyConfig;
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
-pub use load::{load_file, load_file_text, parse, survey};
+pub use load::{
+    load_file, load_file_text, parse, read_named_file, require_routes, survey, CONFIG_FILE_LIMIT,
+    KEYS_FILE_LIMIT, SMALL_FILE_LIMIT,
+};
 pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
 pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};
 pub use validate::{validate, Host};
@@ -79,6 +82,8 @@ pub struct Config {
     pub limiters: Vec<LimiterConfig>,
     pub routes: Vec<RouteConfig>,
     pub log: LogConfig,
+    /// `allow_no_routes`: a config file without routes is loaded (else refused).
+    pub allow_no_routes: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -402,6 +407,8 @@ pub struct RouteConfig {
     /// Overrides the deciding limiter's `reject` on this route.
     pub reject: Option<RejectShape>,
     pub rate_limit_headers: HeaderSets,
+    /// `allow_unlimited`: a reload may take every limiter off this route.
+    pub allow_unlimited: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -278,6 +278,8 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub log: observe::RawLog,
+    /// Run with no routes at all (every request 404, no limit): said on purpose.
+    pub allow_no_routes: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -475,6 +477,8 @@ pub struct RawRoute {
     pub limiters: Vec<Text>,
     pub reject: Option<observe::RawReject>,
     pub rate_limit_headers: Option<Text>,
+    /// A reload may leave this route with no limiter though it had some.
+    pub allow_unlimited: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -173,6 +173,7 @@ impl Validator<'_> {
             limiters,
             routes,
             log,
+            allow_no_routes: raw.allow_no_routes.unwrap_or(false),
         }
     }
 

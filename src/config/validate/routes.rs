@@ -78,6 +78,7 @@ impl Validator<'_> {
                     query,
                     action,
                     limiters: route_limiters,
+                    allow_unlimited: r.allow_unlimited.unwrap_or(false),
                 });
             }
         }
