@@ -166,6 +166,9 @@ pub struct Metrics {
     pub episodes: episode::Episodes,
 }
 
+/// Request headers tollgate did not forward (`proxy::drop_underscore_names`).
+pub const HEADERS_DROPPED: &str = "tollgate_headers_dropped_total";
+
 const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
@@ -245,6 +248,7 @@ impl Metrics {
         ] {
             self.counter(name, &[]);
         }
+        self.counter(HEADERS_DROPPED, &[("reason", "underscore")]);
         for result in ["ok", "error"] {
             self.counter("tollgate_config_reloads_total", &[("result", result)]);
         }

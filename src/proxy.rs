@@ -219,12 +219,9 @@ pub fn drop_underscore_names(headers: &mut HeaderMap, metrics: &crate::metrics::
         tracing::debug!(header = %name, "a header name with `_` was dropped");
         headers.remove(name);
     }
-    let counter = metrics.counter(HEADERS_DROPPED, &[("reason", "underscore")]);
+    let counter = metrics.counter(crate::metrics::HEADERS_DROPPED, &[("reason", "underscore")]);
     counter.fetch_add(named.len() as u64, std::sync::atomic::Ordering::Relaxed);
 }
-
-/// The metric [`drop_underscore_names`] counts in.
-pub const HEADERS_DROPPED: &str = "tollgate_headers_dropped_total";
 
 impl Upstream {
     /// `workers`: the worker runtimes (`server.workers`); each gets its own connections.
@@ -873,7 +870,7 @@ mod tests {
         drop_underscore_names(&mut h, &metrics);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-custom"));
-        let counted = metrics.counter(HEADERS_DROPPED, &[("reason", "underscore")]);
+        let counted = metrics.counter(crate::metrics::HEADERS_DROPPED, &[("reason", "underscore")]);
         assert_eq!(counted.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 

@@ -782,7 +782,20 @@ fn documented_config_keys() -> std::collections::BTreeSet<String> {
     let docs =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/CONFIG.md")).unwrap();
     let mut keys = std::collections::BTreeSet::new();
-    for row in docs.lines().filter_map(|l| l.strip_prefix("| `")) {
+    // Only the key tables (headed `| key |`), not the warnings table and the like.
+    let mut in_key_table = false;
+    for line in docs.lines() {
+        if !line.starts_with('|') {
+            in_key_table = false;
+            continue;
+        }
+        if line.starts_with("| key |") {
+            in_key_table = true;
+            continue;
+        }
+        let Some(row) = line.strip_prefix("| `").filter(|_| in_key_table) else {
+            continue;
+        };
         let first_cell = row.split(" |").next().unwrap_or_default();
         let mut parent = String::new();
         for key in first_cell.split('`').map(|k| k.trim_matches([',', ' '])) {
@@ -792,6 +805,9 @@ fn documented_config_keys() -> std::collections::BTreeSet<String> {
             // `upstreams.<name>.max_fails`, `fail_timeout`: the second shares the first's parent.
             let key = if key.contains('.') {
                 parent = key.rsplit_once('.').unwrap().0.to_string();
+                key.to_string()
+            } else if parent.is_empty() {
+                // A top-level key (`allow_no_routes`).
                 key.to_string()
             } else {
                 format!("{parent}.{key}")
