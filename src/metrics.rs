@@ -258,9 +258,12 @@ impl Metrics {
                 &[("reason", reason)],
             );
         }
+        // Only Redis fails on the request path, where `on_error` decides;
+        // SQLite's writer counts its failures under `policy="none"`.
+        let error_policy = if backend == "redis" { on_error } else { "none" };
         self.counter(
             "tollgate_store_errors_total",
-            &[("backend", backend), ("policy", on_error)],
+            &[("backend", backend), ("policy", error_policy)],
         );
         self.counter("tollgate_store_fallback_total", &[("policy", on_error)]);
         for upstream in upstreams {
