@@ -158,7 +158,7 @@ impl Problem {
     }
 
     /// The answer: a refusal through the one writer of refusals
-    /// ([`Refusal::respond`]), anything else as problem+json ([`Failure::respond`]).
+    /// (`Refusal::respond`), anything else as problem+json (`Failure::respond`).
     pub fn respond(self, with: &Answering<'_>) -> Response<Body> {
         match self.sort() {
             Sorted::Refusal(r) => r.respond(with),
