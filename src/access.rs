@@ -356,30 +356,23 @@ pub fn rfc3339_millis(ns: Nanos) -> String {
     s
 }
 
-/// nginx's `$time_local` in UTC: `30/Nov/2026:10:05:19 +0000`.
+/// nginx's `$time_local` in UTC: `30/Nov/2026:10:05:19 +0000`, rearranged
+/// from the ISO 8601 form (`2026-11-30T10:05:19Z`).
 fn push_clf_time(out: &mut String, ns: Nanos) {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let secs = ns / NANOS_PER_SEC;
-    let (y, m, d) = crate::clock::civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    push_2(out, u64::from(d));
+    let iso = crate::clock::iso8601_bytes(ns / NANOS_PER_SEC);
+    let digits = |r: std::ops::Range<usize>| std::str::from_utf8(&iso[r]).unwrap_or("00");
+    let month =
+        usize::from(iso[5].wrapping_sub(b'0')) * 10 + usize::from(iso[6].wrapping_sub(b'0'));
+    out.push_str(digits(8..10));
     out.push('/');
-    out.push_str(MONTHS[(m as usize).saturating_sub(1) % 12]);
+    out.push_str(MONTHS[month.saturating_sub(1) % 12]);
     out.push('/');
-    match u64::try_from(y) {
-        Ok(y) if (1000..10_000).contains(&y) => push_u64(out, y),
-        _ => {
-            let _ = write!(out, "{y:04}");
-        }
-    }
+    out.push_str(digits(0..4));
     out.push(':');
-    push_2(out, rem / 3600);
-    out.push(':');
-    push_2(out, rem % 3600 / 60);
-    out.push(':');
-    push_2(out, rem % 60);
+    out.push_str(digits(11..19));
     out.push_str(" +0000");
 }
 

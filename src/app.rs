@@ -21,7 +21,7 @@ use crate::config::{Config, OnError};
 use crate::identity::{Client, IdentityError};
 use crate::limiter::{Nanos, Verdict};
 use crate::metrics::{inc, Decision, Metrics};
-use crate::problem::{set_rate_limit_headers, Denial, LimitView, Problem};
+use crate::problem::{Denial, Problem};
 use crate::request_id::{RequestId, X_REQUEST_ID};
 use crate::router::{request_host, request_path};
 use crate::snapshot::{Route, RouteAction, Snapshot};
@@ -29,9 +29,11 @@ use crate::store::{AuditRow, Check, Outcome, Store};
 use crate::tunnel::ClientSide;
 
 pub use crate::connections::ConnInfo;
+use refuse::rate_limit_headers;
 pub use release::Release;
 use trail::Trail;
 
+mod refuse;
 mod release;
 mod trail;
 
@@ -163,7 +165,7 @@ impl App {
         };
         let mut resp = match self.serve(&mut x, req).await {
             Ok(resp) => resp,
-            Err(problem) => x.trail.answer(problem, None),
+            Err(problem) => x.trail.answer(problem),
         };
         resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
         x.trail.finish(self, x.snap, resp, started, in_flight)
@@ -269,8 +271,11 @@ impl App {
                 crate::protect::banned(store, &snap, route, client, headers, x.now).await
             {
                 x.trail.decide(&route.metrics, Decision::Banned);
-                let shape = snap.reject_shape(index, &ban.limiter);
-                let resp = x.trail.answer(Problem::Banned(Box::new(ban)), shape);
+                let shape = snap.reject_shape(index, ban.index);
+                // No limiter was asked: a ban's refusal has no rate-limit headers.
+                let resp = x
+                    .trail
+                    .answer_with(Problem::Banned(Box::new(ban)), shape, None);
                 return Ok(Admission::Refused(resp));
             }
             match self
@@ -287,20 +292,10 @@ impl App {
             }
         }
 
-        if let Some(denial) = limits.as_mut().and_then(|l| l.denial.take()) {
-            x.trail.decide(&route.metrics, Decision::Rejected);
-            if let Some(l) = limits.as_mut() {
-                let at = self.shared.clock.now();
-                let store = &self.shared.store;
-                crate::protect::settle(store, &snap, &mut l.units, &mut l.views, None, at).await;
+        if let Some(l) = limits.as_mut() {
+            if let Some(denial) = l.denial.take() {
+                return Ok(Admission::Refused(self.refuse(x, index, l, denial).await));
             }
-            let shape = snap.reject_shape(index, &denial.limiter);
-            x.trail.rejected(self, &snap, &denial, &route.name, x.now);
-            let mut resp = x
-                .trail
-                .answer(Problem::RateLimited(Box::new(denial)), shape);
-            rate_limit_headers(&snap, index, &limits, &mut resp);
-            return Ok(Admission::Refused(resp));
         }
         if !client.exempt {
             let shadow_rejected = limits.as_ref().is_some_and(|l| {
@@ -428,7 +423,7 @@ impl App {
             }
             Err(e) if e.is_client_fault() => {
                 tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
-                x.trail.answer(Problem::from(e), None)
+                x.trail.answer(Problem::from(e))
             }
             Err(e) => {
                 tracing::warn!(error = %e, route = %route.name, "forwarding failed");
@@ -439,7 +434,7 @@ impl App {
                         &[("upstream", &upstream.name), ("kind", e.kind())],
                     )
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                x.trail.answer(Problem::from(e), None)
+                x.trail.answer(Problem::from(e))
             }
         };
         if let Some((method, req_path)) = audit {
@@ -553,6 +548,7 @@ impl App {
                     inc(&l.metrics.rejected);
                     refused.push((a.limiter, &a.store_key));
                     let d = denial.get_or_insert_with(|| Denial {
+                        index: a.limiter,
                         limiter: l.name.clone(),
                         quota: o.quota,
                         policy: l.describe(c.algorithm),
@@ -561,6 +557,7 @@ impl App {
                         key: client.display().to_string(),
                     });
                     if retry_after > d.retry_after {
+                        d.index = a.limiter;
                         d.limiter = l.name.clone();
                         d.quota = o.quota;
                         d.policy = l.describe(c.algorithm);
@@ -645,28 +642,6 @@ enum Admission {
     Admitted(Option<Limits>),
     /// Answered already: the rejection, with its headers.
     Refused(Response<Body>),
-}
-
-/// The rate-limit headers route `index` sends, from what its limiters said.
-fn rate_limit_headers(
-    snap: &Snapshot,
-    index: usize,
-    limits: &Option<Limits>,
-    resp: &mut Response<Body>,
-) {
-    if let Some(l) = limits {
-        let views: Vec<LimitView<'_>> = l
-            .views
-            .iter()
-            .map(|(i, o)| LimitView {
-                name: &snap.limiters[*i].name,
-                quota: o.quota,
-            })
-            .collect();
-        let sets = snap.config.routes[index].rate_limit_headers;
-        let cache = &snap.routes[index].policy;
-        set_rate_limit_headers(resp.headers_mut(), &views, l.at, sets, cache);
-    }
 }
 
 /// A declared body over the limit is refused before a byte of it is read.

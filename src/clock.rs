@@ -3,6 +3,7 @@
 //! Unix time rather than `Instant`, because stored state must mean the same
 //! to another process and after a restart.
 
+use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -55,54 +56,35 @@ impl Clock for ManualClock {
     }
 }
 
-/// Formats Unix seconds as ISO 8601 UTC (`2026-01-01T00:00:00Z`), the form the
-/// SQLite tables store, without pulling in a calendar crate.
-pub fn iso8601(unix_secs: u64) -> String {
-    let days = unix_secs / 86_400;
-    let rem = unix_secs % 86_400;
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// The last second ISO 8601's four-digit year can write: 9999-12-31T23:59:59Z.
+const LAST_WRITABLE: u64 = 253_402_300_799;
+
+/// Unix seconds as the 20 ASCII bytes of ISO 8601 UTC
+/// (`2026-01-01T00:00:00Z`), the form the SQLite tables store; a later
+/// instant is written as the last one the form can hold.
+pub fn iso8601_bytes(unix_secs: u64) -> [u8; 20] {
+    let at = UNIX_EPOCH + Duration::from_secs(unix_secs.min(LAST_WRITABLE));
+    let mut out = [0u8; 20];
+    // Exactly 20 bytes up to the clamp above, so the write cannot fall short.
+    let _ = write!(&mut out[..], "{}", humantime::format_rfc3339_seconds(at));
+    out
 }
 
-/// Parses what [`iso8601`] writes.
+/// [`iso8601_bytes`] as a string.
+pub fn iso8601(unix_secs: u64) -> String {
+    iso8601_bytes(unix_secs)
+        .iter()
+        .map(|&b| char::from(b))
+        .collect()
+}
+
+/// Parses what [`iso8601`] writes (and nothing longer: no fractions).
 pub fn parse_iso8601(s: &str) -> Option<u64> {
-    let b = s.as_bytes();
-    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+    if s.len() != 20 {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let days = days_from_civil(num(0..4)?, num(5..7)?, num(8..10)?);
-    let secs = days * 86_400 + num(11..13)? * 3600 + num(14..16)? * 60 + num(17..19)?;
-    u64::try_from(secs).ok()
-}
-
-// Howard Hinnant's civil calendar algorithms.
-pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let at = humantime::parse_rfc3339(s).ok()?;
+    at.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -118,6 +100,7 @@ mod tests {
             assert_eq!(parse_iso8601(&iso8601(t)), Some(t));
         }
         assert_eq!(parse_iso8601("2026-01-01 00:00:00"), None);
+        assert_eq!(iso8601(u64::MAX), "9999-12-31T23:59:59Z");
     }
 
     #[test]

@@ -2,32 +2,56 @@
 //!
 //! # Layout
 //!
-//! A request reads top to bottom through these modules:
+//! A request reads top to bottom: [`server`] accepts it and hands it to
+//! [`app`], whose phases run on one [`snapshot::Snapshot`]: admit
+//! ([`framing`]) → identify ([`identity`]) → route ([`router`]) → limit
+//! ([`protect`], [`limiter`] on its [`store`]) → dispatch (the route's own
+//! answer, or [`buffering`] → [`balance`] → [`proxy`] or [`fastcgi`]) →
+//! settle → log ([`access`]). Whatever tollgate answers itself, [`problem`]
+//! writes.
 //!
-//! - [`server`]: accept loops, HTTP/1.1 + HTTP/2, slow-client limits, graceful drain,
-//!   handing each connection to one of the [`workers`] (a single-threaded runtime per core);
-//! - [`tls`]: rustls termination (SNI, ALPN, certificate rotation) and https:// upstreams;
-//! - [`app`]: the request lifecycle, on one [`snapshot::Snapshot`], with its
-//!   [`request_id`] and, at the end, one [`access`] record;
-//! - [`identity`]: who the client is (API key hash, or real IP behind trusted proxies);
-//! - [`router`]: which route, on the normalized path;
-//! - [`limiter`]: the algorithms as pure arithmetic on an injected [`clock`], each on its
-//!   own [`key`] (`<limiter>:<key value>`);
-//! - [`store`]: where their state lives (memory, SQLite write-behind, Redis for a fleet);
+//! The binary (`main.rs`) only parses the command line, sets up logging and
+//! signals, and calls [`run`] with the listeners it bound.
+//!
+//! Each module imports only modules on the lines below its own: no cycles,
+//! and none reaches up into its caller. The admin API reaches the server as
+//! a handler `run` passes in, and reloads reach the listeners through the
+//! [`reload::Reloader`] `run` owns.
+//!
+//! - [`admin`]: status, metrics, health, reload, config, upstreams; `admin/bans.rs`
+//!   (`GET /bans`, `DELETE /bans/{key}`), `admin/guard.rs` (token, loopback-Host rule);
+//! - [`reload`]: file watch / SIGHUP / admin → read (on a blocking thread) → validate → swap, or keep the old;
+//! - [`server`]: the accept loops (public and admin), HTTP/1.1 + HTTP/2, graceful drain, the listener set;
+//!   [`dashboard`]: the live dashboard (HTML, JS, CSS compiled in) and its sampler;
+//!   [`prune`]: one task removing expired limiter state, removed limiters' state, old audit rows;
+//! - [`app`]: the request lifecycle as named phases, callable without sockets; `app/trail.rs` (the
+//!   log phase), `app/refuse.rs` (a limiter's refusal), `app/release.rs` (places given back);
 //! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
-//! - [`buffering`]: the request body read whole before an upstream is taken, slow bodies cut off (408);
-//! - [`proxy`]: forwarding to the upstream (HTTP, or [`fastcgi`] to php-fpm);
-//!   [`problem`]: everything answered locally ([`reject`]: a 429's bytes and the rate-limit headers).
-//!
-//! Around them: [`config`] (raw YAML → pure validation → `Config`; `load` does the I/O), [`reload`]
-//! (validate, then swap, or keep the old), [`admin`] (and its live
-//! [`dashboard`], which reads what the request path records into
-//! [`activity`]), [`prune`] (expired state, in one task), [`metrics`], and
-//! [`body`] (the response body: our own bytes or the upstream's, streamed).
-//!
-//! Modules import downwards only: `admin → dashboard → reload → server →
-//! app → …`. The admin API reaches the server as a handler `run` passes in,
-//! and reloads reach the listeners through the [`reload::Reloader`] `run` owns.
+//! - [`snapshot`]: one immutable view of the running config;
+//!   [`buffering`]: request bodies read whole before an upstream is taken (memory, then a temp file), 408;
+//! - [`balance`]: several servers per upstream: policy, health, the `max_conns` queue, retries;
+//! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
+//! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
+//! - [`store`]: where limiter state lives: the memory table (exact, sharded, bounded), SQLite
+//!   write-behind (schema, writer thread, durability, lock), Redis for a fleet, bans;
+//!   [`access`]: the access log (bounded queue, writer thread, JSON or text);
+//!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
+//! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
+//!   writer of refusals (429s); [`key`]: store keys `<limiter>:<key value>`;
+//!   [`pool`]: the per-worker HTTP/1.1 connection pool;
+//! - [`identity`]: who the client is (verified API key, trusted-proxy real IP, IPv6 prefix, exempt);
+//!   [`router`]: path normalization and first-match routing; [`reject`]: a 429's bytes and the
+//!   rate-limit headers, written without a formatter; [`connections`]: connection caps and timers;
+//!   [`logging`]: one-line log records, text or JSON;
+//! - [`config`]: raw YAML → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`;
+//!   [`metrics`]: Prometheus counters, gauges, histograms; [`activity`]: what the dashboard shows
+//!   besides counters;
+//! - [`limiter`]: the algorithms as pure arithmetic on an injected clock;
+//!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
+//! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
+//!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
+//!   [`tls`]: rustls termination and https:// upstream trust; [`tunnel`]: WebSockets and other
+//!   upgrades; [`workers`]: one single-threaded runtime per core.
 
 pub mod access;
 pub mod activity;

@@ -4,20 +4,23 @@
 //! to a client, and no other module builds an error response by hand: the
 //! admin API's refusals ([`admin_error`]) are written here too.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde_json::{json, Value};
 
 use crate::body::Body;
 use crate::config::{RejectBody, RejectShape};
 use crate::limiter::{ceil_secs, Nanos, NANOS_PER_SEC};
-pub use crate::reject::{set_rate_limit_headers, Denial, LimitView};
+pub use crate::reject::{set_rate_limit_headers, Denial, LimitHeaders, LimitView};
 
 /// Why a request was refused outright: its key is banned (`ban:` on a limiter).
 #[derive(Debug, Clone)]
 pub struct BanDenial {
+    /// The banning limiter: its index in `Snapshot::limiters` and its name.
+    pub index: usize,
     pub limiter: String,
     /// The client key as shown to humans.
     pub key: String,
@@ -151,177 +154,258 @@ impl Problem {
 
     /// The answer without a request id, shaped the default way.
     pub fn into_response(self) -> Response<Body> {
-        self.respond(None, None)
+        self.respond(&Answering::default())
     }
 
-    /// The answer; `request_id` goes into every body, `shape` (a limiter's or
-    /// route's `reject`) decides a rejection's status and body.
-    pub fn respond(self, request_id: Option<&str>, shape: Option<&RejectShape>) -> Response<Body> {
-        let mut status = self.status();
-        let mut retry_after = None;
-        let mut allow = None;
-        if let (Problem::RateLimited(_), Some(shape)) = (&self, shape) {
-            status = shape.status;
+    /// The answer: a refusal through the one writer of refusals
+    /// (`Refusal::respond`), anything else as problem+json (`Failure::respond`).
+    pub fn respond(self, with: &Answering<'_>) -> Response<Body> {
+        match self.sort() {
+            Sorted::Refusal(r) => r.respond(with),
+            Sorted::Failure(f) => f.respond(with.request_id),
         }
-        let title = status.canonical_reason().unwrap_or("Error");
-        let mut body = match self {
-            Problem::BadRequest(detail) => base("bad-request", title, status, &detail),
-            Problem::UnknownApiKey(short) => base(
-                "unknown-api-key",
-                title,
-                status,
-                &format!("The API key '{short}' is not known."),
-            ),
+    }
+
+    /// Which writer answers, with what each needs; one arm per variant, so
+    /// a new one does not compile until it is given its answer.
+    fn sort(self) -> Sorted {
+        let status = self.status();
+        let fail =
+            |kind, detail: Cow<'static, str>| Sorted::Failure(Failure::new(status, kind, detail));
+        match self {
+            Problem::RateLimited(d) => Sorted::Refusal(Refusal::Limited(d)),
+            Problem::Banned(b) => Sorted::Refusal(Refusal::Banned(b)),
             Problem::TooManyUnknownKeys {
                 ip_key,
-                retry_after: wait,
-            } => {
-                retry_after = Some(ceil_secs(wait).max(1));
-                base(
-                    "unknown-api-keys-exceeded",
-                    title,
-                    status,
-                    &format!("Too many unknown API keys from '{ip_key}'; try again later."),
-                )
-            }
-            Problem::NoRoute => base("no-route", title, status, "No route matches this request."),
+                retry_after,
+            } => Sorted::Refusal(Refusal::UnknownKeys {
+                ip_key,
+                retry_after,
+            }),
+            Problem::BadRequest(detail) => fail("bad-request", detail.into()),
+            Problem::UnknownApiKey(short) => fail(
+                "unknown-api-key",
+                format!("The API key '{short}' is not known.").into(),
+            ),
+            Problem::NoRoute => fail("no-route", "No route matches this request.".into()),
             Problem::BodyTooLarge { limit } => {
-                let mut v = base(
-                    "body-too-large",
-                    title,
-                    status,
-                    &format!("The request body exceeds {limit} bytes."),
-                );
-                v["max_request_body"] = json!(limit);
-                v
+                let detail = format!("The request body exceeds {limit} bytes.");
+                let mut f = Failure::new(status, "body-too-large", detail.into());
+                f.field = Some(("max_request_body", limit));
+                Sorted::Failure(f)
             }
-            Problem::RateLimited(d) => {
-                // The hot reject path: the body written straight into one
-                // buffer (see `reject`), no serializer.
-                let secs = ceil_secs(d.retry_after).max(1);
-                if let Some(resp) = shaped(shape, status, secs, &d.limiter, request_id) {
-                    return resp;
-                }
-                let body = crate::reject::problem_body(&d, status, title, secs, request_id);
-                let mut resp = problem_json(status, body);
-                let h = resp.headers_mut();
-                // Sized once for the rate-limit headers and the request id that follow.
-                h.reserve(2 + crate::reject::LIMIT_HEADERS);
-                h.insert(RETRY_AFTER, HeaderValue::from(secs));
-                return resp;
+            Problem::UpstreamUnreachable { upstream } => fail(
+                "upstream-unreachable",
+                format!("The upstream '{upstream}' could not be reached.").into(),
+            ),
+            Problem::StoreUnavailable => {
+                let detail = "The rate-limit store is unavailable and this proxy fails closed.";
+                let mut f = Failure::new(status, "store-unavailable", detail.into());
+                f.retry_after = Some(1);
+                Sorted::Failure(f)
             }
-            Problem::Banned(b) => {
-                let secs = ceil_secs(b.retry_after).max(1);
-                // The page of the limiter's (or route's) `reject`, with the ban's own status.
-                if let Some(resp) = shaped(shape, status, secs, &b.limiter, request_id) {
-                    return resp;
-                }
-                retry_after = Some(secs);
+            Problem::UpstreamTimeout { upstream } => fail(
+                "upstream-timeout",
+                format!("The upstream '{upstream}' did not answer in time.").into(),
+            ),
+            Problem::MethodNotAllowed { method } => {
+                let detail = format!("tollgate does not proxy {method} requests.");
+                let mut f = Failure::new(status, "method-not-allowed", detail.into());
+                f.allow = Some(ALLOWED_METHODS);
+                Sorted::Failure(f)
+            }
+            Problem::NotImplemented(detail) => fail("not-implemented", detail.into()),
+            Problem::UpstreamBusy {
+                upstream,
+                retry_after,
+            } => {
+                let detail =
+                    format!("Every server of the upstream '{upstream}' is busy; try again later.");
+                let mut f = Failure::new(status, "upstream-busy", detail.into());
+                f.retry_after = Some(retry_after.max(1));
+                Sorted::Failure(f)
+            }
+            Problem::FileNotFound => fail("not-found", "No file at this path.".into()),
+            Problem::StaticMethodNotAllowed => {
+                let detail = "A static file answers GET and HEAD only.";
+                let mut f = Failure::new(status, "method-not-allowed", detail.into());
+                f.allow = Some("GET, HEAD");
+                Sorted::Failure(f)
+            }
+            Problem::LengthRequired => fail(
+                "length-required",
+                "A request body for a PHP script needs a Content-Length.".into(),
+            ),
+            Problem::BodyTimeout => fail(
+                "body-timeout",
+                "The request body arrived too slowly.".into(),
+            ),
+            Problem::BodyNotStored => fail(
+                "body-not-stored",
+                "The request body could not be stored for forwarding.".into(),
+            ),
+        }
+    }
+}
+
+/// What an answer is written with besides the problem itself.
+#[derive(Clone, Copy, Default)]
+pub struct Answering<'a> {
+    /// Named in every body (the app sends it as `X-Request-Id` too).
+    pub request_id: Option<&'a str>,
+    /// A limiter's or route's `reject`: a refusal's status and body.
+    pub shape: Option<&'a RejectShape>,
+    /// The route's limiters after this request: a refusal by them carries the rate-limit headers.
+    pub limits: Option<LimitHeaders<'a>>,
+}
+
+/// A problem sorted by the writer that answers it.
+enum Sorted {
+    Refusal(Refusal),
+    Failure(Failure),
+}
+
+/// A request refused for its rate: a limiter's 429 (its window, bucket,
+/// queue or concurrency slots are full), a ban, or an IP probing unknown
+/// keys. All of them, and the 503 or 403 a `reject` or `ban` may choose
+/// instead, are written by [`Refusal::respond`], body and headers, so a
+/// header added there reaches every kind.
+enum Refusal {
+    Limited(Box<Denial>),
+    Banned(Box<BanDenial>),
+    UnknownKeys { ip_key: String, retry_after: Nanos },
+}
+
+impl Refusal {
+    /// The one writer of refusals: the `reject` page or problem+json, then
+    /// the headers every refusal carries.
+    fn respond(self, with: &Answering<'_>) -> Response<Body> {
+        let status = self.status(with.shape);
+        let secs = ceil_secs(self.retry_after()).max(1);
+        let request_id = with.request_id;
+        let mut resp = match shaped(with.shape, status, secs, self.limiter(), request_id) {
+            Some(resp) => resp,
+            None => problem_json(status, self.body(status, secs, request_id)),
+        };
+        let h = resp.headers_mut();
+        // Sized once for everything that follows, the app's X-Request-Id included.
+        h.reserve(crate::reject::LIMIT_HEADERS);
+        h.insert(RETRY_AFTER, HeaderValue::from(secs));
+        // A 429 must not be stored by a cache (RFC 6585 §4), nor may a ban's
+        // 403 outlive the ban: said outright, for caches told to keep everything.
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(limits) = &with.limits {
+            limits.write(h);
+        }
+        resp
+    }
+
+    /// A limiter's refusal takes the `reject` status; a ban has its own (429 or 403).
+    fn status(&self, shape: Option<&RejectShape>) -> StatusCode {
+        match self {
+            Refusal::Limited(_) => shape.map_or(StatusCode::TOO_MANY_REQUESTS, |s| s.status),
+            Refusal::Banned(b) => b.status,
+            Refusal::UnknownKeys { .. } => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+
+    fn retry_after(&self) -> Nanos {
+        match self {
+            Refusal::Limited(d) => d.retry_after,
+            Refusal::Banned(b) => b.retry_after,
+            Refusal::UnknownKeys { retry_after, .. } => *retry_after,
+        }
+    }
+
+    /// The limiter a `reject` template names (none for unknown keys, which have no page).
+    fn limiter(&self) -> &str {
+        match self {
+            Refusal::Limited(d) => &d.limiter,
+            Refusal::Banned(b) => &b.limiter,
+            Refusal::UnknownKeys { .. } => "",
+        }
+    }
+
+    /// The problem+json body.
+    fn body(&self, status: StatusCode, secs: u64, request_id: Option<&str>) -> Vec<u8> {
+        let title = status.canonical_reason().unwrap_or("Error");
+        let mut v = match self {
+            // The hot reject path: written straight into one buffer (see `reject`), no serializer.
+            Refusal::Limited(d) => {
+                return crate::reject::problem_body(d, status, title, secs, request_id)
+            }
+            Refusal::Banned(b) => {
                 let until = b.until.div_ceil(NANOS_PER_SEC);
-                let mut v = base(
-                    "client-banned",
-                    title,
-                    status,
-                    &format!(
-                        "Key '{}' is banned until {} after repeated rejections by '{}'.",
-                        b.key,
-                        crate::clock::iso8601(until),
-                        b.limiter
-                    ),
+                let detail = format!(
+                    "Key '{}' is banned until {} after repeated rejections by '{}'.",
+                    b.key,
+                    crate::clock::iso8601(until),
+                    b.limiter
                 );
+                let mut v = base("client-banned", title, status, &detail);
                 v["limiter"] = json!(b.limiter);
                 v["banned_until"] = json!(until);
                 v["retry_after"] = json!(secs);
                 v
             }
-            Problem::UpstreamUnreachable { upstream } => base(
-                "upstream-unreachable",
-                title,
-                status,
-                &format!("The upstream '{upstream}' could not be reached."),
-            ),
-            Problem::StoreUnavailable => {
-                retry_after = Some(1);
-                base(
-                    "store-unavailable",
-                    title,
-                    status,
-                    "The rate-limit store is unavailable and this proxy fails closed.",
-                )
+            Refusal::UnknownKeys { ip_key, .. } => {
+                let detail = format!("Too many unknown API keys from '{ip_key}'; try again later.");
+                base("unknown-api-keys-exceeded", title, status, &detail)
             }
-            Problem::UpstreamTimeout { upstream } => base(
-                "upstream-timeout",
-                title,
-                status,
-                &format!("The upstream '{upstream}' did not answer in time."),
-            ),
-            Problem::MethodNotAllowed { method } => {
-                allow = Some(ALLOWED_METHODS);
-                base(
-                    "method-not-allowed",
-                    title,
-                    status,
-                    &format!("tollgate does not proxy {method} requests."),
-                )
-            }
-            Problem::NotImplemented(detail) => base("not-implemented", title, status, &detail),
-            Problem::UpstreamBusy {
-                upstream,
-                retry_after: secs,
-            } => {
-                retry_after = Some(secs.max(1));
-                base(
-                    "upstream-busy",
-                    title,
-                    status,
-                    &format!("Every server of the upstream '{upstream}' is busy; try again later."),
-                )
-            }
-            Problem::FileNotFound => base("not-found", title, status, "No file at this path."),
-            Problem::StaticMethodNotAllowed => {
-                allow = Some("GET, HEAD");
-                base(
-                    "method-not-allowed",
-                    title,
-                    status,
-                    "A static file answers GET and HEAD only.",
-                )
-            }
-            Problem::LengthRequired => base(
-                "length-required",
-                title,
-                status,
-                "A request body for a PHP script needs a Content-Length.",
-            ),
-            Problem::BodyTimeout => base(
-                "body-timeout",
-                title,
-                status,
-                "The request body arrived too slowly.",
-            ),
-            Problem::BodyNotStored => base(
-                "body-not-stored",
-                title,
-                status,
-                "The request body could not be stored for forwarding.",
-            ),
         };
+        if let Some(id) = request_id {
+            v["request_id"] = json!(id);
+        }
+        v.to_string().into_bytes()
+    }
+}
+
+/// Any other answer tollgate writes itself: a problem+json body of `kind`,
+/// and the headers its status needs.
+struct Failure {
+    status: StatusCode,
+    kind: &'static str,
+    detail: Cow<'static, str>,
+    retry_after: Option<u64>,
+    /// The methods a 405 lists in `Allow`.
+    allow: Option<&'static str>,
+    /// A number of its own besides the standard fields (`max_request_body`).
+    field: Option<(&'static str, u64)>,
+}
+
+impl Failure {
+    fn new(status: StatusCode, kind: &'static str, detail: Cow<'static, str>) -> Failure {
+        Failure {
+            status,
+            kind,
+            detail,
+            retry_after: None,
+            allow: None,
+            field: None,
+        }
+    }
+
+    fn respond(self, request_id: Option<&str>) -> Response<Body> {
+        let status = self.status;
+        let title = status.canonical_reason().unwrap_or("Error");
+        let mut body = base(self.kind, title, status, &self.detail);
+        if let Some((name, n)) = self.field {
+            body[name] = json!(n);
+        }
         if let Some(id) = request_id {
             body["request_id"] = json!(id);
         }
         let mut resp = problem_json(status, body.to_string());
-        if let Some(secs) = retry_after {
-            resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        let h = resp.headers_mut();
+        if let Some(secs) = self.retry_after {
+            h.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
-        if let Some(methods) = allow {
-            resp.headers_mut()
-                .insert(http::header::ALLOW, HeaderValue::from_static(methods));
+        if let Some(methods) = self.allow {
+            h.insert(http::header::ALLOW, HeaderValue::from_static(methods));
         }
         if status == StatusCode::REQUEST_TIMEOUT {
             // The rest of the body is still on its way: the connection cannot carry another request.
-            resp.headers_mut()
-                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }
@@ -354,8 +438,6 @@ fn shaped(
     let mut resp = Response::new(Body::full(text));
     *resp.status_mut() = status;
     resp.headers_mut().insert(CONTENT_TYPE, content_type);
-    resp.headers_mut()
-        .insert(RETRY_AFTER, HeaderValue::from(secs));
     Some(resp)
 }
 
@@ -485,6 +567,7 @@ mod tests {
     #[tokio::test]
     async fn a_rate_limited_answer_is_problem_json_with_retry_after() {
         let resp = Problem::RateLimited(Box::new(Denial {
+            index: 0,
             limiter: "strict".into(),
             quota: quota(5, 0, 40),
             policy: "5 requests per 60s".into(),
@@ -510,7 +593,10 @@ mod tests {
 
     #[tokio::test]
     async fn every_problem_body_names_the_request_and_a_template_is_escaped() {
-        let resp = Problem::NoRoute.respond(Some("abc-1"), None);
+        let resp = Problem::NoRoute.respond(&Answering {
+            request_id: Some("abc-1"),
+            ..Answering::default()
+        });
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["request_id"], "abc-1");
@@ -524,6 +610,7 @@ mod tests {
             },
         };
         let denial = Denial {
+            index: 0,
             limiter: "a<b".into(),
             quota: quota(1, 0, 5),
             policy: "".into(),
@@ -531,7 +618,11 @@ mod tests {
             violated: vec![],
             key: String::new(),
         };
-        let resp = Problem::RateLimited(Box::new(denial)).respond(Some("x-1"), Some(&shape));
+        let resp = Problem::RateLimited(Box::new(denial)).respond(&Answering {
+            request_id: Some("x-1"),
+            shape: Some(&shape),
+            limits: None,
+        });
         assert_eq!(resp.status(), 503);
         assert_eq!(resp.headers()[RETRY_AFTER], "5");
         let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -541,6 +632,7 @@ mod tests {
     #[tokio::test]
     async fn a_banned_answer_names_the_ban_and_its_end_with_the_chosen_status() {
         let resp = Problem::Banned(Box::new(BanDenial {
+            index: 0,
             limiter: "failed_logins".into(),
             key: "ip:203.0.113.9".into(),
             until: 1_767_229_200 * S,
@@ -576,6 +668,7 @@ mod tests {
     #[test]
     fn retry_after_is_never_zero() {
         let resp = Problem::RateLimited(Box::new(Denial {
+            index: 0,
             limiter: "l".into(),
             quota: quota(1, 0, 0),
             policy: "".into(),

@@ -74,6 +74,7 @@ pub async fn banned(
         .as_ref()
         .map_or(StatusCode::TOO_MANY_REQUESTS, |(rule, _)| rule.status);
     Some(BanDenial {
+        index: i,
         limiter: l.name.clone(),
         // The key as the ban is stored (`h:alice` for a `header:` limiter),
         // which is also how `GET /bans` lists it.

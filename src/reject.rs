@@ -26,7 +26,10 @@ pub struct LimitView<'a> {
 /// Why a request was refused by its limiters.
 #[derive(Debug, Clone)]
 pub struct Denial {
-    /// The rejecting limiter with the longest wait.
+    /// The rejecting limiter with the longest wait: its index in
+    /// `Snapshot::limiters` (its `reject` page and its episode log are
+    /// found by it) and its name.
+    pub index: usize,
     pub limiter: String,
     pub quota: Quota,
     /// A human description of the policy, e.g. `5 requests per 60s`.
@@ -38,9 +41,10 @@ pub struct Denial {
     pub key: String,
 }
 
-/// Headers a limited response may carry besides its own: Retry-After, the
-/// three `X-RateLimit-*`, `RateLimit-Policy`, `RateLimit`, `X-Request-Id`.
-pub const LIMIT_HEADERS: usize = 7;
+/// Headers a refused response may carry besides its content type:
+/// Retry-After, Cache-Control, the three `X-RateLimit-*`,
+/// `RateLimit-Policy`, `RateLimit`, `X-Request-Id`.
+pub const LIMIT_HEADERS: usize = 8;
 
 /// The problem+json body of a rate-limited request (RFC 9457), fields in
 /// the documented order: `type`, `title`, `status`, `detail`, `limiter`,
@@ -91,6 +95,23 @@ pub fn problem_body(
     }
     out.push(b'}');
     out
+}
+
+/// What the rate-limit headers of one response are written from: the
+/// route's limiters after this request, the store's clock at the decision,
+/// the route's `rate_limit_headers` and its kept `RateLimit-Policy`.
+#[derive(Clone, Copy)]
+pub struct LimitHeaders<'a> {
+    pub views: &'a [LimitView<'a>],
+    pub at: Nanos,
+    pub sets: HeaderSets,
+    pub cache: &'a PolicyCache,
+}
+
+impl LimitHeaders<'_> {
+    pub fn write(&self, headers: &mut HeaderMap) {
+        set_rate_limit_headers(headers, self.views, self.at, self.sets, self.cache);
+    }
 }
 
 // Named once: a `&str` key would be parsed into a header name on every response.
@@ -277,6 +298,7 @@ mod tests {
 
     fn denial(limiter: &str, key: &str, policy: &str, window: Option<Nanos>) -> Denial {
         Denial {
+            index: 0,
             limiter: limiter.into(),
             quota: Quota {
                 limit: 5,

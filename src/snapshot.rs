@@ -193,15 +193,18 @@ impl Snapshot {
 }
 
 impl Snapshot {
-    /// How a refusal on route `index` by `limiter` looks: the route's `reject`, else the limiter's.
-    pub fn reject_shape(&self, index: usize, limiter: &str) -> Option<&crate::config::RejectShape> {
-        self.config.routes[index].reject.as_ref().or_else(|| {
-            self.config
-                .limiters
-                .iter()
-                .find(|l| l.name == limiter)
-                .and_then(|l| l.reject.as_ref())
-        })
+    /// How a refusal on route `index` by limiter `limiter` (an index into
+    /// `limiters`, which follow the config's order) looks: the route's `reject`, else the limiter's.
+    pub fn reject_shape(
+        &self,
+        index: usize,
+        limiter: usize,
+    ) -> Option<&crate::config::RejectShape> {
+        let config = &self.config;
+        config.routes[index]
+            .reject
+            .as_ref()
+            .or(config.limiters[limiter].reject.as_ref())
     }
 }
 

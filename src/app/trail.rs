@@ -12,7 +12,7 @@ use crate::body::Body;
 use crate::config::RejectShape;
 use crate::limiter::Nanos;
 use crate::metrics::Decision;
-use crate::problem::{Denial, Problem};
+use crate::problem::{Answering, Denial, LimitHeaders, Problem};
 use crate::request_id::RequestId;
 use crate::snapshot::{RouteMetrics, Snapshot};
 
@@ -70,19 +70,30 @@ impl Trail {
         metrics.count(decision);
     }
 
-    /// A problem answered locally: the record learns where it came from
-    /// (and, for a ban, which limiter banned and until when).
-    pub(super) fn answer(
+    /// A problem answered locally: the record learns where it came from.
+    pub(super) fn answer(&mut self, problem: Problem) -> Response<Body> {
+        self.answer_with(problem, None, None)
+    }
+
+    /// [`answer`](Self::answer) with a refusal's `reject` page and
+    /// rate-limit headers; for a ban, the record learns which limiter
+    /// banned and until when.
+    pub(super) fn answer_with(
         &mut self,
         problem: Problem,
         shape: Option<&RejectShape>,
+        limits: Option<LimitHeaders<'_>>,
     ) -> Response<Body> {
         self.record.error_origin = Some(problem.origin());
         if let Problem::Banned(ban) = &problem {
             self.record.limiter = Some(ban.limiter.clone());
             self.record.retry_after = Some(crate::limiter::ceil_secs(ban.retry_after).max(1));
         }
-        problem.respond(Some(&self.record.request_id), shape)
+        problem.respond(&Answering {
+            request_id: Some(&self.record.request_id),
+            shape,
+            limits,
+        })
     }
 
     /// A rejection: for the access log, the limiter's episode line and the
@@ -100,9 +111,8 @@ impl Trail {
         app.shared
             .activity
             .rejected(&denial.key, &denial.limiter, route, now);
-        if let Some(l) = snap.limiters.iter().find(|l| l.name == denial.limiter) {
-            l.metrics.episode.rejected(&l.name, &denial.key, now);
-        }
+        let l = &snap.limiters[denial.index];
+        l.metrics.episode.rejected(&l.name, &denial.key, now);
     }
 
     /// Hands the record to the response body, which emits it when it ends.
