@@ -16,12 +16,15 @@ use parking_lot::Mutex;
 
 use crate::access::AccessLog;
 use crate::body::Body;
+use crate::buffering::Share;
 use crate::clock::SharedClock;
 use crate::config::{Config, OnError};
+use crate::forward_error::ForwardError;
 use crate::identity::{Client, IdentityError};
 use crate::limiter::{Nanos, Verdict};
 use crate::metrics::{inc, Decision, Metrics};
 use crate::problem::{Denial, Problem};
+use crate::proxy::Sent;
 use crate::request_id::{RequestId, X_REQUEST_ID};
 use crate::router::{request_host, request_path};
 use crate::snapshot::{Route, RouteAction, Snapshot};
@@ -144,6 +147,17 @@ impl App {
         req: Request<impl Into<RequestBody>>,
         conn: ConnInfo,
     ) -> Response<Body> {
+        self.handle_on(req, conn, None).await
+    }
+
+    /// As [`handle`](Self::handle), for a request on a client connection
+    /// whose `share` of upstream exchanges it takes a place in.
+    pub async fn handle_on(
+        &self,
+        req: Request<impl Into<RequestBody>>,
+        conn: ConnInfo,
+        share: Option<Share>,
+    ) -> Response<Body> {
         let mut req = req.map(Into::into);
         let snap = self.snapshot();
         let started = Instant::now();
@@ -159,6 +173,7 @@ impl App {
         let mut x = Exchange {
             snap,
             conn,
+            share,
             now,
             started,
             trail,
@@ -379,10 +394,7 @@ impl App {
         let body = crate::buffering::read_request(metrics, req, &snap.config.server).await;
         let asked = Instant::now();
         let result = match body {
-            Ok(req) => {
-                req.forward(metrics, upstream, &snap.config, u, client, &x.conn)
-                    .await
-            }
+            Ok(req) => self.forward(x, req, u, client).await,
             Err(e) => Err(e),
         };
         let waited = asked.elapsed();
@@ -413,29 +425,10 @@ impl App {
                     .as_mut()
                     .map(|l| std::mem::take(&mut l.slots))
                     .filter(|s| !s.is_empty());
-                let guard: Option<crate::body::Guard> = match (slots, connection) {
-                    (None, None) => None,
-                    (Some(s), None) => Some(Box::new(s)),
-                    (None, Some(c)) => Some(c),
-                    (Some(s), Some(c)) => Some(Box::new((s, c))),
-                };
-                resp.map(|b| Body::upstream(b, guard))
+                let slots = slots.map(|s| Box::new(s) as crate::body::Guard);
+                resp.map(|b| Body::upstream(b, crate::body::join(slots, connection)))
             }
-            Err(e) if e.is_client_fault() => {
-                tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
-                x.trail.answer(Problem::from(e))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, route = %route.name, "forwarding failed");
-                self.shared
-                    .metrics
-                    .counter(
-                        "tollgate_upstream_errors_total",
-                        &[("upstream", &upstream.name), ("kind", e.kind())],
-                    )
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                x.trail.answer(Problem::from(e))
-            }
+            Err(e) => self.forward_failed(x, &route.name, &upstream.name, e),
         };
         if let Some((method, req_path)) = audit {
             self.shared.store.audit(AuditRow {
@@ -450,6 +443,55 @@ impl App {
             });
         }
         resp
+    }
+
+    /// A failed forward's answer: the client's own broken body quietly,
+    /// anything else logged and counted by its kind.
+    fn forward_failed(
+        &self,
+        x: &mut Exchange,
+        route: &str,
+        upstream: &str,
+        e: ForwardError,
+    ) -> Response<Body> {
+        if e.is_client_fault() {
+            tracing::debug!(error = %e, route, "the client's request body broke");
+        } else {
+            tracing::warn!(error = %e, route, "forwarding failed");
+            let labels = [("upstream", upstream), ("kind", e.kind.label())];
+            inc(&self
+                .shared
+                .metrics
+                .counter("tollgate_upstream_errors_total", &labels));
+        }
+        x.trail.answer(Problem::from(e))
+    }
+
+    /// Takes a place in the connection's share (waiting at most the
+    /// upstream's `timeout`), then forwards to upstream `u`; the place is
+    /// held until the response body is done. A tunnel takes none: it is not
+    /// an exchange, and would hold its place for hours.
+    async fn forward(
+        &self,
+        x: &Exchange,
+        req: Request<RequestBody>,
+        u: usize,
+        client: &Client,
+    ) -> Result<Sent, ForwardError> {
+        let snap = &x.snap;
+        let upstream = &snap.upstreams[u];
+        let tunnel = crate::tunnel::requested_upgrade(req.headers()).is_some();
+        let place = match x.share.as_ref().filter(|_| !tunnel) {
+            Some(share) => {
+                let timeout = snap.config.upstreams[u].timeout;
+                let place = share.take(&self.shared.metrics, timeout, &upstream.name);
+                Some(Box::new(place.await?) as crate::body::Guard)
+            }
+            None => None,
+        };
+        let max_body = snap.config.server.max_request_body;
+        let (resp, connection) = upstream.forward(req, client, &x.conn, max_body).await?;
+        Ok((resp, crate::body::join(connection, place)))
     }
 
     /// Settle: `count:` units are given back unless the answer counts, and
@@ -623,6 +665,8 @@ struct Exchange {
     /// Loaded once; the request finishes on it whatever a reload does.
     snap: Arc<Snapshot>,
     conn: ConnInfo,
+    /// The client connection's share of upstream exchanges (`None`: not capped).
+    share: Option<Share>,
     /// The clock when the head was read: the limiters and the log count from it.
     now: Nanos,
     started: Instant,

@@ -32,6 +32,7 @@
 //! - [`balance`]: several servers per upstream: policy, health, the `max_conns` queue, retries;
 //! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
 //! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
+//! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each kind gets;
 //! - [`store`]: where limiter state lives: the memory table (exact, sharded, bounded), SQLite
 //!   write-behind (schema, writer thread, durability, lock), Redis for a fleet, bans;
 //!   [`access`]: the access log (bounded queue, writer thread, JSON or text);
@@ -65,6 +66,7 @@ pub mod config;
 pub mod connections;
 pub mod dashboard;
 pub mod fastcgi;
+pub mod forward_error;
 pub mod framing;
 pub mod identity;
 pub mod key;

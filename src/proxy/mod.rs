@@ -17,11 +17,11 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use crate::config::{UpstreamConfig, UpstreamTls};
 use crate::connections::ConnInfo;
 use crate::identity::Client as ClientIdentity;
-use crate::problem::Problem;
 
 mod headers;
 
 pub use crate::body::Forwarded;
+pub use crate::forward_error::{ForwardError, Kind};
 use crate::request_body::RequestBody;
 pub use crate::request_body::UpstreamBody;
 pub use headers::{drop_underscore_names, set_forwarded_headers, strip_hop_by_hop, EDGE_OWNED};
@@ -47,41 +47,6 @@ pub struct Upstream {
     fastcgi: Option<crate::fastcgi::FastCgi>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    #[error("cannot connect to upstream {upstream}: {}", connect_reason(source))]
-    Connect {
-        upstream: String,
-        #[source]
-        source: hyper_util::client::legacy::Error,
-    },
-    #[error("upstream {upstream} did not answer within {timeout:?}")]
-    Timeout { upstream: String, timeout: Duration },
-    #[error("the request body exceeds {limit} bytes")]
-    BodyTooLarge { limit: u64 },
-    /// The client's own body broke (a bad chunk size, cut short): its 400, not the upstream's fault.
-    #[error("the client's request body is malformed or cut short: {0}")]
-    ClientBody(String),
-    #[error("forwarding to upstream {upstream} failed: {source}")]
-    Upstream {
-        upstream: String,
-        #[source]
-        source: hyper_util::client::legacy::Error,
-    },
-    #[error("forwarding to upstream {upstream} failed: {source}")]
-    Plain {
-        upstream: String,
-        #[source]
-        source: crate::pool::PoolError,
-    },
-    #[error("forwarding to FastCGI upstream {upstream} failed: {source}")]
-    FastCgi {
-        upstream: String,
-        #[source]
-        source: crate::fastcgi::FastCgiError,
-    },
-}
-
 /// What went wrong connecting: the TLS reason when there is one, else the
 /// error's whole source chain (hyper-util's own text is only `client error (Connect)`).
 fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
@@ -96,48 +61,6 @@ fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
         next = cause.source();
     }
     reason
-}
-
-impl ProxyError {
-    /// Whether the client, not the upstream, caused this failure.
-    pub fn is_client_fault(&self) -> bool {
-        matches!(self, ProxyError::ClientBody(_))
-    }
-
-    /// The metric label for this failure.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ProxyError::Connect { .. } => "connect",
-            ProxyError::Timeout { .. } => "timeout",
-            ProxyError::BodyTooLarge { .. } => "body_too_large",
-            ProxyError::ClientBody(_) => "client_body",
-            ProxyError::Upstream { .. } => "other",
-            ProxyError::Plain { source, .. } => match source {
-                crate::pool::PoolError::Exchange(_) => "other",
-                _ => "connect",
-            },
-            ProxyError::FastCgi { source, .. } => source.kind(),
-        }
-    }
-}
-
-impl From<ProxyError> for Problem {
-    fn from(e: ProxyError) -> Problem {
-        match e {
-            ProxyError::Connect { upstream, .. }
-            | ProxyError::Upstream { upstream, .. }
-            | ProxyError::Plain { upstream, .. } => Problem::UpstreamUnreachable { upstream },
-            ProxyError::Timeout { upstream, .. } => Problem::UpstreamTimeout { upstream },
-            ProxyError::BodyTooLarge { limit } => Problem::BodyTooLarge { limit },
-            ProxyError::ClientBody(_) => {
-                Problem::BadRequest("The request body is malformed or ended early.".into())
-            }
-            ProxyError::FastCgi { upstream, source } => match source {
-                crate::fastcgi::FastCgiError::Timeout(_) => Problem::UpstreamTimeout { upstream },
-                _ => Problem::UpstreamUnreachable { upstream },
-            },
-        }
-    }
 }
 
 impl Upstream {
@@ -230,10 +153,63 @@ impl Upstream {
 
     /// Sends a prepared request to this server. A request that never left
     /// (no connection could be made) comes back in the error, for another server.
-    pub async fn send(
+    pub async fn send(&self, mut outbound: Outbound) -> Result<Sent, SendError> {
+        // An HTTP/1.0 client may send no Host; the upstream speaks HTTP/1.1,
+        // which requires one, so it gets the server's own name (as nginx does).
+        if !outbound.parts.headers.contains_key(header::HOST) {
+            if let Ok(h) = HeaderValue::from_str(self.authority.as_str()) {
+                outbound.parts.headers.insert(header::HOST, h);
+            }
+        }
+        if let Some(fastcgi) = &self.fastcgi {
+            return self.send_fastcgi(fastcgi, outbound).await;
+        }
+        if !self.base_path.is_empty() {
+            outbound.target =
+                PathAndQuery::try_from(format!("{}{}", self.base_path, outbound.target.as_str()))
+                    .unwrap_or_else(|_| PathAndQuery::from_static("/"));
+        }
+        match &self.plain {
+            Some(pool) => self.send_plain(pool, outbound).await,
+            None => self.send_pooled(outbound).await,
+        }
+    }
+
+    /// php-fpm gets the request as CGI parameters: the client as it connected.
+    async fn send_fastcgi(
         &self,
+        fastcgi: &crate::fastcgi::FastCgi,
         outbound: Outbound,
-    ) -> Result<(Response<Forwarded>, Option<crate::body::Guard>), SendError> {
+    ) -> Result<Sent, SendError> {
+        let Outbound {
+            parts,
+            body,
+            max_body,
+            client_ip,
+            peer,
+            proto,
+            worker,
+            ..
+        } = outbound;
+        let answer = fastcgi
+            .forward(parts, body, client_ip, peer, proto, worker)
+            .await;
+        match answer {
+            Ok(mut resp) => {
+                strip_hop_by_hop(resp.headers_mut());
+                Ok((resp.map(Forwarded::Streamed), None))
+            }
+            Err(e) => Err(SendError::sent(e.into_forward(&self.name, max_body))),
+        }
+    }
+
+    /// An http:// server, over a connection of our own: a request that
+    /// found no connection comes back unsent.
+    async fn send_plain(
+        &self,
+        pool: &std::sync::Arc<crate::pool::Pool>,
+        outbound: Outbound,
+    ) -> Result<Sent, SendError> {
         let Outbound {
             mut parts,
             target,
@@ -245,97 +221,73 @@ impl Upstream {
             proto,
             worker,
         } = outbound;
-        // An HTTP/1.0 client may send no Host; the upstream speaks HTTP/1.1,
-        // which requires one, so it gets the server's own name (as nginx does).
-        if !parts.headers.contains_key(header::HOST) {
-            if let Ok(h) = HeaderValue::from_str(self.authority.as_str()) {
-                parts.headers.insert(header::HOST, h);
+        // The request line is in origin form.
+        parts.uri = Uri::from(target);
+        let upstream_req = Request::from_parts(parts, body);
+        let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req, worker)).await;
+        match sent {
+            Err(_) => Err(SendError::sent(self.timed_out())),
+            Ok(Err((crate::pool::PoolError::Exchange(e), _)))
+                if client_side(&e, max_body).is_some() =>
+            {
+                Err(SendError::sent(client_side(&e, max_body).expect("checked")))
+            }
+            Ok(Err((source, unsent))) => {
+                let kind = match source {
+                    crate::pool::PoolError::Exchange(_) => Kind::Exchange,
+                    crate::pool::PoolError::Connect { .. }
+                    | crate::pool::PoolError::ConnectTimeout { .. }
+                    | crate::pool::PoolError::Handshake(_) => Kind::Connect,
+                };
+                let error = ForwardError::new(
+                    kind,
+                    format!("forwarding to upstream {} failed: {source}", self.name),
+                )
+                .on(&self.name)
+                .because(source);
+                Err(match unsent {
+                    Some(req) => {
+                        let (parts, body) = req.into_parts();
+                        let back = Outbound::again(
+                            parts,
+                            body,
+                            max_body,
+                            upgrade,
+                            &self.base_path,
+                            (client_ip, peer, proto, worker),
+                        );
+                        SendError {
+                            error: error.unsent(),
+                            back: Some(Box::new(back)),
+                        }
+                    }
+                    None => SendError::sent(error),
+                })
+            }
+            Ok(Ok((mut resp, mut back))) => {
+                if keep_upgrade(&mut resp, upgrade.is_some()) {
+                    back.discard();
+                }
+                Ok((
+                    resp.map(Forwarded::from),
+                    Some(Box::new(back) as crate::body::Guard),
+                ))
             }
         }
-        if let Some(fastcgi) = &self.fastcgi {
-            // php-fpm gets the request as CGI parameters: the client as it connected.
-            let answer = fastcgi
-                .forward(parts, body, client_ip, peer, proto, worker)
-                .await;
-            return match answer {
-                Ok(mut resp) => {
-                    strip_hop_by_hop(resp.headers_mut());
-                    Ok((resp.map(Forwarded::Streamed), None))
-                }
-                Err(crate::fastcgi::FastCgiError::BodyTooLarge) => {
-                    Err(SendError::Sent(ProxyError::BodyTooLarge {
-                        limit: max_body,
-                    }))
-                }
-                Err(source) => Err(SendError::Sent(ProxyError::FastCgi {
-                    upstream: self.name.clone(),
-                    source,
-                })),
-            };
-        }
-        let target = if self.base_path.is_empty() {
-            target.clone()
-        } else {
-            PathAndQuery::try_from(format!("{}{}", self.base_path, target.as_str()))
-                .unwrap_or_else(|_| PathAndQuery::from_static("/"))
-        };
-        if let Some(pool) = &self.plain {
-            // A connection of our own: the request line is in origin form.
-            parts.uri = Uri::from(target);
-            let upstream_req = Request::from_parts(parts, body);
-            let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req, worker)).await;
-            return match sent {
-                Err(_) => Err(SendError::Sent(ProxyError::Timeout {
-                    upstream: self.name.clone(),
-                    timeout: self.timeout,
-                })),
-                Ok(Err((crate::pool::PoolError::Exchange(e), _))) if caused_by_body_limit(&e) => {
-                    Err(SendError::Sent(ProxyError::BodyTooLarge {
-                        limit: max_body,
-                    }))
-                }
-                Ok(Err((crate::pool::PoolError::Exchange(e), _)))
-                    if client_body_error(&e).is_some() =>
-                {
-                    Err(SendError::Sent(ProxyError::ClientBody(
-                        client_body_error(&e).unwrap_or_default(),
-                    )))
-                }
-                Ok(Err((source, unsent))) => {
-                    let error = ProxyError::Plain {
-                        upstream: self.name.clone(),
-                        source,
-                    };
-                    Err(match unsent {
-                        Some(req) => {
-                            let (parts, body) = req.into_parts();
-                            SendError::Unsent(
-                                error,
-                                Box::new(Outbound::again(
-                                    parts,
-                                    body,
-                                    max_body,
-                                    upgrade,
-                                    &self.base_path,
-                                    (client_ip, peer, proto, worker),
-                                )),
-                            )
-                        }
-                        None => SendError::Sent(error),
-                    })
-                }
-                Ok(Ok((mut resp, mut back))) => {
-                    if keep_upgrade(&mut resp, upgrade.is_some()) {
-                        back.discard();
-                    }
-                    Ok((
-                        resp.map(Forwarded::from),
-                        Some(Box::new(back) as crate::body::Guard),
-                    ))
-                }
-            };
-        }
+    }
 
+    /// An https:// server, through hyper-util's pool (which keeps a request
+    /// it could not send: it never comes back for another server).
+    async fn send_pooled(&self, outbound: Outbound) -> Result<Sent, SendError> {
+        let Outbound {
+            mut parts,
+            target,
+            body,
+            max_body,
+            upgrade,
+            worker,
+            ..
+        } = outbound;
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(self.scheme.clone());
         uri.authority = Some(self.authority.clone());
@@ -344,41 +296,63 @@ impl Upstream {
         let upstream_req = Request::from_parts(parts, body);
         let sent =
             tokio::time::timeout(self.timeout, self.client(worker).request(upstream_req)).await;
-        let mut resp = match sent {
-            Err(_) => {
-                return Err(SendError::Sent(ProxyError::Timeout {
-                    upstream: self.name.clone(),
-                    timeout: self.timeout,
-                }))
+        let failed = match sent {
+            Ok(Ok(mut resp)) => {
+                keep_upgrade(&mut resp, upgrade.is_some());
+                return Ok((resp.map(Forwarded::from), None));
             }
-            Ok(Err(e)) if caused_by_body_limit(&e) => {
-                return Err(SendError::Sent(ProxyError::BodyTooLarge {
-                    limit: max_body,
-                }))
-            }
-            Ok(Err(e)) if client_body_error(&e).is_some() => {
-                return Err(SendError::Sent(ProxyError::ClientBody(
-                    client_body_error(&e).unwrap_or_default(),
-                )))
-            }
-            // hyper-util's client keeps the request: it cannot be sent elsewhere.
-            Ok(Err(e)) if e.is_connect() => {
-                return Err(SendError::Sent(ProxyError::Connect {
-                    upstream: self.name.clone(),
-                    source: e,
-                }))
-            }
-            Ok(Err(e)) => {
-                return Err(SendError::Sent(ProxyError::Upstream {
-                    upstream: self.name.clone(),
-                    source: e,
-                }))
-            }
-            Ok(Ok(resp)) => resp,
+            Err(_) => self.timed_out(),
+            Ok(Err(e)) => match client_side(&e, max_body) {
+                Some(client) => client,
+                None if e.is_connect() => ForwardError::new(
+                    Kind::Connect,
+                    format!(
+                        "cannot connect to upstream {}: {}",
+                        self.name,
+                        connect_reason(&e)
+                    ),
+                )
+                .on(&self.name)
+                .because(e),
+                None => ForwardError::new(
+                    Kind::Exchange,
+                    format!("forwarding to upstream {} failed: {e}", self.name),
+                )
+                .on(&self.name)
+                .because(e),
+            },
         };
-        keep_upgrade(&mut resp, upgrade.is_some());
-        Ok((resp.map(Forwarded::from), None))
+        Err(SendError::sent(failed))
     }
+
+    fn timed_out(&self) -> ForwardError {
+        ForwardError::new(
+            Kind::Timeout,
+            format!(
+                "upstream {} did not answer within {:?}",
+                self.name, self.timeout
+            ),
+        )
+        .on(&self.name)
+    }
+}
+
+/// A response head and what must live as long as its body (the connection's way back).
+pub type Sent = (Response<Forwarded>, Option<crate::body::Guard>);
+
+/// The client's side of a broken exchange: its body over the limit, or its
+/// own body's error (the request body is the client's `Incoming`, so its
+/// hyper error shows up as the cause of the one the exchange reports).
+fn client_side(e: &(dyn StdError + 'static), max_body: u64) -> Option<ForwardError> {
+    if caused_by_body_limit(e) {
+        return Some(ForwardError::body_too_large(max_body));
+    }
+    client_body_error(e).map(|reason| {
+        ForwardError::new(
+            Kind::ClientBody,
+            format!("the client's request body is malformed or cut short: {reason}"),
+        )
+    })
 }
 
 /// A request with its headers rewritten for the upstream, not yet bound to a server.
@@ -486,23 +460,16 @@ impl Outbound {
     }
 }
 
-/// Why a send failed; `Unsent` holds the request, which no server has seen.
-pub enum SendError {
-    Unsent(ProxyError, Box<Outbound>),
-    Sent(ProxyError),
+/// Why a send failed; `back` holds the request when no server has seen it
+/// (and then `error.retry` is set).
+pub struct SendError {
+    pub error: ForwardError,
+    pub back: Option<Box<Outbound>>,
 }
 
 impl SendError {
-    pub fn error(&self) -> &ProxyError {
-        match self {
-            SendError::Unsent(e, _) | SendError::Sent(e) => e,
-        }
-    }
-
-    pub fn into_error(self) -> ProxyError {
-        match self {
-            SendError::Unsent(e, _) | SendError::Sent(e) => e,
-        }
+    fn sent(error: ForwardError) -> SendError {
+        SendError { error, back: None }
     }
 }
 
@@ -548,9 +515,7 @@ fn caused_by_body_limit(e: &(dyn StdError + 'static)) -> bool {
     false
 }
 
-/// The client body's own error, if that is what failed the exchange: the
-/// request body is the client's `Incoming`, so its hyper error shows up as
-/// the cause of the hyper error the upstream exchange reports.
+/// The client body's own error, if that is what failed the exchange.
 fn client_body_error(e: &(dyn StdError + 'static)) -> Option<String> {
     let mut cur: Option<&(dyn StdError + 'static)> = Some(e);
     while let Some(err) = cur {
