@@ -269,15 +269,18 @@ impl Balancer {
                     if error.counts_against_server() {
                         self.failed(server);
                     }
-                    match back {
-                        Some(back) if retryable && tried.len() + 1 < self.servers.len() => {
+                    // Only a request that never left (`retry`, its body
+                    // handed `back`) may go to another server.
+                    let more = tried.len() + 1 < self.servers.len();
+                    match back.filter(|_| error.retry && retryable && more) {
+                        Some(back) => {
                             tracing::info!(upstream = %self.name, server = %server.label, %error, "retrying on the next server");
                             inc(&self.retries);
                             tried.push(index);
                             outbound = *back;
                             last = Some(error);
                         }
-                        _ => return Err(error),
+                        None => return Err(error),
                     }
                 }
             }

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::config::{BodyConfig, ServerConfig};
 use crate::forward_error::{ForwardError, Kind};
 use crate::metrics::{inc, Metrics};
-pub use crate::request_body::RequestBody;
+use crate::request_body::RequestBody;
 use crate::request_body::Spilled;
 
 /// One client connection's places for upstream exchanges (see

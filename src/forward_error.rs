@@ -186,3 +186,46 @@ impl From<ForwardError> for Problem {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVERY_KIND: [Kind; 12] = [
+        Kind::Connect,
+        Kind::Timeout,
+        Kind::Exchange,
+        Kind::Refused,
+        Kind::NoLiveServer,
+        Kind::QueueFull,
+        Kind::QueueTimeout,
+        Kind::ShareTimeout,
+        Kind::BodyTooLarge { limit: 1 },
+        Kind::BodyTimeout,
+        Kind::ClientBody,
+        Kind::BodySpill,
+    ];
+
+    #[test]
+    fn every_kind_is_answered_from_the_side_it_names() {
+        for kind in EVERY_KIND {
+            let e = ForwardError::new(kind, "failed").on("app");
+            let origin = e.origin();
+            assert_eq!(Problem::from(e).origin(), origin, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn the_cause_is_kept_as_the_source_and_the_upstream_named_in_the_answer() {
+        let io = std::io::Error::other("connection reset");
+        let e = ForwardError::new(Kind::Exchange, "forwarding to upstream app failed")
+            .on("app")
+            .because(io);
+        assert_eq!(e.source().unwrap().to_string(), "connection reset");
+        assert!(!e.retry && !e.is_client_fault() && e.counts_against_server());
+        match Problem::from(e) {
+            Problem::UpstreamUnreachable { upstream } => assert_eq!(upstream, "app"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

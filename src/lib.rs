@@ -25,7 +25,8 @@
 //!   [`dashboard`]: the live dashboard (HTML, JS, CSS compiled in) and its sampler;
 //!   [`prune`]: one task removing expired limiter state, removed limiters' state, old audit rows;
 //! - [`app`]: the request lifecycle as named phases, callable without sockets; `app/trail.rs` (the
-//!   log phase), `app/refuse.rs` (a limiter's refusal), `app/release.rs` (places given back);
+//!   log phase), `app/upstream.rs` (the upstream phase: body, share, forward, a failure's answer),
+//!   `app/refuse.rs` (a limiter's refusal), `app/release.rs` (places given back);
 //! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
 //! - [`snapshot`]: one immutable view of the running config;
 //!   [`buffering`]: request bodies read whole before an upstream is taken (memory, then a temp file), 408;

@@ -453,11 +453,6 @@ impl Outbound {
     pub fn method(&self) -> &http::Method {
         &self.parts.method
     }
-
-    /// Whether the client asked for a protocol upgrade (a WebSocket handshake).
-    pub fn is_upgrade(&self) -> bool {
-        self.upgrade.is_some()
-    }
 }
 
 /// Why a send failed; `back` holds the request when no server has seen it
