@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 
 use crate::access::AccessLog;
 use crate::body::Body;
+use crate::buffering::Share;
 use crate::clock::SharedClock;
 use crate::config::{Config, OnError};
 use crate::identity::{Client, IdentityError};
@@ -25,7 +26,7 @@ use crate::problem::{Denial, Problem};
 use crate::request_id::{RequestId, X_REQUEST_ID};
 use crate::router::{request_host, request_path};
 use crate::snapshot::{Route, RouteAction, Snapshot};
-use crate::store::{AuditRow, Check, Outcome, Store};
+use crate::store::{Check, Outcome, Store};
 use crate::tunnel::ClientSide;
 
 pub use crate::connections::ConnInfo;
@@ -36,6 +37,7 @@ use trail::Trail;
 mod refuse;
 mod release;
 mod trail;
+mod upstream;
 
 /// The state every part of the process shares.
 pub struct Shared {
@@ -144,6 +146,17 @@ impl App {
         req: Request<impl Into<RequestBody>>,
         conn: ConnInfo,
     ) -> Response<Body> {
+        self.handle_on(req, conn, None).await
+    }
+
+    /// As [`handle`](Self::handle), for a request on a client connection
+    /// whose `share` of upstream exchanges it takes a place in.
+    pub async fn handle_on(
+        &self,
+        req: Request<impl Into<RequestBody>>,
+        conn: ConnInfo,
+        share: Option<Share>,
+    ) -> Response<Body> {
         let mut req = req.map(Into::into);
         let snap = self.snapshot();
         let started = Instant::now();
@@ -159,6 +172,7 @@ impl App {
         let mut x = Exchange {
             snap,
             conn,
+            share,
             now,
             started,
             trail,
@@ -351,107 +365,6 @@ impl App {
         }
     }
 
-    /// Forwards to upstream `u` and answers with its response; a failure
-    /// becomes a problem tagged with where it came from.
-    async fn upstream(
-        &self,
-        x: &mut Exchange,
-        index: usize,
-        u: usize,
-        client: &Client,
-        Admitted { mut req, upgrade }: Admitted,
-        limits: &mut Option<Limits>,
-    ) -> Response<Body> {
-        let snap = x.snap.clone();
-        if !snap.config.server.underscores_in_headers {
-            crate::proxy::drop_underscore_names(req.headers_mut(), &self.shared.metrics);
-        }
-        let route = &snap.routes[index];
-        let upstream = &snap.upstreams[u];
-        let audit = snap
-            .config
-            .audit
-            .enabled
-            .then(|| (req.method().clone(), req.uri().path().to_string()));
-        x.trail.record.upstream = Some(upstream.name.clone());
-        // The body is read first, so the upstream's time is its own.
-        let metrics = &self.shared.metrics;
-        let body = crate::buffering::read_request(metrics, req, &snap.config.server).await;
-        let asked = Instant::now();
-        let result = match body {
-            Ok(req) => {
-                req.forward(metrics, upstream, &snap.config, u, client, &x.conn)
-                    .await
-            }
-            Err(e) => Err(e),
-        };
-        let waited = asked.elapsed();
-        snap.upstream_durations[u].observe(waited);
-        x.trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
-        let resp = match result {
-            Ok((mut resp, connection))
-                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS && upgrade.is_some() =>
-            {
-                // The tunnel holds the concurrency slots and the
-                // server's place for as long as it is open.
-                let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
-                let upstream_side = hyper::upgrade::on(&mut resp);
-                let client_side = upgrade.expect("checked above");
-                client_side.answer(&mut resp);
-                self.shared.tunnels.open(
-                    client_side,
-                    upstream_side,
-                    upstream.tunnel_idle_timeout(),
-                    (slots, connection),
-                );
-                resp.map(|_| Body::empty())
-            }
-            Ok((resp, connection)) => {
-                // Both live exactly as long as the body: the slot is
-                // freed and the connection recycled when it is done.
-                let slots = limits
-                    .as_mut()
-                    .map(|l| std::mem::take(&mut l.slots))
-                    .filter(|s| !s.is_empty());
-                let guard: Option<crate::body::Guard> = match (slots, connection) {
-                    (None, None) => None,
-                    (Some(s), None) => Some(Box::new(s)),
-                    (None, Some(c)) => Some(c),
-                    (Some(s), Some(c)) => Some(Box::new((s, c))),
-                };
-                resp.map(|b| Body::upstream(b, guard))
-            }
-            Err(e) if e.is_client_fault() => {
-                tracing::debug!(error = %e, route = %route.name, "the client's request body broke");
-                x.trail.answer(Problem::from(e))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, route = %route.name, "forwarding failed");
-                self.shared
-                    .metrics
-                    .counter(
-                        "tollgate_upstream_errors_total",
-                        &[("upstream", &upstream.name), ("kind", e.kind())],
-                    )
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                x.trail.answer(Problem::from(e))
-            }
-        };
-        if let Some((method, req_path)) = audit {
-            self.shared.store.audit(AuditRow {
-                time: x.now,
-                client: client.display().to_string(),
-                method,
-                path: req_path,
-                route: route.name.clone(),
-                status: resp.status().as_u16(),
-                duration: x.started.elapsed(),
-                request_id: x.trail.record.request_id.clone(),
-            });
-        }
-        resp
-    }
-
     /// Settle: `count:` units are given back unless the answer counts, and
     /// the answer gets the rate-limit headers.
     async fn settle(
@@ -623,6 +536,8 @@ struct Exchange {
     /// Loaded once; the request finishes on it whatever a reload does.
     snap: Arc<Snapshot>,
     conn: ConnInfo,
+    /// The client connection's share of upstream exchanges (`None`: not capped).
+    share: Option<Share>,
     /// The clock when the head was read: the limiters and the log count from it.
     now: Nanos,
     started: Instant,

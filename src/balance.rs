@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Method, Request};
 use http_body_util::Empty;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -25,57 +25,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BalanceConfig, Policy, UpstreamConfig};
+use crate::forward_error::{ForwardError, Kind};
 use crate::identity::Client as ClientIdentity;
 use crate::metrics::{inc, Counter, Metrics};
-use crate::problem::Problem;
-use crate::proxy::{Outbound, ProxyError, SendError, Upstream};
-
-/// Seconds a client is told to wait after a busy (queue full) answer.
-const BUSY_RETRY_AFTER_SECS: u64 = 1;
-
-#[derive(Debug, thiserror::Error)]
-pub enum BalanceError {
-    #[error(transparent)]
-    Proxy(#[from] ProxyError),
-    #[error("every server of upstream {upstream} is marked down")]
-    NoLiveServer { upstream: String },
-    #[error("every server of upstream {upstream} is at max_conns and its queue is full")]
-    QueueFull { upstream: String },
-    #[error("no server of upstream {upstream} came free within {timeout:?}")]
-    QueueTimeout { upstream: String, timeout: Duration },
-}
-
-impl BalanceError {
-    /// The client's own request broke (its body), not the upstream.
-    pub fn is_client_fault(&self) -> bool {
-        matches!(self, BalanceError::Proxy(e) if e.is_client_fault())
-    }
-
-    /// The metric label for this failure.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            BalanceError::Proxy(e) => e.kind(),
-            BalanceError::NoLiveServer { .. } => "no_live_server",
-            BalanceError::QueueFull { .. } => "queue_full",
-            BalanceError::QueueTimeout { .. } => "queue_timeout",
-        }
-    }
-}
-
-impl From<BalanceError> for Problem {
-    fn from(e: BalanceError) -> Problem {
-        match e {
-            BalanceError::Proxy(e) => Problem::from(e),
-            BalanceError::NoLiveServer { upstream } => Problem::UpstreamUnreachable { upstream },
-            BalanceError::QueueFull { upstream } | BalanceError::QueueTimeout { upstream, .. } => {
-                Problem::UpstreamBusy {
-                    upstream,
-                    retry_after: BUSY_RETRY_AFTER_SECS,
-                }
-            }
-        }
-    }
-}
+use crate::proxy::{Outbound, SendError, Sent, Upstream};
 
 /// Passive health of one server, nginx's way: `max_fails` failures within
 /// `fail_timeout` take it out for `fail_timeout`. Pure: time is an argument.
@@ -296,41 +249,38 @@ impl Balancer {
         client: &ClientIdentity,
         conn: &crate::connections::ConnInfo,
         max_body: u64,
-    ) -> Result<(Response<crate::body::Forwarded>, Option<crate::body::Guard>), BalanceError> {
+    ) -> Result<Sent, ForwardError> {
         let mut outbound = Outbound::new(req, client, conn, max_body);
         let retryable = idempotent(outbound.method());
         let mut tried: Vec<usize> = Vec::new();
-        let mut last: Option<ProxyError> = None;
+        let mut last: Option<ForwardError> = None;
         loop {
             let (index, place) = match self.acquire(&tried).await {
                 Ok(p) => p,
                 // No other server left to try: the last failure is the answer.
-                Err(e) => return Err(last.map_or(e, BalanceError::Proxy)),
+                Err(e) => return Err(last.unwrap_or(e)),
             };
             let server = &self.servers[index];
             match server.forwarder.send(outbound).await {
                 Ok((resp, connection)) => {
-                    let guard: crate::body::Guard = match connection {
-                        Some(c) => Box::new((c, place)),
-                        None => Box::new(place),
-                    };
-                    return Ok((resp, Some(guard)));
+                    return Ok((resp, crate::body::join(connection, Some(Box::new(place)))));
                 }
-                Err(e) => {
-                    if counts_against_server(e.error()) {
+                Err(SendError { error, back }) => {
+                    if error.counts_against_server() {
                         self.failed(server);
                     }
-                    match e {
-                        SendError::Unsent(error, back)
-                            if retryable && tried.len() + 1 < self.servers.len() =>
-                        {
+                    // Only a request that never left (`retry`, its body
+                    // handed `back`) may go to another server.
+                    let more = tried.len() + 1 < self.servers.len();
+                    match back.filter(|_| error.retry && retryable && more) {
+                        Some(back) => {
                             tracing::info!(upstream = %self.name, server = %server.label, %error, "retrying on the next server");
                             inc(&self.retries);
                             tried.push(index);
                             outbound = *back;
                             last = Some(error);
                         }
-                        e => return Err(e.into_error().into()),
+                        None => return Err(error),
                     }
                 }
             }
@@ -354,7 +304,7 @@ impl Balancer {
 
     /// A place on a live server not in `tried`, waiting in the queue when
     /// every live one is at `max_conns`.
-    async fn acquire(&self, tried: &[usize]) -> Result<(usize, Place), BalanceError> {
+    async fn acquire(&self, tried: &[usize]) -> Result<(usize, Place), ForwardError> {
         match self.pick(tried) {
             Pick::Got(i) => return Ok((i, Place(self.servers[i].clone()))),
             Pick::NoneAlive => return Err(self.no_live_server()),
@@ -363,9 +313,14 @@ impl Balancer {
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.balance.queue {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             inc(&self.busy);
-            return Err(BalanceError::QueueFull {
-                upstream: self.name.clone(),
-            });
+            return Err(ForwardError::new(
+                Kind::QueueFull,
+                format!(
+                    "every server of upstream {} is at max_conns and its queue is full",
+                    self.name
+                ),
+            )
+            .on(&self.name));
         }
         struct Waiting<'a>(&'a AtomicU32);
         impl Drop for Waiting<'_> {
@@ -387,18 +342,24 @@ impl Balancer {
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 inc(&self.busy);
-                return Err(BalanceError::QueueTimeout {
-                    upstream: self.name.clone(),
-                    timeout: self.balance.queue_timeout,
-                });
+                return Err(ForwardError::new(
+                    Kind::QueueTimeout,
+                    format!(
+                        "no server of upstream {} came free within {:?}",
+                        self.name, self.balance.queue_timeout
+                    ),
+                )
+                .on(&self.name));
             }
         }
     }
 
-    fn no_live_server(&self) -> BalanceError {
-        BalanceError::NoLiveServer {
-            upstream: self.name.clone(),
-        }
+    fn no_live_server(&self) -> ForwardError {
+        ForwardError::new(
+            Kind::NoLiveServer,
+            format!("every server of upstream {} is marked down", self.name),
+        )
+        .on(&self.name)
     }
 
     /// Picks a live server with room, by the policy; takes its place.
@@ -556,12 +517,6 @@ fn idempotent(m: &Method) -> bool {
         *m,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
     )
-}
-
-/// What counts against a server's health: it could not be reached, or did
-/// not answer, or the exchange broke. A body over our limit is the client's doing.
-fn counts_against_server(e: &ProxyError) -> bool {
-    !matches!(e, ProxyError::BodyTooLarge { .. })
 }
 
 fn probe_client(config: &UpstreamConfig) -> Client<HttpsConnector<HttpConnector>, Empty<Bytes>> {

@@ -13,6 +13,17 @@ use hyper::body::Incoming;
 /// dropped when the last byte went out or the client went away.
 pub type Guard = Box<dyn Any + Send + Sync>;
 
+/// Two guards kept alive together, either of which may be absent: what a
+/// response body holds (a concurrency slot, a server's place, a connection
+/// on its way back, a place in the client connection's share) adds up here.
+pub fn join(a: Option<Guard>, b: Option<Guard>) -> Option<Guard> {
+    match (a, b) {
+        (None, None) => None,
+        (Some(g), None) | (None, Some(g)) => Some(g),
+        (Some(a), Some(b)) => Some(Box::new((a, b))),
+    }
+}
+
 /// Told how many body bytes went out, once: when the body ended or was dropped.
 pub trait Done: Send + Sync {
     fn done(self: Box<Self>, bytes_out: u64);

@@ -21,85 +21,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::Request;
 use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::balance::{BalanceError, Balancer};
-use crate::body::{BoxError, Forwarded, Guard};
-use crate::config::{BodyConfig, Config, ServerConfig};
-use crate::connections::ConnInfo;
-use crate::identity::Client;
+use crate::config::{BodyConfig, ServerConfig};
+use crate::forward_error::{ForwardError, Kind};
 use crate::metrics::{inc, Metrics};
-use crate::problem::Problem;
-pub use crate::request_body::RequestBody;
+use crate::request_body::RequestBody;
 use crate::request_body::Spilled;
 
-/// Why a request did not reach the upstream, or what the upstream's failure was.
-#[derive(Debug, thiserror::Error)]
-pub enum ForwardError {
-    #[error("the request body stalled or arrived below the minimum rate")]
-    BodyTimeout,
-    #[error("the request body exceeds {limit} bytes")]
-    BodyTooLarge { limit: u64 },
-    #[error("the client's request body is malformed or cut short: {0}")]
-    BodyBroken(#[source] BoxError),
-    #[error("cannot set the request body aside in a temp file: {0}")]
-    Spill(#[source] std::io::Error),
-    #[error("no place among this connection's {share} upstream exchanges came free within {timeout:?} (upstream {upstream})")]
-    ShareTimeout {
-        upstream: String,
-        share: usize,
-        timeout: Duration,
-    },
-    #[error(transparent)]
-    Upstream(#[from] BalanceError),
-}
-
-impl ForwardError {
-    /// Whether the client, not the upstream or tollgate, caused this failure.
-    pub fn is_client_fault(&self) -> bool {
-        match self {
-            ForwardError::BodyTimeout | ForwardError::BodyBroken(_) => true,
-            ForwardError::Upstream(e) => e.is_client_fault(),
-            _ => false,
-        }
-    }
-
-    /// The metric label for this failure (`tollgate_upstream_errors_total`).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            ForwardError::BodyTimeout => "body_timeout",
-            ForwardError::BodyTooLarge { .. } => "body_too_large",
-            ForwardError::BodyBroken(_) => "client_body",
-            ForwardError::Spill(_) => "body_spill",
-            ForwardError::ShareTimeout { .. } => "share_timeout",
-            ForwardError::Upstream(e) => e.kind(),
-        }
-    }
-}
-
-impl From<ForwardError> for Problem {
-    fn from(e: ForwardError) -> Problem {
-        match e {
-            ForwardError::BodyTimeout => Problem::BodyTimeout,
-            ForwardError::BodyTooLarge { limit } => Problem::BodyTooLarge { limit },
-            ForwardError::BodyBroken(_) => {
-                Problem::BadRequest("The request body is malformed or ended early.".into())
-            }
-            ForwardError::Spill(_) => Problem::BodyNotStored,
-            ForwardError::ShareTimeout { upstream, .. } => Problem::UpstreamTimeout { upstream },
-            ForwardError::Upstream(e) => Problem::from(e),
-        }
-    }
-}
-
 /// One client connection's places for upstream exchanges (see
-/// `server.upstream_requests_per_connection`). The server puts a handle in
-/// each request's extensions; a request without one is not capped.
+/// `server.upstream_requests_per_connection`). The server hands it to the
+/// app with each request; a request without one (the app called without
+/// sockets) is not capped.
 #[derive(Clone)]
 pub struct Share(Arc<Semaphore>, usize);
 
@@ -109,9 +47,28 @@ impl Share {
         Share(Arc::new(Semaphore::new(n)), n)
     }
 
-    /// Gives `req` this connection's share.
-    pub fn tag<B>(&self, req: &mut Request<B>) {
-        req.extensions_mut().insert(self.clone());
+    /// Waits for a place among the connection's upstream exchanges, at most
+    /// `timeout`; the place is held until the permit is dropped.
+    pub async fn take(
+        &self,
+        metrics: &Metrics,
+        timeout: Duration,
+        upstream: &str,
+    ) -> Result<OwnedSemaphorePermit, ForwardError> {
+        let Share(places, n) = self;
+        if let Ok(p) = places.clone().try_acquire_owned() {
+            return Ok(p);
+        }
+        inc(&metrics.counter("tollgate_upstream_share_waits_total", &[]));
+        match tokio::time::timeout(timeout, places.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            // Closed never happens (nobody closes it); treat it as the timeout.
+            Ok(Err(_)) | Err(_) => Err(ForwardError::new(
+                Kind::ShareTimeout,
+                format!("no place among this connection's {n} upstream exchanges came free within {timeout:?} (upstream {upstream})"),
+            )
+            .on(upstream)),
+        }
     }
 }
 
@@ -121,25 +78,17 @@ pub fn per_connection(server: &ServerConfig) -> (Duration, Share) {
     (server.bodies.send_timeout, Share::new(server))
 }
 
-/// A request whose body has been read (or streams), ready to be forwarded.
-pub struct Ready {
-    req: Request<RequestBody>,
-    share: Option<Share>,
-    upgrade: bool,
-}
-
-/// Reads the body of `req` to its end, unless it has none or is an upgrade.
+/// Reads the body of `req` to its end, unless it has none or is an upgrade
+/// (which streams); the request comes back ready to be forwarded.
 pub async fn read_request(
     metrics: &Metrics,
     req: Request<RequestBody>,
     server: &ServerConfig,
-) -> Result<Ready, ForwardError> {
-    let (mut parts, body) = req.into_parts();
-    let share = parts.extensions.remove::<Share>();
-    let upgrade = crate::tunnel::requested_upgrade(&parts.headers).is_some();
+) -> Result<Request<RequestBody>, ForwardError> {
+    let (parts, body) = req.into_parts();
     let body = if body.is_end_stream() {
         RequestBody::Empty
-    } else if upgrade {
+    } else if crate::tunnel::requested_upgrade(&parts.headers).is_some() {
         body
     } else {
         let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
@@ -151,75 +100,14 @@ pub async fn read_request(
                 body
             }
             Err(e) => {
-                count(metrics, &e);
+                if e.kind == Kind::BodyTimeout {
+                    inc(&metrics.counter("tollgate_request_body_timeouts_total", &[]));
+                }
                 return Err(e);
             }
         }
     };
-    Ok(Ready {
-        req: Request::from_parts(parts, body),
-        share,
-        upgrade,
-    })
-}
-
-impl Ready {
-    /// Takes a place in the connection's share (waiting at most the
-    /// upstream's `timeout`), then forwards to `config.upstreams[upstream]`;
-    /// the place is held until the response body is done.
-    pub async fn forward(
-        self,
-        metrics: &Metrics,
-        balancer: &Balancer,
-        config: &Config,
-        upstream: usize,
-        client: &Client,
-        conn: &ConnInfo,
-    ) -> Result<(Response<Forwarded>, Option<Guard>), ForwardError> {
-        let timeout = config.upstreams[upstream].timeout;
-        // A tunnel is not an exchange: it would hold its place for hours.
-        let place = match self.share.filter(|_| !self.upgrade) {
-            Some(share) => Some(take_place(metrics, share, timeout, &balancer.name).await?),
-            None => None,
-        };
-        let max_body = config.server.max_request_body;
-        let (resp, guard) = balancer.forward(self.req, client, conn, max_body).await?;
-        let guard: Option<Guard> = match (guard, place) {
-            (g, None) => g,
-            (None, Some(p)) => Some(Box::new(p)),
-            (Some(g), Some(p)) => Some(Box::new((g, p))),
-        };
-        Ok((resp, guard))
-    }
-}
-
-/// Waits for a place among the connection's upstream exchanges, at most `timeout`.
-async fn take_place(
-    metrics: &Metrics,
-    share: Share,
-    timeout: Duration,
-    upstream: &str,
-) -> Result<OwnedSemaphorePermit, ForwardError> {
-    let Share(places, n) = share;
-    if let Ok(p) = places.clone().try_acquire_owned() {
-        return Ok(p);
-    }
-    inc(&metrics.counter("tollgate_upstream_share_waits_total", &[]));
-    match tokio::time::timeout(timeout, places.acquire_owned()).await {
-        Ok(Ok(p)) => Ok(p),
-        // Closed never happens (nobody closes it); treat it as the timeout.
-        Ok(Err(_)) | Err(_) => Err(ForwardError::ShareTimeout {
-            upstream: upstream.to_string(),
-            share: n,
-            timeout,
-        }),
-    }
-}
-
-fn count(metrics: &Metrics, e: &ForwardError) {
-    if matches!(e, ForwardError::BodyTimeout) {
-        inc(&metrics.counter("tollgate_request_body_timeouts_total", &[]));
-    }
+    Ok(Request::from_parts(parts, body))
 }
 
 /// Reads a body to its end: in memory up to `config.buffer` bytes, then in a
@@ -237,9 +125,15 @@ pub async fn read(
     loop {
         let next = tokio::time::timeout_at(pace.deadline(Instant::now()), body.frame()).await;
         let frame = match next {
-            Err(_) => return Err(ForwardError::BodyTimeout),
+            Err(_) => return Err(body_timeout()),
             Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(ForwardError::BodyBroken(e)),
+            Ok(Some(Err(e))) => {
+                return Err(ForwardError::new(
+                    Kind::ClientBody,
+                    format!("the client's request body is malformed or cut short: {e}"),
+                )
+                .because(e))
+            }
             Ok(Some(Ok(frame))) => frame,
         };
         // Trailers of a request are dropped, as nginx drops them.
@@ -249,14 +143,14 @@ pub async fn read(
         received += data.len() as u64;
         pace.received(data.len() as u64);
         if received > max {
-            return Err(ForwardError::BodyTooLarge { limit: max });
+            return Err(ForwardError::body_too_large(max));
         }
         if let Some(f) = file.as_mut() {
-            f.write_all(&data).await.map_err(ForwardError::Spill)?;
+            f.write_all(&data).await.map_err(spill_failed)?;
         } else if received as usize > config.buffer {
-            let mut f = spill_file().await.map_err(ForwardError::Spill)?;
+            let mut f = spill_file().await.map_err(spill_failed)?;
             for chunk in memory.drain(..).chain(std::iter::once(data)) {
-                f.write_all(&chunk).await.map_err(ForwardError::Spill)?;
+                f.write_all(&chunk).await.map_err(spill_failed)?;
             }
             file = Some(f);
         } else {
@@ -271,15 +165,28 @@ pub async fn read(
             declared,
         }),
         Some(mut f) => {
-            f.flush().await.map_err(ForwardError::Spill)?;
-            f.seek(SeekFrom::Start(0))
-                .await
-                .map_err(ForwardError::Spill)?;
+            f.flush().await.map_err(spill_failed)?;
+            f.seek(SeekFrom::Start(0)).await.map_err(spill_failed)?;
             Ok(RequestBody::File(Box::new(Spilled::new(
                 f, received, declared,
             ))))
         }
     }
+}
+
+fn body_timeout() -> ForwardError {
+    ForwardError::new(
+        Kind::BodyTimeout,
+        "the request body stalled or arrived below the minimum rate",
+    )
+}
+
+fn spill_failed(e: std::io::Error) -> ForwardError {
+    ForwardError::new(
+        Kind::BodySpill,
+        format!("cannot set the request body aside in a temp file: {e}"),
+    )
+    .because(e)
 }
 
 /// A new temp file for a body, already unlinked: it lives as long as the
@@ -345,6 +252,7 @@ impl Pace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::Problem;
 
     fn config(timeout_s: u64, min_rate: u64) -> BodyConfig {
         BodyConfig {
@@ -387,7 +295,7 @@ mod tests {
 
     #[test]
     fn a_408_closes_the_connection_and_says_why() {
-        let resp = Problem::from(ForwardError::BodyTimeout).into_response();
+        let resp = Problem::from(body_timeout()).into_response();
         assert_eq!(resp.status(), http::StatusCode::REQUEST_TIMEOUT);
         assert_eq!(resp.headers()[http::header::CONNECTION], "close");
     }

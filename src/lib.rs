@@ -25,13 +25,15 @@
 //!   [`dashboard`]: the live dashboard (HTML, JS, CSS compiled in) and its sampler;
 //!   [`prune`]: one task removing expired limiter state, removed limiters' state, old audit rows;
 //! - [`app`]: the request lifecycle as named phases, callable without sockets; `app/trail.rs` (the
-//!   log phase), `app/refuse.rs` (a limiter's refusal), `app/release.rs` (places given back);
+//!   log phase), `app/upstream.rs` (the upstream phase: body, share, forward, a failure's answer),
+//!   `app/refuse.rs` (a limiter's refusal), `app/release.rs` (places given back);
 //! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
 //! - [`snapshot`]: one immutable view of the running config;
 //!   [`buffering`]: request bodies read whole before an upstream is taken (memory, then a temp file), 408;
 //! - [`balance`]: several servers per upstream: policy, health, the `max_conns` queue, retries;
 //! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
 //! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
+//! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each kind gets;
 //! - [`store`]: where limiter state lives: the memory table (exact, sharded, bounded), SQLite
 //!   write-behind (schema, writer thread, durability, lock), Redis for a fleet, bans;
 //!   [`access`]: the access log (bounded queue, writer thread, JSON or text);
@@ -65,6 +67,7 @@ pub mod config;
 pub mod connections;
 pub mod dashboard;
 pub mod fastcgi;
+pub mod forward_error;
 pub mod framing;
 pub mod identity;
 pub mod key;

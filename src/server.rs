@@ -315,8 +315,8 @@ async fn serve_connection<I>(
     let io =
         TokioIo::new(Watched::new(io, activity.clone()).send_timeout(send_timeout, &connections));
     let in_service = activity.clone();
-    let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-        share.tag(&mut req);
+    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let share = share.clone();
         let app = app.clone();
         let busy = in_service.request();
         if req.version() == http::Version::HTTP_2 {
@@ -337,7 +337,7 @@ async fn serve_connection<I>(
             // and the whole request lifecycle inline is kilobytes of state
             // copied per request (callgrind: ~8,400 instructions of memcpy
             // per 429); a box moves a pointer.
-            Ok::<_, Infallible>(Box::pin(app.handle(req, conn_info)).await)
+            Ok::<_, Infallible>(Box::pin(app.handle_on(req, conn_info, Some(share))).await)
         }
     });
     let builder = connection_builder(None);

@@ -30,6 +30,7 @@ use http_body_util::BodyExt;
 
 use crate::body::{BoxError, Streamed};
 use crate::config::FastCgiConfig;
+use crate::forward_error::{ForwardError, Kind};
 use crate::problem::Problem;
 use path::Target;
 
@@ -66,15 +67,30 @@ pub enum FastCgiError {
 }
 
 impl FastCgiError {
-    /// The metric label for this failure.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout { .. } => "connect",
-            FastCgiError::Timeout(_) => "timeout",
-            FastCgiError::BodyTooLarge => "body_too_large",
-            FastCgiError::Refused(_) => "refused",
-            _ => "other",
-        }
+    /// The forwarding error this is on the way to `upstream`, whose bodies
+    /// may be `max_body` bytes at most.
+    pub fn into_forward(self, upstream: &str, max_body: u64) -> ForwardError {
+        let kind = match self {
+            FastCgiError::BodyTooLarge => return ForwardError::body_too_large(max_body),
+            FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout { .. } => Kind::Connect,
+            FastCgiError::Timeout(_) => Kind::Timeout,
+            FastCgiError::Refused(_) => Kind::Refused,
+            // A client body that broke on the way to php-fpm has always
+            // answered 502 here (unlike over HTTP, where it is a 400).
+            FastCgiError::Io(_)
+            | FastCgiError::Protocol(_)
+            | FastCgiError::BadHead(_)
+            | FastCgiError::HeadTooLarge
+            | FastCgiError::NoHead
+            | FastCgiError::Closed
+            | FastCgiError::ClientBody(_) => Kind::Exchange,
+        };
+        ForwardError::new(
+            kind,
+            format!("forwarding to FastCGI upstream {upstream} failed: {self}"),
+        )
+        .on(upstream)
+        .because(self)
     }
 }
 

@@ -1,0 +1,145 @@
+//! The app's upstream phase: the body read, a place in the connection's share, the forward call, and a failure's answer.
+
+use std::time::Instant;
+
+use http::{Request, Response};
+
+use super::{Admitted, App, Exchange, Limits};
+use crate::body::Body;
+use crate::forward_error::ForwardError;
+use crate::identity::Client;
+use crate::metrics::inc;
+use crate::problem::Problem;
+use crate::proxy::Sent;
+use crate::request_body::RequestBody;
+use crate::store::AuditRow;
+
+impl App {
+    /// Forwards to upstream `u` and answers with its response; a failure
+    /// becomes a problem tagged with where it came from.
+    pub(super) async fn upstream(
+        &self,
+        x: &mut Exchange,
+        index: usize,
+        u: usize,
+        client: &Client,
+        Admitted { mut req, upgrade }: Admitted,
+        limits: &mut Option<Limits>,
+    ) -> Response<Body> {
+        let snap = x.snap.clone();
+        if !snap.config.server.underscores_in_headers {
+            crate::proxy::drop_underscore_names(req.headers_mut(), &self.shared.metrics);
+        }
+        let route = &snap.routes[index];
+        let upstream = &snap.upstreams[u];
+        let audit = snap
+            .config
+            .audit
+            .enabled
+            .then(|| (req.method().clone(), req.uri().path().to_string()));
+        x.trail.record.upstream = Some(upstream.name.clone());
+        // The body is read first, so the upstream's time is its own.
+        let metrics = &self.shared.metrics;
+        let body = crate::buffering::read_request(metrics, req, &snap.config.server).await;
+        let asked = Instant::now();
+        let result = match body {
+            Ok(req) => self.forward(x, req, u, client).await,
+            Err(e) => Err(e),
+        };
+        let waited = asked.elapsed();
+        snap.upstream_durations[u].observe(waited);
+        x.trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
+        let resp = match result {
+            Ok((mut resp, connection))
+                if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS && upgrade.is_some() =>
+            {
+                // The tunnel holds the concurrency slots and the
+                // server's place for as long as it is open.
+                let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
+                let upstream_side = hyper::upgrade::on(&mut resp);
+                let client_side = upgrade.expect("checked above");
+                client_side.answer(&mut resp);
+                self.shared.tunnels.open(
+                    client_side,
+                    upstream_side,
+                    upstream.tunnel_idle_timeout(),
+                    (slots, connection),
+                );
+                resp.map(|_| Body::empty())
+            }
+            Ok((resp, connection)) => {
+                // Both live exactly as long as the body: the slot is
+                // freed and the connection recycled when it is done.
+                let slots = limits
+                    .as_mut()
+                    .map(|l| std::mem::take(&mut l.slots))
+                    .filter(|s| !s.is_empty());
+                let slots = slots.map(|s| Box::new(s) as crate::body::Guard);
+                resp.map(|b| Body::upstream(b, crate::body::join(slots, connection)))
+            }
+            Err(e) => self.forward_failed(x, &route.name, &upstream.name, e),
+        };
+        if let Some((method, req_path)) = audit {
+            self.shared.store.audit(AuditRow {
+                time: x.now,
+                client: client.display().to_string(),
+                method,
+                path: req_path,
+                route: route.name.clone(),
+                status: resp.status().as_u16(),
+                duration: x.started.elapsed(),
+                request_id: x.trail.record.request_id.clone(),
+            });
+        }
+        resp
+    }
+
+    /// A failed forward's answer: the client's own broken body quietly,
+    /// anything else logged and counted by its kind.
+    fn forward_failed(
+        &self,
+        x: &mut Exchange,
+        route: &str,
+        upstream: &str,
+        e: ForwardError,
+    ) -> Response<Body> {
+        if e.is_client_fault() {
+            tracing::debug!(error = %e, route, "the client's request body broke");
+        } else {
+            tracing::warn!(error = %e, route, "forwarding failed");
+            let labels = [("upstream", upstream), ("kind", e.kind.label())];
+            inc(&self
+                .shared
+                .metrics
+                .counter("tollgate_upstream_errors_total", &labels));
+        }
+        x.trail.answer(Problem::from(e))
+    }
+
+    /// Takes a place in the connection's share (waiting at most the
+    /// upstream's `timeout`), then forwards to upstream `u`; the place is
+    /// held until the response body is done. A tunnel takes none: it is not
+    /// an exchange, and would hold its place for hours.
+    async fn forward(
+        &self,
+        x: &Exchange,
+        req: Request<RequestBody>,
+        u: usize,
+        client: &Client,
+    ) -> Result<Sent, ForwardError> {
+        let snap = &x.snap;
+        let upstream = &snap.upstreams[u];
+        let tunnel = crate::tunnel::requested_upgrade(req.headers()).is_some();
+        let place = match x.share.as_ref().filter(|_| !tunnel) {
+            Some(share) => {
+                let timeout = snap.config.upstreams[u].timeout;
+                let place = share.take(&self.shared.metrics, timeout, &upstream.name);
+                Some(Box::new(place.await?) as crate::body::Guard)
+            }
+            None => None,
+        };
+        let max_body = snap.config.server.max_request_body;
+        let (resp, connection) = upstream.forward(req, client, &x.conn, max_body).await?;
+        Ok((resp, crate::body::join(connection, place)))
+    }
+}

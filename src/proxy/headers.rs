@@ -1,0 +1,332 @@
+//! The forwarded-header rules: hop-by-hop headers removed, `X-Forwarded-*` and `X-Real-IP` set, edge-owned and underscore names kept from untrusted peers.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::identity::Client as ClientIdentity;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and their common non-standard kin.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
+const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+/// Headers that frameworks, routers and plugins believe as "what the proxy
+/// says" — the client address, the original URL, the external host or
+/// scheme — and that only a trusted peer may send. From anyone else they are
+/// removed (the `X-Forwarded-*` tollgate vouches for itself are then set anew).
+pub const EDGE_OWNED: [HeaderName; 14] = [
+    header::FORWARDED,
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-ssl"),
+    HeaderName::from_static("x-forwarded-scheme"),
+    HeaderName::from_static("front-end-https"),
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("client-ip"),
+    HeaderName::from_static("true-client-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
+    HeaderName::from_static("x-cluster-client-ip"),
+    HeaderName::from_static("x-client-ip"),
+];
+
+/// Headers tollgate sets itself on every forwarded request. Written with
+/// `_` they are removed from every peer, whatever
+/// `server.underscores_in_headers` says: a CGI gateway files `X_Real_IP`
+/// under the same `HTTP_X_REAL_IP` as tollgate's own `X-Real-IP`.
+const SET_BY_EDGE: [HeaderName; 4] = [
+    X_FORWARDED_FOR,
+    X_REAL_IP,
+    X_FORWARDED_PROTO,
+    HeaderName::from_static("x-request-id"),
+];
+
+/// Whether `name` is one of `set` once `_` is read as `-` (the way CGI
+/// gateways, php-fpm's parameters among them, name a header).
+fn folds_into(name: &HeaderName, set: &[HeaderName]) -> bool {
+    let name = name.as_str().as_bytes();
+    set.iter().any(|owned| {
+        let owned = owned.as_str().as_bytes();
+        owned.len() == name.len()
+            && owned
+                .iter()
+                .zip(name)
+                .all(|(o, n)| o == n || (*o == b'-' && *n == b'_'))
+    })
+}
+
+/// Removes every header whose name has a `_` (nginx's default, without
+/// `underscores_in_headers`): CGI turns `-` into `_`, so `Client_IP` would
+/// reach PHP as the `HTTP_CLIENT_IP` an edge-owned `Client-IP` is removed
+/// to keep out. Each is counted in `tollgate_headers_dropped_total{reason="underscore"}`.
+pub fn drop_underscore_names(headers: &mut HeaderMap, metrics: &crate::metrics::Metrics) {
+    // Empty, as for nearly every request, it never allocates.
+    let named: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().contains('_'))
+        .cloned()
+        .collect();
+    if named.is_empty() {
+        return;
+    }
+    for name in &named {
+        tracing::debug!(header = %name, "a header name with `_` was dropped");
+        headers.remove(name);
+    }
+    let counter = metrics.counter(crate::metrics::HEADERS_DROPPED, &[("reason", "underscore")]);
+    counter.fetch_add(named.len() as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Removes hop-by-hop headers, including every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names a message has: most carry none of these or
+    // just `Connection: keep-alive`, and removing an absent name still costs
+    // a hash, eight of them per message.
+    let present = names_among(headers, &HOP_BY_HOP);
+    if present.is_empty() {
+        return;
+    }
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(present.iter()) {
+        headers.remove(name);
+    }
+}
+
+/// The names of `set` that `headers` has.
+fn names_among(headers: &HeaderMap, set: &[HeaderName]) -> Vec<HeaderName> {
+    headers
+        .keys()
+        .filter(|name| set.contains(name))
+        .cloned()
+        .collect()
+}
+
+/// An address as a header value, without the formatter for the usual IPv4.
+fn ip_value(ip: IpAddr) -> Option<HeaderValue> {
+    let IpAddr::V4(v4) = ip else {
+        return HeaderValue::from_str(&ip.to_string()).ok();
+    };
+    let mut out = Vec::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push(b'.');
+        }
+        crate::reject::push_u64(&mut out, u64::from(octet));
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
+}
+
+/// What tollgate tells the upstream about the client and the edge.
+///
+/// `X-Forwarded-For` is extended for a trusted peer and replaced for anyone
+/// else; `X-Real-IP` is the resolved client; `X-Forwarded-Proto` the scheme
+/// the client used. From an untrusted peer, every header in [`EDGE_OWNED`]
+/// (also spelled with `_` for `-`) is removed and `X-Forwarded-Host` (the
+/// `Host` the client asked for) and `X-Forwarded-Port` (the port it
+/// connected to) are set by tollgate, so a framework that trusts them from
+/// tollgate trusts only what tollgate saw. A trusted peer's values pass;
+/// where it sent none, tollgate's own are set.
+pub fn set_forwarded_headers(
+    headers: &mut HeaderMap,
+    client: &ClientIdentity,
+    peer: IpAddr,
+    proto: &'static str,
+    port: u16,
+) {
+    let peer = peer.to_canonical();
+    let existing: Vec<&str> = if client.peer_trusted {
+        headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let xff = if existing.is_empty() {
+        ip_value(peer)
+    } else {
+        HeaderValue::from_str(&format!("{}, {peer}", existing.join(", "))).ok()
+    };
+    // Compared with `_` read as `-`: with `server.underscores_in_headers`
+    // on, `Client_IP` would still reach PHP as HTTP_CLIENT_IP.
+    let forged: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| {
+            (!client.peer_trusted && folds_into(n, &EDGE_OWNED))
+                || (n.as_str().contains('_') && folds_into(n, &SET_BY_EDGE))
+        })
+        .cloned()
+        .collect();
+    for name in forged {
+        headers.remove(name);
+    }
+    // Sized once for the five headers below.
+    headers.reserve(5);
+    if let Some(v) = xff {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+    if let Some(v) = ip_value(client.ip) {
+        headers.insert(X_REAL_IP, v);
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
+    if !headers.contains_key(&X_FORWARDED_HOST) {
+        if let Some(host) = headers.get(header::HOST).cloned() {
+            headers.insert(X_FORWARDED_HOST, host);
+        }
+    }
+    if !headers.contains_key(&X_FORWARDED_PORT) {
+        headers.insert(X_FORWARDED_PORT, HeaderValue::from(port));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(ip: &str, trusted: bool) -> ClientIdentity {
+        ClientIdentity {
+            ip: ip.parse().unwrap(),
+            ip_key: format!("ip:{ip}"),
+            api_key: None,
+            key_verified: false,
+            peer_trusted: trusted,
+            exempt: false,
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_named_in_connection_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::HOST, HeaderValue::from_static("example"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::HOST));
+    }
+
+    #[test]
+    fn an_untrusted_peers_forwarded_for_is_replaced() {
+        let mut h = HeaderMap::new();
+        h.insert(X_FORWARDED_FOR, HeaderValue::from_static("6.6.6.6"));
+        h.insert(header::FORWARDED, HeaderValue::from_static("for=6.6.6.6"));
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        h.insert(header::HOST, HeaderValue::from_static("shop.example"));
+        for name in &EDGE_OWNED {
+            h.insert(name, HeaderValue::from_static("evil.example"));
+        }
+        set_forwarded_headers(&mut h, &client("203.0.113.9", false), peer, "http", 8080);
+        assert_eq!(h[&X_FORWARDED_FOR], "203.0.113.9");
+        assert_eq!(
+            h[&X_FORWARDED_HOST], "shop.example",
+            "the Host the client used"
+        );
+        assert_eq!(h[&X_FORWARDED_PORT], "8080", "the port it connected to");
+        for name in EDGE_OWNED
+            .iter()
+            .filter(|n| ![&X_FORWARDED_HOST, &X_FORWARDED_PORT].contains(n))
+        {
+            assert!(
+                !h.contains_key(name),
+                "{name} from an untrusted client reached the upstream"
+            );
+        }
+        assert_eq!(h[&X_REAL_IP], "203.0.113.9");
+        assert_eq!(h[&X_FORWARDED_PROTO], "http");
+        assert!(!h.contains_key(header::FORWARDED));
+    }
+
+    #[test]
+    fn edge_owned_names_are_removed_in_their_underscore_spellings_too() {
+        let mut h = HeaderMap::new();
+        for name in [
+            "client_ip",
+            "x_original_url",
+            "true_client_ip",
+            "x_real_ip",
+            "x_custom",
+        ] {
+            h.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static("6.6.6.6"),
+            );
+        }
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        set_forwarded_headers(&mut h, &client("203.0.113.9", false), peer, "http", 80);
+        for name in ["client_ip", "x_original_url", "true_client_ip", "x_real_ip"] {
+            assert!(!h.contains_key(name), "{name} passed");
+        }
+        assert_eq!(h[&X_REAL_IP], "203.0.113.9");
+        assert_eq!(
+            h["x_custom"], "6.6.6.6",
+            "not the edge's: left to the switch"
+        );
+    }
+
+    #[test]
+    fn every_name_with_an_underscore_is_dropped_and_counted() {
+        let metrics = crate::metrics::Metrics::default();
+        let mut h = HeaderMap::new();
+        h.insert("x_custom", HeaderValue::from_static("1"));
+        h.insert("client_ip", HeaderValue::from_static("1"));
+        h.insert("x-custom", HeaderValue::from_static("1"));
+        drop_underscore_names(&mut h, &metrics);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-custom"));
+        let counted = metrics.counter(crate::metrics::HEADERS_DROPPED, &[("reason", "underscore")]);
+        assert_eq!(counted.load(std::sync::atomic::Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_trusted_peer_is_appended_to_the_chain() {
+        let mut h = HeaderMap::new();
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.7"));
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.2"));
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        h.insert(X_FORWARDED_HOST, HeaderValue::from_static("public.example"));
+        h.insert("x-original-url", HeaderValue::from_static("/admin"));
+        set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "https", 8443);
+        assert_eq!(
+            h[&X_FORWARDED_HOST], "public.example",
+            "a trusted proxy's value passes"
+        );
+        assert_eq!(h["x-original-url"], "/admin");
+        assert_eq!(
+            h[&X_FORWARDED_PORT], "8443",
+            "set where the proxy sent none"
+        );
+        assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7, 10.0.0.2, 10.0.0.1");
+        assert_eq!(h[&X_REAL_IP], "198.51.100.7");
+        assert_eq!(h[&X_FORWARDED_PROTO], "https");
+    }
+}
