@@ -50,8 +50,6 @@ pub struct Shared {
     /// The last reload's error, shown by `GET /config` until a reload succeeds.
     pub last_reload_error: Mutex<Option<String>>,
     pub started: Instant,
-    /// TLS termination; reloads swap its certificates.
-    pub tls: crate::tls::Terminator,
     /// Open public connections and their caps.
     pub connections: Arc<crate::connections::Connections>,
     /// What the admin dashboard shows besides the counters: recent rates, limited keys.
@@ -100,7 +98,6 @@ impl App {
     ) -> App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
-        let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
         let (config_path, config_text) = match source {
@@ -117,7 +114,6 @@ impl App {
                 config_text: Mutex::new(config_text),
                 last_reload_error: Mutex::new(None),
                 started: Instant::now(),
-                tls,
                 connections,
                 activity: Default::default(),
                 access: AccessLog::default(),

@@ -21,14 +21,14 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::certs::{self, TlsError};
 use super::error::locate_all;
 use super::raw::RawConfig;
 use super::validate::{self, Host};
 use super::{
-    explain, locate, scan, AdminConfig, ApiKeyEntry, CertConfig, Config, ConfigError,
+    explain, locate, scan, AdminConfig, ApiKeyEntry, CertConfig, CertSet, Config, ConfigError,
     ConfigProblem, IdentityConfig, TlsConfig, UpstreamTls,
 };
-use crate::tls::{CertSet, TlsError};
 
 /// The most of the config file that is read.
 pub const CONFIG_FILE_LIMIT: u64 = 4 << 20;
@@ -93,7 +93,7 @@ fn size(limit: u64) -> String {
     }
 }
 
-/// Certificates, keys and CA bundles, for [`crate::tls`].
+/// Certificates, keys and CA bundles, for [`certs`].
 fn read_small_file(path: &Path) -> std::io::Result<Vec<u8>> {
     read_named_file(path, SMALL_FILE_LIMIT)
 }
@@ -236,7 +236,7 @@ fn read_upstream_cas(config: &mut Config) -> Vec<ConfigProblem> {
     let mut problems = Vec::new();
     for upstream in &mut config.upstreams {
         if let UpstreamTls::Ca { path, certs } = &mut upstream.tls {
-            match crate::tls::load_ca(path, &read_small_file) {
+            match certs::load_ca(path, &read_small_file) {
                 Ok(read) => *certs = read,
                 Err(e) => problems.push(ConfigProblem::at(
                     format!("upstreams.{}.ca", upstream.name),
