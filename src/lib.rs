@@ -19,7 +19,8 @@
 //! [`reload::Reloader`] `run` owns.
 //!
 //! - [`admin`]: status, metrics, health, reload, config, upstreams; `admin/bans.rs`
-//!   (`GET /bans`, `DELETE /bans/{key}`), `admin/guard.rs` (token, loopback-Host rule);
+//!   (`GET /bans`, `DELETE /bans/{key}`), `admin/guard.rs` (token, loopback-Host rule),
+//!   `admin/exposition.rs` (what `/metrics` shows);
 //! - [`reload`]: file watch / SIGHUP / admin → read (on a blocking thread) → validate → swap, or keep the old;
 //! - [`server`]: the accept loops (public and admin), HTTP/1.1 + HTTP/2, graceful drain, the listener set;
 //!   [`dashboard`]: the live dashboard (HTML, JS, CSS compiled in) and its sampler;
@@ -43,15 +44,17 @@
 //!   [`router`]: path normalization and first-match routing; [`reject`]: a 429's bytes and the
 //!   rate-limit headers, written without a formatter; [`connections`]: connection caps and timers;
 //!   [`logging`]: one-line log records, text or JSON;
-//! - [`config`]: raw YAML → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`;
-//!   [`metrics`]: Prometheus counters, gauges, histograms; [`activity`]: what the dashboard shows
-//!   besides counters;
+//!   [`tls`]: rustls termination (the certificates in force, swapped by reloads) and https://
+//!   upstream trust;
+//! - [`config`]: raw YAML → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
+//!   and certificate pairs and CA bundles as data in `certs.rs`;
+//!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
+//!   [`activity`]: what the dashboard shows besides counters;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected clock;
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
-//!   [`tls`]: rustls termination and https:// upstream trust; [`tunnel`]: WebSockets and other
-//!   upgrades; [`workers`]: one single-threaded runtime per core.
+//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core.
 
 pub mod access;
 pub mod activity;
