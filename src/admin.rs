@@ -24,6 +24,7 @@ use guard::Refusal;
 
 mod bans;
 mod effective;
+mod exposition;
 mod guard;
 
 pub use effective::effective_config;
@@ -77,114 +78,37 @@ pub async fn handle(
     peer: SocketAddr,
 ) -> Response<Body> {
     let snap = app.snapshot();
+    if let Some(refused) = refusal(&req, &snap, peer) {
+        return refused;
+    }
     let path = req.uri().path();
-    // Probes need no secret; the dashboard's page, script and style hold no
-    // data (its JSON does, and needs the token).
-    let open = matches!(
-        path,
-        "/healthz" | "/readyz" | "/" | "/dashboard.js" | "/dashboard.css"
-    );
-    let token = snap.config.admin.token.as_deref();
-    match guard::admit(&req, token, open) {
-        Ok(()) => {}
-        Err(Refusal::Unauthorized) => {
-            let mut resp = admin_error(
-                StatusCode::UNAUTHORIZED,
-                "This admin call needs `Authorization: Bearer <token>`.",
-            );
-            resp.headers_mut()
-                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
-            return resp;
-        }
-        Err(Refusal::ForeignHost) => {
-            tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
-            return admin_error(
-                StatusCode::FORBIDDEN,
-                "Without admin.token this API answers only Host: localhost, 127.0.0.1 or [::1].",
-            );
-        }
-    }
-    if token.is_none() && guard::changes_state(req.method()) {
-        tracing::warn!(%peer, method = %req.method(), path, "admin call without a token changes state (set admin.token to require one)");
-    }
-    let query_key = query_param(req.uri().query().unwrap_or(""), "key");
     match (req.method(), path) {
         (&Method::GET, "/") => asset(crate::dashboard::PAGE, "text/html; charset=utf-8"),
-        (&Method::GET, "/dashboard.js") => asset(crate::dashboard::SCRIPT, "text/javascript; charset=utf-8"),
-        (&Method::GET, "/dashboard.css") => asset(crate::dashboard::STYLE, "text/css; charset=utf-8"),
+        (&Method::GET, "/dashboard.js") => {
+            asset(crate::dashboard::SCRIPT, "text/javascript; charset=utf-8")
+        }
+        (&Method::GET, "/dashboard.css") => {
+            asset(crate::dashboard::STYLE, "text/css; charset=utf-8")
+        }
         (&Method::GET, "/dashboard.json") => {
             let mut resp = json_response(StatusCode::OK, crate::dashboard::data(app));
-            resp.headers_mut()
-                .insert(http::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            resp.headers_mut().insert(
+                http::header::CACHE_CONTROL,
+                HeaderValue::from_static("no-store"),
+            );
             resp
         }
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, json!({"status": "ok"})),
-        (&Method::GET, "/readyz") => {
-            let healthy = app.shared.store.healthy();
-            let status = if healthy {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            json_response(
-                status,
-                json!({"ready": healthy, "config_version": snap.version, "store": store_readiness(app, healthy)}),
-            )
+        (&Method::GET, "/readyz") => readiness(app, &snap),
+        (&Method::GET, "/metrics") => metrics(app, &snap).await,
+        (&Method::GET, "/status") | (&Method::DELETE, "/status") => {
+            client_status(app, &snap, &req).await
         }
-        (&Method::GET, "/metrics") => {
-            let mut text = metrics_text(app, &snap).await;
-            crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
-            let mut resp = Response::new(Body::full(text));
-            resp.headers_mut().insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            resp
-        }
-        (&Method::GET, "/status") | (&Method::DELETE, "/status") => match query_key {
-            None => admin_error(
-                StatusCode::BAD_REQUEST,
-                "Pass the client as ?key=<IP or API key>.",
-            ),
-            Some(k) if req.method() == Method::GET => match status(app, &snap, &k).await {
-                Ok(v) => json_response(StatusCode::OK, v),
-                Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-            },
-            Some(k) => {
-                let keys: Vec<String> = status_keys(&snap, &k)
-                    .into_iter()
-                    .map(|(_, key)| key)
-                    .collect();
-                match app.shared.store.reset(&keys).await {
-                    Ok(removed) => json_response(
-                        StatusCode::OK,
-                        json!({"key": key::for_admin_client(&snap.identity, &k), "reset": removed}),
-                    ),
-                    Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-                }
-            }
-        },
-        (&Method::POST, "/reload") => match reloader.reload().await {
-            Ok(version) => {
-                // The snapshot the reload installed (a later reload would carry a higher version).
-                let now = app.snapshot();
-                let warnings: Vec<String> = if now.version == version {
-                    now.config.warnings.iter().map(ToString::to_string).collect()
-                } else {
-                    Vec::new()
-                };
-                json_response(
-                    StatusCode::OK,
-                    json!({"result": "ok", "version": version, "warnings": warnings}),
-                )
-            }
-            Err(e) => json_response(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                json!({"result": "error", "version": snap.version, "errors": e.messages()}),
-            ),
-        },
+        (&Method::POST, "/reload") => reload(app, reloader, &snap).await,
         (&Method::GET, "/bans") => bans::list(app, &snap, req.uri().query().unwrap_or("")).await,
-        (&Method::DELETE, p) if p.starts_with("/bans/") => bans::lift(app, &p["/bans/".len()..]).await,
+        (&Method::DELETE, p) if p.starts_with("/bans/") => {
+            bans::lift(app, &p["/bans/".len()..]).await
+        }
         (&Method::GET, "/upstreams") => json_response(
             StatusCode::OK,
             json!({"upstreams": upstreams_status(&snap)}),
@@ -198,14 +122,132 @@ pub async fn handle(
                 "config": effective_config(&snap.config),
             }),
         ),
-        (_, "/status") => not_allowed("GET, DELETE"),
-        (_, "/reload") => not_allowed("POST"),
-        (_, p) if p.starts_with("/bans/") => not_allowed("DELETE"),
-        (
-            _,
-            "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/bans" | "/"
-            | "/dashboard.js" | "/dashboard.css" | "/dashboard.json",
-        ) => not_allowed("GET"),
+        (_, p) => unknown(p),
+    }
+}
+
+/// The guard phase: token and `Host` checks; the refusal to send, if any.
+fn refusal(req: &Request<Incoming>, snap: &Snapshot, peer: SocketAddr) -> Option<Response<Body>> {
+    let path = req.uri().path();
+    // Probes need no secret; the dashboard's page, script and style hold no
+    // data (its JSON does, and needs the token).
+    let open = matches!(
+        path,
+        "/healthz" | "/readyz" | "/" | "/dashboard.js" | "/dashboard.css"
+    );
+    let token = snap.config.admin.token.as_deref();
+    match guard::admit(req, token, open) {
+        Ok(()) => {}
+        Err(Refusal::Unauthorized) => {
+            let mut resp = admin_error(
+                StatusCode::UNAUTHORIZED,
+                "This admin call needs `Authorization: Bearer <token>`.",
+            );
+            resp.headers_mut()
+                .insert("www-authenticate", HeaderValue::from_static("Bearer"));
+            return Some(resp);
+        }
+        Err(Refusal::ForeignHost) => {
+            tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
+            return Some(admin_error(
+                StatusCode::FORBIDDEN,
+                "Without admin.token this API answers only Host: localhost, 127.0.0.1 or [::1].",
+            ));
+        }
+    }
+    if token.is_none() && guard::changes_state(req.method()) {
+        tracing::warn!(%peer, method = %req.method(), path, "admin call without a token changes state (set admin.token to require one)");
+    }
+    None
+}
+
+/// `GET /readyz`: 503 while the store does not answer.
+fn readiness(app: &App, snap: &Snapshot) -> Response<Body> {
+    let healthy = app.shared.store.healthy();
+    let status = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(
+        status,
+        json!({"ready": healthy, "config_version": snap.version, "store": store_readiness(app, healthy)}),
+    )
+}
+
+/// `GET /metrics`: the Prometheus text exposition.
+async fn metrics(app: &App, snap: &Snapshot) -> Response<Body> {
+    let text = exposition::metrics_text(app, snap).await;
+    let mut resp = Response::new(Body::full(text));
+    resp.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
+
+/// `GET /status?key=`: one client's state; `DELETE /status?key=`: reset it.
+async fn client_status(app: &App, snap: &Snapshot, req: &Request<Incoming>) -> Response<Body> {
+    let Some(k) = query_param(req.uri().query().unwrap_or(""), "key") else {
+        return admin_error(
+            StatusCode::BAD_REQUEST,
+            "Pass the client as ?key=<IP or API key>.",
+        );
+    };
+    if req.method() == Method::GET {
+        return match status(app, snap, &k).await {
+            Ok(v) => json_response(StatusCode::OK, v),
+            Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        };
+    }
+    let keys: Vec<String> = status_keys(snap, &k)
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect();
+    match app.shared.store.reset(&keys).await {
+        Ok(removed) => json_response(
+            StatusCode::OK,
+            json!({"key": key::for_admin_client(&snap.identity, &k), "reset": removed}),
+        ),
+        Err(e) => admin_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// `POST /reload`: the new version and its warnings, or the errors (422).
+async fn reload(app: &App, reloader: &Reloader, snap: &Snapshot) -> Response<Body> {
+    match reloader.reload().await {
+        Ok(version) => {
+            // The snapshot the reload installed (a later reload would carry a higher version).
+            let now = app.snapshot();
+            let warnings: Vec<String> = if now.version == version {
+                now.config
+                    .warnings
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            json_response(
+                StatusCode::OK,
+                json!({"result": "ok", "version": version, "warnings": warnings}),
+            )
+        }
+        Err(e) => json_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({"result": "error", "version": snap.version, "errors": e.messages()}),
+        ),
+    }
+}
+
+/// A known path with the wrong method (405 and `Allow`), or an unknown path (404).
+fn unknown(path: &str) -> Response<Body> {
+    match path {
+        "/status" => not_allowed("GET, DELETE"),
+        "/reload" => not_allowed("POST"),
+        p if p.starts_with("/bans/") => not_allowed("DELETE"),
+        "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/bans" | "/"
+        | "/dashboard.js" | "/dashboard.css" | "/dashboard.json" => not_allowed("GET"),
         _ => admin_error(
             StatusCode::NOT_FOUND,
             "Admin paths: / (dashboard), /dashboard.json, /status, /bans, /bans/{key}, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
@@ -299,126 +341,6 @@ fn store_readiness(app: &App, healthy: bool) -> Value {
         out["last_error"] = d.last_error.into();
     }
     out
-}
-
-async fn metrics_text(app: &App, snap: &Snapshot) -> String {
-    use crate::metrics::Extra;
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = &app.shared;
-    // /proc reads are file I/O: off the runtime.
-    let process = tokio::task::spawn_blocking(crate::metrics::process::sample)
-        .await
-        .ok()
-        .flatten();
-    let durability = s.store.durability().unwrap_or_default();
-    let keys = s.store.key_counters();
-    let gauge = |name, help, value| Extra {
-        name,
-        help,
-        kind: "gauge",
-        value,
-    };
-    let counter = |name, help, value: u64| Extra {
-        name,
-        help,
-        kind: "counter",
-        value: value as f64,
-    };
-    s.metrics.render(
-        &[
-            gauge(
-                "tollgate_config_version",
-                "The version of the config in force (1 at start, +1 per successful reload).",
-                snap.version as f64,
-            ),
-            gauge(
-                "tollgate_open_connections",
-                "Client connections open on the public listeners.",
-                s.connections.open() as f64,
-            ),
-            gauge(
-                "tollgate_tracked_keys",
-                "Limiter keys held in memory (overflow keys included); at most tollgate_max_keys.",
-                s.store.tracked_keys() as f64,
-            ),
-            gauge(
-                "tollgate_max_keys",
-                "store.max_keys: the bound on tollgate_tracked_keys.",
-                s.store.max_keys() as f64,
-            ),
-            counter(
-                "tollgate_keys_evicted_total",
-                "Limiter keys forgotten to make room for new ones (store.max_keys): at rest, or live and under half their quota.",
-                keys.evicted.load(Relaxed),
-            ),
-            counter(
-                "tollgate_keys_evicted_live_total",
-                "Of tollgate_keys_evicted_total, live keys under half their quota (lightest first): each such client starts afresh.",
-                keys.evicted_live.load(Relaxed),
-            ),
-            counter(
-                "tollgate_keys_overflow_total",
-                "Checks counted on their limiter's shared overflow key because the key's shard was full of keys at or over half their quota.",
-                keys.overflowed.load(Relaxed),
-            ),
-            counter(
-                "tollgate_keys_refused_total",
-                "Checks refused because the table and its overflow slots were all full of live state.",
-                keys.refused.load(Relaxed),
-            ),
-            gauge(
-                "tollgate_store_healthy",
-                "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
-                f64::from(u8::from(s.store.healthy())),
-            ),
-            gauge(
-                "tollgate_store_unsaved_keys",
-                "SQLite: keys whose newest state is only in memory, waiting for a failed write to be retried.",
-                durability.unsaved_keys as f64,
-            ),
-            gauge(
-                "tollgate_store_unsaved_cap_reached",
-                "SQLite: 1 when the last failed write had more unsaved keys than the cap and gave some up.",
-                f64::from(u8::from(durability.unsaved_cap_reached)),
-            ),
-            counter(
-                "tollgate_audit_dropped_total",
-                "Audit rows dropped because the writer lagged.",
-                s.store.audit_dropped(),
-            ),
-            counter(
-                "tollgate_access_log_dropped_total",
-                "Access records dropped because the log writer lagged.",
-                s.access.dropped(),
-            ),
-            gauge(
-                "tollgate_dashboard_limited_keys",
-                "Keys rejected lately that the dashboard tracks (at most 128; when full, idle and least rejected keys are replaced).",
-                s.activity.limited_keys_tracked() as f64,
-            ),
-            gauge(
-                "tollgate_tunnels_open",
-                "Upgraded connections (WebSockets) being tunnelled.",
-                s.tunnels.len() as f64,
-            ),
-            gauge(
-                "tollgate_active_bans",
-                "Keys banned now (memory, SQLite: exact; Redis: the bans this proxy has seen).",
-                s.store.active_bans(s.clock.now()) as f64,
-            ),
-            counter(
-                "tollgate_ban_strikes_dropped_total",
-                "New keys whose rejections were not counted towards a ban because the ban table was full.",
-                s.store.ban_strikes_dropped(),
-            ),
-            gauge(
-                "tollgate_uptime_seconds",
-                "Seconds since start.",
-                s.started.elapsed().as_secs_f64(),
-            ),
-        ],
-        process.as_ref(),
-    )
 }
 
 #[cfg(test)]

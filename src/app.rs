@@ -52,8 +52,6 @@ pub struct Shared {
     /// The last reload's error, shown by `GET /config` until a reload succeeds.
     pub last_reload_error: Mutex<Option<String>>,
     pub started: Instant,
-    /// TLS termination; reloads swap its certificates.
-    pub tls: crate::tls::Terminator,
     /// Open public connections and their caps.
     pub connections: Arc<crate::connections::Connections>,
     /// What the admin dashboard shows besides the counters: recent rates, limited keys.
@@ -102,7 +100,6 @@ impl App {
     ) -> App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
-        let tls = crate::tls::Terminator::new(config.server.tls.as_ref().map(|t| t.loaded.clone()));
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
         let (config_path, config_text) = match source {
@@ -119,7 +116,6 @@ impl App {
                 config_text: Mutex::new(config_text),
                 last_reload_error: Mutex::new(None),
                 started: Instant::now(),
-                tls,
                 connections,
                 activity: Default::default(),
                 access: AccessLog::default(),
@@ -394,48 +390,9 @@ impl App {
         headers: &HeaderMap,
         now: Nanos,
     ) -> Result<Limits, crate::store::StoreError> {
-        struct Applied {
-            limiter: usize,
-            store_key: String,
-        }
-        let applied: Vec<Applied> = route
-            .limiters
-            .iter()
-            .filter_map(|&i| {
-                let store_key = snap.limiters[i].request_key(client, &route.name, headers)?;
-                Some(Applied {
-                    limiter: i,
-                    store_key,
-                })
-            })
-            .collect();
-        let checks: Vec<Check<'_>> = applied
-            .iter()
-            .map(|a| {
-                let l = &snap.limiters[a.limiter];
-                Check {
-                    key: &a.store_key,
-                    overflow: l.overflow_key(),
-                    algorithm: l.algorithm_for(l.value_of(&a.store_key)),
-                    shadow: l.shadow,
-                }
-            })
-            .collect();
-        let mut shared_store = true;
-        let outcomes = match self.shared.store.check(&checks, now).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                let policy = snap.config.store.on_error;
-                self.store_failed(route, &e, policy);
-                if policy != OnError::Local {
-                    return Err(e);
-                }
-                // Units taken in the local table stay there: a refund
-                // would go to the shared store, which never counted them.
-                shared_store = false;
-                self.shared.store.check_local(&checks, now)
-            }
-        };
+        let applied = applied_limiters(snap, route, client, headers);
+        let checks: Vec<Check<'_>> = applied.iter().map(|a| a.check(snap)).collect();
+        let (outcomes, shared_store) = self.count(snap, route, &checks, now).await?;
         let at = outcomes.first().map_or(now, |o| o.at);
 
         let mut denial: Option<Denial> = None;
@@ -460,23 +417,7 @@ impl App {
                 Verdict::Deny { retry_after } => {
                     inc(&l.metrics.rejected);
                     refused.push((a.limiter, &a.store_key));
-                    let d = denial.get_or_insert_with(|| Denial {
-                        index: a.limiter,
-                        limiter: l.name.clone(),
-                        quota: o.quota,
-                        policy: l.describe(c.algorithm),
-                        retry_after,
-                        violated: Vec::new(),
-                        key: client.display().to_string(),
-                    });
-                    if retry_after > d.retry_after {
-                        d.index = a.limiter;
-                        d.limiter = l.name.clone();
-                        d.quota = o.quota;
-                        d.policy = l.describe(c.algorithm);
-                        d.retry_after = retry_after;
-                    }
-                    d.violated.push(l.name.clone());
+                    record_denial(&mut denial, a.limiter, l, o, c, retry_after, client);
                 }
                 Verdict::Delay(wait) => {
                     inc(&l.metrics.delayed);
@@ -510,6 +451,30 @@ impl App {
             at,
             units,
         })
+    }
+
+    /// The store's outcomes for `checks`, and whether the shared store
+    /// counted them (`false`: it failed and `on_error: local` counted them here).
+    async fn count(
+        &self,
+        snap: &Snapshot,
+        route: &Route,
+        checks: &[Check<'_>],
+        now: Nanos,
+    ) -> Result<(Vec<Outcome>, bool), crate::store::StoreError> {
+        match self.shared.store.check(checks, now).await {
+            Ok(outcomes) => Ok((outcomes, true)),
+            Err(e) => {
+                let policy = snap.config.store.on_error;
+                self.store_failed(route, &e, policy);
+                if policy != OnError::Local {
+                    return Err(e);
+                }
+                // Units taken in the local table stay there: a refund
+                // would go to the shared store, which never counted them.
+                Ok((self.shared.store.check_local(checks, now), false))
+            }
+        }
     }
 
     /// Counts a failed store call and the `on_error` decision it leads to.
@@ -576,6 +541,75 @@ fn check_framing(headers: &HeaderMap, max_body: u64) -> Result<(), Problem> {
         }
     }
     Ok(())
+}
+
+/// One limiter of the route that applies to this request, and the store key it counts on.
+struct Applied {
+    limiter: usize,
+    store_key: String,
+}
+
+impl Applied {
+    fn check<'a>(&'a self, snap: &'a Snapshot) -> Check<'a> {
+        let l = &snap.limiters[self.limiter];
+        Check {
+            key: &self.store_key,
+            overflow: l.overflow_key(),
+            algorithm: l.algorithm_for(l.value_of(&self.store_key)),
+            shadow: l.shadow,
+        }
+    }
+}
+
+/// The route's limiters that have a key for this request (a limiter keyed
+/// on a header the request lacks does not apply).
+fn applied_limiters(
+    snap: &Snapshot,
+    route: &Route,
+    client: &Client,
+    headers: &HeaderMap,
+) -> Vec<Applied> {
+    route
+        .limiters
+        .iter()
+        .filter_map(|&i| {
+            let store_key = snap.limiters[i].request_key(client, &route.name, headers)?;
+            Some(Applied {
+                limiter: i,
+                store_key,
+            })
+        })
+        .collect()
+}
+
+/// Adds one enforcing limiter's rejection to the denial: every rejecting
+/// limiter is listed, and the one with the longest wait is the one shown.
+fn record_denial(
+    denial: &mut Option<Denial>,
+    index: usize,
+    l: &crate::snapshot::Limiter,
+    o: &Outcome,
+    c: &Check<'_>,
+    retry_after: Nanos,
+    client: &Client,
+) {
+    let d = denial.get_or_insert_with(|| Denial {
+        index,
+        limiter: l.name.clone(),
+        quota: o.quota,
+        policy: l.describe(c.algorithm),
+        retry_after,
+        violated: Vec::new(),
+        key: client.display().to_string(),
+    });
+    if retry_after > d.retry_after {
+        d.index = index;
+        d.limiter = l.name.clone();
+        d.quota = o.quota;
+        d.policy = l.describe(c.algorithm);
+        d.retry_after = retry_after;
+    }
+    d.violated.push(l.name.clone());
 }
 
 #[cfg(test)]

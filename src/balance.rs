@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{BalanceConfig, Policy, UpstreamConfig};
 use crate::forward_error::{ForwardError, Kind};
 use crate::identity::Client as ClientIdentity;
-use crate::metrics::{inc, Counter, Metrics};
+use crate::metrics::{inc, text, Counter, Metrics};
 use crate::proxy::{Outbound, SendError, Sent, Upstream};
 
 /// Passive health of one server, nginx's way: `max_fails` failures within
@@ -431,7 +431,6 @@ impl Balancer {
 
     /// Labeled gauges for /metrics, appended to `out` (Prometheus text).
     pub fn render_metrics(balancers: &[Arc<Balancer>], out: &mut String) {
-        use std::fmt::Write as _;
         let now = Instant::now();
         let families: [(&str, &str); 3] = [
             (
@@ -448,7 +447,7 @@ impl Balancer {
             ),
         ];
         for (f, (name, help)) in families.iter().enumerate() {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            text::family(out, name, help, "gauge");
             for b in balancers {
                 for s in &b.servers {
                     let v = match f {
@@ -456,26 +455,20 @@ impl Balancer {
                         1 => s.in_flight(),
                         _ => b.fails(s),
                     };
-                    let _ = writeln!(
-                        out,
-                        "{name}{{upstream=\"{}\",server=\"{}\"}} {v}",
-                        escape(&b.name),
-                        escape(&s.label)
-                    );
+                    let labels = text::labels(&[("upstream", &b.name), ("server", &s.label)]);
+                    text::sample(out, name, &labels, v);
                 }
             }
         }
         let name = "tollgate_upstream_queue_waiting";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Requests waiting for a server under max_conns.\n# TYPE {name} gauge"
-        );
+        let help = "Requests waiting for a server under max_conns.";
+        text::family(out, name, help, "gauge");
         for b in balancers {
-            let _ = writeln!(
+            text::sample(
                 out,
-                "{name}{{upstream=\"{}\"}} {}",
-                escape(&b.name),
-                b.waiting()
+                name,
+                &text::labels(&[("upstream", &b.name)]),
+                b.waiting(),
             );
         }
     }
@@ -503,12 +496,6 @@ enum Pick {
     Got(usize),
     Busy,
     NoneAlive,
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Methods RFC 9110 §9.2.2 calls idempotent: safe to send again.

@@ -19,7 +19,8 @@
 //! [`reload::Reloader`] `run` owns.
 //!
 //! - [`admin`]: status, metrics, health, reload, config, upstreams; `admin/bans.rs`
-//!   (`GET /bans`, `DELETE /bans/{key}`), `admin/guard.rs` (token, loopback-Host rule);
+//!   (`GET /bans`, `DELETE /bans/{key}`), `admin/guard.rs` (token, loopback-Host rule),
+//!   `admin/exposition.rs` (what `/metrics` shows);
 //! - [`reload`]: file watch / SIGHUP / admin → read (on a blocking thread) → validate → swap, or keep the old;
 //! - [`server`]: the accept loops (public and admin), HTTP/1.1 + HTTP/2, graceful drain, the listener set;
 //!   [`dashboard`]: the live dashboard (HTML, JS, CSS compiled in) and its sampler;
@@ -45,15 +46,17 @@
 //!   [`router`]: path normalization and first-match routing; [`reject`]: a 429's bytes and the
 //!   rate-limit headers, written without a formatter; [`connections`]: connection caps and timers;
 //!   [`logging`]: one-line log records, text or JSON;
-//! - [`config`]: raw YAML → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`;
-//!   [`metrics`]: Prometheus counters, gauges, histograms; [`activity`]: what the dashboard shows
-//!   besides counters;
+//!   [`tls`]: rustls termination (the certificates in force, swapped by reloads) and https://
+//!   upstream trust;
+//! - [`config`]: raw YAML → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
+//!   and certificate pairs and CA bundles as data in `certs.rs`;
+//!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
+//!   [`activity`]: what the dashboard shows besides counters;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected clock;
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
-//!   [`tls`]: rustls termination and https:// upstream trust; [`tunnel`]: WebSockets and other
-//!   upgrades; [`workers`]: one single-threaded runtime per core.
+//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core.
 
 pub mod access;
 pub mod activity;
@@ -143,13 +146,19 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     // One pruning task; a reload that removes limiters asks it for a round.
     let prune_now = prune::Trigger::default();
     // The reloader holds the listeners; the admin API reloads through it.
-    let reloader = Arc::new(reload::Reloader::new(app.clone(), prune_now.clone()));
+    let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
+    let tls = Arc::new(tls::Terminator::new(certs));
+    let reloader = Arc::new(reload::Reloader::new(
+        app.clone(),
+        tls.clone(),
+        prune_now.clone(),
+    ));
     let mut set = server::ListenerSet::new(
         app.clone(),
+        tls,
         admin_handler(&reloader),
         connections.clone(),
         shutdown.child_token(),
-        CancellationToken::new(),
         options.workers.clone(),
     );
     for ((addr, _), listener) in config.server.public().into_iter().zip(listeners.public) {
@@ -159,7 +168,38 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     config.log_warnings();
     set.start_admin(config.admin.listen, listeners.admin);
     reloader.attach(set);
+    spawn_background(&app, &reloader, &options, prune_now, &background);
 
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: no new connections, draining requests in flight");
+    // Taking the listeners back also ends the reloader's hold on the admin handler.
+    if let Some(mut set) = reloader.detach() {
+        // Every connection drains: the request it serves finishes, then it closes.
+        set.shutdown().await;
+    }
+    drain(&app, &connections).await;
+    background.cancel();
+    let shared = app.shared.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        // The last requests' records reach the log before the process ends.
+        shared.access.flush(std::time::Duration::from_secs(1));
+        // The writer logs what it could not save; `main` turns it into the exit status.
+        shared.store.shutdown()
+    })
+    .await;
+    tracing::info!("stopped");
+}
+
+/// The tasks that run beside the listeners until `background` is cancelled:
+/// pruning, rejection episodes, SIGHUP, the dashboard's samples, health
+/// checks and, with a config path and a period, the file watch.
+fn spawn_background(
+    app: &App,
+    reloader: &Arc<reload::Reloader>,
+    options: &RunOptions,
+    prune_now: prune::Trigger,
+    background: &CancellationToken,
+) {
     tokio::spawn(prune::prune_loop(
         app.clone(),
         options.workers.clone(),
@@ -182,14 +222,11 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
             background.clone(),
         ));
     }
+}
 
-    shutdown.cancelled().await;
-    tracing::info!("shutting down: no new connections, draining requests in flight");
-    // Taking the listeners back also ends the reloader's hold on the admin handler.
-    if let Some(mut set) = reloader.detach() {
-        // Every connection drains: the request it serves finishes, then it closes.
-        set.shutdown().await;
-    }
+/// Waits for the connections (and the tunnels upgraded from them) to finish
+/// within `server.shutdown_grace`, then closes the tunnels left.
+async fn drain(app: &App, connections: &TaskTracker) {
     connections.close();
     let grace = app.snapshot().config.server.shutdown_grace;
     // Upgraded connections (WebSockets) left hyper's watch when they
@@ -210,16 +247,6 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         );
     }
     tunnels.close_all().await;
-    background.cancel();
-    let shared = app.shared.clone();
-    let _ = tokio::task::spawn_blocking(move || {
-        // The last requests' records reach the log before the process ends.
-        shared.access.flush(std::time::Duration::from_secs(1));
-        // The writer logs what it could not save; `main` turns it into the exit status.
-        shared.store.shutdown()
-    })
-    .await;
-    tracing::info!("stopped");
 }
 
 /// The admin API as the admin listener serves it.

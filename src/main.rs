@@ -257,10 +257,8 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
     let url = match url {
         Some(u) => u,
         None => {
-            let path = config_path(config)?;
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            format!("http://{}/healthz", local_admin(admin_address(&text)?))
+            let admin = AdminFields::read(&config_path(config)?)?;
+            format!("http://{}/healthz", local_admin(admin.address()?))
         }
     };
     let rest = url
@@ -293,11 +291,9 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
 /// `tollgate reload`: POST /reload to the admin listener of the config, with
 /// its token, and report what the running process answered.
 fn reload(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let path = config_path(config)?;
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let addr = local_admin(admin_address(&text)?);
-    let token = admin_token(&text)?;
+    let admin = AdminFields::read(&config_path(config)?)?;
+    let addr = local_admin(admin.address()?);
+    let token = admin.token()?;
     let (status_line, body) =
         http_exchange(addr, &addr.to_string(), "POST", "/reload", token.as_deref())
             .with_context(|| format!("is tollgate running with its admin listener on {addr}?"))?;
@@ -319,24 +315,6 @@ fn reload(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
         None => eprintln!("reload failed: {status_line}\n{body}"),
     }
     Ok(ExitCode::FAILURE)
-}
-
-/// The admin token a config file names (`admin.token`, with `${VAR}`
-/// expanded, or the content of `admin.token_file`; see [`admin_field`]).
-fn admin_token(text: &str) -> anyhow::Result<Option<String>> {
-    if let Some(token) = admin_field(text, "token") {
-        let token = config::expand_env(&token, |n| std::env::var(n).ok())
-            .map_err(|e| anyhow::anyhow!("admin.token: {e}"))?;
-        return Ok(Some(token));
-    }
-    match admin_field(text, "token_file") {
-        Some(file) => {
-            let token = std::fs::read_to_string(&file)
-                .with_context(|| format!("admin.token_file: cannot read {file}"))?;
-            Ok(Some(token.trim().to_string()))
-        }
-        None => Ok(None),
-    }
 }
 
 /// Where to reach an admin listener from this host: an unspecified address
@@ -378,14 +356,69 @@ fn http_exchange(
     Ok((status_line, body.to_string()))
 }
 
-/// A string under the top-level `admin:` of a config file, read without
-/// validating the rest: the running process may have rightly rejected an
-/// edit the file now holds, and that must not stop the probe (and the
-/// container) from being healthy, or `tollgate reload` from reaching the
-/// process to hear why.
-fn admin_field(text: &str, name: &str) -> Option<String> {
-    let doc: Option<serde_yaml::Value> = serde_yaml::from_str(text).ok();
-    match &doc {
+/// The strings under the top-level `admin:` of a config file that `healthcheck`
+/// and `reload` need, read without validating the rest: the running process
+/// may have rightly rejected an edit the file now holds, and that must not
+/// stop the probe (and the container) from being healthy, or `tollgate
+/// reload` from reaching the process to hear why.
+struct AdminFields {
+    listen: Option<String>,
+    token: Option<String>,
+    token_file: Option<String>,
+}
+
+impl AdminFields {
+    /// Reads the config file once, under the loader's rules (a regular file,
+    /// within its bound), and parses it once.
+    fn read(path: &Path) -> anyhow::Result<AdminFields> {
+        let bytes = config::read_named_file(path, config::CONFIG_FILE_LIMIT)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text = String::from_utf8(bytes)
+            .with_context(|| format!("cannot read {}: it is not UTF-8 text", path.display()))?;
+        let doc: Option<serde_yaml::Value> = serde_yaml::from_str(&text).ok();
+        let field = |name| admin_field(doc.as_ref(), &text, name);
+        Ok(AdminFields {
+            listen: field("listen"),
+            token: field("token"),
+            token_file: field("token_file"),
+        })
+    }
+
+    /// The admin address (127.0.0.1:9901 when the file names none).
+    fn address(&self) -> anyhow::Result<std::net::SocketAddr> {
+        let Some(listen) = &self.listen else {
+            return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], 9901)));
+        };
+        let listen = config::expand_env(listen, |n| std::env::var(n).ok())
+            .map_err(|e| anyhow::anyhow!("admin.listen: {e}"))?;
+        std::net::ToSocketAddrs::to_socket_addrs(listen.as_str())
+            .ok()
+            .and_then(|mut a| a.next())
+            .with_context(|| format!("admin.listen: {listen:?} is not host:port"))
+    }
+
+    /// `admin.token`, with `${VAR}` expanded, or the content of `admin.token_file`.
+    fn token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(token) = &self.token {
+            let token = config::expand_env(token, |n| std::env::var(n).ok())
+                .map_err(|e| anyhow::anyhow!("admin.token: {e}"))?;
+            return Ok(Some(token));
+        }
+        let Some(file) = &self.token_file else {
+            return Ok(None);
+        };
+        let bytes = config::read_named_file(Path::new(file), config::SMALL_FILE_LIMIT)
+            .with_context(|| format!("admin.token_file: cannot read {file}"))?;
+        let token = String::from_utf8(bytes)
+            .with_context(|| format!("admin.token_file: {file} is not UTF-8 text"))?;
+        Ok(Some(token.trim().to_string()))
+    }
+}
+
+/// A string under `admin:`, from the parsed document, or when the text is
+/// not even YAML, from a `name:` line in a top-level `admin:` block.
+fn admin_field(doc: Option<&serde_yaml::Value>, text: &str, name: &str) -> Option<String> {
+    match doc {
         Some(doc) => doc
             .get("admin")
             .and_then(|a| a.get(name))
@@ -407,18 +440,4 @@ fn admin_field(text: &str, name: &str) -> Option<String> {
                     .to_string()
             }),
     }
-}
-
-/// The admin address a config file names (see [`admin_field`]).
-fn admin_address(text: &str) -> anyhow::Result<std::net::SocketAddr> {
-    let listen = admin_field(text, "listen");
-    let Some(listen) = listen else {
-        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], 9901)));
-    };
-    let listen = config::expand_env(&listen, |n| std::env::var(n).ok())
-        .map_err(|e| anyhow::anyhow!("admin.listen: {e}"))?;
-    std::net::ToSocketAddrs::to_socket_addrs(listen.as_str())
-        .ok()
-        .and_then(|mut a| a.next())
-        .with_context(|| format!("admin.listen: {listen:?} is not host:port"))
 }

@@ -10,9 +10,9 @@
 pub mod episode;
 mod histogram;
 pub mod process;
+pub mod text;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -198,17 +198,6 @@ fn help(name: &str) -> &'static str {
     HELP.iter().find(|(n, _)| *n == name).map_or("", |(_, h)| h)
 }
 
-fn label_key(labels: &[(&str, &str)]) -> String {
-    let mut key = String::new();
-    for (i, (k, v)) in labels.iter().enumerate() {
-        if i > 0 {
-            key.push(',');
-        }
-        let _ = write!(key, "{k}=\"{}\"", escape(v));
-    }
-    key
-}
-
 /// One sample of a counter or gauge the caller keeps itself (rendered by [`Metrics::render`]).
 pub struct Extra<'a> {
     pub name: &'a str,
@@ -217,12 +206,32 @@ pub struct Extra<'a> {
     pub value: f64,
 }
 
+impl<'a> Extra<'a> {
+    pub fn gauge(name: &'a str, help: &'a str, value: f64) -> Self {
+        Extra {
+            name,
+            help,
+            kind: "gauge",
+            value,
+        }
+    }
+
+    pub fn counter(name: &'a str, help: &'a str, value: u64) -> Self {
+        Extra {
+            name,
+            help,
+            kind: "counter",
+            value: value as f64,
+        }
+    }
+}
+
 impl Metrics {
     /// The counter for `name` with `labels` (label values are escaped on output).
     pub fn counter(&self, name: &'static str, labels: &[(&str, &str)]) -> Counter {
         self.counters
             .lock()
-            .entry((name, label_key(labels)))
+            .entry((name, text::labels(labels)))
             .or_default()
             .clone()
     }
@@ -230,7 +239,7 @@ impl Metrics {
     pub fn histogram(&self, name: &'static str, labels: &[(&str, &str)]) -> Arc<Histogram> {
         self.histograms
             .lock()
-            .entry((name, label_key(labels)))
+            .entry((name, text::labels(labels)))
             .or_default()
             .clone()
     }
@@ -331,52 +340,9 @@ impl Metrics {
     /// others keep), the build info and, if given, the process metrics.
     pub fn render(&self, extra: &[Extra<'_>], process: Option<&process::Sample>) -> String {
         let mut out = String::with_capacity(8192);
-        {
-            let counters = self.counters.lock();
-            let mut last = "";
-            for ((name, labels), value) in counters.iter() {
-                if *name != last {
-                    let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} counter", help(name));
-                    last = name;
-                }
-                let v = value.load(Ordering::Relaxed);
-                if labels.is_empty() {
-                    let _ = writeln!(out, "{name} {v}");
-                } else {
-                    let _ = writeln!(out, "{name}{{{labels}}} {v}");
-                }
-            }
-        }
-        {
-            let name = "tollgate_responses_total";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Responses by route and status code ({NO_ROUTE} for requests that matched no route).\n# TYPE {name} counter"
-            );
-            for (route, counts) in self.statuses.lock().iter() {
-                for status in 100..1000u16 {
-                    let n = counts.get(status);
-                    if n > 0 {
-                        let _ = writeln!(
-                            out,
-                            "{name}{{route=\"{}\",status=\"{status}\"}} {n}",
-                            escape(route)
-                        );
-                    }
-                }
-            }
-        }
-        {
-            let histograms = self.histograms.lock();
-            let mut last = "";
-            for ((name, labels), h) in histograms.iter() {
-                if *name != last {
-                    let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} histogram", help(name));
-                    last = name;
-                }
-                h.render(&mut out, name, labels);
-            }
-        }
+        self.render_counters(&mut out);
+        self.render_statuses(&mut out);
+        self.render_histograms(&mut out);
         let gauges = [Extra {
             name: "tollgate_in_flight_requests",
             help: "Requests being served now.",
@@ -384,38 +350,68 @@ impl Metrics {
             value: self.in_flight.get() as f64,
         }];
         for e in gauges.iter().chain(extra) {
-            let (name, value) = (e.name, e.value);
-            let _ = writeln!(
-                out,
-                "# HELP {name} {}\n# TYPE {name} {}\n{name} {value}",
-                e.help, e.kind
-            );
+            text::family(&mut out, e.name, e.help, e.kind);
+            text::sample(&mut out, e.name, "", e.value);
         }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_build_info The running version (always 1).\n# TYPE tollgate_build_info gauge\ntollgate_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
-        );
+        let build = "tollgate_build_info";
+        text::family(&mut out, build, "The running version (always 1).", "gauge");
+        let version = text::labels(&[("version", env!("CARGO_PKG_VERSION"))]);
+        text::sample(&mut out, build, &version, 1);
         if let Some(p) = process {
             p.render(&mut out);
         }
         out
     }
+
+    fn render_counters(&self, out: &mut String) {
+        let counters = self.counters.lock();
+        let mut last = "";
+        for ((name, labels), value) in counters.iter() {
+            if *name != last {
+                text::family(out, name, help(name), "counter");
+                last = name;
+            }
+            text::sample(out, name, labels, value.load(Ordering::Relaxed));
+        }
+    }
+
+    fn render_statuses(&self, out: &mut String) {
+        let name = "tollgate_responses_total";
+        let help = format!(
+            "Responses by route and status code ({NO_ROUTE} for requests that matched no route)."
+        );
+        text::family(out, name, &help, "counter");
+        for (route, counts) in self.statuses.lock().iter() {
+            for status in 100..1000u16 {
+                let n = counts.get(status);
+                if n > 0 {
+                    let labels = text::labels(&[("route", route), ("status", &status.to_string())]);
+                    text::sample(out, name, &labels, n);
+                }
+            }
+        }
+    }
+
+    fn render_histograms(&self, out: &mut String) {
+        let histograms = self.histograms.lock();
+        let mut last = "";
+        for ((name, labels), h) in histograms.iter() {
+            if *name != last {
+                text::family(out, name, help(name), "histogram");
+                last = name;
+            }
+            h.render(out, name, labels);
+        }
+    }
 }
 
-/// The value of `name` in a label key built by [`label_key`] (unescaped).
+/// The value of `name` in a label key built by [`text::labels`] (unescaped).
 fn label(labels: &str, name: &str) -> Option<String> {
     let start = labels
         .split(',')
         .find_map(|kv| kv.strip_prefix(name)?.strip_prefix("=\""))?;
     // Values are escaped; route and decision names hold no quotes or commas.
     Some(start.strip_suffix('"').unwrap_or(start).to_string())
-}
-
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ use crate::app::App;
 use crate::config::{self, Config, ConfigError};
 use crate::server::ListenerSet;
 use crate::snapshot::Snapshot;
+use crate::tls::Terminator;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -77,6 +78,8 @@ impl ReloadError {
 /// binds or drains them.
 pub struct Reloader {
     app: App,
+    /// TLS termination, shared with the listeners: a reload swaps its certificates.
+    tls: Arc<Terminator>,
     /// The listeners in service while `run` runs (`None` before and after).
     listeners: Mutex<Option<ListenerSet>>,
     /// One reload at a time, from reading the file to the swap: versions stay
@@ -88,9 +91,10 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    pub fn new(app: App, prune_now: crate::prune::Trigger) -> Reloader {
+    pub fn new(app: App, tls: Arc<Terminator>, prune_now: crate::prune::Trigger) -> Reloader {
         Reloader {
             app,
+            tls,
             listeners: Mutex::new(None),
             turn: tokio::sync::Mutex::new(()),
             prune_now,
@@ -197,7 +201,7 @@ impl Reloader {
         let snapshot = Snapshot::build(config, version, Some(&old), &app.shared.metrics);
         // Certificates first: a connection accepted as TLS under the new snapshot
         // finds the new pairs. Open connections keep the session they have.
-        if app.shared.tls.install(certs.clone()) {
+        if self.tls.install(certs.clone()) {
             match &certs {
                 Some(c) => {
                     tracing::info!(certificates = ?c, "TLS certificates rotated; new handshakes use them")
@@ -302,6 +306,7 @@ pub async fn watch(
 ) {
     let path = path.as_ref().to_path_buf();
     let app = reloader.app().clone();
+    let tls = reloader.tls.clone();
     let in_force = |app: &App| {
         let text = app
             .shared
@@ -316,7 +321,7 @@ pub async fn watch(
             .api_keys_file
             .as_ref()
             .map(|(_, bytes)| bytes.to_vec());
-        (text, app.shared.tls.digest(), keys)
+        (text, tls.digest(), keys)
     };
     let mut attempted = in_force(&app);
     let mut seen = attempted.clone();
@@ -354,7 +359,7 @@ struct Watched {
 /// file is a change too).
 type Polled = (
     Option<Vec<u8>>,
-    Option<crate::tls::FilesDigest>,
+    Option<crate::config::certs::FilesDigest>,
     Option<Vec<u8>>,
 );
 
@@ -388,7 +393,7 @@ impl Watched {
                 .iter()
                 .map(|p| read_named_file(p, SMALL_FILE_LIMIT).ok())
                 .collect();
-            crate::tls::digest_of(&contents)
+            crate::config::certs::digest_of(&contents)
         });
         (
             read_named_file(&self.config, CONFIG_FILE_LIMIT).ok(),

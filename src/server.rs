@@ -27,6 +27,7 @@ use crate::body::Body;
 use crate::config::Serve;
 use crate::connections::{watch, Activity, Closing, Permit, Watched};
 use crate::problem::Problem;
+use crate::tls::Terminator;
 use crate::workers::Workers;
 
 /// Request heads larger than this get 431 (hyper answers it while parsing).
@@ -127,6 +128,7 @@ async fn accept_loop(
 /// without rebinding.
 fn public_acceptor(
     app: App,
+    tls: Arc<Terminator>,
     addr: SocketAddr,
     port: u16,
     drain: CancellationToken,
@@ -163,6 +165,7 @@ fn public_acceptor(
             idle: server.idle_timeout,
         };
         drop(snap);
+        let serving = Serving::of(serve, &tls);
         let app = app.clone();
         let drain = drain.clone();
         match &workers {
@@ -176,7 +179,7 @@ fn public_acceptor(
                             match TcpStream::from_std(std_stream) {
                                 Ok(stream) => {
                                     let conn = ConnInfo { peer, proto: "http", port, worker };
-                                    serve_accepted(stream, conn, serve, app, timeouts, drain, &permit).await;
+                                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit).await;
                                 }
                                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
                             }
@@ -194,7 +197,7 @@ fn public_acceptor(
                         port,
                         worker: 0,
                     };
-                    serve_accepted(stream, conn, serve, app, timeouts, drain, &permit).await;
+                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit).await;
                 });
             }
         }
@@ -234,12 +237,31 @@ struct Timeouts {
     idle: Duration,
 }
 
+/// What one accepted connection is served as: [`Serve`], with the TLS
+/// acceptor for a TLS listener.
+enum Serving {
+    Http,
+    RedirectToHttps { port: u16 },
+    Https(tokio_rustls::TlsAcceptor),
+}
+
+impl Serving {
+    fn of(serve: Serve, tls: &Terminator) -> Serving {
+        match serve {
+            Serve::Http => Serving::Http,
+            Serve::RedirectToHttps { port } => Serving::RedirectToHttps { port },
+            // The rustls config is shared: it picks the certificates in force at each handshake.
+            Serve::Https => Serving::Https(tls.acceptor()),
+        }
+    }
+}
+
 /// Serves one accepted connection as its listener says: plain, TLS, or
 /// redirect, while `permit` holds its place (its activity is what may be displaced).
 async fn serve_accepted(
     stream: TcpStream,
     conn: ConnInfo,
-    serve: Serve,
+    serve: Serving,
     app: App,
     timeouts: Timeouts,
     drain: CancellationToken,
@@ -249,12 +271,11 @@ async fn serve_accepted(
     let peer = conn.peer;
     let activity = permit.activity();
     match serve {
-        Serve::Http => serve_connection(stream, app, conn, None, timeouts, drain, activity).await,
-        Serve::RedirectToHttps { port } => {
+        Serving::Http => serve_connection(stream, app, conn, None, timeouts, drain, activity).await,
+        Serving::RedirectToHttps { port } => {
             serve_connection(stream, app, conn, Some(port), timeouts, drain, activity).await
         }
-        Serve::Https => {
-            let acceptor = app.shared.tls.acceptor();
+        Serving::Https(acceptor) => {
             // The handshake gets the same budget as a request head: a
             // client that opens a socket and says nothing is cut off. It
             // has sent no request head yet, so a newcomer may displace it.
@@ -324,20 +345,7 @@ async fn serve_connection<I>(
         }
         async move {
             let _busy = busy;
-            if let Some(port) = redirect_to {
-                if !req.uri().path().starts_with(crate::router::ACME_CHALLENGE) {
-                    let resp = crate::router::https_redirect(&req, port).unwrap_or_else(|| {
-                        Problem::BadRequest("A redirect to https needs a valid Host header.".into())
-                            .into_response()
-                    });
-                    return Ok::<_, Infallible>(resp);
-                }
-            }
-            // Boxed: hyper moves the service's future into its dispatcher,
-            // and the whole request lifecycle inline is kilobytes of state
-            // copied per request (callgrind: ~8,400 instructions of memcpy
-            // per 429); a box moves a pointer.
-            Ok::<_, Infallible>(Box::pin(app.handle_on(req, conn_info, Some(share))).await)
+            Ok::<_, Infallible>(answer(app, req, conn_info, redirect_to, share).await)
         }
     });
     let builder = connection_builder(None);
@@ -366,30 +374,69 @@ async fn serve_connection<I>(
                 _ = drain.cancelled() => conn.await,
             }
         }
-        closing = watch(&activity, timeouts.header, timeouts.idle) => match closing {
-            Closing::Silent => {
-                connections.count_closed_silent();
-                tracing::debug!(%peer, "closed: no request within request_header_timeout");
+        closing = watch(&activity, timeouts.header, timeouts.idle) => {
+            if !count_closing(&connections, closing, peer) {
                 return;
             }
-            Closing::SlowHead => {
-                connections.count_closed_slow_head();
-                tracing::debug!(%peer, "closed: request head incomplete after request_header_timeout");
-                return;
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                r = conn.as_mut() => r,
+                _ = drain.cancelled() => conn.await,
             }
-            Closing::Idle => {
-                connections.count_closed_idle();
-                tracing::debug!(%peer, "closed: idle");
-                conn.as_mut().graceful_shutdown();
-                tokio::select! {
-                    r = conn.as_mut() => r,
-                    _ = drain.cancelled() => conn.await,
-                }
-            }
-        },
+        }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// One request on a public connection: with `redirect_to`, a 308 to https
+/// (except an ACME challenge); otherwise the app's answer.
+async fn answer(
+    app: App,
+    req: Request<Incoming>,
+    conn_info: ConnInfo,
+    redirect_to: Option<u16>,
+    share: crate::buffering::Share,
+) -> Response<Body> {
+    if let Some(port) = redirect_to {
+        if !req.uri().path().starts_with(crate::router::ACME_CHALLENGE) {
+            return crate::router::https_redirect(&req, port).unwrap_or_else(|| {
+                Problem::BadRequest("A redirect to https needs a valid Host header.".into())
+                    .into_response()
+            });
+        }
+    }
+    // Boxed: hyper moves the service's future into its dispatcher,
+    // and the whole request lifecycle inline is kilobytes of state
+    // copied per request (callgrind: ~8,400 instructions of memcpy
+    // per 429); a box moves a pointer.
+    Box::pin(app.handle_on(req, conn_info, Some(share))).await
+}
+
+/// Counts why [`watch`] closes a connection; `true` when it closes
+/// gracefully (idle between requests), `false` when it is cut at once.
+fn count_closing(
+    connections: &crate::connections::Connections,
+    closing: Closing,
+    peer: SocketAddr,
+) -> bool {
+    match closing {
+        Closing::Silent => {
+            connections.count_closed_silent();
+            tracing::debug!(%peer, "closed: no request within request_header_timeout");
+            false
+        }
+        Closing::SlowHead => {
+            connections.count_closed_slow_head();
+            tracing::debug!(%peer, "closed: request head incomplete after request_header_timeout");
+            false
+        }
+        Closing::Idle => {
+            connections.count_closed_idle();
+            tracing::debug!(%peer, "closed: idle");
+            true
+        }
     }
 }
 
@@ -397,6 +444,8 @@ async fn serve_connection<I>(
 /// can bind new ones and drain removed ones without a restart.
 pub struct ListenerSet {
     app: App,
+    /// TLS termination for the TLS listeners; reloads swap its certificates.
+    tls: Arc<Terminator>,
     admin_handler: AdminHandler,
     connections: TaskTracker,
     stop_all: CancellationToken,
@@ -432,18 +481,19 @@ impl ListenerSet {
     /// Public listeners serve `app`; the admin listener serves `admin_handler`.
     pub fn new(
         app: App,
+        tls: Arc<Terminator>,
         admin_handler: AdminHandler,
         connections: TaskTracker,
         stop_all: CancellationToken,
-        drain_all: CancellationToken,
         workers: Option<Arc<Workers>>,
     ) -> ListenerSet {
         ListenerSet {
             app,
+            tls,
             admin_handler,
             connections,
             stop_all,
-            drain_all,
+            drain_all: CancellationToken::new(),
             public: Vec::new(),
             admin: None,
             workers,
@@ -461,6 +511,7 @@ impl ListenerSet {
         let drain = self.drain_all.child_token();
         let acceptor = public_acceptor(
             self.app.clone(),
+            self.tls.clone(),
             addr,
             port,
             drain.clone(),

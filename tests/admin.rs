@@ -2,11 +2,9 @@
 
 mod common;
 
+use common::T0;
 use common::{client, send, Proxy};
 use tollgate::clock::ManualClock;
-
-/// 20 s into a minute, so a 60 s window ends 40 s later, at 1_767_225_660.
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 /// `ping` has two fixed windows and a token bucket; `strict` runs out first.
 const THREE_LIMITERS: &str = "

@@ -2,13 +2,12 @@
 
 mod common;
 
+use common::T0;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{client, Proxy, Upstream};
 use tollgate::clock::ManualClock;
-
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 fn upstream_yaml(upstream: &Upstream, limiters: &str, route_limiters: &str) -> String {
     format!(

@@ -5,6 +5,9 @@
 //! end-to-end suites (limits.rs, identity.rs, proxy.rs, …) keep real sockets
 //! for what only a socket shows (framing, connections, upstreams).
 
+mod common;
+
+use common::T0;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
@@ -14,9 +17,6 @@ use tollgate::app::{App, ConnInfo};
 use tollgate::body::Body;
 use tollgate::clock::ManualClock;
 use tollgate::store::Store;
-
-/// 20 s into a minute (2026-01-01T00:00:20Z), so windows never roll over mid-test.
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 /// An app from `yaml` (memory store, the clock stopped at `T0`, no access
 /// log: its records would go to the test's stdout).

@@ -30,18 +30,6 @@ async fn answer_and_close(s: &mut TcpStream, limit: Duration) -> Option<String> 
     Some(String::from_utf8_lossy(&out).into_owned())
 }
 
-async fn metric(proxy: &Proxy, series: &str) -> Option<f64> {
-    let text = client()
-        .get(proxy.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    common::metric(&text, series)
-}
-
 #[tokio::test]
 async fn a_trickling_body_never_reaches_the_upstream_before_its_last_byte() {
     let upstream = Upstream::start().await;
@@ -99,7 +87,7 @@ async fn a_stalled_body_gets_408_within_the_timeout_and_the_connection_closes() 
         "a stalled body reached the upstream"
     );
     assert_eq!(
-        metric(&proxy, "tollgate_request_body_timeouts_total").await,
+        proxy.metric("tollgate_request_body_timeouts_total").await,
         Some(1.0)
     );
 }
@@ -163,7 +151,7 @@ async fn a_body_larger_than_the_memory_buffer_is_spilled_and_arrives_byte_exact(
     assert_eq!(echoed.len(), body.len());
     assert!(echoed[..] == body[..], "the spilled body came back changed");
     assert_eq!(
-        metric(&proxy, "tollgate_request_bodies_spilled_total").await,
+        proxy.metric("tollgate_request_bodies_spilled_total").await,
         Some(1.0)
     );
     // A small one stays in memory.
@@ -175,7 +163,7 @@ async fn a_body_larger_than_the_memory_buffer_is_spilled_and_arrives_byte_exact(
         .unwrap();
     assert_eq!(small.text().await.unwrap(), "small");
     assert_eq!(
-        metric(&proxy, "tollgate_request_bodies_spilled_total").await,
+        proxy.metric("tollgate_request_bodies_spilled_total").await,
         Some(1.0)
     );
 }
@@ -245,11 +233,9 @@ async fn a_client_that_stops_reading_is_disconnected_and_its_upstream_connection
         "cut off early: {took:?}"
     );
     assert_eq!(
-        metric(
-            &proxy,
-            "tollgate_connections_closed_total{reason=\"send_timeout\"}"
-        )
-        .await,
+        proxy
+            .metric("tollgate_connections_closed_total{reason=\"send_timeout\"}")
+            .await,
         Some(1.0)
     );
     // The client's side is closed too: what it reads now ends.
@@ -329,7 +315,7 @@ async fn one_http2_connection_holds_at_most_its_share_of_upstream_connections() 
         upstream.max_open() >= 2,
         "the streams never ran side by side"
     );
-    assert!(metric(&proxy, "tollgate_upstream_share_waits_total").await >= Some(1.0));
+    assert!(proxy.metric("tollgate_upstream_share_waits_total").await >= Some(1.0));
 }
 
 #[tokio::test]

@@ -8,15 +8,13 @@
 
 mod common;
 
+use common::T0;
 use std::time::Duration;
 
 use common::{Proxy, Tap, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::clock::ManualClock;
-
-/// 20 s into a minute, so the limited route's window never rolls over mid-test.
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 fn yaml(upstream: &str) -> String {
     format!(
@@ -181,7 +179,7 @@ fn split_crlf(head: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// What the client got back on one connection.
 #[derive(Debug)]
-struct Answer {
+struct Conversation {
     /// Final (non-1xx) statuses, in order.
     statuses: Vec<u16>,
     /// Whether any interim 100 Continue was sent.
@@ -193,7 +191,7 @@ struct Answer {
 }
 
 /// Sends `bytes`, then reads until the server closes or stays quiet for a while.
-async fn converse(addr: std::net::SocketAddr, bytes: &[u8]) -> Answer {
+async fn converse(addr: std::net::SocketAddr, bytes: &[u8]) -> Conversation {
     let mut s = TcpStream::connect(addr).await.unwrap();
     // A server may refuse mid-send: the rest of the bytes are moot then.
     let _ = s.write_all(bytes).await;
@@ -214,8 +212,8 @@ async fn converse(addr: std::net::SocketAddr, bytes: &[u8]) -> Answer {
     read_responses(&buf, closed)
 }
 
-fn read_responses(mut bytes: &[u8], closed: bool) -> Answer {
-    let mut a = Answer {
+fn read_responses(mut bytes: &[u8], closed: bool) -> Conversation {
+    let mut a = Conversation {
         statuses: Vec::new(),
         continued: false,
         types: Vec::new(),

@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::T0;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -9,9 +10,6 @@ use common::{eventually, forward_all, Proxy, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::clock::ManualClock;
-
-/// 20 s into a minute, so the limited route's window never rolls over mid-test.
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 /// Reads until the server closes the connection; how long that took, or `None` after `limit`.
 async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
@@ -21,11 +19,6 @@ async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
         Ok(_) => Some(started.elapsed()),
         Err(_) => None,
     }
-}
-
-/// The value of a metric line (`name{labels} value`) in `/metrics`.
-async fn metric(proxy: &Proxy, line_start: &str) -> Option<f64> {
-    common::metric(&proxy.metrics().await, line_start)
 }
 
 async fn get_on(s: &mut TcpStream, path: &str) -> String {
@@ -54,11 +47,9 @@ async fn a_connection_that_never_sends_a_byte_is_closed_after_request_header_tim
         .expect("a silent connection was kept for 5 s");
     assert!(took >= Duration::from_millis(400), "closed early: {took:?}");
     assert_eq!(
-        metric(
-            &proxy,
-            "tollgate_connections_closed_total{reason=\"no_request\"}"
-        )
-        .await,
+        proxy
+            .metric("tollgate_connections_closed_total{reason=\"no_request\"}")
+            .await,
         Some(1.0)
     );
 }
@@ -81,7 +72,9 @@ async fn an_idle_keep_alive_connection_is_closed_after_idle_timeout() {
         .expect("an idle connection was kept for 5 s");
     assert!(took >= Duration::from_millis(400), "closed early: {took:?}");
     assert_eq!(
-        metric(&proxy, "tollgate_connections_closed_total{reason=\"idle\"}").await,
+        proxy
+            .metric("tollgate_connections_closed_total{reason=\"idle\"}")
+            .await,
         Some(1.0)
     );
 }
@@ -169,11 +162,9 @@ async fn past_max_connections_with_every_connection_busy_a_new_one_is_closed_and
     );
     // The admin listener is not capped: it answered `metric` above and answers now.
     assert_eq!(
-        metric(
-            &proxy,
-            "tollgate_connections_refused_total{reason=\"max_connections\"}"
-        )
-        .await,
+        proxy
+            .metric("tollgate_connections_refused_total{reason=\"max_connections\"}")
+            .await,
         Some(1.0)
     );
     // A closed connection frees its place.
@@ -210,11 +201,9 @@ async fn one_address_cannot_hold_more_than_max_connections_per_ip_unless_it_is_a
     let _ = tokio::time::timeout(Duration::from_secs(2), third.read_to_end(&mut out)).await;
     assert!(out.is_empty(), "the third connection was served");
     assert_eq!(
-        metric(
-            &proxy,
-            "tollgate_connections_refused_total{reason=\"max_connections_per_ip\"}"
-        )
-        .await,
+        proxy
+            .metric("tollgate_connections_refused_total{reason=\"max_connections_per_ip\"}")
+            .await,
         Some(1.0)
     );
 

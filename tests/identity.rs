@@ -2,11 +2,9 @@
 
 mod common;
 
+use common::T0;
 use common::{client, Proxy, Upstream};
 use tollgate::clock::ManualClock;
-
-/// 20 s into a minute (2026-01-01T00:00:20Z), so windows never roll over mid-test.
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 /// One request per minute per `key`, on a route that answers locally; `identity` is YAML.
 fn one_per_minute(key: &str, identity: &str) -> String {

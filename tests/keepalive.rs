@@ -34,10 +34,6 @@ async fn time_until_closed(s: &mut TcpStream) -> Duration {
     started.elapsed()
 }
 
-async fn metric(proxy: &Proxy, line_start: &str) -> Option<f64> {
-    common::metric(&proxy.metrics().await, line_start)
-}
-
 #[tokio::test]
 async fn a_kept_alive_connection_idle_longer_than_the_header_timeout_still_serves_its_next_request()
 {
@@ -63,7 +59,9 @@ async fn a_kept_alive_connection_idle_past_idle_timeout_is_closed_as_idle() {
         "closed before idle_timeout: {took:?}"
     );
     assert_eq!(
-        metric(&proxy, "tollgate_connections_closed_total{reason=\"idle\"}").await,
+        proxy
+            .metric("tollgate_connections_closed_total{reason=\"idle\"}")
+            .await,
         Some(1.0)
     );
 }
@@ -90,11 +88,9 @@ async fn a_request_head_that_stalls_after_a_kept_alive_request_is_cut_at_the_hea
         "a stalled head was kept for {took:?}"
     );
     assert_eq!(
-        metric(
-            &proxy,
-            "tollgate_connections_closed_total{reason=\"request_header_timeout\"}"
-        )
-        .await,
+        proxy
+            .metric("tollgate_connections_closed_total{reason=\"request_header_timeout\"}")
+            .await,
         Some(1.0)
     );
 }

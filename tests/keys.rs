@@ -1,6 +1,7 @@
 //! `store.max_keys`: a flood of new identities neither grows memory nor frees a limited client; one process per SQLite file.
 
 mod common;
+use common::WINDOW_START;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -162,8 +163,6 @@ fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_li
 
 // ------------------------------------------------------------- the SQLite file
 
-const T0: Nanos = 1_767_225_600 * S;
-
 fn window() -> Algorithm {
     Algorithm::FixedWindow(FixedWindow {
         limit: 3,
@@ -220,16 +219,16 @@ fn distinct_keys(path: &std::path::Path) -> i64 {
 async fn the_sqlite_file_never_holds_more_keys_than_max_keys() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bounded.db");
-    let store = open(&path, 200, T0);
+    let store = open(&path, 200, WINDOW_START);
     for i in 0..5_000u32 {
-        hit(&store, &format!("w:ip:{}", flood_ip(i)), T0).await;
+        hit(&store, &format!("w:ip:{}", flood_ip(i)), WINDOW_START).await;
     }
     store.flush().unwrap();
     assert!(distinct_keys(&path) <= 200, "{}", distinct_keys(&path));
 
     // A window later the first wave rests; a second wave evicts it, and the
     // writer deletes what was evicted.
-    let later = T0 + 61 * S;
+    let later = WINDOW_START + 61 * S;
     for i in 10_000..15_000u32 {
         hit(&store, &format!("w:ip:{}", flood_ip(i)), later).await;
     }
@@ -326,7 +325,7 @@ async fn a_store_dropped_and_reopened_20_times_while_processes_spawn_always_open
     let key = "w:ip:192.0.2.1";
     let mut verdicts = Vec::new();
     for round in 0..20u64 {
-        let now = T0 + round * 1_000_000;
+        let now = WINDOW_START + round * 1_000_000;
         let store = open(&path, 200, now);
         verdicts.push(hit(&store, key, now).await);
         drop(store);

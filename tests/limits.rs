@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::T0;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -17,9 +18,6 @@ routes:
     respond: { status: 200, body: \"pong\\n\" }
     limiters: [strict]
 ";
-
-/// 20 s into a minute, so the window's end is 40 s away.
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 #[tokio::test]
 async fn the_sixth_ping_in_a_window_is_a_429_with_headers_and_problem_body() {

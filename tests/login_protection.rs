@@ -2,17 +2,15 @@
 
 mod common;
 
+use common::T0;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::php::PhpServer;
-use common::{client, get_json, Proxy};
+use common::{client, get_json, send, Answer, Proxy};
 use tollgate::clock::ManualClock;
-use tollgate::limiter::{Nanos, NANOS_PER_SEC as S};
-
-/// 20 s into a 15-minute window: the manual clock never crosses a boundary by itself.
-const T0: Nanos = 1_767_225_620 * S;
+use tollgate::limiter::NANOS_PER_SEC as S;
 
 const LOGIN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/login.php");
 
@@ -23,39 +21,13 @@ fn config(php: &PhpServer, count: &str, ban: &str) -> String {
     )
 }
 
-struct Answer {
-    status: u16,
-    retry_after: Option<u64>,
-    /// `X-RateLimit-Remaining`.
-    remaining: Option<u64>,
-    body: serde_json::Value,
-}
-
 async fn login(c: &reqwest::Client, proxy: &Proxy, password: &str, query: &str) -> Answer {
-    let resp = c
-        .post(proxy.url(&format!("/login.php{query}")))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("user=alice&password={password}"))
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
-    let remaining = resp
-        .headers()
-        .get("x-ratelimit-remaining")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
-    let text = resp.text().await.unwrap();
-    let body = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
-    Answer {
-        status,
-        retry_after,
-        remaining,
-        body,
-    }
+    send(
+        c.post(proxy.url(&format!("/login.php{query}")))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("user=alice&password={password}")),
+    )
+    .await
 }
 
 /// What `GET /status?key=127.0.0.1` says about the limiter.
@@ -87,12 +59,20 @@ async fn only_failed_logins_count_and_the_sixth_failure_is_refused_before_php() 
             let a = login(&c, &proxy, "wrong", "").await;
             assert_eq!(a.status, 401, "failure {wrong} reaches PHP");
             wrong += 1;
-            assert_eq!(a.remaining, Some(5 - wrong), "a failure counts");
+            assert_eq!(
+                a.number("x-ratelimit-remaining"),
+                Some(5 - wrong),
+                "a failure counts"
+            );
         } else {
             let a = login(&c, &proxy, "right", "").await;
             assert_eq!(a.status, 200, "login {i}");
-            assert_eq!(a.body["login"], "ok");
-            assert_eq!(a.remaining, Some(5 - wrong), "a success is given back");
+            assert_eq!(a.json()["login"], "ok");
+            assert_eq!(
+                a.number("x-ratelimit-remaining"),
+                Some(5 - wrong),
+                "a success is given back"
+            );
         }
     }
     assert_eq!(wrong, 5);
@@ -102,9 +82,9 @@ async fn only_failed_logins_count_and_the_sixth_failure_is_refused_before_php() 
 
     let sixth = login(&c, &proxy, "wrong", "").await;
     assert_eq!(sixth.status, 429, "the sixth failure is refused");
-    assert_eq!(sixth.remaining, Some(0));
-    assert_eq!(sixth.body["type"], "rate-limit-exceeded");
-    assert_eq!(sixth.body["limiter"], "failed_logins");
+    assert_eq!(sixth.number("x-ratelimit-remaining"), Some(0));
+    assert_eq!(sixth.json()["type"], "rate-limit-exceeded");
+    assert_eq!(sixth.json()["limiter"], "failed_logins");
     assert_eq!(failed(&php), 5, "and never reached PHP");
     assert_eq!(
         status_of(&c, &proxy).await["remaining"],
@@ -219,10 +199,10 @@ async fn a_ban_outlasts_the_window_survives_a_restart_and_delete_status_lifts_it
     assert_eq!(login(&c, &proxy, "wrong", "").await.status, 429);
     let banned = login(&c, &proxy, "right", "").await;
     assert_eq!(banned.status, 429);
-    assert_eq!(banned.body["type"], "client-banned", "{}", banned.body);
-    assert_eq!(banned.retry_after, Some(3600));
+    assert_eq!(banned.json()["type"], "client-banned", "{}", banned.body);
+    assert_eq!(banned.number("retry-after"), Some(3600));
     let ban_end = T0 / S + 3600;
-    assert_eq!(banned.body["banned_until"], ban_end);
+    assert_eq!(banned.json()["banned_until"], ban_end);
     let s = status_of(&c, &proxy).await;
     assert_eq!(s["ban"]["banned"], true, "{s}");
     assert_eq!(s["ban"]["until"], ban_end);
@@ -230,8 +210,8 @@ async fn a_ban_outlasts_the_window_survives_a_restart_and_delete_status_lifts_it
     // The limiter's window ends; the ban does not.
     clock.advance(Duration::from_secs(20 * 60));
     let later = login(&c, &proxy, "right", "").await;
-    assert_eq!(later.body["type"], "client-banned");
-    assert_eq!(later.retry_after, Some(3600 - 20 * 60));
+    assert_eq!(later.json()["type"], "client-banned");
+    assert_eq!(later.number("retry-after"), Some(3600 - 20 * 60));
     let hits_before_restart = php.hits().len();
 
     // A restart on the same SQLite file keeps the ban.
@@ -239,8 +219,8 @@ async fn a_ban_outlasts_the_window_survives_a_restart_and_delete_status_lifts_it
     let proxy = Proxy::start_in(&yaml, clock.clone(), dir, None).await;
     let after_restart = login(&c, &proxy, "right", "").await;
     assert_eq!(after_restart.status, 429);
-    assert_eq!(after_restart.body["type"], "client-banned");
-    assert_eq!(after_restart.body["banned_until"], ban_end);
+    assert_eq!(after_restart.json()["type"], "client-banned");
+    assert_eq!(after_restart.json()["banned_until"], ban_end);
     assert_eq!(
         php.hits().len(),
         hits_before_restart,
@@ -298,8 +278,8 @@ async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
     // The second refusal (on b) banned the key for the whole fleet, with 403.
     let on_a = login(&c, &a, "right", "").await;
     assert_eq!(on_a.status, 403, "{}", on_a.body);
-    assert_eq!(on_a.body["type"], "client-banned");
-    let retry = on_a.retry_after.expect("Retry-After");
+    assert_eq!(on_a.json()["type"], "client-banned");
+    let retry = on_a.number("retry-after").expect("Retry-After");
     assert!((3590..=3600).contains(&retry), "{retry}");
     assert_eq!(status_of(&c, &a).await["ban"]["banned"], true);
 
@@ -319,7 +299,8 @@ async fn a_fleet_on_redis_counts_failures_together_and_shares_a_ban() {
     assert_eq!(get_json(&c, &a.admin_url("/bans")).await["total"], 0);
     let after_lift = login(&c, &a, "right", "").await;
     assert_eq!(
-        after_lift.body["type"], "rate-limit-exceeded",
+        after_lift.json()["type"],
+        "rate-limit-exceeded",
         "no longer banned; the limiter's own count stays: {}",
         after_lift.body
     );
@@ -357,10 +338,10 @@ async fn a_banned_request_is_decision_banned_in_the_access_log_the_histogram_and
     }
     // The sixth failure is refused by the limiter and starts the ban.
     let refused = login(&c, &proxy, "wrong", "").await;
-    assert_eq!(refused.body["type"], "rate-limit-exceeded");
+    assert_eq!(refused.json()["type"], "rate-limit-exceeded");
     let banned = login(&c, &proxy, "right", "").await;
     assert_eq!(banned.status, 429);
-    assert_eq!(banned.body["type"], "client-banned", "{}", banned.body);
+    assert_eq!(banned.json()["type"], "client-banned", "{}", banned.body);
 
     let records = access.wait_records(7).await;
     let last = &records[6];

@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::T0;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -9,9 +10,6 @@ use common::{client, forward_all, free_addr, json, raw, status_of, Proxy, Reply,
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate::clock::ManualClock;
-
-/// 20 s into a minute (2026-01-01T00:00:20Z), so windows never roll over mid-test.
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 /// Asserts a problem+json answer of `status` and `kind`, and returns its body.
 async fn problem(resp: reqwest::Response, status: u16, kind: &str) -> serde_json::Value {

@@ -2,14 +2,13 @@
 
 mod common;
 
+use common::T0;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{client, eventually, pin_yaml, ping_yaml, Proxy, Upstream};
 use tollgate::clock::{ManualClock, SystemClock};
-
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 /// Exhausts a limit of 1, lets `change` rewrite the config to a limit of
 /// 1000, and returns how long it took until a request was admitted again.

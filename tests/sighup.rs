@@ -2,12 +2,11 @@
 
 mod common;
 
+use common::T0;
 use std::time::Duration;
 
 use common::{client, ping_yaml, Proxy};
 use tollgate::clock::ManualClock;
-
-const T0: u64 = 1_767_225_620 * 1_000_000_000;
 
 #[tokio::test]
 async fn sighup_reloads_the_config_in_the_same_process() {

@@ -2,6 +2,7 @@
 //! exact Retry-After, and recovers at the exact instant; SQLite state survives a reopen.
 
 mod common;
+use common::WINDOW_START;
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use tollgate::limiter::{
 use tollgate::store::{Banned, Check, Store};
 
 /// 2 s into a 10 s window.
-const T0: Nanos = 1_767_225_602 * S;
+const T0: Nanos = WINDOW_START + 2 * S;
 
 fn algorithms() -> Vec<(&'static str, Algorithm)> {
     vec![

@@ -1,6 +1,7 @@
 //! Walking around a limit, tried as an attacker would: invented keys, forged edge headers, PHP spellings of paths, hosts and queries.
 
 mod common;
+use common::WINDOW_START;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,8 +10,6 @@ use std::time::Duration;
 use common::php::PhpServer;
 use common::{json, raw, status_of, Proxy, Reply, Upstream};
 use tollgate::clock::{ManualClock, SystemClock};
-
-const T0: u64 = 1_767_225_600_000_000_000; // 2026-01-01T00:00:00Z, a window start
 
 /// One request with extra header lines (`Name: value\r\n`…); its status and body (unchunked).
 async fn send(proxy: &Proxy, method: &str, target: &str, headers: &str) -> (u16, String) {
@@ -39,8 +38,11 @@ fn example_config(upstream: &str) -> String {
 #[tokio::test]
 async fn twelve_logins_with_twelve_invented_keys_from_one_ip_admit_at_most_five() {
     let upstream = Upstream::start().await;
-    let proxy =
-        Proxy::start_with_clock(&example_config(&upstream.url()), ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(
+        &example_config(&upstream.url()),
+        ManualClock::at(WINDOW_START),
+    )
+    .await;
     let mut statuses = Vec::new();
     for i in 0..12 {
         let key = format!("X-Client-Key: invented-{i}-{}\r\n", i * 7919);
@@ -70,7 +72,7 @@ async fn listed_keys_keep_their_own_counters_and_a_hashed_entry_works() {
     let yaml = format!(
         "identity: {{ api_keys: [alpha, \"{beta}\"], unknown_keys: {{ limit: 3, window: 60s }} }}\nlimiters:\n  two: {{ limit: 2, window: 60s, key: client }}\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, respond: {{ status: 200, body: ok }}, limiters: [two] }}\n"
     );
-    let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(&yaml, ManualClock::at(WINDOW_START)).await;
     let mut seen = Vec::new();
     for key in ["alpha", "beta", "alpha", "beta", "alpha", "beta"] {
         seen.push(
@@ -215,7 +217,7 @@ async fn a_trusted_proxys_edge_headers_pass_to_php() {
 #[tokio::test]
 async fn a_host_route_is_reached_by_every_spelling_of_its_host() {
     let yaml = "limiters:\n  admin_limit: { limit: 100, window: 60s, key: ip }\nroutes:\n  - { name: admin, match: { path_prefix: /, host: admin.example }, respond: { status: 200, body: admin }, limiters: [admin_limit] }\n  - { name: public, match: { path_prefix: / }, respond: { status: 200, body: public } }\n";
-    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(WINDOW_START)).await;
     for host in [
         "admin.example",
         "admin.example.",
@@ -238,7 +240,7 @@ async fn a_host_route_is_reached_by_every_spelling_of_its_host() {
 #[tokio::test]
 async fn every_php_spelling_of_wp_login_shares_one_counter() {
     let yaml = "limiters:\n  strict: { limit: 4, window: 60s, key: ip }\nroutes:\n  - { name: login, match: { path: /wp-login.php }, respond: { status: 200, body: login }, limiters: [strict] }\n  - { name: rest, match: { path_prefix: / }, respond: { status: 200, body: rest } }\n";
-    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(WINDOW_START)).await;
     let mut seen = Vec::new();
     for path in [
         "/wp-login.php",
@@ -262,7 +264,7 @@ async fn every_php_spelling_of_wp_login_shares_one_counter() {
 #[tokio::test]
 async fn a_query_route_matches_the_spellings_php_decodes() {
     let yaml = "limiters:\n  strict: { limit: 3, window: 60s, key: ip }\nroutes:\n  - { name: login, match: { path: /index.php, query: { action: login } }, respond: { status: 200, body: login }, limiters: [strict] }\n  - { name: rest, match: { path_prefix: / }, respond: { status: 200, body: rest } }\n";
-    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(T0)).await;
+    let proxy = Proxy::start_with_clock(yaml, ManualClock::at(WINDOW_START)).await;
     let mut statuses = Vec::new();
     for target in [
         "/index.php?action=login",

@@ -54,51 +54,89 @@ impl Validator<'_> {
         let at = |field: &str| format!("upstreams.{name}.{field}");
         let written = &raw.url.as_ref()?.0;
         let rest = written.strip_prefix("fastcgi://")?;
-        let mut ok = true;
-        let address = if rest.starts_with('/') {
+        // Every check runs before any result is used, so one pass names every problem.
+        let address = self.fastcgi_address(at("url"), written, rest);
+        let root = self.fastcgi_root(at("root"), raw);
+        let index = raw.index.as_ref().map_or("index.php", |i| i.0.as_str());
+        let fallback = raw.fallback.as_ref().map(|f| f.0.clone());
+        let mut ok = self.fastcgi_scripts(&at, index, fallback.as_deref());
+        let max_conns = raw.max_conns.unwrap_or(5);
+        if max_conns == 0 {
+            self.err(
+                at("max_conns"),
+                "must be at least 1 (php-fpm's pm.max_children)",
+            );
+            ok = false;
+        }
+        ok &= self.no_https_keys(&at, raw);
+        let (Some(address), Some(root), true) = (address, root, ok) else {
+            return None;
+        };
+        let fastcgi = FastCgiConfig {
+            address,
+            root,
+            index: index.to_string(),
+            fallback,
+            max_conns: max_conns as usize,
+        };
+        fastcgi_upstream_config(name, raw, fastcgi)
+    }
+
+    /// php-fpm's address from the URL after `fastcgi://`: `host:port` or a socket path.
+    fn fastcgi_address(&mut self, at: String, written: &str, rest: &str) -> Option<FastCgiAddress> {
+        if rest.starts_with('/') {
             if rest.len() == 1 {
                 self.err(
-                    at("url"),
+                    at,
                     "a unix socket URL needs a path: fastcgi:///run/php/php-fpm.sock",
                 );
-                ok = false;
+                return None;
             }
-            FastCgiAddress::Unix(PathBuf::from(rest))
-        } else {
-            match rest.parse::<http::uri::Authority>() {
-                Ok(a) if a.port_u16().is_some() && a.as_str() == rest && !a.host().is_empty() => {
-                    FastCgiAddress::Tcp(rest.to_string())
-                }
-                _ => {
-                    self.err(
-                        at("url"),
-                        format!(
-                            "{:?} must be fastcgi://host:port or fastcgi:///path/to/php-fpm.sock",
-                            written
-                        ),
-                    );
-                    ok = false;
-                    FastCgiAddress::Tcp(String::new())
-                }
+            return Some(FastCgiAddress::Unix(PathBuf::from(rest)));
+        }
+        match rest.parse::<http::uri::Authority>() {
+            Ok(a) if a.port_u16().is_some() && a.as_str() == rest && !a.host().is_empty() => {
+                Some(FastCgiAddress::Tcp(rest.to_string()))
             }
-        };
-        let root = match &raw.root {
+            _ => {
+                self.err(
+                    at,
+                    format!(
+                        "{:?} must be fastcgi://host:port or fastcgi:///path/to/php-fpm.sock",
+                        written
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// `root`: an absolute path other than `/`, without its trailing slashes.
+    fn fastcgi_root(&mut self, at: String, raw: &RawUpstream) -> Option<PathBuf> {
+        match &raw.root {
             None => {
-                self.err(at("root"), "a fastcgi:// upstream needs `root`, the document root php-fpm sees (e.g. /var/www/html)");
-                ok = false;
-                PathBuf::new()
+                self.err(at, "a fastcgi:// upstream needs `root`, the document root php-fpm sees (e.g. /var/www/html)");
+                None
             }
             Some(r) if !r.0.starts_with('/') || r.0.trim_end_matches('/').is_empty() => {
                 self.err(
-                    at("root"),
+                    at,
                     format!("{:?} must be an absolute path other than /", r.0),
                 );
-                ok = false;
-                PathBuf::new()
+                None
             }
-            Some(r) => PathBuf::from(r.0.trim_end_matches('/')),
-        };
-        let index = raw.index.as_ref().map_or("index.php", |i| i.0.as_str());
+            Some(r) => Some(PathBuf::from(r.0.trim_end_matches('/'))),
+        }
+    }
+
+    /// `index` is a plain file name and `fallback` a script path under root.
+    fn fastcgi_scripts(
+        &mut self,
+        at: &dyn Fn(&str) -> String,
+        index: &str,
+        fallback: Option<&str>,
+    ) -> bool {
+        let mut ok = true;
         if index.is_empty() || index.contains('/') || index.starts_with('.') {
             self.err(
                 at("index"),
@@ -106,8 +144,7 @@ impl Validator<'_> {
             );
             ok = false;
         }
-        let fallback = raw.fallback.as_ref().map(|f| f.0.clone());
-        if let Some(f) = &fallback {
+        if let Some(f) = fallback {
             let plain = f.starts_with('/')
                 && f.ends_with(".php")
                 && f[1..]
@@ -121,14 +158,12 @@ impl Validator<'_> {
                 ok = false;
             }
         }
-        let max_conns = raw.max_conns.unwrap_or(5);
-        if max_conns == 0 {
-            self.err(
-                at("max_conns"),
-                "must be at least 1 (php-fpm's pm.max_children)",
-            );
-            ok = false;
-        }
+        ok
+    }
+
+    /// `ca` and `insecure_skip_verify` are refused: they configure https:// only.
+    fn no_https_keys(&mut self, at: &dyn Fn(&str) -> String, raw: &RawUpstream) -> bool {
+        let mut ok = true;
         if raw.ca.is_some() {
             self.err(at("ca"), "applies to https:// upstreams only");
             ok = false;
@@ -140,43 +175,43 @@ impl Validator<'_> {
             );
             ok = false;
         }
-        if !ok {
-            return None;
-        }
-        // Shown by GET /config; a unix socket's path is kept after `unix`.
-        let url = match &address {
-            FastCgiAddress::Tcp(a) => format!("fastcgi://{a}"),
-            FastCgiAddress::Unix(p) => format!("fastcgi://unix{}", p.display()),
-        };
-        let url = url.parse::<Uri>().ok()?;
-        Some(UpstreamConfig {
-            name: name.to_string(),
-            // One php-fpm per upstream: its connection cap (`max_conns`) is
-            // the FastCGI client's own, so the balancer has nothing to bound.
-            balance: super::balance::BalanceConfig {
-                servers: vec![url.clone()],
-                policy: super::balance::Policy::RoundRobin,
-                max_fails: 0,
-                fail_timeout: Duration::from_secs(10),
-                max_conns: None,
-                queue: 0,
-                queue_timeout: Duration::from_secs(10),
-                health: None,
-                tunnel_idle_timeout: Duration::from_secs(300),
-            },
-            url,
-            connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
-            timeout: dur(raw.timeout, Duration::from_secs(30)),
-            tls: UpstreamTls::SystemRoots,
-            fastcgi: Some(FastCgiConfig {
-                address,
-                root,
-                index: index.to_string(),
-                fallback,
-                max_conns: max_conns as usize,
-            }),
-        })
+        ok
     }
+}
+
+/// The upstream a valid `fastcgi://` entry becomes.
+fn fastcgi_upstream_config(
+    name: &str,
+    raw: &RawUpstream,
+    fastcgi: FastCgiConfig,
+) -> Option<UpstreamConfig> {
+    // Shown by GET /config; a unix socket's path is kept after `unix`.
+    let url = match &fastcgi.address {
+        FastCgiAddress::Tcp(a) => format!("fastcgi://{a}"),
+        FastCgiAddress::Unix(p) => format!("fastcgi://unix{}", p.display()),
+    };
+    let url = url.parse::<Uri>().ok()?;
+    Some(UpstreamConfig {
+        name: name.to_string(),
+        // One php-fpm per upstream: its connection cap (`max_conns`) is
+        // the FastCGI client's own, so the balancer has nothing to bound.
+        balance: super::balance::BalanceConfig {
+            servers: vec![url.clone()],
+            policy: super::balance::Policy::RoundRobin,
+            max_fails: 0,
+            fail_timeout: Duration::from_secs(10),
+            max_conns: None,
+            queue: 0,
+            queue_timeout: Duration::from_secs(10),
+            health: None,
+            tunnel_idle_timeout: Duration::from_secs(300),
+        },
+        url,
+        connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
+        timeout: dur(raw.timeout, Duration::from_secs(30)),
+        tls: UpstreamTls::SystemRoots,
+        fastcgi: Some(fastcgi),
+    })
 }
 
 #[cfg(test)]

@@ -21,14 +21,14 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::certs::{self, TlsError};
 use super::error::locate_all;
 use super::raw::RawConfig;
 use super::validate::{self, Host};
 use super::{
-    explain, locate, scan, AdminConfig, ApiKeyEntry, CertConfig, Config, ConfigError,
+    explain, locate, scan, AdminConfig, ApiKeyEntry, CertConfig, CertSet, Config, ConfigError,
     ConfigProblem, IdentityConfig, TlsConfig, UpstreamTls,
 };
-use crate::tls::{CertSet, TlsError};
 
 /// The most of the config file that is read.
 pub const CONFIG_FILE_LIMIT: u64 = 4 << 20;
@@ -93,7 +93,7 @@ fn size(limit: u64) -> String {
     }
 }
 
-/// Certificates, keys and CA bundles, for [`crate::tls`].
+/// Certificates, keys and CA bundles, for [`certs`].
 fn read_small_file(path: &Path) -> std::io::Result<Vec<u8>> {
     read_named_file(path, SMALL_FILE_LIMIT)
 }
@@ -139,14 +139,18 @@ pub fn require_routes(config: Config, file: &Path) -> Result<Config, ConfigError
 
 /// Parses and validates YAML text, then reads the files it names.
 pub fn parse(text: &str) -> Result<Config, ConfigError> {
-    let problems = scan::scan(text);
+    // One pass of the event reader checks the text and indexes where each
+    // path is written; serde then reads it once into the raw config.
+    let mut index = locate::Index::default();
+    let problems = scan::scan(text, &mut index);
     if !problems.is_empty() {
         return Err(ConfigError::new(problems));
     }
     let raw: RawConfig = if text.trim().is_empty() {
         RawConfig::default()
     } else {
-        serde_yaml::from_str(text).map_err(|e| ConfigError::new(vec![schema_problem(&e, text)]))?
+        serde_yaml::from_str(text)
+            .map_err(|e| ConfigError::new(vec![schema_problem(&e, &index)]))?
     };
     let checked = validate::check(&raw, &survey(&raw));
     let mut config = checked.config;
@@ -164,7 +168,6 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     if problems.is_empty() {
         warn_missing_fastcgi_files(&mut config);
     }
-    let index = locate::Index::build(text);
     if problems.is_empty() {
         locate_all(&mut config.warnings, &index);
         Ok(config)
@@ -233,7 +236,7 @@ fn read_upstream_cas(config: &mut Config) -> Vec<ConfigProblem> {
     let mut problems = Vec::new();
     for upstream in &mut config.upstreams {
         if let UpstreamTls::Ca { path, certs } = &mut upstream.tls {
-            match crate::tls::load_ca(path, &read_small_file) {
+            match certs::load_ca(path, &read_small_file) {
                 Ok(read) => *certs = read,
                 Err(e) => problems.push(ConfigProblem::at(
                     format!("upstreams.{}.ca", upstream.name),
@@ -303,8 +306,7 @@ fn read_key_file(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
 /// A value that does not fit the schema (or text that is not YAML), in
 /// operator terms and located at the key that is wrong: serde's own mark
 /// is sometimes the mapping around it.
-fn schema_problem(e: &serde_yaml::Error, text: &str) -> ConfigProblem {
-    let index = locate::Index::build(text);
+fn schema_problem(e: &serde_yaml::Error, index: &locate::Index) -> ConfigProblem {
     let message = e.to_string();
     // serde_yaml appends " at line L column C" itself; we print the location up front.
     let message = message

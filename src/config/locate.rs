@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::parser::{Event, MarkedEventReceiver};
 use yaml_rust2::scanner::Marker;
 
 enum Frame {
@@ -10,23 +10,19 @@ enum Frame {
     Seq { prefix: String, index: usize },
 }
 
-/// Every path of one document and where its node starts (1-based line and column).
+/// Every path of one document and where its node starts (1-based line and column),
+/// filled by [`super::scan::scan`] as it reads the text.
 #[derive(Default)]
 pub struct Index {
     marks: HashMap<String, (usize, usize)>,
     /// Where each mapping key itself is written (`marks` holds its value's place).
     keys: HashMap<String, (usize, usize)>,
     stack: Vec<Frame>,
+    /// The first document has ended: serde reads only one, so later ones are not indexed.
+    done: bool,
 }
 
 impl Index {
-    /// Indexes `text`; a document the YAML reader gives up on is indexed up to there.
-    pub fn build(text: &str) -> Index {
-        let mut index = Index::default();
-        let _ = Parser::new_from_str(text).load(&mut index, false);
-        index
-    }
-
     /// The location of `path`, or of its closest ancestor that exists.
     pub fn find(&self, path: &str) -> Option<(usize, usize)> {
         let mut p = path;
@@ -76,6 +72,9 @@ fn join(prefix: &str, key: &str) -> String {
 
 impl MarkedEventReceiver for Index {
     fn on_event(&mut self, ev: Event, mark: Marker) {
+        if self.done {
+            return;
+        }
         let pos = (mark.line(), mark.col() + 1);
         match ev {
             Event::Scalar(value, ..) => {
@@ -113,6 +112,7 @@ impl MarkedEventReceiver for Index {
             Event::Alias(_) => {
                 self.next_path();
             }
+            Event::DocumentEnd => self.done = true,
             _ => {}
         }
     }

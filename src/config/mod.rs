@@ -24,10 +24,10 @@ use http::{HeaderName, Method, StatusCode, Uri};
 use ipnet::IpNet;
 
 use crate::limiter::Algorithm;
-use crate::tls::CertSet;
-// TLS inputs are the TLS module's own types; the config names them.
-pub use crate::tls::{CertConfig, UpstreamTls};
+pub use certs::{CertConfig, CertSet, UpstreamTls};
 
+/// Certificate pairs and CA bundles, read and checked as config data.
+pub mod certs;
 pub mod raw;
 pub mod validate;
 
@@ -133,7 +133,7 @@ pub struct TlsConfig {
     pub redirect_plain: bool,
 }
 
-/// What a public listener serves (see [`crate::tls`] for the choice of shape).
+/// What a public listener serves (plain, TLS, or a redirect to TLS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Serve {
     Http,

@@ -8,8 +8,9 @@
 
 use std::collections::HashMap;
 
-use yaml_rust2::parser::{Event, Parser};
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 
+use super::locate::Index;
 use super::ConfigProblem;
 
 /// Deeper than any tollgate config needs (it uses about 6 levels).
@@ -31,7 +32,9 @@ enum Frame {
 
 /// Every repeated key, or the first place nesting goes too deep. A text the
 /// YAML reader cannot read passes here: serde reports it with more detail.
-pub fn scan(text: &str) -> Vec<ConfigProblem> {
+/// The same pass fills `index` with where each path is written, so the text
+/// is read by this YAML reader once.
+pub fn scan(text: &str, index: &mut Index) -> Vec<ConfigProblem> {
     let mut problems = Vec::new();
     let mut stack: Vec<Frame> = Vec::new();
     let mut parser = Parser::new_from_str(text);
@@ -46,6 +49,7 @@ pub fn scan(text: &str) -> Vec<ConfigProblem> {
             }
             Err(_) => return problems,
         };
+        index.on_event(event.clone(), mark);
         let pos = (mark.line(), mark.col() + 1);
         // Scalars and aliases as mapping keys; everything else is a value.
         let is_key = matches!(stack.last(), Some(Frame::Map { key: None, .. }));
@@ -140,6 +144,10 @@ fn join(prefix: &str, key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn scan(text: &str) -> Vec<ConfigProblem> {
+        super::scan(text, &mut Index::default())
+    }
 
     #[test]
     fn a_limiter_defined_twice_is_named_with_both_places() {

@@ -68,19 +68,9 @@ impl Histogram {
             out,
             "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
         );
-        let braces = |out: &mut String| {
-            if !labels.is_empty() {
-                let _ = write!(out, "{{{labels}}}");
-            }
-        };
-        out.push_str(name);
-        out.push_str("_sum");
-        braces(out);
-        let _ = writeln!(out, " {}", self.sum());
-        out.push_str(name);
-        out.push_str("_count");
-        braces(out);
-        let _ = writeln!(out, " {}", cumulative.max(self.count()));
+        super::text::sample(out, &format!("{name}_sum"), labels, self.sum());
+        let count = cumulative.max(self.count());
+        super::text::sample(out, &format!("{name}_count"), labels, count);
     }
 }
 

@@ -3,8 +3,6 @@
 //! Linux reports CPU time in USER_HZ ticks, which is 100 on every
 //! architecture tollgate is built for; on other systems nothing is reported.
 
-use std::fmt::Write as _;
-
 const USER_HZ: f64 = 100.0;
 
 /// One reading of the process' resources.
@@ -68,10 +66,8 @@ pub fn sample() -> Option<Sample> {
 impl Sample {
     pub fn render(&self, out: &mut String) {
         let mut one = |name: &str, kind: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
+            super::text::family(out, name, help, kind);
+            super::text::sample(out, name, "", v);
         };
         one(
             "process_cpu_seconds_total",

@@ -6,6 +6,14 @@
 //! real binary, [`certs`] for TLS.
 #![allow(dead_code)]
 
+/// 2026-01-01T00:00:00Z in nanoseconds of Unix time: the start of every
+/// window up to a day long.
+pub const WINDOW_START: u64 = 1_767_225_600 * 1_000_000_000;
+
+/// 20 s into a minute (2026-01-01T00:00:20Z), where a test's manual clock
+/// starts: a 60 s window ends 40 s later, so windows never roll over mid-test.
+pub const T0: u64 = WINDOW_START + 20 * 1_000_000_000;
+
 pub mod browser;
 pub mod certs;
 pub mod php;
@@ -196,6 +204,11 @@ impl Proxy {
     /// The admin listener's `/metrics` text.
     pub async fn metrics(&self) -> String {
         get_text(&client(), &self.admin_url("/metrics")).await
+    }
+
+    /// The value of one series in `GET /metrics` (see [`metric`] for `series`).
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        metric(&self.metrics().await, series)
     }
 
     /// `POST /reload` on the admin listener: its status and JSON body.

@@ -28,6 +28,11 @@ impl Answer {
     pub fn json(&self) -> serde_json::Value {
         json(&self.body)
     }
+
+    /// A header's value as a number (`Retry-After`, `X-RateLimit-Remaining`), if it is one.
+    pub fn number(&self, name: &str) -> Option<u64> {
+        self.headers.get(name)?.to_str().ok()?.parse().ok()
+    }
 }
 
 /// Sends `req` and reads the whole answer, whatever the status.

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use super::{dur, Validator};
 use crate::config::raw::{RawAdmin, RawServer, RawTls, RawWorkers, Text};
+use crate::config::CertSet;
 use crate::config::{
     admin_token, AdminConfig, CertConfig, EncodedSeparators, ServerConfig, TlsConfig,
 };
-use crate::tls::CertSet;
 
 impl Validator<'_> {
     /// An address as `IP:port`, or as a name the loader resolved (see [`super::Host`]).

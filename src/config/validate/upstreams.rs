@@ -56,6 +56,7 @@ impl Validator<'_> {
         valid
     }
 
+    /// `upstreams.<name>`: a `fastcgi://` one, or http(s):// servers with their trust.
     pub(super) fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
         if raw
             .url
@@ -76,6 +77,36 @@ impl Validator<'_> {
                 );
             }
         }
+        let servers = self.upstream_servers(name, raw)?;
+        let url = servers[0].clone();
+        let tls = self.upstream_tls(name, raw, url.scheme_str() == Some("https"))?;
+        Some(UpstreamConfig {
+            name: name.to_string(),
+            url,
+            connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
+            timeout: dur(raw.timeout, Duration::from_secs(30)),
+            tls,
+            balance: self.balance(
+                name,
+                RawBalance {
+                    servers: &raw.servers,
+                    balance: &raw.balance,
+                    max_fails: raw.max_fails,
+                    fail_timeout: raw.fail_timeout,
+                    max_conns: raw.max_conns,
+                    queue: raw.queue,
+                    queue_timeout: raw.queue_timeout,
+                    health: &raw.health,
+                    tunnel_idle_timeout: raw.tunnel_idle_timeout,
+                },
+                servers,
+            )?,
+            fastcgi: None,
+        })
+    }
+
+    /// `url`, or every entry of `servers`, as URLs of one scheme; at least one.
+    fn upstream_servers(&mut self, name: &str, raw: &RawUpstream) -> Option<Vec<Uri>> {
         let written: Vec<(String, &Text)> = match (&raw.url, &raw.servers) {
             (Some(url), None) => vec![(format!("upstreams.{name}.url"), url)],
             (None, Some(list)) if !list.is_empty() => list
@@ -104,15 +135,19 @@ impl Validator<'_> {
             servers.push(self.upstream_url(path, text));
         }
         let servers: Vec<Uri> = servers.into_iter().collect::<Option<_>>()?;
-        let url = servers[0].clone();
-        if servers.iter().any(|s| s.scheme() != url.scheme()) {
+        if servers.iter().any(|s| s.scheme() != servers[0].scheme()) {
             self.err(
                 format!("upstreams.{name}.servers"),
                 "every server needs the same scheme (all http:// or all https://)",
             );
             return None;
         }
-        let https = url.scheme_str() == Some("https");
+        Some(servers)
+    }
+
+    /// How an https:// upstream's certificate is verified; `ca` and
+    /// `insecure_skip_verify` are refused on http://, and together.
+    fn upstream_tls(&mut self, name: &str, raw: &RawUpstream, https: bool) -> Option<UpstreamTls> {
         let insecure = raw.insecure_skip_verify.unwrap_or(false);
         let tls = match (&raw.ca, insecure) {
             (_, true) if !https => {
@@ -144,28 +179,6 @@ impl Validator<'_> {
             (None, true) => UpstreamTls::InsecureSkipVerify,
             (None, false) => UpstreamTls::SystemRoots,
         };
-        Some(UpstreamConfig {
-            name: name.to_string(),
-            url,
-            connect_timeout: dur(raw.connect_timeout, Duration::from_secs(2)),
-            timeout: dur(raw.timeout, Duration::from_secs(30)),
-            tls,
-            balance: self.balance(
-                name,
-                RawBalance {
-                    servers: &raw.servers,
-                    balance: &raw.balance,
-                    max_fails: raw.max_fails,
-                    fail_timeout: raw.fail_timeout,
-                    max_conns: raw.max_conns,
-                    queue: raw.queue,
-                    queue_timeout: raw.queue_timeout,
-                    health: &raw.health,
-                    tunnel_idle_timeout: raw.tunnel_idle_timeout,
-                },
-                servers,
-            )?,
-            fastcgi: None,
-        })
+        Some(tls)
     }
 }

@@ -1,0 +1,128 @@
+//! What `/metrics` shows: the registry's series, then the gauges and counters the app's parts keep themselves, then the upstream gauges.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use crate::app::{App, Shared};
+use crate::metrics::Extra;
+use crate::snapshot::Snapshot;
+
+/// The whole text exposition for one scrape.
+pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
+    let s = &app.shared;
+    // /proc reads are file I/O: off the runtime.
+    let process = tokio::task::spawn_blocking(crate::metrics::process::sample)
+        .await
+        .ok()
+        .flatten();
+    let mut extra = vec![
+        Extra::gauge(
+            "tollgate_config_version",
+            "The version of the config in force (1 at start, +1 per successful reload).",
+            snap.version as f64,
+        ),
+        Extra::gauge(
+            "tollgate_open_connections",
+            "Client connections open on the public listeners.",
+            s.connections.open() as f64,
+        ),
+    ];
+    extra.extend(store_series(s));
+    extra.extend(traffic_series(s));
+    let mut text = s.metrics.render(&extra, process.as_ref());
+    crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
+    text
+}
+
+/// The store's keys, health and durability.
+fn store_series(s: &Shared) -> Vec<Extra<'static>> {
+    let durability = s.store.durability().unwrap_or_default();
+    let keys = s.store.key_counters();
+    vec![
+        Extra::gauge(
+            "tollgate_tracked_keys",
+            "Limiter keys held in memory (overflow keys included); at most tollgate_max_keys.",
+            s.store.tracked_keys() as f64,
+        ),
+        Extra::gauge(
+            "tollgate_max_keys",
+            "store.max_keys: the bound on tollgate_tracked_keys.",
+            s.store.max_keys() as f64,
+        ),
+        Extra::counter(
+            "tollgate_keys_evicted_total",
+            "Limiter keys forgotten to make room for new ones (store.max_keys): at rest, or live and under half their quota.",
+            keys.evicted.load(Relaxed),
+        ),
+        Extra::counter(
+            "tollgate_keys_evicted_live_total",
+            "Of tollgate_keys_evicted_total, live keys under half their quota (lightest first): each such client starts afresh.",
+            keys.evicted_live.load(Relaxed),
+        ),
+        Extra::counter(
+            "tollgate_keys_overflow_total",
+            "Checks counted on their limiter's shared overflow key because the key's shard was full of keys at or over half their quota.",
+            keys.overflowed.load(Relaxed),
+        ),
+        Extra::counter(
+            "tollgate_keys_refused_total",
+            "Checks refused because the table and its overflow slots were all full of live state.",
+            keys.refused.load(Relaxed),
+        ),
+        Extra::gauge(
+            "tollgate_store_healthy",
+            "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
+            f64::from(u8::from(s.store.healthy())),
+        ),
+        Extra::gauge(
+            "tollgate_store_unsaved_keys",
+            "SQLite: keys whose newest state is only in memory, waiting for a failed write to be retried.",
+            durability.unsaved_keys as f64,
+        ),
+        Extra::gauge(
+            "tollgate_store_unsaved_cap_reached",
+            "SQLite: 1 when the last failed write had more unsaved keys than the cap and gave some up.",
+            f64::from(u8::from(durability.unsaved_cap_reached)),
+        ),
+        Extra::counter(
+            "tollgate_audit_dropped_total",
+            "Audit rows dropped because the writer lagged.",
+            s.store.audit_dropped(),
+        ),
+    ]
+}
+
+/// Dropped log records, tunnels, bans and uptime.
+fn traffic_series(s: &Shared) -> Vec<Extra<'static>> {
+    vec![
+        Extra::counter(
+            "tollgate_access_log_dropped_total",
+            "Access records dropped because the log writer lagged.",
+            s.access.dropped(),
+        ),
+        Extra::gauge(
+            "tollgate_dashboard_limited_keys",
+            "Keys rejected lately that the dashboard tracks (at most 128; when full, idle and least rejected keys are replaced).",
+            s.activity.limited_keys_tracked() as f64,
+        ),
+        Extra::gauge(
+            "tollgate_tunnels_open",
+            "Upgraded connections (WebSockets) being tunnelled.",
+            s.tunnels.len() as f64,
+        ),
+        Extra::gauge(
+            "tollgate_active_bans",
+            "Keys banned now (memory, SQLite: exact; Redis: the bans this proxy has seen).",
+            s.store.active_bans(s.clock.now()) as f64,
+        ),
+        Extra::counter(
+            "tollgate_ban_strikes_dropped_total",
+            "New keys whose rejections were not counted towards a ban because the ban table was full.",
+            s.store.ban_strikes_dropped(),
+        ),
+        Extra::gauge(
+            "tollgate_uptime_seconds",
+            "Seconds since start.",
+            s.started.elapsed().as_secs_f64(),
+        ),
+    ]
+}
