@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use rusqlite::{params, Connection, Transaction};
 
 use super::redis::Redis;
-use super::{Store, StoreError};
+use super::StoreError;
 use crate::clock::iso8601;
 use crate::config::LimiterConfig;
 use crate::limiter::ban::{BanRule, BanState};
@@ -464,33 +464,6 @@ fn glob_escape(text: &str) -> String {
         out.push(c);
     }
     out
-}
-
-/// Bans in force across backends, for `GET /bans` and `DELETE /bans/{key}`:
-/// the local table for memory and SQLite, Redis' own keys for a fleet.
-impl Store {
-    /// Every ban in force at `now`, sorted by store key.
-    pub async fn ban_list(&self, now: Nanos) -> Result<Vec<ActiveBan>, StoreError> {
-        let mut out = match &self.redis {
-            Some(r) => r.list_bans().await?,
-            None => self.bans.list(now),
-        };
-        out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
-    }
-
-    /// Lifts the ban on the store key `key` and forgets its strikes (SQLite
-    /// deletes its row with the next write); `false` when it was not banned.
-    pub async fn lift_ban(&self, key: &str, now: Nanos) -> Result<bool, StoreError> {
-        let banned = self.banned(&[key], now).await?[0].is_some();
-        if banned {
-            self.bans.lift(&[key.to_string()]);
-            if let Some(r) = &self.redis {
-                r.reset(&[redis_key(key)]).await?;
-            }
-        }
-        Ok(banned)
-    }
 }
 
 #[cfg(test)]
