@@ -2,12 +2,13 @@
 
 use std::time::Duration;
 
+use super::ban;
 use super::Redis;
 use crate::config::LimiterConfig;
 use crate::limiter::ban::BanRule;
 use crate::limiter::{Algorithm, Nanos, Quota};
 use crate::store::backend::{Backend, Local};
-use crate::store::ban::{self, ActiveBan, Banned};
+use crate::store::ban::{ActiveBan, Banned};
 use crate::store::{Check, Outcome, StoreError};
 
 /// Every call goes to Redis under its timeout and circuit breaker

@@ -22,6 +22,7 @@
 //! they are sent from a spawned task.
 
 mod backend;
+pub mod ban;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
