@@ -32,8 +32,9 @@
 //! - [`balance`]: several servers per upstream: policy, health, the `max_conns` queue, retries;
 //! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
 //! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
-//! - [`store`]: where limiter state lives: the memory table (exact, sharded, bounded), SQLite
-//!   write-behind (schema, writer thread, durability, lock), Redis for a fleet, bans;
+//! - [`store`]: where limiter state lives: one `Backend` per store under `Store` (memory: the
+//!   table, exact, sharded, bounded; SQLite: write-behind, schema, writer thread, durability,
+//!   lock; Redis for a fleet, its bans and breaker), the local bans;
 //!   [`access`]: the access log (bounded queue, writer thread, JSON or text);
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
 //! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
