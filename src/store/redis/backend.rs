@@ -12,7 +12,7 @@ use crate::store::ban::{ActiveBan, Banned};
 use crate::store::{Check, Outcome, StoreError};
 
 /// Every call goes to Redis under its timeout and circuit breaker
-/// ([`Redis::call`]); the local table counts only while the app applies
+/// (`Redis::call`); the local table counts only while the app applies
 /// `on_error: local`, and the local ban table only mirrors the bans this
 /// proxy saw (for the active-bans gauge).
 impl Backend for Redis {

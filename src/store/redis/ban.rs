@@ -1,7 +1,7 @@
 //! Bans in Redis: one hash per banned or striking key, struck and read atomically by `ban.lua` on the Redis clock.
 //!
 //! The layout of the hash and why it cannot meet a counter key are in
-//! [`crate::store::ban`]; every call is bounded like the counters' ([`Redis::call`]).
+//! [`crate::store::ban`]; every call is bounded like the counters' (`Redis::call`).
 
 use super::Redis;
 use crate::limiter::ban::BanRule;
