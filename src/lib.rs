@@ -35,8 +35,9 @@
 //! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
 //! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
 //! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each kind gets;
-//! - [`store`]: where limiter state lives: the memory table (exact, sharded, bounded), SQLite
-//!   write-behind (schema, writer thread, durability, lock), Redis for a fleet, bans;
+//! - [`store`]: where limiter state lives: one `Backend` per store under `Store` (memory: the
+//!   table, exact, sharded, bounded; SQLite: write-behind, schema, writer thread, durability,
+//!   lock; Redis for a fleet, its bans and breaker), the local bans;
 //!   [`access`]: the access log (bounded queue, writer thread, JSON or text);
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
 //! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one

@@ -170,7 +170,7 @@ async fn health_readiness_and_metrics_report_what_was_sent() {
 async fn the_effective_config_has_its_version_and_no_secret() {
     let yaml = "
 admin: { token: adm1n-t0ken-secret }
-store: { url: \"redis://:redis-pw-secret@127.0.0.1:6379/0\" }
+store: { backend: redis, url: \"redis://:redis-pw-secret@127.0.0.1:6379/0\" }
 identity: { api_keys: [client-key-secret] }
 limiters:
   strict: { limit: 2, window: 60s, overrides: [{ key: vip-key-secret, limit: 50 }] }

@@ -115,6 +115,18 @@ fn check_reports_a_misspelt_key_with_its_line_and_column() {
 }
 
 #[test]
+fn check_refuses_a_sqlite_store_with_a_redis_url_and_names_the_backend_it_belongs_to() {
+    let (code, _, err) =
+        check("allow_no_routes: true\nstore:\n  backend: sqlite\n  url: redis://cache:6379/0\n");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("line 4"), "located at the key: {err}");
+    assert!(
+        err.contains("`url` belongs to `backend: redis`, and this store is `backend: sqlite`"),
+        "{err}"
+    );
+}
+
+#[test]
 fn check_names_an_unset_environment_variable() {
     let var = "TOLLGATE_TEST_SURELY_UNSET_VAR";
     let (code, _, err) = {

@@ -9,7 +9,7 @@
 //! - Redis keeps one hash per banned or striking key, `<prefix>{<tag>}!ban:<store key>`
 //!   (`!` never appears in a limiter name, so it cannot meet a counter key),
 //!   fields `f` first strike, `n` strikes, `u` banned until (Redis ms), with a
-//!   TTL of what still matters; `ban.lua` strikes and reads atomically on the
+//!   TTL of what still matters; `ban.lua` ([`super::redis::ban`]) strikes and reads atomically on the
 //!   Redis clock, so the whole fleet shares a ban the moment it starts.
 //!
 //! Bound: strikes exist only for keys a limiter refused, and the table holds
@@ -25,8 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use rusqlite::{params, Connection, Transaction};
 
-use super::redis::Redis;
-use super::{Store, StoreError};
 use crate::clock::iso8601;
 use crate::config::LimiterConfig;
 use crate::limiter::ban::{BanRule, BanState};
@@ -324,175 +322,6 @@ pub fn prune(tx: &Transaction<'_>, now: Nanos) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// The Redis key of a store key's ban hash.
-pub fn redis_key(store_key: &str) -> String {
-    format!("!ban:{store_key}")
-}
-
-/// Nanoseconds as whole Redis milliseconds, never 0.
-pub fn millis(ns: Nanos) -> u64 {
-    ns.div_ceil(1_000_000).max(1)
-}
-
-/// `ban.lua`'s reply of Redis `TIME` as Unix ns.
-pub fn redis_now(sec: i64, usec: i64) -> Nanos {
-    sec.max(0) as u64 * NANOS_PER_SEC + usec.max(0) as u64 * 1_000
-}
-
-const SCRIPT: &str = include_str!("ban.lua");
-
-fn script() -> &'static ::redis::Script {
-    static SCRIPT_ONCE: std::sync::OnceLock<::redis::Script> = std::sync::OnceLock::new();
-    SCRIPT_ONCE.get_or_init(|| ::redis::Script::new(SCRIPT))
-}
-
-/// Bans in Redis (see the module docs); every call is bounded like the counters'.
-impl Redis {
-    /// The ban on each store key, if any, on Redis' clock.
-    pub async fn banned(&self, keys: &[&str]) -> Result<Vec<Option<Banned>>, StoreError> {
-        let mut call = script().prepare_invoke();
-        call.arg("peek");
-        for k in keys {
-            call.key(self.key(&redis_key(k)));
-        }
-        let call = &call;
-        let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
-            .await?;
-        if reply.len() != 2 + keys.len() {
-            return Err(StoreError::BadReply(reply.len()));
-        }
-        let now = redis_now(reply[0], reply[1]);
-        Ok(reply[2..]
-            .iter()
-            .map(|&ms| {
-                (ms > 0).then(|| {
-                    let remaining = ms as u64 * 1_000_000;
-                    Banned {
-                        until: now + remaining,
-                        remaining,
-                    }
-                })
-            })
-            .collect())
-    }
-
-    /// Every ban in force in Redis: a `SCAN` for the ban hashes of this
-    /// prefix, then their time left read on Redis' clock (a hash that holds
-    /// only strikes is not a ban).
-    pub async fn list_bans(&self) -> Result<Vec<ActiveBan>, StoreError> {
-        let prefix = self.key(&redis_key(""));
-        let pattern = format!("{}*", glob_escape(&prefix));
-        let mut keys: Vec<String> = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut cmd = ::redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let cmd = &cmd;
-            let (next, found): (u64, Vec<String>) = self
-                .call(|mut con| async move { cmd.query_async(&mut con).await })
-                .await?;
-            keys.extend(
-                found
-                    .into_iter()
-                    .filter_map(|k| k.strip_prefix(&prefix).map(str::to_string)),
-            );
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        // SCAN may return a key twice.
-        keys.sort_unstable();
-        keys.dedup();
-        let mut out = Vec::new();
-        for chunk in keys.chunks(256) {
-            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-            let found = self.banned(&refs).await?;
-            out.extend(chunk.iter().zip(found).filter_map(|(key, ban)| {
-                Some(ActiveBan {
-                    key: key.clone(),
-                    ban: ban?,
-                })
-            }));
-        }
-        Ok(out)
-    }
-
-    /// Counts one rejection of `store_key`; returns the ban when this strike starts one.
-    pub async fn strike(
-        &self,
-        store_key: &str,
-        rule: &BanRule,
-        window: Nanos,
-    ) -> Result<Option<Banned>, StoreError> {
-        let mut call = script().prepare_invoke();
-        call.arg("strike")
-            .key(self.key(&redis_key(store_key)))
-            .arg(rule.after)
-            .arg(millis(window))
-            .arg(millis(rule.duration));
-        let call = &call;
-        let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
-            .await?;
-        let [sec, usec, started, ms] = reply[..] else {
-            return Err(StoreError::BadReply(reply.len()));
-        };
-        let now = redis_now(sec, usec);
-        Ok((started == 1).then(|| {
-            let remaining = ms.max(0) as u64 * 1_000_000;
-            Banned {
-                until: now + remaining,
-                remaining,
-            }
-        }))
-    }
-}
-
-/// A Redis `MATCH` pattern that matches `text` literally.
-fn glob_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Bans in force across backends, for `GET /bans` and `DELETE /bans/{key}`:
-/// the local table for memory and SQLite, Redis' own keys for a fleet.
-impl Store {
-    /// Every ban in force at `now`, sorted by store key.
-    pub async fn ban_list(&self, now: Nanos) -> Result<Vec<ActiveBan>, StoreError> {
-        let mut out = match &self.redis {
-            Some(r) => r.list_bans().await?,
-            None => self.bans.list(now),
-        };
-        out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
-    }
-
-    /// Lifts the ban on the store key `key` and forgets its strikes (SQLite
-    /// deletes its row with the next write); `false` when it was not banned.
-    pub async fn lift_ban(&self, key: &str, now: Nanos) -> Result<bool, StoreError> {
-        let banned = self.banned(&[key], now).await?[0].is_some();
-        if banned {
-            self.bans.lift(&[key.to_string()]);
-            if let Some(r) = &self.redis {
-                r.reset(&[redis_key(key)]).await?;
-            }
-        }
-        Ok(banned)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,10 +386,5 @@ mod tests {
             }]
         );
         assert!(bans.list(T0 + 60 * NANOS_PER_SEC).is_empty());
-    }
-
-    #[test]
-    fn a_match_pattern_takes_the_prefix_literally() {
-        assert_eq!(glob_escape("a*{b}[c]?\\"), "a\\*{b}\\[c\\]\\?\\\\");
     }
 }

@@ -52,8 +52,11 @@ use crate::limiter::{Algorithm, Nanos, Quota, State, Verdict, NANOS_PER_SEC};
 use key_hash::{KeyHash, KeyHasher};
 use shard::Shard;
 
+mod backend;
 mod key_hash;
 mod shard;
+
+pub use backend::Memory;
 
 /// The fewest shards: enough that requests rarely wait on one another's lock.
 const SHARDS: usize = 64;

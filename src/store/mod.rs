@@ -8,7 +8,12 @@
 //! ([`durability`]); one process per file ([`lock`]).
 //! The [`redis`] backend shares counters across a fleet; its table only
 //! serves `on_error: local` while Redis is unreachable.
+//!
+//! Each backend is one implementation of [`backend::Backend`] in its own
+//! folder ([`memory`], [`sqlite`], [`redis`]); [`Store`] calls it once per
+//! operation and owns only what all of them share.
 
+pub mod backend;
 pub mod ban;
 pub mod breaker;
 pub mod durability;
@@ -18,13 +23,13 @@ pub mod redis;
 pub mod sqlite;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use crate::config::{Backend, LimiterConfig, StoreConfig};
+use crate::config::{self, LimiterConfig, StoreConfig};
 use crate::limiter::ban::BanRule;
 use crate::limiter::{Algorithm, Nanos, Quota, Verdict};
 
-pub use ban::Banned;
+use backend::{Backend, Local};
+pub use ban::{ActiveBan, Banned};
 
 pub use sqlite::AuditRow;
 
@@ -111,13 +116,29 @@ pub enum StoreError {
     NoRuntime,
 }
 
+/// The backends under [`Store`], one variant each (see [`backend`]).
+enum Backends {
+    Memory(memory::Memory),
+    Sqlite(sqlite::Sqlite),
+    Redis(self::redis::Redis),
+}
+
+/// One store operation on whichever backend is open: one exhaustive match,
+/// so a new variant of [`Backends`] fails to compile until it is handled.
+macro_rules! on_backend {
+    ($store:expr, $b:ident => $call:expr) => {
+        match &$store.backend {
+            Backends::Memory($b) => $call,
+            Backends::Sqlite($b) => $call,
+            Backends::Redis($b) => $call,
+        }
+    };
+}
+
 pub struct Store {
-    table: Arc<memory::Table>,
-    sqlite: Option<sqlite::Sqlite>,
-    redis: Option<self::redis::Redis>,
-    /// Strikes and bans of local stores; for Redis only the bans this proxy saw (for the gauge).
-    bans: Arc<ban::Bans>,
-    backend: &'static str,
+    /// The counters and bans every backend keeps in-process (see [`backend::Local`]).
+    local: Local,
+    backend: Backends,
 }
 
 impl Store {
@@ -128,11 +149,8 @@ impl Store {
 
     fn memory_bounded(max_keys: usize) -> Store {
         Store {
-            table: Arc::new(memory::Table::with_max_keys(false, max_keys)),
-            sqlite: None,
-            redis: None,
-            bans: Arc::new(ban::Bans::new(false)),
-            backend: "memory",
+            local: Local::new(false, max_keys),
+            backend: Backends::Memory(memory::Memory),
         }
     }
 
@@ -143,44 +161,37 @@ impl Store {
         now: Nanos,
     ) -> Result<Store, StoreError> {
         match &config.backend {
-            Backend::Memory => Ok(Store::memory_bounded(config.max_keys)),
-            Backend::Sqlite { path } => {
-                let table = Arc::new(memory::Table::with_max_keys(true, config.max_keys));
-                let bans = Arc::new(ban::Bans::new(true));
+            config::Backend::Memory => Ok(Store::memory_bounded(config.max_keys)),
+            config::Backend::Sqlite { path } => {
+                let local = Local::new(true, config.max_keys);
                 let sqlite = sqlite::Sqlite::open(
                     path,
-                    table.clone(),
-                    bans.clone(),
+                    local.table.clone(),
+                    local.bans.clone(),
                     config.flush_interval,
                     limiters,
                     now,
                 )?;
                 Ok(Store {
-                    table,
-                    sqlite: Some(sqlite),
-                    redis: None,
-                    bans,
-                    backend: "sqlite",
+                    local,
+                    backend: Backends::Sqlite(sqlite),
                 })
             }
-            Backend::Redis {
+            config::Backend::Redis {
                 url,
                 prefix,
                 timeout,
             } => Ok(Store {
                 // Only `on_error: local` counts here; the fleet's counters
                 // live in Redis, which expires them by TTL.
-                table: Arc::new(memory::Table::with_max_keys(false, config.max_keys)),
-                sqlite: None,
-                redis: Some(self::redis::Redis::open(url, prefix, *timeout)?),
-                bans: Arc::new(ban::Bans::new(false)),
-                backend: "redis",
+                local: Local::new(false, config.max_keys),
+                backend: Backends::Redis(self::redis::Redis::open(url, prefix, *timeout)?),
             }),
         }
     }
 
     pub fn backend(&self) -> &'static str {
-        self.backend
+        on_backend!(self, b => b.label())
     }
 
     /// Checks and records every limiter of one request atomically.
@@ -189,20 +200,13 @@ impl Store {
         checks: &[Check<'_>],
         now: Nanos,
     ) -> Result<Vec<Outcome>, StoreError> {
-        match &self.redis {
-            Some(r) => r.check(checks, now).await,
-            None => Ok(self.table.check(checks, now)),
-        }
+        on_backend!(self, b => Backend::check(b, &self.local, checks, now).await)
     }
 
     /// `on_error: local`: checks against this instance's own table while the
     /// shared store is unreachable, so limits still hold approximately.
     pub fn check_local(&self, checks: &[Check<'_>], now: Nanos) -> Vec<Outcome> {
-        let outcomes = self.table.check(checks, now);
-        if let Some(r) = &self.redis {
-            r.note_local(checks, &outcomes, now);
-        }
-        outcomes
+        on_backend!(self, b => b.check_local(&self.local, checks, now))
     }
 
     /// The quota of one key now, without counting.
@@ -212,19 +216,13 @@ impl Store {
         algorithm: &Algorithm,
         now: Nanos,
     ) -> Result<Quota, StoreError> {
-        match &self.redis {
-            Some(r) => r.peek(key, algorithm).await,
-            None => Ok(self.table.peek(key, algorithm, now)),
-        }
+        on_backend!(self, b => Backend::peek(b, &self.local, key, algorithm, now).await)
     }
 
     /// An admitted request finished, or left while it was still queued.
     /// Never waits: the Redis backend sends it from a spawned task.
     pub fn release(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
-        match &self.redis {
-            Some(r) => r.release(&self.table, key, algorithm, ticket, now),
-            None => self.table.release(key, algorithm, ticket, now),
-        }
+        on_backend!(self, b => Backend::release(b, &self.local, key, algorithm, ticket, now))
     }
 
     /// `count:` — the request recorded with `ticket` got an answer that does
@@ -236,13 +234,7 @@ impl Store {
         ticket: Nanos,
         now: Nanos,
     ) -> Result<(), StoreError> {
-        match &self.redis {
-            Some(r) => r.refund(key, algorithm, ticket).await,
-            None => {
-                self.table.refund(key, algorithm, ticket, now);
-                Ok(())
-            }
-        }
+        on_backend!(self, b => Backend::refund(b, &self.local, key, algorithm, ticket, now).await)
     }
 
     /// The ban on each of these store keys at `now`, if any.
@@ -251,18 +243,7 @@ impl Store {
         keys: &[&str],
         now: Nanos,
     ) -> Result<Vec<Option<Banned>>, StoreError> {
-        match &self.redis {
-            Some(r) => {
-                let found = r.banned(keys).await?;
-                for (k, b) in keys.iter().zip(&found) {
-                    if let Some(b) = b {
-                        self.bans.note(k, now + b.remaining);
-                    }
-                }
-                Ok(found)
-            }
-            None => Ok(keys.iter().map(|k| self.bans.banned(k, now)).collect()),
-        }
+        on_backend!(self, b => Backend::banned(b, &self.local, keys, now).await)
     }
 
     /// Counts one rejection of `key` by a limiter with `ban:`; returns the
@@ -274,41 +255,40 @@ impl Store {
         window: Nanos,
         now: Nanos,
     ) -> Result<Option<Banned>, StoreError> {
-        match &self.redis {
-            Some(r) => {
-                let started = r.strike(key, rule, window).await?;
-                if let Some(b) = started {
-                    self.bans.note(key, now + b.remaining);
-                }
-                Ok(started)
-            }
-            None => Ok(self.bans.strike(key, rule, window, now)),
+        on_backend!(self, b => Backend::strike(b, &self.local, key, rule, window, now).await)
+    }
+
+    /// Every ban in force at `now`, sorted by store key (`GET /bans`).
+    pub async fn ban_list(&self, now: Nanos) -> Result<Vec<ActiveBan>, StoreError> {
+        let mut out = on_backend!(self, b => b.ban_list(&self.local, now).await)?;
+        out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Lifts the ban on the store key `key` and forgets its strikes (SQLite
+    /// deletes its row with the next write); `false` when it was not banned.
+    pub async fn lift_ban(&self, key: &str, now: Nanos) -> Result<bool, StoreError> {
+        let banned = self.banned(&[key], now).await?[0].is_some();
+        if banned {
+            on_backend!(self, b => b.lift_ban(&self.local, key).await)?;
         }
+        Ok(banned)
     }
 
     /// Keys banned now: exact for local stores; for Redis, the bans this proxy has seen.
     pub fn active_bans(&self, now: Nanos) -> usize {
-        self.bans.active(now)
+        self.local.bans.active(now)
     }
 
     /// New keys whose strikes were not kept because the ban table was full.
     pub fn ban_strikes_dropped(&self) -> u64 {
-        self.bans.dropped()
+        self.local.bans.dropped()
     }
 
     /// Forgets these keys everywhere, bans included (admin `DELETE /status`);
     /// returns how many counters and bans existed.
     pub async fn reset(&self, keys: &[String]) -> Result<usize, StoreError> {
-        let local = self.table.remove_keys(keys);
-        let lifted = self.bans.lift(keys);
-        match &self.redis {
-            Some(r) => {
-                let mut all: Vec<String> = keys.to_vec();
-                all.extend(keys.iter().map(|k| ban::redis_key(k)));
-                r.reset(&all).await
-            }
-            None => Ok(local + lifted),
-        }
+        on_backend!(self, b => Backend::reset(b, &self.local, keys).await)
     }
 
     /// Drops expired state and the state of limiters that no longer exist.
@@ -328,91 +308,67 @@ impl Store {
                 _ => (l.name.as_str(), 0),
             })
             .collect();
-        let removed = self.table.remove_where(|limiter, rests_at| {
+        let removed = self.local.table.remove_where(|limiter, rests_at| {
             live.get(limiter)
                 .is_none_or(|linger| rests_at.saturating_add(*linger) <= now)
         });
-        self.bans.sweep(now);
-        if let Some(s) = &self.sqlite {
-            s.prune(now, limiters, audit_retention);
-        }
-        if let Some(r) = &self.redis {
-            r.sweep(now);
-        }
+        self.local.bans.sweep(now);
+        on_backend!(self, b => Backend::prune(b, now, limiters, audit_retention));
         removed
     }
 
     /// Records one forwarded request in the audit table (dropped, and counted, if the writer lags).
     pub fn audit(&self, row: AuditRow) {
-        if let Some(s) = &self.sqlite {
-            s.audit(row);
-        }
+        on_backend!(self, b => Backend::audit(b, row))
     }
 
     pub fn audit_dropped(&self) -> u64 {
-        self.sqlite.as_ref().map_or(0, |s| s.audit_dropped())
+        on_backend!(self, b => Backend::audit_dropped(b))
     }
 
     /// Whether the store answers: for SQLite, whether the last write
     /// succeeded; for Redis, whether its circuit breaker is closed.
     pub fn healthy(&self) -> bool {
-        self.sqlite.as_ref().is_none_or(|s| s.healthy())
-            && self.redis.as_ref().is_none_or(|r| r.healthy())
+        on_backend!(self, b => Backend::healthy(b))
     }
 
     /// Waits until everything counted so far is on disk.
     pub fn flush(&self) -> Result<(), StoreError> {
-        match &self.sqlite {
-            Some(s) => s.flush(),
-            None => Ok(()),
-        }
+        on_backend!(self, b => Backend::flush(b))
     }
 
     /// Persists what the disk will take and stops the writer; later counts
     /// stay in memory only. Fails with what could not be saved; later calls
     /// give the same answer.
     pub fn shutdown(&self) -> Result<(), StoreError> {
-        let Some(s) = &self.sqlite else {
-            return Ok(());
-        };
-        let unsaved = s.shutdown();
-        if unsaved.is_empty() {
-            return Ok(());
-        }
-        Err(StoreError::NotSaved {
-            path: s.path().to_path_buf(),
-            keys: unsaved.keys,
-            audit_rows: unsaved.audit_rows,
-        })
+        on_backend!(self, b => Backend::shutdown(b))
     }
 
     /// Counts SQLite write failures and given-up keys into the app's registry.
     pub fn bind_metrics(&self, metrics: &crate::metrics::Metrics) {
-        if let Some(s) = &self.sqlite {
-            s.durability().bind_metrics(metrics);
-        }
+        on_backend!(self, b => Backend::bind_metrics(b, metrics))
     }
 
     /// For SQLite: what waits for a retry, and the last write error.
     pub fn durability(&self) -> Option<durability::Status> {
-        self.sqlite.as_ref().map(|s| s.durability().status())
+        on_backend!(self, b => Backend::durability(b))
     }
 
     pub fn tracked_keys(&self) -> usize {
-        self.table.len()
+        self.local.table.len()
     }
 
     /// The bound on [`Store::tracked_keys`] (`store.max_keys`).
     pub fn max_keys(&self) -> usize {
-        self.table.max_keys()
+        self.local.table.max_keys()
     }
 
     /// Evictions (at rest and live), overflow decisions and refusals of the bounded table.
     pub fn key_counters(&self) -> &memory::KeyCounters {
-        self.table.counters()
+        self.local.table.counters()
     }
 
     pub fn table(&self) -> &memory::Table {
-        &self.table
+        &self.local.table
     }
 }

@@ -10,6 +10,7 @@
 //! This file is the handle the store holds (open, enqueue, flush, shutdown);
 //! [`schema`] opens the file and reads state back, [`writer`] is the thread.
 
+mod backend;
 mod schema;
 #[cfg(test)]
 mod tests;

@@ -66,7 +66,7 @@ pub struct Proxy {
 }
 
 /// Rewrites `yaml` so the proxy listens on the given addresses and keeps its
-/// SQLite file in `dir` (unless the test chose a path).
+/// SQLite file in `dir` (unless the test chose a path or another backend).
 pub fn pin_yaml(
     yaml: &str,
     listen: SocketAddr,
@@ -91,7 +91,12 @@ pub fn pin_yaml(
     admin_section.insert("listen".into(), admin.to_string().into());
     map.insert("admin".into(), admin_section.into());
     let mut store = section(map, "store");
-    if !store.contains_key("path") {
+    // `path` belongs to the SQLite store only (another backend refuses it).
+    let sqlite = store
+        .get("backend")
+        .and_then(|b| b.as_str())
+        .is_none_or(|b| b == "sqlite");
+    if sqlite && !store.contains_key("path") {
         store.insert(
             "path".into(),
             dir.join("tollgate.db").display().to_string().into(),

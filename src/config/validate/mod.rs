@@ -178,7 +178,49 @@ impl Validator<'_> {
     }
 
     fn store(&mut self, raw: &RawStore) -> StoreConfig {
-        let backend = match raw
+        let backend = self.store_backend(raw);
+        self.foreign_store_keys(raw, &backend);
+        let on_error = match raw
+            .on_error
+            .as_ref()
+            .map(|t| t.0.as_str())
+            .unwrap_or("allow")
+        {
+            "allow" => OnError::Allow,
+            "deny" => OnError::Deny,
+            "local" => OnError::Local,
+            other => {
+                self.err(
+                    "store.on_error",
+                    format!(
+                        "unknown policy {other:?} (allow, deny or local){}",
+                        suggest::hint(other, ["allow", "deny", "local"])
+                    ),
+                );
+                OnError::Allow
+            }
+        };
+        let flush_interval = dur(raw.flush_interval, Duration::from_millis(100));
+        if flush_interval.is_zero() {
+            self.err("store.flush_interval", "must be greater than zero");
+        }
+        let prune_interval = dur(raw.prune_interval, Duration::from_secs(60));
+        if prune_interval.is_zero() {
+            self.err("store.prune_interval", "must be greater than zero");
+        }
+        let max_keys = self.max_keys(raw.max_keys);
+        StoreConfig {
+            backend,
+            on_error,
+            prune_interval,
+            flush_interval,
+            max_keys,
+        }
+    }
+
+    /// `store.backend` and the keys of that backend.
+    fn store_backend(&mut self, raw: &RawStore) -> Backend {
+        match raw
             .backend
             .as_ref()
             .map(|t| t.0.as_str())
@@ -225,42 +267,33 @@ impl Validator<'_> {
                 );
                 Backend::Memory
             }
-        };
-        let on_error = match raw
-            .on_error
-            .as_ref()
-            .map(|t| t.0.as_str())
-            .unwrap_or("allow")
-        {
-            "allow" => OnError::Allow,
-            "deny" => OnError::Deny,
-            "local" => OnError::Local,
-            other => {
+        }
+    }
+
+    /// A key of another backend is an error, not silently ignored: the
+    /// operator meant some other store, or left a key behind when switching.
+    fn foreign_store_keys(&mut self, raw: &RawStore, backend: &Backend) {
+        let spelled = raw.backend.as_ref().map_or("sqlite", |t| t.0.as_str());
+        if spelled != backend.label() {
+            return; // An unknown backend: its own error says so.
+        }
+        let given = [
+            ("path", "sqlite", raw.path.is_some()),
+            ("flush_interval", "sqlite", raw.flush_interval.is_some()),
+            ("url", "redis", raw.url.is_some()),
+            ("prefix", "redis", raw.prefix.is_some()),
+            ("timeout", "redis", raw.timeout.is_some()),
+        ];
+        for (key, owner, present) in given {
+            if present && owner != spelled {
                 self.err(
-                    "store.on_error",
+                    format!("store.{key}"),
                     format!(
-                        "unknown policy {other:?} (allow, deny or local){}",
-                        suggest::hint(other, ["allow", "deny", "local"])
+                        "`{key}` belongs to `backend: {owner}`, and this store is \
+                         `backend: {spelled}`: remove it, or set `backend: {owner}`"
                     ),
                 );
-                OnError::Allow
             }
-        };
-        let flush_interval = dur(raw.flush_interval, Duration::from_millis(100));
-        if flush_interval.is_zero() {
-            self.err("store.flush_interval", "must be greater than zero");
-        }
-        let prune_interval = dur(raw.prune_interval, Duration::from_secs(60));
-        if prune_interval.is_zero() {
-            self.err("store.prune_interval", "must be greater than zero");
-        }
-        let max_keys = self.max_keys(raw.max_keys);
-        StoreConfig {
-            backend,
-            on_error,
-            prune_interval,
-            flush_interval,
-            max_keys,
         }
     }
 

@@ -55,6 +55,10 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("store: { flush_interval: 0s }", "store.flush_interval", "must be greater than zero"),
     ("store: { prune_interval: 0s }", "store.prune_interval", "must be greater than zero"),
     ("store: { max_keys: 100 }", "store.max_keys", "100 is too small: at least 128"),
+    ("store: { backend: sqlite, url: \"redis://cache:6379/0\" }", "store.url", "`url` belongs to `backend: redis`, and this store is `backend: sqlite`: remove it, or set `backend: redis`"),
+    ("store: { timeout: 1s }", "store.timeout", "`timeout` belongs to `backend: redis`, and this store is `backend: sqlite`"),
+    ("store: { backend: memory, path: a.db }", "store.path", "`path` belongs to `backend: sqlite`, and this store is `backend: memory`"),
+    ("store: { backend: redis, flush_interval: 1s }", "store.flush_interval", "`flush_interval` belongs to `backend: sqlite`, and this store is `backend: redis`"),
     // identity
     ("identity: { api_key_header: \"X Key\" }", "identity.api_key_header", "invalid header name"),
     ("identity: { ipv6_prefix: 0 }", "identity.ipv6_prefix", "must be between 1 and 128"),

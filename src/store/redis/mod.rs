@@ -21,6 +21,9 @@
 //! Releases (a concurrency slot, a leaky-bucket place) never wait on Redis:
 //! they are sent from a spawned task.
 
+mod backend;
+pub mod ban;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

@@ -1,0 +1,122 @@
+//! The Redis backend: the fleet's shared counters and bans, with the local table as the `on_error: local` fallback.
+
+use std::time::Duration;
+
+use super::ban;
+use super::Redis;
+use crate::config::LimiterConfig;
+use crate::limiter::ban::BanRule;
+use crate::limiter::{Algorithm, Nanos, Quota};
+use crate::store::backend::{Backend, Local};
+use crate::store::ban::{ActiveBan, Banned};
+use crate::store::{Check, Outcome, StoreError};
+
+/// Every call goes to Redis under its timeout and circuit breaker
+/// (`Redis::call`); the local table counts only while the app applies
+/// `on_error: local`, and the local ban table only mirrors the bans this
+/// proxy saw (for the active-bans gauge).
+impl Backend for Redis {
+    fn label(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn check(
+        &self,
+        _local: &Local,
+        checks: &[Check<'_>],
+        now: Nanos,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        Redis::check(self, checks, now).await
+    }
+
+    /// Counts in the local table and remembers what it admitted, so the
+    /// release goes back there and not to Redis.
+    fn check_local(&self, local: &Local, checks: &[Check<'_>], now: Nanos) -> Vec<Outcome> {
+        let outcomes = local.table.check(checks, now);
+        self.note_local(checks, &outcomes, now);
+        outcomes
+    }
+
+    async fn peek(
+        &self,
+        _local: &Local,
+        key: &str,
+        algorithm: &Algorithm,
+        _now: Nanos,
+    ) -> Result<Quota, StoreError> {
+        Redis::peek(self, key, algorithm).await
+    }
+
+    fn release(&self, local: &Local, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
+        Redis::release(self, &local.table, key, algorithm, ticket, now)
+    }
+
+    async fn refund(
+        &self,
+        _local: &Local,
+        key: &str,
+        algorithm: &Algorithm,
+        ticket: Nanos,
+        _now: Nanos,
+    ) -> Result<(), StoreError> {
+        Redis::refund(self, key, algorithm, ticket).await
+    }
+
+    async fn banned(
+        &self,
+        local: &Local,
+        keys: &[&str],
+        now: Nanos,
+    ) -> Result<Vec<Option<Banned>>, StoreError> {
+        let found = Redis::banned(self, keys).await?;
+        for (k, b) in keys.iter().zip(&found) {
+            if let Some(b) = b {
+                local.bans.note(k, now + b.remaining);
+            }
+        }
+        Ok(found)
+    }
+
+    async fn strike(
+        &self,
+        local: &Local,
+        key: &str,
+        rule: &BanRule,
+        window: Nanos,
+        now: Nanos,
+    ) -> Result<Option<Banned>, StoreError> {
+        let started = Redis::strike(self, key, rule, window).await?;
+        if let Some(b) = started {
+            local.bans.note(key, now + b.remaining);
+        }
+        Ok(started)
+    }
+
+    /// Counts the keys that existed in Redis, counters and ban hashes.
+    async fn reset(&self, local: &Local, keys: &[String]) -> Result<usize, StoreError> {
+        local.forget(keys);
+        let mut all: Vec<String> = keys.to_vec();
+        all.extend(keys.iter().map(|k| ban::redis_key(k)));
+        Redis::reset(self, &all).await
+    }
+
+    async fn ban_list(&self, _local: &Local, _now: Nanos) -> Result<Vec<ActiveBan>, StoreError> {
+        self.list_bans().await
+    }
+
+    async fn lift_ban(&self, local: &Local, key: &str) -> Result<(), StoreError> {
+        local.bans.lift(&[key.to_string()]);
+        Redis::reset(self, &[ban::redis_key(key)]).await?;
+        Ok(())
+    }
+
+    /// Forgets leaky-bucket tickets whose turn has passed.
+    fn prune(&self, now: Nanos, _limiters: &[LimiterConfig], _retention: Option<Duration>) {
+        self.sweep(now)
+    }
+
+    /// False while the circuit breaker is open.
+    fn healthy(&self) -> bool {
+        Redis::healthy(self)
+    }
+}

@@ -1,0 +1,162 @@
+//! Bans in Redis: one hash per banned or striking key, struck and read atomically by `ban.lua` on the Redis clock.
+//!
+//! The layout of the hash and why it cannot meet a counter key are in
+//! [`crate::store::ban`]; every call is bounded like the counters' (`Redis::call`).
+
+use super::Redis;
+use crate::limiter::ban::BanRule;
+use crate::limiter::{Nanos, NANOS_PER_SEC};
+use crate::store::ban::{ActiveBan, Banned};
+use crate::store::StoreError;
+
+/// The Redis key of a store key's ban hash.
+pub fn redis_key(store_key: &str) -> String {
+    format!("!ban:{store_key}")
+}
+
+/// Nanoseconds as whole Redis milliseconds, never 0.
+pub fn millis(ns: Nanos) -> u64 {
+    ns.div_ceil(1_000_000).max(1)
+}
+
+/// `ban.lua`'s reply of Redis `TIME` as Unix ns.
+pub fn redis_now(sec: i64, usec: i64) -> Nanos {
+    sec.max(0) as u64 * NANOS_PER_SEC + usec.max(0) as u64 * 1_000
+}
+
+const SCRIPT: &str = include_str!("ban.lua");
+
+fn script() -> &'static ::redis::Script {
+    static SCRIPT_ONCE: std::sync::OnceLock<::redis::Script> = std::sync::OnceLock::new();
+    SCRIPT_ONCE.get_or_init(|| ::redis::Script::new(SCRIPT))
+}
+
+/// Bans in Redis (see the module docs); every call is bounded like the counters'.
+impl Redis {
+    /// The ban on each store key, if any, on Redis' clock.
+    pub async fn banned(&self, keys: &[&str]) -> Result<Vec<Option<Banned>>, StoreError> {
+        let mut call = script().prepare_invoke();
+        call.arg("peek");
+        for k in keys {
+            call.key(self.key(&redis_key(k)));
+        }
+        let call = &call;
+        let reply: Vec<i64> = self
+            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .await?;
+        if reply.len() != 2 + keys.len() {
+            return Err(StoreError::BadReply(reply.len()));
+        }
+        let now = redis_now(reply[0], reply[1]);
+        Ok(reply[2..]
+            .iter()
+            .map(|&ms| {
+                (ms > 0).then(|| {
+                    let remaining = ms as u64 * 1_000_000;
+                    Banned {
+                        until: now + remaining,
+                        remaining,
+                    }
+                })
+            })
+            .collect())
+    }
+
+    /// Every ban in force in Redis: a `SCAN` for the ban hashes of this
+    /// prefix, then their time left read on Redis' clock (a hash that holds
+    /// only strikes is not a ban).
+    pub async fn list_bans(&self) -> Result<Vec<ActiveBan>, StoreError> {
+        let prefix = self.key(&redis_key(""));
+        let pattern = format!("{}*", glob_escape(&prefix));
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = ::redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let cmd = &cmd;
+            let (next, found): (u64, Vec<String>) = self
+                .call(|mut con| async move { cmd.query_async(&mut con).await })
+                .await?;
+            keys.extend(
+                found
+                    .into_iter()
+                    .filter_map(|k| k.strip_prefix(&prefix).map(str::to_string)),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        // SCAN may return a key twice.
+        keys.sort_unstable();
+        keys.dedup();
+        let mut out = Vec::new();
+        for chunk in keys.chunks(256) {
+            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let found = self.banned(&refs).await?;
+            out.extend(chunk.iter().zip(found).filter_map(|(key, ban)| {
+                Some(ActiveBan {
+                    key: key.clone(),
+                    ban: ban?,
+                })
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Counts one rejection of `store_key`; returns the ban when this strike starts one.
+    pub async fn strike(
+        &self,
+        store_key: &str,
+        rule: &BanRule,
+        window: Nanos,
+    ) -> Result<Option<Banned>, StoreError> {
+        let mut call = script().prepare_invoke();
+        call.arg("strike")
+            .key(self.key(&redis_key(store_key)))
+            .arg(rule.after)
+            .arg(millis(window))
+            .arg(millis(rule.duration));
+        let call = &call;
+        let reply: Vec<i64> = self
+            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .await?;
+        let [sec, usec, started, ms] = reply[..] else {
+            return Err(StoreError::BadReply(reply.len()));
+        };
+        let now = redis_now(sec, usec);
+        Ok((started == 1).then(|| {
+            let remaining = ms.max(0) as u64 * 1_000_000;
+            Banned {
+                until: now + remaining,
+                remaining,
+            }
+        }))
+    }
+}
+
+/// A Redis `MATCH` pattern that matches `text` literally.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_match_pattern_takes_the_prefix_literally() {
+        assert_eq!(glob_escape("a*{b}[c]?\\"), "a\\*{b}\\[c\\]\\?\\\\");
+    }
+}
