@@ -53,8 +53,7 @@ async fn get(c: &reqwest::Client, url: &str, ip: &str, tenant: Option<&str>) -> 
 }
 
 async fn metrics(c: &reqwest::Client, admin: std::net::SocketAddr) -> String {
-    let url = format!("http://{admin}/metrics");
-    c.get(url).send().await.unwrap().text().await.unwrap()
+    common::get_text(c, &format!("http://{admin}/metrics")).await
 }
 
 async fn tracked(c: &reqwest::Client, admin: std::net::SocketAddr) -> f64 {

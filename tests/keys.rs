@@ -44,8 +44,7 @@ async fn get(c: &reqwest::Client, url: &str, ip: &str) -> u16 {
 }
 
 async fn metrics(c: &reqwest::Client, admin: std::net::SocketAddr) -> String {
-    let url = format!("http://{admin}/metrics");
-    c.get(url).send().await.unwrap().text().await.unwrap()
+    common::get_text(c, &format!("http://{admin}/metrics")).await
 }
 
 /// Sends one request for each identity in `range` over `lanes` keep-alive connections.
