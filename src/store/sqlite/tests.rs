@@ -8,7 +8,7 @@ use crate::limiter::fixed_window::FixedWindow;
 use crate::limiter::leaky_bucket::LeakyBucket;
 use crate::limiter::sliding_window::SlidingWindow;
 use crate::limiter::token_bucket::TokenBucket;
-use crate::limiter::NANOS_PER_SEC;
+use crate::limiter::{Algorithm, NANOS_PER_SEC};
 use crate::store::Check;
 use rusqlite::{Connection, OptionalExtension};
 
