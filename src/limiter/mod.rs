@@ -228,17 +228,32 @@ pub enum Algorithm {
     Concurrency(concurrency::Concurrency),
 }
 
-/// Which algorithm, without its parameters: the one place the config
-/// spellings (`algorithm: token_bucket`) are looked up, for validation,
-/// error messages, metrics and the admin API alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
+/// Declares [`Kind`] and [`Kind::ALL`] from one list: no variant can be
+/// missing from `ALL` (which validation looks names up in).
+macro_rules! kinds {
+    ($($variant:ident),+ $(,)?) => {
+        /// Which algorithm, without its parameters: the one place the config
+        /// spellings (`algorithm: token_bucket`) are looked up, for validation,
+        /// error messages, metrics and the admin API alike.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Kind {
+            $($variant),+
+        }
+
+        impl Kind {
+            /// Every algorithm, in the order a message lists them.
+            pub const ALL: [Kind; 0 $(+ { stringify!($variant); 1 })+] = [$(Kind::$variant),+];
+        }
+    };
+}
+
+kinds!(
     FixedWindow,
     SlidingWindow,
     TokenBucket,
     LeakyBucket,
     Concurrency,
-}
+);
 
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq)]
@@ -350,15 +365,6 @@ macro_rules! dispatch {
 }
 
 impl Kind {
-    /// Every algorithm, in the order a message lists them.
-    pub const ALL: [Kind; 5] = [
-        Kind::FixedWindow,
-        Kind::SlidingWindow,
-        Kind::TokenBucket,
-        Kind::LeakyBucket,
-        Kind::Concurrency,
-    ];
-
     /// The name `algorithm:` takes.
     pub fn name(self) -> &'static str {
         on_kind!(self, P => P::NAME)
