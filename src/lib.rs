@@ -37,7 +37,8 @@
 //! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each kind gets;
 //! - [`store`]: where limiter state lives: one `Backend` per store under `Store` (memory: the
 //!   table, exact, sharded, bounded; SQLite: write-behind, schema, writer thread, durability,
-//!   lock; Redis for a fleet, its bans and breaker), the local bans;
+//!   lock; Redis for a fleet, its bans and breaker, `redis/args.rs` the script's arguments per
+//!   algorithm), the local bans;
 //!   [`access`]: the access log (bounded queue, writer thread, JSON or text);
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
 //! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
@@ -45,7 +46,8 @@
 //!   [`pool`]: the per-worker HTTP/1.1 connection pool;
 //! - [`identity`]: who the client is (verified API key, trusted-proxy real IP, IPv6 prefix, exempt);
 //!   [`router`]: path normalization and first-match routing; [`reject`]: a 429's bytes and the
-//!   rate-limit headers, written without a formatter; [`connections`]: connection caps and timers;
+//!   rate-limit headers, written without a formatter; [`connections`]: connection caps
+//!   (`connections/timers.rs`: first-byte, head, idle and send timers);
 //!   [`logging`]: one-line log records, text or JSON;
 //!   [`tls`]: rustls termination (the certificates in force, swapped by reloads) and https://
 //!   upstream trust;
@@ -53,7 +55,10 @@
 //!   and certificate pairs and CA bundles as data in `certs.rs`;
 //!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
 //!   [`activity`]: what the dashboard shows besides counters;
-//! - [`limiter`]: the algorithms as pure arithmetic on an injected clock;
+//! - [`limiter`]: the algorithms as pure arithmetic on an injected clock, one file each
+//!   implementing `Rule`: its arithmetic and every fact about it (parameters and their bounds,
+//!   policy words, ban window, stored form); `limiter/mod.rs` forwards, one exhaustive `match`
+//!   per question;
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;

@@ -11,10 +11,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::balance::Balancer;
-use crate::config::{Action, Config, KeyPart, LimiterConfig};
+use crate::config::{Action, Config, KeyPart, LimiterConfig, RouteConfig};
 use crate::identity::{Client, Identity};
 use crate::key::{self, StoreKey};
-use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, Nanos};
 use crate::metrics::{Counter, Decision, Histogram, Metrics, RouteSeries};
 use crate::reject::PolicyCache;
 use crate::router::Router;
@@ -138,40 +138,7 @@ impl Snapshot {
         let routes = config
             .routes
             .iter()
-            .map(|r| {
-                let c = |decision: Decision| {
-                    metrics.counter(
-                        "tollgate_requests_total",
-                        &[("route", &r.name), ("decision", decision.as_str())],
-                    )
-                };
-                Route {
-                    name: Arc::from(r.name.as_str()),
-                    action: match &r.action {
-                        Action::Upstream(i) => RouteAction::Upstream(*i),
-                        Action::Respond {
-                            status,
-                            body,
-                            content_type,
-                        } => RouteAction::Respond {
-                            status: *status,
-                            body: Bytes::from(body.clone()),
-                            content_type: HeaderValue::from_str(content_type)
-                                .unwrap_or(HeaderValue::from_static("text/plain")),
-                        },
-                    },
-                    limiters: r.limiters.clone(),
-                    metrics: RouteMetrics {
-                        // `error` is decided before a route is known: no series of its own here.
-                        requests: Decision::ALL.map(|d| match d {
-                            Decision::Error => Counter::default(),
-                            d => c(d),
-                        }),
-                        series: metrics.route_series(&r.name),
-                    },
-                    policy: PolicyCache::default(),
-                }
-            })
+            .map(|r| Route::new(r, metrics))
             .collect();
         let upstream_durations = config
             .upstreams
@@ -205,6 +172,43 @@ impl Snapshot {
             .reject
             .as_ref()
             .or(config.limiters[limiter].reject.as_ref())
+    }
+}
+
+impl Route {
+    fn new(r: &RouteConfig, metrics: &Metrics) -> Route {
+        let c = |decision: Decision| {
+            metrics.counter(
+                "tollgate_requests_total",
+                &[("route", &r.name), ("decision", decision.as_str())],
+            )
+        };
+        Route {
+            name: Arc::from(r.name.as_str()),
+            action: match &r.action {
+                Action::Upstream(i) => RouteAction::Upstream(*i),
+                Action::Respond {
+                    status,
+                    body,
+                    content_type,
+                } => RouteAction::Respond {
+                    status: *status,
+                    body: Bytes::from(body.clone()),
+                    content_type: HeaderValue::from_str(content_type)
+                        .unwrap_or(HeaderValue::from_static("text/plain")),
+                },
+            },
+            limiters: r.limiters.clone(),
+            metrics: RouteMetrics {
+                // `error` is decided before a route is known: no series of its own here.
+                requests: Decision::ALL.map(|d| match d {
+                    Decision::Error => Counter::default(),
+                    d => c(d),
+                }),
+                series: metrics.route_series(&r.name),
+            },
+            policy: PolicyCache::default(),
+        }
     }
 }
 
@@ -293,38 +297,8 @@ impl Limiter {
 
     /// The policy in words, for problem bodies: `5 requests per 60s`.
     pub fn describe_policy(algorithm: &Algorithm) -> String {
-        match algorithm {
-            Algorithm::FixedWindow(p) => format!("{} requests per {}", p.limit, human(p.window)),
-            Algorithm::SlidingWindow(p) => {
-                format!("{} requests per sliding {}", p.limit, human(p.window))
-            }
-            Algorithm::TokenBucket(p) => format!(
-                "{} requests burst, refilled at {}/s",
-                p.capacity,
-                rate(p.interval)
-            ),
-            Algorithm::LeakyBucket(p) => format!(
-                "{} queued requests, released at {}/s",
-                p.capacity,
-                rate(p.interval)
-            ),
-            Algorithm::Concurrency(p) => format!("{} requests in flight", p.max_in_flight),
-        }
+        algorithm.describe()
     }
-}
-
-fn human(ns: Nanos) -> String {
-    if ns.is_multiple_of(NANOS_PER_SEC) {
-        format!("{}s", ns / NANOS_PER_SEC)
-    } else {
-        format!("{}ms", ns / 1_000_000)
-    }
-}
-
-fn rate(interval: Nanos) -> String {
-    let r = NANOS_PER_SEC as f64 / interval.max(1) as f64;
-    let s = format!("{r:.3}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]

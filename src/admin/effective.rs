@@ -18,7 +18,7 @@ use crate::config::{
     ServerConfig, StoreConfig, TlsConfig, UpstreamConfig, UpstreamTls,
 };
 use crate::identity::ApiKey;
-use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
+use crate::limiter::{Kind, Nanos, Param, NANOS_PER_SEC};
 
 /// What a secret is replaced with.
 const REDACTED: &str = "[redacted]";
@@ -317,12 +317,6 @@ fn limiter(l: &LimiterConfig) -> Value {
     let mut out = json!({
         "name": name,
         "algorithm": algorithm.name(),
-        "limit": null,
-        "window": null,
-        "capacity": null,
-        "refill_per_second": null,
-        "leak_per_second": null,
-        "max_in_flight": null,
         "key": key.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "mode": if *shadow { "shadow" } else { "enforce" },
         "overrides": overrides.iter().map(override_entry).collect::<Vec<_>>(),
@@ -330,27 +324,18 @@ fn limiter(l: &LimiterConfig) -> Value {
         "ban": ban.as_ref().map(|b| json!({"after": b.after, "for": nanos(b.duration), "status": b.status.as_u16()})),
         "reject": reject.as_ref().map(reject_shape),
     });
-    let params: Vec<(&str, Value)> = match algorithm {
-        Algorithm::FixedWindow(p) => vec![
-            ("limit", json!(p.limit)),
-            ("window", json!(nanos(p.window))),
-        ],
-        Algorithm::SlidingWindow(p) => {
-            vec![
-                ("limit", json!(p.limit)),
-                ("window", json!(nanos(p.window))),
-            ]
-        }
-        Algorithm::TokenBucket(p) => vec![
-            ("capacity", json!(p.capacity)),
-            ("refill_per_second", json!(per_second(p.interval))),
-        ],
-        Algorithm::LeakyBucket(p) => vec![
-            ("capacity", json!(p.capacity)),
-            ("leak_per_second", json!(per_second(p.interval))),
-        ],
-        Algorithm::Concurrency(p) => vec![("max_in_flight", json!(p.max_in_flight))],
-    };
+    // Every algorithm's parameter is shown, `null` where this one takes none.
+    for k in Kind::ALL.into_iter().flat_map(Kind::params) {
+        out[*k] = Value::Null;
+    }
+    let params = algorithm.params().into_iter().map(|(k, p)| {
+        let v = match p {
+            Param::Count(n) => json!(n),
+            Param::Span(ns) => json!(nanos(ns)),
+            Param::PerSecond(interval) => json!(per_second(interval)),
+        };
+        (k, v)
+    });
     for (k, v) in params {
         out[k] = v;
     }

@@ -64,10 +64,6 @@ pub use validate::{validate, Host};
 // The section files (balance, fastcgi, observe, protect) extend the validator.
 use validate::{dur, nanos, Validator};
 
-/// The largest sliding-window limit: its exact log costs 8 bytes per admitted
-/// request and key, so a larger limit would let one key take megabytes.
-pub const MAX_SLIDING_WINDOW_LIMIT: u64 = 100_000;
-
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Problems that do not stop the config from running, with their YAML paths

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use super::{nanos, Dur, Text, Validator};
 use crate::limiter::ban::BanRule;
 use crate::limiter::count::CountRule;
-use crate::limiter::Algorithm;
+use crate::limiter::{Algorithm, Kind};
 
 /// `count: { status: [401, 403], header: X-Login-Failed }` — at least one of them.
 #[derive(Debug, Clone, Deserialize)]
@@ -71,17 +71,13 @@ impl Validator<'_> {
     ) -> Option<CountRule> {
         let at = |field: &str| format!("limiters.{name}.count{field}");
         let before = self.problems.len();
-        if !algorithm.accepts_count() {
+        if let Some(why) = algorithm.kind().count_refusal() {
             self.err(
                 at(""),
                 format!(
-                    "`count` needs an algorithm that counts requests (fixed_window, sliding_window or token_bucket); {} {}",
+                    "`count` needs an algorithm that counts requests ({}); {} {why}",
+                    Kind::counting(),
                     algorithm.name(),
-                    if matches!(algorithm, Algorithm::Concurrency(_)) {
-                        "frees its slot when any response ends, whatever it is"
-                    } else {
-                        "delays requests rather than counting them"
-                    }
                 ),
             );
         }
@@ -132,7 +128,10 @@ impl Validator<'_> {
         if algorithm.ban_window().is_none() {
             self.err(
                 at(""),
-                "`ban` counts rejections within the limiter's window, and concurrency has none",
+                format!(
+                    "`ban` counts rejections within the limiter's window, and {} has none",
+                    algorithm.name()
+                ),
             );
         }
         if shadow {

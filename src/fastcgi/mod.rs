@@ -234,6 +234,14 @@ impl Cgi<'_> {
                 );
             }
         };
+        self.cgi_params(parts, &mut push);
+        http_params(&parts.headers, &mut push);
+        p.finish();
+        out.freeze()
+    }
+
+    /// The CGI variables: the script, the request line, the server and the client.
+    fn cgi_params(&self, parts: &http::request::Parts, push: &mut impl FnMut(&[u8], &[u8])) {
         let headers = &parts.headers;
         let header =
             |name: header::HeaderName| headers.get(name).map_or(&b""[..], HeaderValue::as_bytes);
@@ -297,45 +305,46 @@ impl Cgi<'_> {
         push(b"SERVER_PORT", port.to_string().as_bytes());
         // php-cgi's cgi.force_redirect wants it; php-fpm ignores it.
         push(b"REDIRECT_STATUS", b"200");
+    }
+}
 
-        let mut name = Vec::with_capacity(64);
-        for key in headers.keys() {
-            let k = key.as_str();
-            // httpoxy: a client's `Proxy` header must not become HTTP_PROXY,
-            // which PHP HTTP clients read as their outgoing proxy. Names
-            // with `_` were dropped before, unless `underscores_in_headers`
-            // keeps them; a kept one never overwrites its dashed twin
-            // (`X_Custom` and `X-Custom` are both HTTP_X_CUSTOM): the dashed one wins.
-            if k == "proxy"
-                || k == "content-type"
-                || k == "content-length"
-                || has_dashed_twin(headers, k)
-            {
-                continue;
-            }
-            name.clear();
-            name.extend_from_slice(b"HTTP_");
-            name.extend(k.bytes().map(|b| match b {
-                b'-' => b'_',
-                b => b.to_ascii_uppercase(),
-            }));
-            let mut values = headers.get_all(key).iter();
-            let first = values.next().map_or(&b""[..], HeaderValue::as_bytes);
-            match values.next() {
-                None => push(&name, first),
-                Some(second) => {
-                    let sep: &[u8] = if key == header::COOKIE { b"; " } else { b", " };
-                    let mut joined = first.to_vec();
-                    for v in std::iter::once(second).chain(values) {
-                        joined.extend_from_slice(sep);
-                        joined.extend_from_slice(v.as_bytes());
-                    }
-                    push(&name, &joined);
+/// The request headers as `HTTP_*` variables.
+fn http_params(headers: &http::HeaderMap, push: &mut impl FnMut(&[u8], &[u8])) {
+    let mut name = Vec::with_capacity(64);
+    for key in headers.keys() {
+        let k = key.as_str();
+        // httpoxy: a client's `Proxy` header must not become HTTP_PROXY,
+        // which PHP HTTP clients read as their outgoing proxy. Names
+        // with `_` were dropped before, unless `underscores_in_headers`
+        // keeps them; a kept one never overwrites its dashed twin
+        // (`X_Custom` and `X-Custom` are both HTTP_X_CUSTOM): the dashed one wins.
+        if k == "proxy"
+            || k == "content-type"
+            || k == "content-length"
+            || has_dashed_twin(headers, k)
+        {
+            continue;
+        }
+        name.clear();
+        name.extend_from_slice(b"HTTP_");
+        name.extend(k.bytes().map(|b| match b {
+            b'-' => b'_',
+            b => b.to_ascii_uppercase(),
+        }));
+        let mut values = headers.get_all(key).iter();
+        let first = values.next().map_or(&b""[..], HeaderValue::as_bytes);
+        match values.next() {
+            None => push(&name, first),
+            Some(second) => {
+                let sep: &[u8] = if key == header::COOKIE { b"; " } else { b", " };
+                let mut joined = first.to_vec();
+                for v in std::iter::once(second).chain(values) {
+                    joined.extend_from_slice(sep);
+                    joined.extend_from_slice(v.as_bytes());
                 }
+                push(&name, &joined);
             }
         }
-        p.finish();
-        out.freeze()
     }
 }
 

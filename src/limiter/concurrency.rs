@@ -7,7 +7,7 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{Nanos, Quota, Rule, Verdict, NANOS_PER_SEC};
+use super::{Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict, NANOS_PER_SEC};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Concurrency {
@@ -22,6 +22,19 @@ pub struct State {
 
 impl Rule for Concurrency {
     type State = State;
+    const NAME: &'static str = "concurrency";
+    const PARAMS: &'static [&'static str] = &["max_in_flight"];
+    const COUNT_REFUSAL: Option<&'static str> =
+        Some("frees its slot when any response ends, whatever it is");
+    const COUNTS_REFUSED: bool = false;
+    const HOLDS: Hold = Hold::Slot;
+    const KEPT: Kept = Kept::Never;
+
+    fn from_given(given: &mut dyn Given) -> Self {
+        Concurrency {
+            max_in_flight: given.number("max_in_flight", 1),
+        }
+    }
 
     /// When a slot frees depends on the upstream, not on anything we know, so
     /// Retry-After is a fixed 1 s hint rather than a promise.
@@ -62,6 +75,40 @@ impl Rule for Concurrency {
 
     fn release(&self, state: &mut State, _ticket: Nanos, _now: Nanos) {
         state.in_flight = state.in_flight.saturating_sub(1);
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::Concurrency
+    }
+
+    fn describe(&self) -> String {
+        format!("{} requests in flight", self.max_in_flight)
+    }
+
+    /// A slot has no window to count rejections in.
+    fn ban_window(&self) -> Option<Nanos> {
+        None
+    }
+
+    fn set_limit(&mut self, limit: u64) {
+        self.max_in_flight = limit;
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![("max_in_flight", Param::Count(self.max_in_flight))]
+    }
+
+    fn words(state: &State) -> Vec<u64> {
+        vec![state.in_flight]
+    }
+
+    /// Nothing is in flight after a restart.
+    fn from_words(_words: &[u64]) -> Option<State> {
+        None
+    }
+
+    fn wrap(state: State) -> super::State {
+        super::State::Concurrency(state)
     }
 }
 

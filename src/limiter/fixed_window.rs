@@ -1,6 +1,6 @@
 //! Fixed windows aligned to Unix-epoch multiples of `window`; every attempt counts.
 
-use super::{Nanos, Quota, Rule, Verdict};
+use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FixedWindow {
@@ -33,6 +33,19 @@ impl FixedWindow {
 
 impl Rule for FixedWindow {
     type State = State;
+    const NAME: &'static str = "fixed_window";
+    const PARAMS: &'static [&'static str] = &["limit", "window"];
+    const COUNT_REFUSAL: Option<&'static str> = None;
+    const COUNTS_REFUSED: bool = true;
+    const HOLDS: Hold = Hold::Nothing;
+    const KEPT: Kept = Kept::Windows;
+
+    fn from_given(given: &mut dyn Given) -> Self {
+        FixedWindow {
+            limit: given.number("limit", 1),
+            window: given.span("window"),
+        }
+    }
 
     fn check(&self, state: &State, now: Nanos) -> Verdict {
         if self.count_now(state, now) < self.limit {
@@ -83,6 +96,50 @@ impl Rule for FixedWindow {
     /// Once its window is over the count no longer applies to anything.
     fn rests_at(&self, state: &State) -> Nanos {
         state.window_start.saturating_add(self.window)
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::FixedWindow {
+            window: self.window,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!("{} requests per {}", self.limit, span_words(self.window))
+    }
+
+    fn ban_window(&self) -> Option<Nanos> {
+        Some(self.window)
+    }
+
+    fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("limit", Param::Count(self.limit)),
+            ("window", Param::Span(self.window)),
+        ]
+    }
+
+    /// One row per window: its start and the count.
+    fn words(state: &State) -> Vec<u64> {
+        vec![state.window_start, state.count]
+    }
+
+    fn from_words(words: &[u64]) -> Option<State> {
+        match *words {
+            [window_start, count] => Some(State {
+                window_start,
+                count,
+            }),
+            _ => None,
+        }
+    }
+
+    fn wrap(state: State) -> super::State {
+        super::State::FixedWindow(state)
     }
 }
 

@@ -23,7 +23,7 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{Nanos, Quota, Rule, Verdict};
+use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeakyBucket {
@@ -54,6 +54,23 @@ impl LeakyBucket {
 
 impl Rule for LeakyBucket {
     type State = State;
+    const NAME: &'static str = "leaky_bucket";
+    const PARAMS: &'static [&'static str] = &["capacity", "leak_per_second"];
+    const COUNT_REFUSAL: Option<&'static str> = Some("delays requests rather than counting them");
+    const COUNTS_REFUSED: bool = false;
+    const HOLDS: Hold = Hold::Place;
+    /// No queue: a pure policer.
+    const LEAST_LIMIT: u64 = 0;
+    const KEPT: Kept = Kept::Words;
+
+    /// `capacity: 0` is a pure policer: no queue.
+    fn from_given(given: &mut dyn Given) -> Self {
+        let capacity = given.number("capacity", 0);
+        LeakyBucket {
+            capacity,
+            interval: given.rate("leak_per_second", capacity, "a full queue must drain"),
+        }
+    }
 
     fn check(&self, state: &State, now: Nanos) -> Verdict {
         let d = state.next_free.saturating_sub(now);
@@ -109,6 +126,50 @@ impl Rule for LeakyBucket {
         if now < ticket && ticket.checked_add(self.interval()) == Some(state.next_free) {
             state.next_free = ticket;
         }
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::LeakyBucket {
+            interval: self.interval,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} queued requests, released at {}/s",
+            self.capacity,
+            rate_words(self.interval)
+        )
+    }
+
+    /// The time a full queue takes to drain.
+    fn ban_window(&self) -> Option<Nanos> {
+        Some(self.capacity.max(1).saturating_mul(self.interval).max(1))
+    }
+
+    fn set_limit(&mut self, limit: u64) {
+        self.capacity = limit;
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("capacity", Param::Count(self.capacity)),
+            ("leak_per_second", Param::PerSecond(self.interval)),
+        ]
+    }
+
+    fn words(state: &State) -> Vec<u64> {
+        vec![state.next_free]
+    }
+
+    fn from_words(words: &[u64]) -> Option<State> {
+        Some(State {
+            next_free: *words.first()?,
+        })
+    }
+
+    fn wrap(state: State) -> super::State {
+        super::State::LeakyBucket(state)
     }
 }
 

@@ -55,9 +55,35 @@ pub struct Quota {
     pub reset_after: Nanos,
 }
 
-/// One algorithm's arithmetic. `State::default()` is a key never seen before.
+/// One algorithm: its arithmetic, and every fact the rest of tollgate asks
+/// about it (config spelling, policy words, stored form, …). Each algorithm's
+/// file implements it; the enums below only forward, one exhaustive `match`
+/// per question, so a new algorithm fails to compile until it answers all of
+/// them. `State::default()` is a key never seen before.
 pub trait Rule {
     type State: Clone + std::fmt::Debug + Default + PartialEq;
+
+    /// The name `algorithm:` takes.
+    const NAME: &'static str;
+    /// The config keys it takes, all required (see [`Rule::params`]).
+    const PARAMS: &'static [&'static str];
+    /// Why `count:` makes no sense for it, or `None` if it records each
+    /// request as a unit that can be handed back (see `count.rs`).
+    const COUNT_REFUSAL: Option<&'static str>;
+    /// Whether `record` takes a unit also for a refused request (a fixed
+    /// window counts every attempt); the others take one only on
+    /// admission, and a refund must match what was taken.
+    const COUNTS_REFUSED: bool;
+    /// What an admitted request holds until it is released.
+    const HOLDS: Hold;
+    /// The smallest quota [`Rule::set_limit`] may set (a per-key override).
+    const LEAST_LIMIT: u64 = 1;
+    /// How its state outlives a restart.
+    const KEPT: Kept;
+
+    /// The parameters from the config, each within the bounds that let the
+    /// limiter limit; `given` reports every problem with its path.
+    fn from_given(given: &mut dyn Given) -> Self;
 
     /// Decide about one request at `now` without changing the state.
     fn check(&self, state: &Self::State, now: Nanos) -> Verdict;
@@ -86,11 +112,110 @@ pub trait Rule {
     /// Most algorithms ignore it.
     fn release(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
 
-    /// `count:` — the request recorded with `ticket` (see [`Algorithm::ticket`])
+    /// `count:` — the request recorded with `ticket` (see [`Rule::ticket`])
     /// got a response that does not count: give back what it took, as far as
     /// it still weighs on the state. Never gives back more than the request
     /// took (see `count.rs`). Only algorithms that accept `count:` override it.
     fn refund(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
+
+    /// What identifies the unit a request took, for [`Rule::refund`], from
+    /// the store's decision instant `at` and the quota after recording: for
+    /// windows the instant itself (it names the window, or the log entry).
+    fn ticket(&self, at: Nanos, _quota: &Quota) -> Nanos {
+        at
+    }
+
+    /// The quota an admitted request reported, as it would read without
+    /// that request's unit (the rate-limit headers of an answer that did not
+    /// count): in a window, one more left.
+    fn quota_without_one(&self, quota: Quota) -> Quota {
+        Quota {
+            remaining: quota.remaining.saturating_add(1).min(quota.limit),
+            ..quota
+        }
+    }
+
+    /// `q` and `w` of the headers, which no state changes.
+    fn frame(&self) -> (u64, Option<Nanos>) {
+        let q = self.quota(&Self::State::default(), 0);
+        (q.limit, q.window)
+    }
+
+    /// What must stay equal for stored state to keep its meaning.
+    fn shape(&self) -> Shape;
+
+    /// The policy in words, for problem bodies: `5 requests per 60s`.
+    fn describe(&self) -> String;
+
+    /// The span a `ban:` counts rejections in; `None` if it has none.
+    fn ban_window(&self) -> Option<Nanos>;
+
+    /// Sets the quota a per-key override changes (limit, capacity, …).
+    fn set_limit(&mut self, limit: u64);
+
+    /// Its parameters as `GET /config` shows them, named as in [`Rule::PARAMS`].
+    fn params(&self) -> Vec<(&'static str, Param)>;
+
+    /// The state as a stored row's words: for [`Kept::Windows`] the window
+    /// start and the count, else little-endian `u64`s in a blob.
+    fn words(state: &Self::State) -> Vec<u64>;
+
+    /// The state back from [`Rule::words`]; `None` if they do not fit.
+    fn from_words(words: &[u64]) -> Option<Self::State>;
+
+    /// The state as the enum holds it.
+    fn wrap(state: Self::State) -> State;
+}
+
+/// What an algorithm's parameters are read from: the config validator
+/// answers, and reports each problem with the parameter's YAML path. Each
+/// answer is usable even after a problem was reported.
+pub trait Given {
+    /// The whole number `name`, at least `least`.
+    fn number(&mut self, name: &'static str, least: u64) -> u64;
+    /// The duration `name`, greater than zero.
+    fn span(&mut self, name: &'static str) -> Nanos;
+    /// The rate per second `name` as the nanoseconds between two units;
+    /// `units` of them must pass within the longest time tollgate counts
+    /// (`within` says what must happen, for the message).
+    fn rate(&mut self, name: &'static str, units: u64, within: &str) -> Nanos;
+    /// Reports a problem with `name`.
+    fn refuse(&mut self, name: &'static str, why: String);
+}
+
+/// What an admitted request holds until `release`, which a shared store
+/// must track to give it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Nothing: releasing changes nothing.
+    Nothing,
+    /// A slot, for as long as it is in flight (concurrency).
+    Slot,
+    /// A place in a queue, when it was delayed (leaky bucket).
+    Place,
+}
+
+/// How an algorithm's state outlives a restart (the SQLite store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    /// Not at all: nothing is in flight after a restart.
+    Never,
+    /// One row per window, `(window start, count)`; a row lingers one
+    /// window after it ends, so a restart still sees the last one.
+    Windows,
+    /// A blob of [`Rule::words`] under the shape's fingerprint.
+    Words,
+}
+
+/// One parameter's value as `GET /config` shows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Param {
+    /// A plain number (limit, capacity, …).
+    Count(u64),
+    /// A duration.
+    Span(Nanos),
+    /// A rate, stored as the nanoseconds between two events.
+    PerSecond(Nanos),
 }
 
 /// A validated limiter policy: which algorithm and its parameters.
@@ -103,51 +228,32 @@ pub enum Algorithm {
     Concurrency(concurrency::Concurrency),
 }
 
-/// Which algorithm, without its parameters: the one place the config
-/// spellings (`algorithm: token_bucket`) live, for validation, error
-/// messages, metrics and the admin API alike.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
+/// Declares [`Kind`] and [`Kind::ALL`] from one list: no variant can be
+/// missing from `ALL` (which validation looks names up in).
+macro_rules! kinds {
+    ($($variant:ident),+ $(,)?) => {
+        /// Which algorithm, without its parameters: the one place the config
+        /// spellings (`algorithm: token_bucket`) are looked up, for validation,
+        /// error messages, metrics and the admin API alike.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Kind {
+            $($variant),+
+        }
+
+        impl Kind {
+            /// Every algorithm, in the order a message lists them.
+            pub const ALL: [Kind; 0 $(+ { stringify!($variant); 1 })+] = [$(Kind::$variant),+];
+        }
+    };
+}
+
+kinds!(
     FixedWindow,
     SlidingWindow,
     TokenBucket,
     LeakyBucket,
     Concurrency,
-}
-
-impl Kind {
-    /// Every algorithm, in the order a message lists them.
-    pub const ALL: [Kind; 5] = [
-        Kind::FixedWindow,
-        Kind::SlidingWindow,
-        Kind::TokenBucket,
-        Kind::LeakyBucket,
-        Kind::Concurrency,
-    ];
-
-    /// The name `algorithm:` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::FixedWindow => "fixed_window",
-            Kind::SlidingWindow => "sliding_window",
-            Kind::TokenBucket => "token_bucket",
-            Kind::LeakyBucket => "leaky_bucket",
-            Kind::Concurrency => "concurrency",
-        }
-    }
-
-    /// The algorithm `algorithm:` names, if any.
-    pub fn from_name(name: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == name)
-    }
-
-    /// Every name, as a message offers them: `a, b, c or d`.
-    pub fn choices() -> String {
-        let names = Kind::ALL.map(Kind::name);
-        let (last, rest) = names.split_last().expect("at least one algorithm");
-        format!("{} or {last}", rest.join(", "))
-    }
-}
+);
 
 /// The state of one key under one algorithm.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,17 +278,156 @@ pub enum Shape {
     Concurrency,
 }
 
-macro_rules! dispatch {
-    ($self:ident, $state:ident, $rule:ident, $st:ident => $body:expr, $mismatch:expr) => {
-        match ($self, $state) {
-            (Algorithm::FixedWindow($rule), State::FixedWindow($st)) => $body,
-            (Algorithm::SlidingWindow($rule), State::SlidingWindow($st)) => $body,
-            (Algorithm::TokenBucket($rule), State::TokenBucket($st)) => $body,
-            (Algorithm::LeakyBucket($rule), State::LeakyBucket($st)) => $body,
-            (Algorithm::Concurrency($rule), State::Concurrency($st)) => $body,
-            _ => $mismatch,
+/// `$body` with `$P` naming the algorithm's type: the one exhaustive match over [`Kind`].
+macro_rules! on_kind {
+    ($kind:expr, $P:ident => $body:expr) => {
+        match $kind {
+            Kind::FixedWindow => {
+                type $P = fixed_window::FixedWindow;
+                $body
+            }
+            Kind::SlidingWindow => {
+                type $P = sliding_window::SlidingWindow;
+                $body
+            }
+            Kind::TokenBucket => {
+                type $P = token_bucket::TokenBucket;
+                $body
+            }
+            Kind::LeakyBucket => {
+                type $P = leaky_bucket::LeakyBucket;
+                $body
+            }
+            Kind::Concurrency => {
+                type $P = concurrency::Concurrency;
+                $body
+            }
         }
     };
+}
+
+/// `$body` with `$rule` the algorithm's parameters: the one exhaustive match over [`Algorithm`].
+macro_rules! on_algorithm {
+    ($algorithm:expr, $rule:ident => $body:expr) => {
+        match $algorithm {
+            Algorithm::FixedWindow($rule) => $body,
+            Algorithm::SlidingWindow($rule) => $body,
+            Algorithm::TokenBucket($rule) => $body,
+            Algorithm::LeakyBucket($rule) => $body,
+            Algorithm::Concurrency($rule) => $body,
+        }
+    };
+}
+
+/// `$body` with `$rule` and its own state `$st`, or `$mismatch` when the
+/// state belongs to another algorithm (a reload may change it). Exhaustive
+/// over [`Algorithm`]: the state side is an `if let`, not a wildcard arm.
+macro_rules! dispatch {
+    ($self:ident, $state:ident, $rule:ident, $st:ident => $body:expr, $mismatch:expr) => {
+        match $self {
+            Algorithm::FixedWindow($rule) => {
+                if let State::FixedWindow($st) = $state {
+                    $body
+                } else {
+                    $mismatch
+                }
+            }
+            Algorithm::SlidingWindow($rule) => {
+                if let State::SlidingWindow($st) = $state {
+                    $body
+                } else {
+                    $mismatch
+                }
+            }
+            Algorithm::TokenBucket($rule) => {
+                if let State::TokenBucket($st) = $state {
+                    $body
+                } else {
+                    $mismatch
+                }
+            }
+            Algorithm::LeakyBucket($rule) => {
+                if let State::LeakyBucket($st) = $state {
+                    $body
+                } else {
+                    $mismatch
+                }
+            }
+            Algorithm::Concurrency($rule) => {
+                if let State::Concurrency($st) = $state {
+                    $body
+                } else {
+                    $mismatch
+                }
+            }
+        }
+    };
+}
+
+impl Kind {
+    /// The name `algorithm:` takes.
+    pub fn name(self) -> &'static str {
+        on_kind!(self, P => P::NAME)
+    }
+
+    /// The config keys this algorithm takes, all required.
+    pub fn params(self) -> &'static [&'static str] {
+        on_kind!(self, P => P::PARAMS)
+    }
+
+    /// The smallest quota a per-key override may set.
+    pub fn least_limit(self) -> u64 {
+        on_kind!(self, P => P::LEAST_LIMIT)
+    }
+
+    /// How its state outlives a restart.
+    pub fn kept(self) -> Kept {
+        on_kind!(self, P => P::KEPT)
+    }
+
+    /// Why `count:` makes no sense for it, or `None`.
+    pub fn count_refusal(self) -> Option<&'static str> {
+        on_kind!(self, P => P::COUNT_REFUSAL)
+    }
+
+    /// The algorithm with its parameters read from `given`.
+    pub fn build(self, given: &mut dyn Given) -> Algorithm {
+        match self {
+            Kind::FixedWindow => Algorithm::FixedWindow(Rule::from_given(given)),
+            Kind::SlidingWindow => Algorithm::SlidingWindow(Rule::from_given(given)),
+            Kind::TokenBucket => Algorithm::TokenBucket(Rule::from_given(given)),
+            Kind::LeakyBucket => Algorithm::LeakyBucket(Rule::from_given(given)),
+            Kind::Concurrency => Algorithm::Concurrency(Rule::from_given(given)),
+        }
+    }
+
+    /// The algorithm `algorithm:` names, if any.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Every name, as a message offers them: `a, b, c or d`.
+    pub fn choices() -> String {
+        Kind::list(Kind::ALL.into_iter())
+    }
+
+    /// The names of the algorithms that accept `count:`, as a message lists them.
+    pub fn counting() -> String {
+        Kind::list(
+            Kind::ALL
+                .into_iter()
+                .filter(|k| k.count_refusal().is_none()),
+        )
+    }
+
+    fn list(kinds: impl Iterator<Item = Kind>) -> String {
+        let names: Vec<&str> = kinds.map(Kind::name).collect();
+        let (last, rest) = names.split_last().expect("at least one algorithm");
+        if rest.is_empty() {
+            return last.to_string();
+        }
+        format!("{} or {last}", rest.join(", "))
+    }
 }
 
 impl State {
@@ -200,6 +445,17 @@ impl State {
     /// The algorithm this state belongs to, as [`Kind::name`] spells it.
     pub fn name(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// The state as a stored row's words (see [`Rule::words`]).
+    pub fn words(&self) -> Vec<u64> {
+        match self {
+            State::FixedWindow(s) => fixed_window::FixedWindow::words(s),
+            State::SlidingWindow(s) => sliding_window::SlidingWindow::words(s),
+            State::TokenBucket(s) => token_bucket::TokenBucket::words(s),
+            State::LeakyBucket(s) => leaky_bucket::LeakyBucket::words(s),
+            State::Concurrency(s) => concurrency::Concurrency::words(s),
+        }
     }
 }
 
@@ -222,6 +478,15 @@ impl Shape {
     }
 }
 
+/// Type inference helpers: the associated items of `$rule`'s type.
+fn fresh<R: Rule>(_: &R) -> State {
+    R::wrap(R::State::default())
+}
+
+fn restored<R: Rule>(_: &R, words: &[u64]) -> Option<State> {
+    R::from_words(words).map(R::wrap)
+}
+
 impl Algorithm {
     pub fn kind(&self) -> Kind {
         match self {
@@ -239,27 +504,39 @@ impl Algorithm {
     }
 
     pub fn shape(&self) -> Shape {
-        match self {
-            Algorithm::FixedWindow(p) => Shape::FixedWindow { window: p.window },
-            Algorithm::SlidingWindow(p) => Shape::SlidingWindow { window: p.window },
-            Algorithm::TokenBucket(p) => Shape::TokenBucket {
-                interval: p.interval,
-            },
-            Algorithm::LeakyBucket(p) => Shape::LeakyBucket {
-                interval: p.interval,
-            },
-            Algorithm::Concurrency(_) => Shape::Concurrency,
-        }
+        on_algorithm!(self, r => r.shape())
+    }
+
+    /// The policy in words (see [`Rule::describe`]).
+    pub fn describe(&self) -> String {
+        on_algorithm!(self, r => r.describe())
+    }
+
+    /// Its parameters as `GET /config` shows them.
+    pub fn params(&self) -> Vec<(&'static str, Param)> {
+        on_algorithm!(self, r => r.params())
+    }
+
+    /// `q` and `w` of the headers (see [`Rule::frame`]).
+    pub fn frame(&self) -> (u64, Option<Nanos>) {
+        on_algorithm!(self, r => r.frame())
     }
 
     /// The state of a key never seen before.
     pub fn fresh_state(&self) -> State {
-        match self {
-            Algorithm::FixedWindow(_) => State::FixedWindow(Default::default()),
-            Algorithm::SlidingWindow(_) => State::SlidingWindow(Default::default()),
-            Algorithm::TokenBucket(_) => State::TokenBucket(Default::default()),
-            Algorithm::LeakyBucket(_) => State::LeakyBucket(Default::default()),
-            Algorithm::Concurrency(_) => State::Concurrency(Default::default()),
+        on_algorithm!(self, r => fresh(r))
+    }
+
+    /// A stored row's words back as this algorithm's state (see [`Rule::from_words`]).
+    pub fn restore(&self, words: &[u64]) -> Option<State> {
+        on_algorithm!(self, r => restored(r, words))
+    }
+
+    /// How long a stored window row lingers after its window ended (see [`Kept::Windows`]).
+    pub fn linger(&self) -> Nanos {
+        match self.kind().kept() {
+            Kept::Windows => self.frame().1.unwrap_or(0),
+            Kept::Never | Kept::Words => 0,
         }
     }
 
@@ -301,80 +578,58 @@ impl Algorithm {
         dispatch!(self, state, r, s => r.refund(s, ticket, now), ())
     }
 
-    /// Whether `count:` makes sense here: the algorithm records each request
-    /// as a unit that can be handed back. A leaky bucket delays rather than
-    /// counts, and a concurrency slot is given back by every response anyway.
+    /// Whether `count:` makes sense here (see [`Rule::COUNT_REFUSAL`]).
     pub fn accepts_count(&self) -> bool {
-        matches!(
-            self,
-            Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_) | Algorithm::TokenBucket(_)
-        )
+        self.kind().count_refusal().is_none()
     }
 
-    /// Whether `record` takes a unit also for a refused request (a fixed
-    /// window counts every attempt); the others take one only on
-    /// admission, and a refund must match what was taken.
+    /// See [`Rule::COUNTS_REFUSED`].
     pub fn counts_refused(&self) -> bool {
-        matches!(self, Algorithm::FixedWindow(_))
+        on_kind!(self.kind(), P => P::COUNTS_REFUSED)
     }
 
-    /// What identifies the unit a request took, for [`Algorithm::refund`],
-    /// from the store's decision instant `at` and the quota after recording:
-    /// the instant itself for windows (it names the window, or the log
-    /// entry), and for a token bucket the theoretical arrival time right
-    /// after this request (`at + debt`), which tells how much of its token
-    /// is still unpaid when the refund comes.
+    /// What an admitted request holds until it is released.
+    pub fn holds(&self) -> Hold {
+        on_kind!(self.kind(), P => P::HOLDS)
+    }
+
+    /// See [`Rule::ticket`].
     pub fn ticket(&self, at: Nanos, quota: &Quota) -> Nanos {
-        match self {
-            Algorithm::TokenBucket(_) => at.saturating_add(quota.reset_after),
-            _ => at,
-        }
+        on_algorithm!(self, r => r.ticket(at, quota))
     }
 
-    /// The quota an admitted request reported, as it would read without
-    /// that request's unit (the rate-limit headers of an answer that did not
-    /// count): one more left in a window; a token bucket one interval less in debt.
+    /// See [`Rule::quota_without_one`].
     pub fn quota_without_one(&self, quota: Quota) -> Quota {
-        match self {
-            Algorithm::TokenBucket(p) => {
-                let debt = quota.reset_after.saturating_sub(p.interval);
-                Quota {
-                    remaining: p.capacity.saturating_sub(debt.div_ceil(p.interval.max(1))),
-                    reset_after: debt,
-                    ..quota
-                }
-            }
-            _ => Quota {
-                remaining: quota.remaining.saturating_add(1).min(quota.limit),
-                ..quota
-            },
-        }
+        on_algorithm!(self, r => r.quota_without_one(quota))
     }
 
-    /// The span a `ban:` counts rejections in: the window, or for a bucket
-    /// the time it takes to refill completely. `None` for concurrency.
+    /// The span a `ban:` counts rejections in (see [`Rule::ban_window`]).
     pub fn ban_window(&self) -> Option<Nanos> {
-        match self {
-            Algorithm::FixedWindow(p) => Some(p.window),
-            Algorithm::SlidingWindow(p) => Some(p.window),
-            Algorithm::TokenBucket(p) => Some(p.capacity.saturating_mul(p.interval).max(1)),
-            Algorithm::LeakyBucket(p) => Some(p.capacity.max(1).saturating_mul(p.interval).max(1)),
-            Algorithm::Concurrency(_) => None,
-        }
+        on_algorithm!(self, r => r.ban_window())
     }
 
     /// The same policy with another quota (per-key `overrides`).
     pub fn with_limit(&self, limit: u64) -> Algorithm {
         let mut a = self.clone();
-        match &mut a {
-            Algorithm::FixedWindow(p) => p.limit = limit,
-            Algorithm::SlidingWindow(p) => p.limit = limit,
-            Algorithm::TokenBucket(p) => p.capacity = limit,
-            Algorithm::LeakyBucket(p) => p.capacity = limit,
-            Algorithm::Concurrency(p) => p.max_in_flight = limit,
-        }
+        on_algorithm!(&mut a, r => r.set_limit(limit));
         a
     }
+}
+
+/// A duration in policy words: `60s`, or `1500ms` when not whole seconds.
+pub fn span_words(ns: Nanos) -> String {
+    if ns.is_multiple_of(NANOS_PER_SEC) {
+        format!("{}s", ns / NANOS_PER_SEC)
+    } else {
+        format!("{}ms", ns / 1_000_000)
+    }
+}
+
+/// A rate per second in policy words, from the nanoseconds between two events: `0.5`.
+pub fn rate_words(interval: Nanos) -> String {
+    let r = NANOS_PER_SEC as f64 / interval.max(1) as f64;
+    let s = format!("{r:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Whole seconds, rounded up: headers never promise a reset earlier than true.
@@ -383,72 +638,4 @@ pub fn ceil_secs(ns: Nanos) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_quota_without_one_request_matches_the_state_without_it() {
-        let bucket = Algorithm::TokenBucket(token_bucket::TokenBucket {
-            capacity: 5,
-            interval: NANOS_PER_SEC,
-        });
-        let window = Algorithm::FixedWindow(fixed_window::FixedWindow {
-            limit: 5,
-            window: 60 * NANOS_PER_SEC,
-        });
-        let now = 6_000 * NANOS_PER_SEC;
-        for a in [bucket, window] {
-            let (mut with, mut without) = (a.fresh_state(), a.fresh_state());
-            for _ in 0..2 {
-                a.record(&mut with, now, true);
-                a.record(&mut without, now, true);
-            }
-            a.record(&mut with, now, true);
-            assert_eq!(
-                a.quota_without_one(a.quota(&with, now)).remaining,
-                a.quota(&without, now).remaining,
-                "{}",
-                a.name()
-            );
-        }
-    }
-
-    #[test]
-    fn every_algorithm_name_reads_back_as_its_kind() {
-        for kind in Kind::ALL {
-            assert_eq!(Kind::from_name(kind.name()), Some(kind));
-        }
-        assert_eq!(Kind::from_name("gcra"), None);
-        assert_eq!(
-            Kind::choices(),
-            "fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency"
-        );
-    }
-
-    #[test]
-    fn shape_fingerprints_are_stable_and_tell_shapes_apart() {
-        let a = Shape::FixedWindow {
-            window: 60 * NANOS_PER_SEC,
-        };
-        assert_eq!(a.fingerprint(), a.fingerprint());
-        assert_ne!(
-            a.fingerprint(),
-            Shape::FixedWindow {
-                window: 120 * NANOS_PER_SEC
-            }
-            .fingerprint()
-        );
-        assert_ne!(
-            a.fingerprint(),
-            Shape::SlidingWindow {
-                window: 60 * NANOS_PER_SEC
-            }
-            .fingerprint()
-        );
-        assert_ne!(Shape::Concurrency.fingerprint(), 0, "0 means unknown");
-        // Stored in SQLite files: the digest must not change between builds
-        // (FNV-1a of the tag byte and the little-endian parameter).
-        assert_eq!(a.fingerprint(), 0x8e4e_208e);
-        assert_eq!(Shape::Concurrency.fingerprint(), 0x2279_bd40);
-    }
-}
+mod tests;

@@ -12,7 +12,11 @@
 
 use std::collections::VecDeque;
 
-use super::{Nanos, Quota, Rule, Verdict};
+use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
+
+/// The largest limit: the exact log costs 8 bytes per admitted request and
+/// key, so a larger limit would let one key take megabytes.
+pub const MAX_LIMIT: u64 = 100_000;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlidingWindow {
@@ -47,6 +51,27 @@ impl SlidingWindow {
 
 impl Rule for SlidingWindow {
     type State = State;
+    const NAME: &'static str = "sliding_window";
+    const PARAMS: &'static [&'static str] = &["limit", "window"];
+    const COUNT_REFUSAL: Option<&'static str> = None;
+    const COUNTS_REFUSED: bool = false;
+    const HOLDS: Hold = Hold::Nothing;
+    const KEPT: Kept = Kept::Words;
+
+    /// At most [`MAX_LIMIT`]: the log costs 8 bytes per admitted request and key.
+    fn from_given(given: &mut dyn Given) -> Self {
+        let limit = given.number("limit", 1);
+        if limit > MAX_LIMIT {
+            given.refuse(
+                "limit",
+                format!("sliding_window keeps an exact log of 8 bytes per request; at most {MAX_LIMIT} (use token_bucket or fixed_window for higher rates)"),
+            );
+        }
+        SlidingWindow {
+            limit,
+            window: given.span("window"),
+        }
+    }
 
     fn check(&self, state: &State, now: Nanos) -> Verdict {
         let first = self.first_counting(state, now);
@@ -124,6 +149,50 @@ impl Rule for SlidingWindow {
             .admitted
             .back()
             .map_or(0, |&newest| newest.saturating_add(self.window))
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::SlidingWindow {
+            window: self.window,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} requests per sliding {}",
+            self.limit,
+            span_words(self.window)
+        )
+    }
+
+    fn ban_window(&self) -> Option<Nanos> {
+        Some(self.window)
+    }
+
+    fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("limit", Param::Count(self.limit)),
+            ("window", Param::Span(self.window)),
+        ]
+    }
+
+    /// The log, oldest first.
+    fn words(state: &State) -> Vec<u64> {
+        state.admitted.iter().copied().collect()
+    }
+
+    fn from_words(words: &[u64]) -> Option<State> {
+        Some(State {
+            admitted: words.iter().copied().collect(),
+        })
+    }
+
+    fn wrap(state: State) -> super::State {
+        super::State::SlidingWindow(Box::new(state))
     }
 }
 

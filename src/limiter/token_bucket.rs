@@ -22,7 +22,7 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{Nanos, Quota, Rule, Verdict};
+use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenBucket {
@@ -52,6 +52,24 @@ impl TokenBucket {
 
 impl Rule for TokenBucket {
     type State = State;
+    const NAME: &'static str = "token_bucket";
+    const PARAMS: &'static [&'static str] = &["capacity", "refill_per_second"];
+    const COUNT_REFUSAL: Option<&'static str> = None;
+    const COUNTS_REFUSED: bool = false;
+    const HOLDS: Hold = Hold::Nothing;
+    const KEPT: Kept = Kept::Words;
+
+    fn from_given(given: &mut dyn Given) -> Self {
+        let capacity = given.number("capacity", 1);
+        TokenBucket {
+            capacity,
+            interval: given.rate(
+                "refill_per_second",
+                capacity,
+                "a full bucket's tokens must come back",
+            ),
+        }
+    }
 
     fn check(&self, state: &State, now: Nanos) -> Verdict {
         if self.capacity == 0 {
@@ -106,6 +124,68 @@ impl Rule for TokenBucket {
     /// in every answer.
     fn expires_at(&self, state: &State) -> Nanos {
         state.tat
+    }
+
+    /// The theoretical arrival time right after this request (`at + debt`),
+    /// which tells how much of its token is still unpaid when the refund comes.
+    fn ticket(&self, at: Nanos, quota: &Quota) -> Nanos {
+        at.saturating_add(quota.reset_after)
+    }
+
+    /// One interval less in debt.
+    fn quota_without_one(&self, quota: Quota) -> Quota {
+        let debt = quota.reset_after.saturating_sub(self.interval);
+        Quota {
+            remaining: self
+                .capacity
+                .saturating_sub(debt.div_ceil(self.interval.max(1))),
+            reset_after: debt,
+            ..quota
+        }
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::TokenBucket {
+            interval: self.interval,
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} requests burst, refilled at {}/s",
+            self.capacity,
+            rate_words(self.interval)
+        )
+    }
+
+    /// The time it takes to refill completely.
+    fn ban_window(&self) -> Option<Nanos> {
+        Some(self.capacity.saturating_mul(self.interval).max(1))
+    }
+
+    fn set_limit(&mut self, limit: u64) {
+        self.capacity = limit;
+    }
+
+    fn params(&self) -> Vec<(&'static str, Param)> {
+        vec![
+            ("capacity", Param::Count(self.capacity)),
+            ("refill_per_second", Param::PerSecond(self.interval)),
+        ]
+    }
+
+    fn words(state: &State) -> Vec<u64> {
+        vec![state.tat]
+    }
+
+    fn from_words(words: &[u64]) -> Option<State> {
+        Some(State {
+            tat: *words.first()?,
+        })
+    }
+
+    fn wrap(state: State) -> super::State {
+        super::State::TokenBucket(state)
     }
 }
 

@@ -303,10 +303,7 @@ impl Store {
         // the file never holds a key the table forgot without deleting it.
         let live: std::collections::HashMap<&str, Nanos> = limiters
             .iter()
-            .map(|l| match &l.algorithm {
-                Algorithm::FixedWindow(f) => (l.name.as_str(), f.window),
-                _ => (l.name.as_str(), 0),
-            })
+            .map(|l| (l.name.as_str(), l.algorithm.linger()))
             .collect();
         let removed = self.local.table.remove_where(|limiter, rests_at| {
             live.get(limiter)

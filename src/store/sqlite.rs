@@ -31,7 +31,7 @@ use super::lock::FileLock;
 use super::memory::Table;
 use super::StoreError;
 use crate::config::LimiterConfig;
-use crate::limiter::{Algorithm, Nanos};
+use crate::limiter::{Kept, Nanos};
 use schema::{connect, file_identity, load, open_error};
 use writer::Writer;
 
@@ -65,7 +65,7 @@ enum Msg {
 
 struct PrunePlan {
     now: Nanos,
-    /// Live limiter names, and the window of those that are fixed windows.
+    /// Live limiter names, and the window of those that keep window rows.
     limiters: Vec<(String, Option<Nanos>)>,
     audit_cutoff: Option<Nanos>,
 }
@@ -221,9 +221,9 @@ impl Sqlite {
             limiters: limiters
                 .iter()
                 .map(|l| {
-                    let window = match &l.algorithm {
-                        Algorithm::FixedWindow(f) => Some(f.window),
-                        _ => None,
+                    let window = match l.algorithm.kind().kept() {
+                        Kept::Windows => Some(l.algorithm.linger()),
+                        Kept::Never | Kept::Words => None,
                     };
                     (l.name.clone(), window)
                 })

@@ -1,17 +1,13 @@
 //! Validation of `limiters`: the algorithm and its parameters, the key, the mode, per-key overrides, and the `count:`/`ban:` hooks.
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use super::{nanos, valid_name, Validator};
+use crate::config::raw::Dur;
 use crate::config::raw::RawLimiter;
 use crate::config::{suggest, MAX_DURATION};
-use crate::config::{KeyPart, LimiterConfig, OverrideConfig, MAX_SLIDING_WINDOW_LIMIT};
-use crate::limiter::{
-    concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
-    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Kind, Nanos,
-    NANOS_PER_SEC,
-};
+use crate::config::{KeyPart, LimiterConfig, OverrideConfig};
+use crate::limiter::{Algorithm, Given, Kind, Nanos, NANOS_PER_SEC};
 
 impl Validator<'_> {
     pub(super) fn limiter(&mut self, name: &str, raw: &RawLimiter) -> Option<LimiterConfig> {
@@ -89,7 +85,7 @@ impl Validator<'_> {
         })
     }
 
-    /// `overrides:`: each key once, each quota at least 1 (a leaky bucket's may be 0: no queue).
+    /// `overrides:`: each key once, each quota at least what the algorithm's own may be.
     fn overrides(&mut self, name: &str, raw: &RawLimiter, algorithm: &Algorithm) {
         let mut seen = HashSet::new();
         for (i, o) in raw.overrides.iter().enumerate() {
@@ -99,10 +95,11 @@ impl Validator<'_> {
                     "this key already has an override",
                 );
             }
-            if o.limit == 0 && !matches!(algorithm, Algorithm::LeakyBucket(_)) {
+            let least = algorithm.kind().least_limit();
+            if o.limit < least {
                 self.err(
                     format!("limiters.{name}.overrides[{i}].limit"),
-                    "must be at least 1",
+                    format!("must be at least {least}"),
                 );
             }
         }
@@ -134,22 +131,10 @@ impl Validator<'_> {
     /// set is an error, because a stray `limit` on a token bucket would
     /// silently do nothing.
     fn algorithm_fields(&mut self, name: &str, kind: Kind, raw: &RawLimiter) {
-        let fields: &[&str] = match kind {
-            Kind::FixedWindow | Kind::SlidingWindow => &["limit", "window"],
-            Kind::TokenBucket => &["capacity", "refill_per_second"],
-            Kind::LeakyBucket => &["capacity", "leak_per_second"],
-            Kind::Concurrency => &["max_in_flight"],
-        };
-        let present = [
-            ("limit", raw.limit.is_some()),
-            ("window", raw.window.is_some()),
-            ("capacity", raw.capacity.is_some()),
-            ("refill_per_second", raw.refill_per_second.is_some()),
-            ("leak_per_second", raw.leak_per_second.is_some()),
-            ("max_in_flight", raw.max_in_flight.is_some()),
-        ];
+        let fields = kind.params();
         let algorithm_name = kind.name();
-        for (field, is_set) in present {
+        for field in PARAMS {
+            let is_set = param(raw, field).is_some();
             if is_set && !fields.contains(&field) {
                 self.err(
                     format!("limiters.{name}.{field}"),
@@ -166,64 +151,10 @@ impl Validator<'_> {
     }
 
     /// The algorithm and its parameters: exactly the fields `kind` takes,
-    /// each within the bounds that let the limiter limit.
+    /// each within the bounds its own file sets (see [`Given`]).
     fn algorithm(&mut self, name: &str, kind: Kind, raw: &RawLimiter) -> Algorithm {
-        let at = |field: &str| format!("limiters.{name}.{field}");
         self.algorithm_fields(name, kind, raw);
-        let positive = |v: &mut Self, field: &str, n: Option<u64>| -> u64 {
-            let n = n.unwrap_or(1);
-            if n == 0 {
-                v.err(at(field), "must be at least 1");
-            }
-            n.max(1)
-        };
-        match kind {
-            Kind::FixedWindow | Kind::SlidingWindow => {
-                let limit = positive(self, "limit", raw.limit);
-                let window = nanos(raw.window.map(|d| d.0).unwrap_or(Duration::from_secs(1)));
-                if window == 0 {
-                    self.err(at("window"), "must be greater than zero");
-                }
-                let window = window.max(1);
-                if kind == Kind::FixedWindow {
-                    return Algorithm::FixedWindow(FixedWindow { limit, window });
-                }
-                if limit > MAX_SLIDING_WINDOW_LIMIT {
-                    self.err(
-                        at("limit"),
-                        format!("sliding_window keeps an exact log of 8 bytes per request; at most {MAX_SLIDING_WINDOW_LIMIT} (use token_bucket or fixed_window for higher rates)"),
-                    );
-                }
-                Algorithm::SlidingWindow(SlidingWindow { limit, window })
-            }
-            Kind::TokenBucket => {
-                let capacity = positive(self, "capacity", raw.capacity);
-                Algorithm::TokenBucket(TokenBucket {
-                    capacity,
-                    interval: self.rate(
-                        &at("refill_per_second"),
-                        raw.refill_per_second,
-                        capacity,
-                        "a full bucket's tokens must come back",
-                    ),
-                })
-            }
-            Kind::LeakyBucket => {
-                let capacity = raw.capacity.unwrap_or(0);
-                Algorithm::LeakyBucket(LeakyBucket {
-                    capacity,
-                    interval: self.rate(
-                        &at("leak_per_second"),
-                        raw.leak_per_second,
-                        capacity,
-                        "a full queue must drain",
-                    ),
-                })
-            }
-            Kind::Concurrency => Algorithm::Concurrency(Concurrency {
-                max_in_flight: positive(self, "max_in_flight", raw.max_in_flight),
-            }),
-        }
+        kind.build(&mut FromRaw { v: self, name, raw })
     }
 
     /// A rate per second as nanoseconds per unit. Too slow a rate cannot
@@ -284,4 +215,96 @@ fn slowest_rate(units: u64) -> String {
     let exact = units as f64 / MAX_DURATION.as_secs_f64();
     let scale = 10f64.powi(2 - exact.log10().floor() as i32);
     format!("{:.2e}", (exact * scale).ceil() / scale)
+}
+
+/// Every algorithm parameter `RawLimiter` has a field for.
+const PARAMS: [&str; 6] = [
+    "limit",
+    "window",
+    "capacity",
+    "refill_per_second",
+    "leak_per_second",
+    "max_in_flight",
+];
+
+/// One parameter as written.
+#[derive(Clone, Copy)]
+enum Written {
+    Number(u64),
+    Span(Dur),
+    Rate(f64),
+}
+
+/// The field of `raw` named `field`, if it is set: the one place the
+/// parameter names meet the raw fields.
+fn param(raw: &RawLimiter, field: &str) -> Option<Written> {
+    match field {
+        "limit" => raw.limit.map(Written::Number),
+        "window" => raw.window.map(Written::Span),
+        "capacity" => raw.capacity.map(Written::Number),
+        "refill_per_second" => raw.refill_per_second.map(Written::Rate),
+        "leak_per_second" => raw.leak_per_second.map(Written::Rate),
+        "max_in_flight" => raw.max_in_flight.map(Written::Number),
+        other => {
+            debug_assert!(
+                PARAMS.contains(&other),
+                "no `RawLimiter` field for the parameter {other:?}"
+            );
+            None
+        }
+    }
+}
+
+/// An algorithm's parameters as one limiter's YAML gives them. A missing
+/// one was reported already ([`Validator::algorithm_fields`]): it reads as
+/// the smallest value that lets the remaining checks run.
+struct FromRaw<'v, 'a, 'r> {
+    v: &'v mut Validator<'a>,
+    name: &'r str,
+    raw: &'r RawLimiter,
+}
+
+impl FromRaw<'_, '_, '_> {
+    fn at(&self, field: &str) -> String {
+        format!("limiters.{}.{field}", self.name)
+    }
+}
+
+impl Given for FromRaw<'_, '_, '_> {
+    fn number(&mut self, name: &'static str, least: u64) -> u64 {
+        let n = match param(self.raw, name) {
+            Some(Written::Number(n)) => n,
+            Some(Written::Span(_) | Written::Rate(_)) | None => least,
+        };
+        if n < least {
+            self.v
+                .err(self.at(name), format!("must be at least {least}"));
+            return least;
+        }
+        n
+    }
+
+    fn span(&mut self, name: &'static str) -> Nanos {
+        let written = match param(self.raw, name) {
+            Some(Written::Span(d)) => nanos(d.0),
+            Some(Written::Number(_) | Written::Rate(_)) | None => NANOS_PER_SEC,
+        };
+        if written == 0 {
+            self.v.err(self.at(name), "must be greater than zero");
+        }
+        written.max(1)
+    }
+
+    fn rate(&mut self, name: &'static str, units: u64, within: &str) -> Nanos {
+        let written = match param(self.raw, name) {
+            Some(Written::Rate(r)) => Some(r),
+            Some(Written::Number(_) | Written::Span(_)) | None => None,
+        };
+        let at = self.at(name);
+        self.v.rate(&at, written, units, within)
+    }
+
+    fn refuse(&mut self, name: &'static str, why: String) {
+        self.v.err(self.at(name), why);
+    }
 }

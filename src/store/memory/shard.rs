@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::key_hash::{BuildPassThrough, KeyHash};
 use super::{note_rows, Forgotten, Rows};
-use crate::limiter::{Algorithm, Nanos, Quota, State, Verdict};
+use crate::limiter::{Algorithm, Kept, Nanos, Quota, State, Verdict};
 use crate::store::{Check, Outcome};
 
 #[derive(Debug, Default)]
@@ -156,10 +156,11 @@ fn record_entry(
 
 /// Notes what the writer may delete for an entry forgotten at rest.
 fn note_forgotten(list: &mut Vec<Forgotten>, limiter: &str, e: &Entry) {
-    let rows = match &e.state {
-        State::FixedWindow(w) => Rows::Window(w.window_start),
-        State::Concurrency(_) => return, // never persisted
-        _ => Rows::ExpiredBy(e.rests_at),
+    let rows = match e.state.kind().kept() {
+        Kept::Never => return,
+        // A window row is named by its start, the first word.
+        Kept::Windows => Rows::Window(e.state.words()[0]),
+        Kept::Words => Rows::ExpiredBy(e.rests_at),
     };
     note_rows(list, limiter, rows);
 }

@@ -21,6 +21,7 @@
 //! Releases (a concurrency slot, a leaky-bucket place) never wait on Redis:
 //! they are sent from a spawned task.
 
+mod args;
 mod backend;
 pub mod ban;
 
@@ -37,7 +38,7 @@ use tokio::runtime::Handle;
 use super::breaker::Breaker;
 use super::memory::Table;
 use super::{Check, Outcome, StoreError};
-use crate::limiter::{Algorithm, Nanos, Quota, Verdict, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, Hold, Nanos, Quota, Verdict, NANOS_PER_SEC};
 
 const SCRIPT: &str = include_str!("redis.lua");
 
@@ -133,15 +134,15 @@ impl Redis {
         let mut call = inner.script.prepare_invoke();
         call.arg("check");
         for c in checks {
-            let member = match c.algorithm {
-                Algorithm::Concurrency(_) => {
+            let member = match c.algorithm.holds() {
+                Hold::Slot => {
                     let n = inner.next_member.fetch_add(1, Ordering::Relaxed);
                     format!("{}:{n}", inner.instance)
                 }
-                _ => String::new(),
+                Hold::Nothing | Hold::Place => String::new(),
             };
             call.key(self.key(c.key));
-            push_args(&mut call, c.algorithm, c.shadow, &member)?;
+            args::push_check(&mut call, c.algorithm, c.shadow, &member)?;
             members.push(member);
         }
         let call = &call;
@@ -156,14 +157,13 @@ impl Redis {
             .any(|(c, o)| o.verdict.is_deny() && !c.shadow);
         if admitted {
             for ((c, o), member) in checks.iter().zip(&outcomes).zip(members) {
-                match (c.algorithm, o.verdict) {
-                    (Algorithm::Concurrency(_), _) => {
-                        self.remember(c.key, now, Holder::Slot(member), now)
-                    }
-                    (Algorithm::LeakyBucket(_), Verdict::Delay(d)) => {
+                match (c.algorithm.holds(), o.verdict) {
+                    (Hold::Slot, _) => self.remember(c.key, now, Holder::Slot(member), now),
+                    (Hold::Place, Verdict::Delay(d)) => {
                         self.remember(c.key, now + d, Holder::Place(at + d), now)
                     }
-                    _ => {}
+                    // Let through at once: no place in the queue to give back.
+                    (Hold::Place, Verdict::Allow | Verdict::Deny { .. }) | (Hold::Nothing, _) => {}
                 }
             }
         }
@@ -182,14 +182,12 @@ impl Redis {
         for (c, o) in checks.iter().zip(outcomes) {
             // The release names the key the table counted on.
             let key = if o.overflowed { c.overflow } else { c.key };
-            match (c.algorithm, o.verdict) {
-                (Algorithm::Concurrency(_), _) => {
-                    self.remember(key, now, Holder::Local { queued: false }, now)
-                }
-                (Algorithm::LeakyBucket(_), Verdict::Delay(d)) => {
+            match (c.algorithm.holds(), o.verdict) {
+                (Hold::Slot, _) => self.remember(key, now, Holder::Local { queued: false }, now),
+                (Hold::Place, Verdict::Delay(d)) => {
                     self.remember(key, now + d, Holder::Local { queued: true }, now)
                 }
-                _ => {}
+                (Hold::Place, Verdict::Allow | Verdict::Deny { .. }) | (Hold::Nothing, _) => {}
             }
         }
     }
@@ -198,7 +196,7 @@ impl Redis {
     pub async fn peek(&self, store_key: &str, algorithm: &Algorithm) -> Result<Quota, StoreError> {
         let mut call = self.inner.script.prepare_invoke();
         call.arg("peek").key(self.key(store_key));
-        push_args(&mut call, algorithm, false, "")?;
+        args::push_check(&mut call, algorithm, false, "")?;
         let call = &call;
         let reply: Vec<i64> = self
             .call(|mut con| async move { call.invoke_async(&mut con).await })
@@ -231,20 +229,18 @@ impl Redis {
             }
             holder
         };
-        let args: [String; 3] = match (holder, algorithm) {
-            (Some(Holder::Local { .. }), _) => {
+        let held = match holder {
+            Some(Holder::Local { .. }) => {
                 table.release(store_key, algorithm, ticket, now);
                 return;
             }
-            (Some(Holder::Slot(member)), Algorithm::Concurrency(_)) => {
-                ["cc".into(), member, String::new()]
-            }
-            (Some(Holder::Place(at)), Algorithm::LeakyBucket(l)) => {
-                ["lb".into(), l.interval.to_string(), at.to_string()]
-            }
-            // Unknown (already swept, or a reload changed the algorithm):
-            // a slot frees itself with its lease, a place with its turn.
-            _ => return,
+            Some(Holder::Slot(member)) => args::Held::Slot(member),
+            Some(Holder::Place(at)) => args::Held::Place(at),
+            // Unknown (already swept): a slot frees itself with its lease, a place with its turn.
+            None => return,
+        };
+        let Some(args) = args::release(algorithm, held) else {
+            return;
         };
         let key = self.key(store_key);
         let inner = self.inner.clone();
@@ -272,15 +268,8 @@ impl Redis {
         algorithm: &Algorithm,
         ticket: Nanos,
     ) -> Result<(), StoreError> {
-        let args: [String; 3] = match algorithm {
-            Algorithm::FixedWindow(f) => [
-                "fw".into(),
-                f.window.to_string(),
-                (ticket - ticket % f.window.max(1)).to_string(),
-            ],
-            Algorithm::SlidingWindow(s) => ["sw".into(), s.window.to_string(), ticket.to_string()],
-            Algorithm::TokenBucket(t) => ["tb".into(), t.interval.to_string(), ticket.to_string()],
-            _ => return Ok(()),
+        let Some(args) = args::refund(algorithm, ticket) else {
+            return Ok(());
         };
         let mut call = self.inner.script.prepare_invoke();
         call.arg("refund").key(self.key(store_key)).arg(&args[..]);
@@ -436,79 +425,6 @@ async fn probe_loop(inner: Weak<Inner>) {
     }
 }
 
-/// Appends one limiter's 7 arguments (see `redis.lua`).
-fn push_args(
-    call: &mut ::redis::ScriptInvocation<'_>,
-    algorithm: &Algorithm,
-    shadow: bool,
-    member: &str,
-) -> Result<(), StoreError> {
-    let exact = |ns: Nanos| {
-        if ns < MAX_EXACT / 2 {
-            Ok(ns)
-        } else {
-            Err(StoreError::TooLong(ns))
-        }
-    };
-    let shadow = if shadow { "1" } else { "0" };
-    match algorithm {
-        Algorithm::FixedWindow(f) => {
-            let window = exact(f.window.max(1))?;
-            let g = gcd(NANOS_PER_SEC, window);
-            let (w1, a) = (window / g, NANOS_PER_SEC / g);
-            if w1.saturating_mul(a) >= MAX_EXACT {
-                return Err(StoreError::TooLong(window));
-            }
-            call.arg("fw")
-                .arg(shadow)
-                .arg(f.limit)
-                .arg(window)
-                .arg(g)
-                .arg(w1)
-                .arg(a);
-        }
-        Algorithm::SlidingWindow(s) => {
-            call.arg("sw")
-                .arg(shadow)
-                .arg(s.limit)
-                .arg(exact(s.window)?)
-                .arg(0)
-                .arg(0)
-                .arg(0);
-        }
-        Algorithm::TokenBucket(t) => {
-            exact(t.capacity.saturating_mul(t.interval))?;
-            call.arg("tb")
-                .arg(shadow)
-                .arg(t.capacity)
-                .arg(t.interval)
-                .arg(0)
-                .arg(0)
-                .arg(0);
-        }
-        Algorithm::LeakyBucket(l) => {
-            exact(l.capacity.saturating_add(1).saturating_mul(l.interval))?;
-            call.arg("lb")
-                .arg(shadow)
-                .arg(l.capacity)
-                .arg(l.interval)
-                .arg(0)
-                .arg(0)
-                .arg(0);
-        }
-        Algorithm::Concurrency(c) => {
-            call.arg("cc")
-                .arg(shadow)
-                .arg(c.max_in_flight)
-                .arg(CONCURRENCY_LEASE.as_millis() as u64)
-                .arg(member)
-                .arg(0)
-                .arg(0);
-        }
-    }
-    Ok(())
-}
-
 /// The reply's Redis time (Unix ns) and one outcome per check.
 fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), StoreError> {
     if reply.len() != 2 + 4 * checks.len() {
@@ -527,7 +443,7 @@ fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), S
                     retry_after: n(r[1]).max(1),
                 },
             };
-            let (limit, window) = limit_and_window(c.algorithm);
+            let (limit, window) = c.algorithm.frame();
             Outcome {
                 verdict,
                 quota: Quota {
@@ -544,40 +460,10 @@ fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), S
     Ok((at, outcomes))
 }
 
-/// `q` and `w` of the headers, as the in-memory quota reports them.
-fn limit_and_window(algorithm: &Algorithm) -> (u64, Option<Nanos>) {
-    match algorithm {
-        Algorithm::FixedWindow(f) => (f.limit, Some(f.window)),
-        Algorithm::SlidingWindow(s) => (s.limit, Some(s.window)),
-        Algorithm::TokenBucket(t) => (t.capacity, Some(t.capacity.saturating_mul(t.interval))),
-        Algorithm::LeakyBucket(l) => (l.capacity, Some(l.capacity.saturating_mul(l.interval))),
-        Algorithm::Concurrency(c) => (c.max_in_flight, None),
-    }
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
 /// Distinguishes this process's concurrency slots from every other proxy's.
 fn instance_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{:x}-{:x}", std::process::id(), nanos)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fixed_window_parameters_keep_lua_arithmetic_exact() {
-        assert_eq!(gcd(NANOS_PER_SEC, 60 * NANOS_PER_SEC), NANOS_PER_SEC);
-        assert_eq!(gcd(NANOS_PER_SEC, 1_500_000_000), 500_000_000);
-        assert_eq!(gcd(NANOS_PER_SEC, 7), 1);
-    }
 }

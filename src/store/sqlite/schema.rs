@@ -11,9 +11,7 @@ use super::super::memory::Table;
 use super::super::StoreError;
 use crate::clock::parse_iso8601;
 use crate::config::LimiterConfig;
-use crate::limiter::{
-    leaky_bucket, sliding_window, token_bucket, Algorithm, Nanos, State, NANOS_PER_SEC,
-};
+use crate::limiter::{Algorithm, Kept, Nanos, State, NANOS_PER_SEC};
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS rate_limit_windows (
@@ -124,16 +122,10 @@ pub(super) fn file_identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
+/// A [`Kept::Words`] state as its `limiter_state` row: the algorithm's name and the blob.
 pub(super) fn encode(state: &State) -> (&'static str, Vec<u8>) {
-    let words: Vec<u64> = match state {
-        State::SlidingWindow(s) => s.admitted.iter().copied().collect(),
-        State::TokenBucket(s) => vec![s.tat],
-        State::LeakyBucket(s) => vec![s.next_free],
-        State::FixedWindow(s) => vec![s.window_start, s.count],
-        State::Concurrency(s) => vec![s.in_flight],
-    };
-    let name = state.name();
-    (name, words.iter().flat_map(|w| w.to_le_bytes()).collect())
+    let blob = state.words().iter().flat_map(|w| w.to_le_bytes()).collect();
+    (state.name(), blob)
 }
 
 fn decode(algorithm: &Algorithm, blob: &[u8]) -> Option<State> {
@@ -144,18 +136,7 @@ fn decode(algorithm: &Algorithm, blob: &[u8]) -> Option<State> {
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("chunks of 8")))
         .collect();
-    Some(match algorithm {
-        Algorithm::SlidingWindow(_) => State::SlidingWindow(Box::new(sliding_window::State {
-            admitted: words.into_iter().collect(),
-        })),
-        Algorithm::TokenBucket(_) => State::TokenBucket(token_bucket::State {
-            tat: *words.first()?,
-        }),
-        Algorithm::LeakyBucket(_) => State::LeakyBucket(leaky_bucket::State {
-            next_free: *words.first()?,
-        }),
-        _ => return None,
-    })
+    algorithm.restore(&words)
 }
 
 /// Loads every live window and state row whose limiter still exists with the same shape.
@@ -170,7 +151,29 @@ pub(super) fn load(
         .map(|l| (l.name.as_str(), &l.algorithm))
         .collect();
     let limiter_of = |key: &str| by_name.get(crate::key::limiter_of(key)).copied();
+    // The table keeps what fits in `store.max_keys` and queues the rest for
+    // deletion, so the file stays as bounded as memory.
+    let loaded =
+        load_windows(conn, table, &limiter_of, now)? + load_states(conn, table, &limiter_of, now)?;
+    let calls: Option<i64> = conn
+        .query_row("SELECT count(*) FROM api_calls", [], |r| r.get(0))
+        .optional()?;
+    tracing::info!(
+        keys = loaded,
+        audit_rows = calls.unwrap_or(0),
+        "loaded live limiter state from SQLite"
+    );
+    Ok(())
+}
 
+/// The latest `rate_limit_windows` row of each key whose algorithm keeps
+/// [`Kept::Windows`]; returns how many the table took.
+fn load_windows<'a>(
+    conn: &Connection,
+    table: &Table,
+    limiter_of: &impl Fn(&str) -> Option<&'a Algorithm>,
+    now: Nanos,
+) -> rusqlite::Result<usize> {
     let mut latest: HashMap<String, (Nanos, u64)> = HashMap::new();
     let mut stmt = conn.prepare("SELECT key, window_start, count FROM rate_limit_windows")?;
     let mut rows = stmt.query([])?;
@@ -186,27 +189,41 @@ pub(super) fn load(
             *entry = (start, count as u64);
         }
     }
-    // The table keeps what fits in `store.max_keys` and queues the rest for
-    // deletion, so the file stays as bounded as memory.
-    let mut loaded = 0usize;
+    let mut loaded = 0;
     for (key, (window_start, count)) in latest {
-        if let Some(algorithm @ Algorithm::FixedWindow(_)) = limiter_of(&key) {
-            let state = State::FixedWindow(crate::limiter::fixed_window::State {
-                window_start,
-                count,
-            });
-            // The window start itself tells whether it is still current,
-            // so no shape is needed: a changed window simply won't match.
-            let rests_at = algorithm.rests_at(&state);
-            if table.load(&key, algorithm, (state, 0, rests_at), now) {
-                loaded += 1;
-            }
+        let Some(algorithm) = limiter_of(&key) else {
+            continue;
+        };
+        match algorithm.kind().kept() {
+            Kept::Windows => {}
+            Kept::Never | Kept::Words => continue,
+        }
+        let Some(state) = algorithm.restore(&[window_start, count]) else {
+            continue;
+        };
+        // The window start itself tells whether it is still current,
+        // so no shape is needed: a changed window simply won't match.
+        let rests_at = algorithm.rests_at(&state);
+        if table.load(&key, algorithm, (state, 0, rests_at), now) {
+            loaded += 1;
         }
     }
+    Ok(loaded)
+}
+
+/// The live `limiter_state` rows whose limiter kept its algorithm and
+/// shape; returns how many the table took.
+fn load_states<'a>(
+    conn: &Connection,
+    table: &Table,
+    limiter_of: &impl Fn(&str) -> Option<&'a Algorithm>,
+    now: Nanos,
+) -> rusqlite::Result<usize> {
     let mut stmt = conn.prepare(
         "SELECT key, algorithm, shape, state, expires_at FROM limiter_state WHERE expires_at > ?1",
     )?;
     let mut rows = stmt.query([now as i64])?;
+    let mut loaded = 0;
     while let Some(row) = rows.next()? {
         let key: String = row.get(0)?;
         let name: String = row.get(1)?;
@@ -220,24 +237,17 @@ pub(super) fn load(
         if algorithm.name() != name || fingerprint.to_string() != shape {
             continue; // the limiter changed while we were down: start afresh
         }
-        if let Some(state) = decode(algorithm, &blob) {
-            if table.load(
-                &key,
-                algorithm,
-                (state, fingerprint, expires_at as Nanos),
-                now,
-            ) {
-                loaded += 1;
-            }
+        let Some(state) = decode(algorithm, &blob) else {
+            continue;
+        };
+        if table.load(
+            &key,
+            algorithm,
+            (state, fingerprint, expires_at as Nanos),
+            now,
+        ) {
+            loaded += 1;
         }
     }
-    let calls: Option<i64> = conn
-        .query_row("SELECT count(*) FROM api_calls", [], |r| r.get(0))
-        .optional()?;
-    tracing::info!(
-        keys = loaded,
-        audit_rows = calls.unwrap_or(0),
-        "loaded live limiter state from SQLite"
-    );
-    Ok(())
+    Ok(loaded)
 }

@@ -5,8 +5,10 @@ use super::*;
 use crate::clock::iso8601;
 use crate::config::KeyPart;
 use crate::limiter::fixed_window::FixedWindow;
+use crate::limiter::leaky_bucket::LeakyBucket;
+use crate::limiter::sliding_window::SlidingWindow;
 use crate::limiter::token_bucket::TokenBucket;
-use crate::limiter::NANOS_PER_SEC;
+use crate::limiter::{Algorithm, NANOS_PER_SEC};
 use crate::store::Check;
 use rusqlite::{Connection, OptionalExtension};
 
@@ -526,6 +528,110 @@ fn a_flush_of_any_size_writes_every_audit_row_with_its_own_fields_in_order() {
                 1.5 * i as f64,
                 format!("id-{i}")
             )
+        );
+    }
+}
+
+/// Little-endian `u64`s, as the `limiter_state.state` blob holds them.
+fn blob(words: &[Nanos]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// Files already on disk are a contract: rows laid out byte for byte as
+/// earlier versions wrote them (a window row; a blob of little-endian words
+/// under the algorithm's name and shape) load back into the same state.
+#[test]
+fn rows_in_the_stored_format_restore_the_state_of_every_kept_algorithm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("earlier.db");
+    let s = NANOS_PER_SEC;
+    let fixed = Algorithm::FixedWindow(FixedWindow {
+        limit: 5,
+        window: 60 * s,
+    });
+    let sliding = Algorithm::SlidingWindow(SlidingWindow {
+        limit: 3,
+        window: 60 * s,
+    });
+    let bucket = Algorithm::TokenBucket(TokenBucket {
+        capacity: 3,
+        interval: s,
+    });
+    let queue = Algorithm::LeakyBucket(LeakyBucket {
+        capacity: 2,
+        interval: s,
+    });
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        // NOW is 20 s into its minute.
+        conn.execute(
+            "INSERT INTO rate_limit_windows (key, window_start, count) VALUES ('f:ip:a', ?1, 4)",
+            [iso8601(NOW / s - 20)],
+        )
+        .unwrap();
+        let mut insert = conn
+            .prepare("INSERT INTO limiter_state (key, algorithm, shape, state, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .unwrap();
+        for (key, name, algorithm, words, expires_at) in [
+            (
+                "s:ip:a",
+                "sliding_window",
+                &sliding,
+                vec![NOW - 10 * s, NOW - 5 * s],
+                NOW + 55 * s,
+            ),
+            (
+                "t:ip:a",
+                "token_bucket",
+                &bucket,
+                vec![NOW + 3 * s],
+                NOW + 3 * s,
+            ),
+            (
+                "q:ip:a",
+                "leaky_bucket",
+                &queue,
+                vec![NOW + 2 * s],
+                NOW + 2 * s,
+            ),
+        ] {
+            let shape = algorithm.shape().fingerprint().to_string();
+            insert
+                .execute(rusqlite::params![
+                    key,
+                    name,
+                    shape,
+                    blob(&words),
+                    expires_at as i64
+                ])
+                .unwrap();
+        }
+    }
+    let limiters = [
+        limiter("f", fixed.clone()),
+        limiter("s", sliding.clone()),
+        limiter("t", bucket.clone()),
+        limiter("q", queue.clone()),
+    ];
+    let table = Arc::new(Table::new(true));
+    let _db = open_quick(&path, &table, &limiters, MAX_UNSAVED_KEYS);
+    let remaining = |key: &str, a: &Algorithm| table.peek(key, a, NOW).remaining;
+    for (limiter, a, restored, fresh) in [
+        ("f", &fixed, 1, 5),
+        ("s", &sliding, 1, 3),
+        ("t", &bucket, 0, 3),
+        ("q", &queue, 1, 2),
+    ] {
+        assert_eq!(
+            remaining(&format!("{limiter}:ip:a"), a),
+            restored,
+            "{limiter}: the stored state"
+        );
+        assert_eq!(
+            remaining(&format!("{limiter}:ip:b"), a),
+            fresh,
+            "{limiter}: a key never stored"
         );
     }
 }

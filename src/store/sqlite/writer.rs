@@ -14,7 +14,7 @@ use super::super::memory::{Change, Forgotten, Rows, Table};
 use super::schema::{connect, encode, file_identity};
 use super::{AuditBuffer, AuditRow, Msg, PrunePlan, WriterOptions, AUDIT_QUEUE};
 use crate::clock::iso8601;
-use crate::limiter::{Nanos, State, NANOS_PER_SEC};
+use crate::limiter::{Kept, Nanos, NANOS_PER_SEC};
 
 /// Keys per transaction when the last save before exit retries a batch the
 /// disk refused: a nearly full disk may still take a small one.
@@ -97,14 +97,7 @@ impl Writer {
             Vec::new()
         };
         let ban_changes = self.bans.take_changes();
-        {
-            let mut buffer = self.audit_buffer.lock();
-            if self.audit.is_empty() {
-                std::mem::swap(&mut self.audit, &mut *buffer);
-            } else {
-                self.audit.append(&mut buffer);
-            }
-        }
+        self.take_audit();
         if changes.is_empty()
             && forgotten.is_empty()
             && ban_changes.is_empty()
@@ -149,34 +142,48 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                self.failures = self.failures.saturating_add(1);
-                let (requeued, dropped) =
-                    self.table.requeue(changes.into_iter().map(|c| c.key), cap);
-                // Audit rows are kept up to one queue's worth, oldest first.
-                if self.audit.len() > AUDIT_QUEUE {
-                    let excess = self.audit.len() - AUDIT_QUEUE;
-                    self.audit.drain(AUDIT_QUEUE..);
-                    self.audit_dropped
-                        .fetch_add(excess as u64, Ordering::Relaxed);
-                }
-                self.durability.failed(&e, requeued, dropped);
-                tracing::error!(
-                    error = %e,
-                    path = %self.path.display(),
-                    unsaved_keys = requeued,
-                    attempt = self.failures,
-                    retry_in_ms = backoff(self.options.flush_interval, self.failures).as_millis() as u64,
-                    "persisting counters to SQLite failed; they stay exact in memory and the write is retried"
-                );
-                if dropped > 0 {
-                    tracing::error!(
-                        given_up = dropped,
-                        cap,
-                        "too many keys wait for SQLite: the changes beyond the cap are given up (exact in memory; saved when the key changes again)"
-                    );
-                }
+                self.failed(&e, changes, cap);
                 Err(e)
             }
+        }
+    }
+
+    /// Audit rows buffered by requests join the ones waiting for a retry.
+    fn take_audit(&mut self) {
+        let mut buffer = self.audit_buffer.lock();
+        if self.audit.is_empty() {
+            std::mem::swap(&mut self.audit, &mut *buffer);
+        } else {
+            self.audit.append(&mut buffer);
+        }
+    }
+
+    /// After a failed flush: the changes wait for the retry, up to `cap` keys.
+    fn failed(&mut self, e: &str, changes: Vec<Change>, cap: usize) {
+        self.failures = self.failures.saturating_add(1);
+        let (requeued, dropped) = self.table.requeue(changes.into_iter().map(|c| c.key), cap);
+        // Audit rows are kept up to one queue's worth, oldest first.
+        if self.audit.len() > AUDIT_QUEUE {
+            let excess = self.audit.len() - AUDIT_QUEUE;
+            self.audit.drain(AUDIT_QUEUE..);
+            self.audit_dropped
+                .fetch_add(excess as u64, Ordering::Relaxed);
+        }
+        self.durability.failed(e, requeued, dropped);
+        tracing::error!(
+            error = %e,
+            path = %self.path.display(),
+            unsaved_keys = requeued,
+            attempt = self.failures,
+            retry_in_ms = backoff(self.options.flush_interval, self.failures).as_millis() as u64,
+            "persisting counters to SQLite failed; they stay exact in memory and the write is retried"
+        );
+        if dropped > 0 {
+            tracing::error!(
+                given_up = dropped,
+                cap,
+                "too many keys wait for SQLite: the changes beyond the cap are given up (exact in memory; saved when the key changes again)"
+            );
         }
     }
 
@@ -408,26 +415,29 @@ fn write(
                     delete_windows.execute([key])?;
                     delete_state.execute([key])?;
                 }
-                Some((State::FixedWindow(w), _, _)) => {
-                    upsert_window.execute(params![
-                        key,
-                        iso8601(w.window_start / NANOS_PER_SEC),
-                        w.count as i64
-                    ])?;
-                }
-                // Nothing is in flight after a restart.
-                Some((State::Concurrency(_), _, _)) => {}
-                Some((state, shape, expires_at)) => {
-                    let (algorithm, blob) = encode(state);
-                    let shape = shape.to_string();
-                    upsert_state.execute(params![
-                        key,
-                        algorithm,
-                        shape,
-                        blob,
-                        *expires_at as i64
-                    ])?;
-                }
+                Some((state, shape, expires_at)) => match state.kind().kept() {
+                    Kept::Never => {}
+                    Kept::Windows => {
+                        if let [start, count] = state.words()[..] {
+                            upsert_window.execute(params![
+                                key,
+                                iso8601(start / NANOS_PER_SEC),
+                                count as i64
+                            ])?;
+                        }
+                    }
+                    Kept::Words => {
+                        let (algorithm, blob) = encode(state);
+                        let shape = shape.to_string();
+                        upsert_state.execute(params![
+                            key,
+                            algorithm,
+                            shape,
+                            blob,
+                            *expires_at as i64
+                        ])?;
+                    }
+                },
             }
         }
         // Many rows per statement: the per-statement cost, not the row,
