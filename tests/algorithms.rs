@@ -4,7 +4,7 @@ mod common;
 
 use common::T0;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{client, Proxy, Upstream};
 use tollgate::clock::ManualClock;

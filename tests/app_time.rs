@@ -55,7 +55,10 @@ async fn a_leaky_bucket_releases_a_burst_exactly_at_the_leak_rate() {
     // 5/s: one every 200 ms, the first at once.
     let expected: Vec<Duration> = (0..6).map(|i| 200 * MS * i).collect();
     assert_eq!(released, expected);
-    assert!(answers.iter().all(|(s, _)| *s == StatusCode::OK), "{answers:?}");
+    assert!(
+        answers.iter().all(|(s, _)| *s == StatusCode::OK),
+        "{answers:?}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "a second of shaping was waited out in real time: {:?}",
@@ -168,7 +171,11 @@ async fn a_ban_refuses_a_key_for_its_whole_duration_across_windows_and_then_lift
     let body = text(banned).await;
     assert!(body.contains("ip:192.0.2.1"), "{body}");
     advance(Duration::from_secs(3539)).await;
-    assert_eq!(send().await.status(), StatusCode::TOO_MANY_REQUESTS, "still banned");
+    assert_eq!(
+        send().await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "still banned"
+    );
     advance(Duration::from_secs(1)).await;
     assert_eq!(send().await.status(), StatusCode::OK, "the hour is over");
     // Another client was never touched by the ban.
