@@ -156,6 +156,7 @@ impl App {
         let mut req = req.map(Into::into);
         let snap = self.snapshot();
         let started = Instant::now();
+        let shaping_from = tokio::time::Instant::now();
         let now = self.shared.clock.now();
         let in_flight = self.shared.metrics.in_flight.enter();
         let id = RequestId::for_request(
@@ -171,6 +172,7 @@ impl App {
             share,
             now,
             started,
+            shaping_from,
             trail,
         };
         let mut resp = match self.serve(&mut x, req).await {
@@ -327,7 +329,7 @@ impl App {
                 // which gives the place in the queue back.
                 // From the instant `now` was read, so the time spent checking
                 // does not shift the release: releases stay exactly spaced.
-                tokio::time::sleep_until((x.started + Duration::from_nanos(l.delay)).into()).await;
+                tokio::time::sleep_until(x.shaping_from + Duration::from_nanos(l.delay)).await;
                 l.queued.disarm();
             }
         }
@@ -506,6 +508,9 @@ struct Exchange {
     /// The clock when the head was read: the limiters and the log count from it.
     now: Nanos,
     started: Instant,
+    /// tokio's clock when the head was read: a shaping delay counts from it
+    /// (tokio's, not `std`'s, so a test on paused time controls the wait).
+    shaping_from: tokio::time::Instant,
     trail: Trail,
 }
 

@@ -1,10 +1,10 @@
-//! Every algorithm end to end: leaky-bucket shaping, concurrency slots, shadow mode, overrides, keys.
+//! Every algorithm end to end: concurrency slots, shadow mode, overrides, keys (leaky-bucket shaping, which takes time, is tested in virtual time in app_time.rs).
 
 mod common;
 
 use common::T0;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{client, Proxy, Upstream};
 use tollgate::clock::ManualClock;
@@ -14,96 +14,6 @@ fn upstream_yaml(upstream: &Upstream, limiters: &str, route_limiters: &str) -> S
         "upstreams:\n  app: {{ url: \"{}\", timeout: 5s }}\nlimiters:\n{limiters}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app, limiters: [{route_limiters}] }}\n",
         upstream.url()
     )
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leaky_bucket_releases_a_burst_to_the_upstream_at_the_leak_rate() {
-    let upstream = Upstream::start().await;
-    let yaml = upstream_yaml(
-        &upstream,
-        "  smooth: { algorithm: leaky_bucket, capacity: 10, leak_per_second: 5, key: route }",
-        "smooth",
-    );
-    let proxy = Proxy::start(&yaml).await;
-    let c = client();
-    let started = Instant::now();
-    let burst: Vec<_> = (0..6)
-        .map(|i| {
-            let (c, url) = (c.clone(), proxy.url(&format!("/b/{i}")));
-            tokio::spawn(async move { common::status(&c, &url, &[]).await })
-        })
-        .collect();
-    for t in burst {
-        assert_eq!(t.await.unwrap(), 200, "queued, not rejected");
-    }
-    let mut arrivals = upstream.seen.arrivals.lock().clone();
-    arrivals.sort();
-    assert_eq!(arrivals.len(), 6);
-    // 5/s: the i-th request is released 200 ms × i after the first arrived,
-    // never earlier. A loaded machine can only make an arrival later, so the
-    // claim is checked from below (no slack to tune) and the total from above
-    // with room for a slow machine.
-    for (i, at) in arrivals.iter().enumerate() {
-        let since = *at - started;
-        assert!(
-            since + Duration::from_millis(2) >= Duration::from_millis(200) * i as u32,
-            "request {i} reached the upstream {since:?} after the burst: released early"
-        );
-    }
-    assert!(
-        started.elapsed() < Duration::from_secs(6),
-        "6 requests at 5/s took {:?}",
-        started.elapsed()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_beyond_the_leaky_bucket_capacity_gets_429s() {
-    let upstream = Upstream::start().await;
-    let yaml = upstream_yaml(
-        &upstream,
-        "  smooth: { algorithm: leaky_bucket, capacity: 5, leak_per_second: 20, key: route }",
-        "smooth",
-    );
-    let proxy = Proxy::start(&yaml).await;
-    let c = client();
-    let statuses = common::burst(&c, &proxy.url("/x"), 10).await;
-    // One goes at once, five wait, four find the queue full.
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 200).count(),
-        6,
-        "{statuses:?}"
-    );
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 429).count(),
-        4,
-        "{statuses:?}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_request_whose_client_leaves_gives_its_place_back() {
-    let upstream = Upstream::start().await;
-    let yaml = upstream_yaml(
-        &upstream,
-        "  smooth: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 2, key: route }",
-        "smooth",
-    );
-    let proxy = Proxy::start(&yaml).await;
-    let c = client();
-    assert_eq!(common::status(&c, &proxy.url("/a"), &[]).await, 200);
-    // B waits for its turn (500 ms) but its client gives up after 100 ms.
-    let b = tokio::time::timeout(Duration::from_millis(100), c.get(proxy.url("/b")).send()).await;
-    assert!(b.is_err(), "B was still queued");
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    // Had B kept its place, the one-place queue would be full.
-    let r = c.get(proxy.url("/c")).send().await.unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(
-        upstream.seen.requests.load(Ordering::SeqCst),
-        2,
-        "B never reached the upstream"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

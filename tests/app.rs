@@ -1,55 +1,17 @@
 //! The app called as a value, without sockets: limits, routes and identity decided on `Request`s handed to `App::handle`.
 //!
 //! Nothing here binds a port: each test builds an `App` from YAML with a
-//! memory store and a manual clock and awaits its answers directly. The
+//! memory store ([`common::app`]) and awaits its answers directly, on paused
+//! tokio time that the limiters' clock follows (tests/app_time.rs has the
+//! behaviour that takes time). The
 //! end-to-end suites (limits.rs, identity.rs, proxy.rs, …) keep real sockets
 //! for what only a socket shows (framing, connections, upstreams).
 
 mod common;
 
-use common::T0;
-use std::net::SocketAddr;
-
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::BodyExt;
-use tollgate::app::{App, ConnInfo};
-use tollgate::body::Body;
-use tollgate::clock::ManualClock;
-use tollgate::store::Store;
-
-/// An app from `yaml` (memory store, the clock stopped at `T0`, no access
-/// log: its records would go to the test's stdout).
-fn app(yaml: &str) -> App {
-    let yaml = format!("store: {{ backend: memory }}\nlog: {{ access: false }}\n{yaml}");
-    let config = tollgate::config::parse(&yaml).unwrap_or_else(|e| panic!("{e}"));
-    let store = Store::open(&config.store, &config.limiters, T0).expect("store opens");
-    App::new(config, store, ManualClock::at(T0), None)
-}
-
-/// A connection from `peer` to port 8080, as the server would describe it.
-fn from(peer: &str) -> ConnInfo {
-    ConnInfo {
-        peer: peer.parse::<SocketAddr>().expect("peer address"),
-        proto: "http",
-        port: 8080,
-        worker: 0,
-    }
-}
-
-/// `GET path` with `Host: shop.example` and the given headers.
-fn get(path: &str, headers: &[(&str, &str)]) -> Request<Bytes> {
-    let mut req = Request::get(path).header("host", "shop.example");
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    req.body(Bytes::new()).expect("request")
-}
-
-async fn text(resp: Response<Body>) -> String {
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    String::from_utf8(bytes.to_vec()).expect("utf-8 body")
-}
+use common::app::{app, from, get, text};
+use http::{Request, StatusCode};
 
 const PING: &str = "limiters:
   per_ip: { algorithm: fixed_window, limit: 5, window: 60s, key: ip }
@@ -57,7 +19,7 @@ routes:
   - { name: ping, match: { path: /ping }, respond: { status: 200, body: \"pong\\n\" }, limiters: [per_ip] }
 ";
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_respond_route_answers_with_its_body() {
     let app = app(PING);
     let resp = app.handle(get("/ping", &[]), from("192.0.2.1:40000")).await;
@@ -65,7 +27,7 @@ async fn a_respond_route_answers_with_its_body() {
     assert_eq!(text(resp).await, "pong\n");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_sixth_request_in_a_five_per_minute_window_is_a_429_with_retry_after() {
     let app = app(PING);
     for n in 1..=5 {
@@ -82,7 +44,7 @@ async fn the_sixth_request_in_a_five_per_minute_window_is_a_429_with_retry_after
     assert_eq!(body["limit"], 5);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_unknown_path_is_a_404_problem() {
     let app = app(PING);
     let resp = app
@@ -98,7 +60,7 @@ routes:
   - { name: r, match: { path_prefix: / }, respond: { status: 200 }, limiters: [once] }
 ";
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn behind_a_trusted_proxy_the_forwarded_for_address_is_the_client() {
     let app = app(&format!(
         "identity: {{ trusted_proxies: [10.0.0.0/8] }}\n{ONE_PER_MINUTE}"
@@ -117,7 +79,7 @@ async fn behind_a_trusted_proxy_the_forwarded_for_address_is_the_client() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_untrusted_peer_cannot_choose_its_client_address_with_forwarded_for() {
     let app = app(&format!(
         "identity: {{ trusted_proxies: [10.0.0.0/8] }}\n{ONE_PER_MINUTE}"
@@ -132,7 +94,7 @@ async fn an_untrusted_peer_cannot_choose_its_client_address_with_forwarded_for()
     assert!(text(resp).await.contains("ip:203.0.113.9"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_listed_api_key_gets_its_own_counter_and_an_unknown_one_is_refused() {
     let app = app(&format!(
         "identity: {{ api_keys: [key-alpha, key-beta] }}\n{ONE_PER_MINUTE}"
@@ -152,7 +114,7 @@ async fn a_listed_api_key_gets_its_own_counter_and_an_unknown_one_is_refused() {
     assert_eq!(invented.status(), StatusCode::UNAUTHORIZED);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_request_body_built_in_memory_reaches_a_limited_route() {
     let app = app(PING);
     let req = Request::post("/ping")

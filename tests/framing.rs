@@ -190,6 +190,11 @@ struct Conversation {
     closed: bool,
 }
 
+/// How long [`converse`] waits for a first answer, and for more after it
+/// (a pipelined request's answer follows the upstream's round trip).
+const FIRST_BYTE: Duration = Duration::from_secs(3);
+const QUIET: Duration = Duration::from_secs(1);
+
 /// Sends `bytes`, then reads until the server closes or stays quiet for a while.
 async fn converse(addr: std::net::SocketAddr, bytes: &[u8]) -> Conversation {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -199,8 +204,8 @@ async fn converse(addr: std::net::SocketAddr, bytes: &[u8]) -> Conversation {
     let mut chunk = [0u8; 8192];
     let mut closed = false;
     loop {
-        let quiet = if buf.is_empty() { 3000 } else { 400 };
-        match tokio::time::timeout(Duration::from_millis(quiet), s.read(&mut chunk)).await {
+        let quiet = if buf.is_empty() { FIRST_BYTE } else { QUIET };
+        match tokio::time::timeout(quiet, s.read(&mut chunk)).await {
             Ok(Ok(0)) | Ok(Err(_)) => {
                 closed = true;
                 break;
@@ -539,82 +544,29 @@ const CASES: &[Case] = &[
     },
 ];
 
-#[tokio::test]
+/// How many cases run at once: each has its own proxy and tap, so they
+/// cannot see each other; the bound keeps a loaded machine's scheduler from
+/// stretching a reply past [`QUIET`].
+const AT_ONCE: usize = 12;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstream_only_ever_sees_well_framed_requests_and_every_rejection_is_a_400_or_a_close()
 {
     let upstream = Upstream::start().await;
+    let places = std::sync::Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let runs: Vec<_> = CASES
+        .iter()
+        .map(|case| {
+            let (places, addr) = (places.clone(), upstream.addr);
+            tokio::spawn(async move {
+                let _place = places.acquire_owned().await.expect("semaphore open");
+                check_case(addr, case).await
+            })
+        })
+        .collect();
     let mut failures = Vec::new();
-    for case in CASES {
-        let tap = Tap::start(upstream.addr).await;
-        let proxy = Proxy::start_with_clock(&yaml(&tap.url()), ManualClock::at(T0)).await;
-        let answer = converse(proxy.addr, case.send).await;
-        // Let the upstream side settle (the proxy may still be writing).
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut requests = Vec::new();
-        let mut problems = Vec::new();
-        for (i, bytes) in tap.recorded().iter().enumerate() {
-            match strict_requests(bytes) {
-                Ok((seen, left)) => {
-                    if left > 0 && !case.partial_ok {
-                        problems.push(format!(
-                            "upstream connection {i} holds {left} bytes of an unfinished request: {:?}",
-                            String::from_utf8_lossy(bytes)
-                        ));
-                    }
-                    requests.extend(seen);
-                }
-                Err(e) => problems.push(format!(
-                    "upstream connection {i} is not well framed ({e}): {:?}",
-                    String::from_utf8_lossy(bytes)
-                )),
-            }
-        }
-        if let Some(s) = requests.iter().find(|r| r.target.contains("smuggled")) {
-            problems.push(format!("a hidden request reached the upstream: {s:?}"));
-        }
-        match &case.expect {
-            Expect::Answers { statuses, upstream } => {
-                if answer.statuses != *statuses {
-                    problems.push(format!(
-                        "client got {:?}, want {statuses:?}",
-                        answer.statuses
-                    ));
-                }
-                if requests.len() != *upstream {
-                    problems.push(format!(
-                        "upstream saw {} requests, want {upstream}: {requests:?}",
-                        requests.len()
-                    ));
-                }
-            }
-            Expect::Refused => {
-                let refused = match answer.statuses[..] {
-                    [] => answer.closed,
-                    [400] => answer.closed,
-                    _ => false,
-                };
-                if !refused {
-                    problems.push(format!("not refused: {answer:?}"));
-                }
-                if !requests.is_empty() {
-                    problems.push(format!("upstream saw {requests:?}"));
-                }
-            }
-        }
-        // Every 4xx/5xx tollgate writes itself is problem+json; hyper's own
-        // parse-error 400 has no body at all.
-        for (status, kind) in answer.statuses.iter().zip(&answer.types) {
-            if *status >= 400 && !kind.is_empty() && kind != "application/problem+json" {
-                problems.push(format!("a {status} of type {kind}"));
-            }
-            if [405, 501, 429].contains(status) && kind.is_empty() {
-                problems.push(format!("a {status} without a problem body"));
-            }
-        }
-        if !problems.is_empty() {
-            failures.push(format!("{}:\n    {}", case.name, problems.join("\n    ")));
-        }
-        drop(proxy);
+    for run in runs {
+        failures.extend(run.await.expect("case task"));
     }
     assert!(
         failures.is_empty(),
@@ -623,4 +575,95 @@ async fn the_upstream_only_ever_sees_well_framed_requests_and_every_rejection_is
         CASES.len(),
         failures.join("\n")
     );
+}
+
+/// The upstream's requests as the strict reader sees them, and what it found wrong.
+fn upstream_side(tap: &Tap, case: &Case) -> (Vec<Seen>, Vec<String>) {
+    let mut requests = Vec::new();
+    let mut problems = Vec::new();
+    for (i, bytes) in tap.recorded().iter().enumerate() {
+        match strict_requests(bytes) {
+            Ok((seen, left)) => {
+                if left > 0 && !case.partial_ok {
+                    problems.push(format!(
+                        "upstream connection {i} holds {left} bytes of an unfinished request: {:?}",
+                        String::from_utf8_lossy(bytes)
+                    ));
+                }
+                requests.extend(seen);
+            }
+            Err(e) => problems.push(format!(
+                "upstream connection {i} is not well framed ({e}): {:?}",
+                String::from_utf8_lossy(bytes)
+            )),
+        }
+    }
+    (requests, problems)
+}
+
+/// One case on a proxy and tap of its own: what went wrong, if anything.
+async fn check_case(upstream: std::net::SocketAddr, case: &'static Case) -> Option<String> {
+    let tap = Tap::start(upstream).await;
+    let proxy = Proxy::start_with_clock(&yaml(&tap.url()), ManualClock::at(T0)).await;
+    let answer = converse(proxy.addr, case.send).await;
+    // The proxy may still be writing to the upstream: wait until what the
+    // case expects has arrived. Where it expects nothing, a short look
+    // is all a test can give absence.
+    let wanted = match case.expect {
+        Expect::Answers { upstream, .. } => upstream,
+        Expect::Refused => 0,
+    };
+    if wanted == 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    } else {
+        let _arrived = common::eventually(Duration::from_secs(2), || async {
+            upstream_side(&tap, case).0.len() >= wanted
+        })
+        .await;
+    }
+    let (requests, mut problems) = upstream_side(&tap, case);
+    if let Some(s) = requests.iter().find(|r| r.target.contains("smuggled")) {
+        problems.push(format!("a hidden request reached the upstream: {s:?}"));
+    }
+    match &case.expect {
+        Expect::Answers { statuses, upstream } => {
+            if answer.statuses != *statuses {
+                problems.push(format!(
+                    "client got {:?}, want {statuses:?}",
+                    answer.statuses
+                ));
+            }
+            if requests.len() != *upstream {
+                problems.push(format!(
+                    "upstream saw {} requests, want {upstream}: {requests:?}",
+                    requests.len()
+                ));
+            }
+        }
+        Expect::Refused => {
+            let refused = match answer.statuses[..] {
+                [] => answer.closed,
+                [400] => answer.closed,
+                _ => false,
+            };
+            if !refused {
+                problems.push(format!("not refused: {answer:?}"));
+            }
+            if !requests.is_empty() {
+                problems.push(format!("upstream saw {requests:?}"));
+            }
+        }
+    }
+    // Every 4xx/5xx tollgate writes itself is problem+json; hyper's own
+    // parse-error 400 has no body at all.
+    for (status, kind) in answer.statuses.iter().zip(&answer.types) {
+        if *status >= 400 && !kind.is_empty() && kind != "application/problem+json" {
+            problems.push(format!("a {status} of type {kind}"));
+        }
+        if [405, 501, 429].contains(status) && kind.is_empty() {
+            problems.push(format!("a {status} without a problem body"));
+        }
+    }
+    drop(proxy);
+    (!problems.is_empty()).then(|| format!("{}:\n    {}", case.name, problems.join("\n    ")))
 }

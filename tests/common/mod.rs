@@ -1,6 +1,7 @@
 //! Test harness: a real tollgate on 127.0.0.1 port 0 from YAML, and the support every test file shares.
 //!
-//! One way to do each job: [`free_addr`] for a port nobody listens on,
+//! One way to do each job: [`app`] for the app called without sockets
+//! (on tokio's possibly paused clock), [`free_addr`] for a port nobody listens on,
 //! [`requests`] to talk to a server (reqwest, raw bytes, blocking), [`upstream`]
 //! for stub servers, [`wait`] for polling ([`eventually`]), [`process`] for the
 //! real binary, [`certs`] for TLS.
@@ -14,6 +15,7 @@ pub const WINDOW_START: u64 = 1_767_225_600 * 1_000_000_000;
 /// starts: a 60 s window ends 40 s later, so windows never roll over mid-test.
 pub const T0: u64 = WINDOW_START + 20 * 1_000_000_000;
 
+pub mod app;
 pub mod browser;
 pub mod certs;
 pub mod php;
