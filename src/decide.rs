@@ -512,3 +512,6 @@ fn record_denial(
     }
     d.violated.push(l.name.clone());
 }
+
+#[cfg(test)]
+mod tests;
