@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::request_body::RequestBody;
 use arc_swap::ArcSwap;
@@ -18,31 +18,30 @@ use crate::access::AccessLog;
 use crate::body::Body;
 use crate::buffering::Share;
 use crate::clock::SharedClock;
-use crate::config::{Config, OnError};
+use crate::config::Config;
+use crate::decide::{Gate, Pass, RequestFacts, Verdict};
 use crate::identity::{Client, IdentityError};
-use crate::limiter::{Nanos, Verdict};
-use crate::metrics::{inc, Decision, Metrics};
-use crate::problem::{Denial, Problem};
+use crate::limiter::Nanos;
+use crate::metrics::Metrics;
+use crate::problem::Problem;
 use crate::request_id::{RequestId, X_REQUEST_ID};
 use crate::router::{request_host, request_path};
-use crate::snapshot::{Route, RouteAction, Snapshot};
-use crate::store::{Check, Outcome, Store};
+use crate::snapshot::{RouteAction, Snapshot};
+use crate::store::Store;
 use crate::tunnel::ClientSide;
 
 pub use crate::connections::ConnInfo;
-use refuse::rate_limit_headers;
-pub use release::Release;
 use trail::Trail;
 
 mod refuse;
-mod release;
 mod trail;
 mod upstream;
 
 /// The state every part of the process shares.
 pub struct Shared {
     pub snapshot: ArcSwap<Snapshot>,
-    pub store: Store,
+    /// Shared with the places a request gives back after it ended (see [`crate::decide::Release`]).
+    pub store: Arc<Store>,
     pub clock: SharedClock,
     pub metrics: Metrics,
     /// The file reloads read, if the config came from one.
@@ -75,22 +74,6 @@ pub struct App {
     pub shared: Arc<Shared>,
 }
 
-/// The limiters' answer for one request.
-struct Limits {
-    views: Vec<(usize, Outcome)>,
-    denial: Option<Denial>,
-    /// The longest shaping delay among the limiters.
-    delay: Nanos,
-    /// Leaky-bucket places to give back if the client leaves while queued.
-    queued: Release,
-    /// Concurrency slots to free when the response is done.
-    slots: Release,
-    /// The store's clock at the decision (Redis' for a fleet): headers count from it.
-    at: Nanos,
-    /// `count:` units to give back unless the answer counts.
-    units: Vec<crate::protect::Unit>,
-}
-
 impl App {
     pub fn new(
         config: Config,
@@ -109,7 +92,7 @@ impl App {
         App {
             shared: Arc::new(Shared {
                 snapshot: ArcSwap::from_pointee(snapshot),
-                store,
+                store: Arc::new(store),
                 clock,
                 metrics,
                 config_path,
@@ -193,14 +176,12 @@ impl App {
         let client = self.identify(x, &admitted.req)?;
         let route = self.route(x, &admitted.req)?;
         let headers = admitted.req.headers();
-        let mut limits = match self.limit(x, route, &client, headers).await? {
-            Admission::Admitted(limits) => limits,
+        let mut pass = match self.limit(x, route, &client, headers).await? {
+            Admission::Admitted(pass) => pass,
             Admission::Refused(resp) => return Ok(resp),
         };
-        let resp = self
-            .dispatch(x, route, &client, admitted, &mut limits)
-            .await;
-        Ok(self.settle(x, route, limits, resp).await)
+        let resp = self.dispatch(x, route, &client, admitted, &mut pass).await;
+        Ok(self.settle(x, pass, resp).await)
     }
 
     /// Admit: framing a proxy must refuse before anything is counted, and a
@@ -261,9 +242,9 @@ impl App {
         Ok(index)
     }
 
-    /// Limit: an exempt client passes; a banned key is refused; then every
-    /// limiter of the route is checked in one store call. A denial is
-    /// answered here (429 and its headers); a shaping delay is waited out.
+    /// Limit: one decision ([`crate::decide`]) on the route's limiters,
+    /// bans and store policy; a refusal is answered here (429 and its
+    /// headers), a shaping delay is waited out.
     async fn limit(
         &self,
         x: &mut Exchange,
@@ -271,69 +252,23 @@ impl App {
         client: &Client,
         headers: &HeaderMap,
     ) -> Result<Admission, Problem> {
-        let snap = x.snap.clone();
-        let route = &snap.routes[index];
-        let mut limits = None;
-        if client.exempt {
-            x.trail.decide(&route.metrics, Decision::Exempt);
-            tracing::debug!(client = %client.ip, route = %route.name, "exempt client passed without limits");
-        } else if !route.limiters.is_empty() {
-            let store = &self.shared.store;
-            if let Some(ban) =
-                crate::protect::banned(store, &snap, route, client, headers, x.now).await
-            {
-                x.trail.decide(&route.metrics, Decision::Banned);
-                let shape = snap.reject_shape(index, ban.index);
-                // No limiter was asked: a ban's refusal has no rate-limit headers.
-                let resp = x
-                    .trail
-                    .answer_with(Problem::Banned(Box::new(ban)), shape, None);
-                return Ok(Admission::Refused(resp));
+        let facts = RequestFacts {
+            route: index,
+            client,
+            headers,
+            now: x.now,
+        };
+        let verdict = self.gate().decide(&x.snap, &facts).await;
+        x.trail
+            .decide(&x.snap.routes[index].metrics, verdict.decision());
+        match verdict {
+            Verdict::Pass(mut pass) => {
+                pass.wait_turn(x.shaping_from).await;
+                Ok(Admission::Admitted(pass))
             }
-            match self
-                .check_limiters(&snap, route, client, headers, x.now)
-                .await
-            {
-                Ok(l) => limits = Some(l),
-                // `check_limiters` counted it (and answered from the local table for `local`).
-                Err(_) if snap.config.store.on_error == OnError::Deny => {
-                    x.trail.decide(&route.metrics, Decision::StoreError);
-                    return Err(Problem::StoreUnavailable);
-                }
-                Err(_) => {}
-            }
+            Verdict::Refuse(refusal) => Ok(Admission::Refused(self.refuse(x, refusal))),
+            Verdict::StoreUnavailable => Err(Problem::StoreUnavailable),
         }
-
-        if let Some(l) = limits.as_mut() {
-            if let Some(denial) = l.denial.take() {
-                return Ok(Admission::Refused(self.refuse(x, index, l, denial).await));
-            }
-        }
-        if !client.exempt {
-            let shadow_rejected = limits.as_ref().is_some_and(|l| {
-                l.views
-                    .iter()
-                    .any(|(i, o)| snap.limiters[*i].shadow && o.verdict.is_deny())
-            });
-            let decision = if shadow_rejected {
-                Decision::ShadowRejected
-            } else {
-                Decision::Allowed
-            };
-            x.trail.decide(&route.metrics, decision);
-        }
-
-        if let Some(l) = limits.as_mut() {
-            if l.delay > 0 {
-                // Dropping this future (the client went away) drops `l.queued`,
-                // which gives the place in the queue back.
-                // From the instant `now` was read, so the time spent checking
-                // does not shift the release: releases stay exactly spaced.
-                tokio::time::sleep_until(x.shaping_from + Duration::from_nanos(l.delay)).await;
-                l.queued.disarm();
-            }
-        }
-        Ok(Admission::Admitted(limits))
     }
 
     /// Dispatch: the route's own answer, or the upstream's (HTTP, FastCGI,
@@ -344,7 +279,7 @@ impl App {
         index: usize,
         client: &Client,
         admitted: Admitted,
-        limits: &mut Option<Limits>,
+        pass: &mut Pass,
     ) -> Response<Body> {
         let snap = x.snap.clone();
         match &snap.routes[index].action {
@@ -359,140 +294,26 @@ impl App {
                     .insert(CONTENT_TYPE, content_type.clone());
                 resp
             }
-            RouteAction::Upstream(u) => self.upstream(x, index, *u, client, admitted, limits).await,
+            RouteAction::Upstream(u) => self.upstream(x, index, *u, client, admitted, pass).await,
         }
     }
 
     /// Settle: `count:` units are given back unless the answer counts, and
     /// the answer gets the rate-limit headers.
-    async fn settle(
-        &self,
-        x: &Exchange,
-        index: usize,
-        mut limits: Option<Limits>,
-        mut resp: Response<Body>,
-    ) -> Response<Body> {
-        let snap = &x.snap;
-        if let Some(l) = limits.as_mut().filter(|l| !l.units.is_empty()) {
-            let answer = Some((resp.status(), resp.headers()));
-            let at = self.shared.clock.now();
-            let store = &self.shared.store;
-            crate::protect::settle(store, snap, &mut l.units, &mut l.views, answer, at).await;
-        }
-        rate_limit_headers(snap, index, &limits, &mut resp);
+    async fn settle(&self, x: &Exchange, pass: Pass, mut resp: Response<Body>) -> Response<Body> {
+        let status = resp.status();
+        self.gate()
+            .settle(&x.snap, pass, status, resp.headers_mut())
+            .await;
         resp
     }
 
-    /// Checks every limiter of the route for this client in one store call.
-    async fn check_limiters(
-        &self,
-        snap: &Arc<Snapshot>,
-        route: &Route,
-        client: &Client,
-        headers: &HeaderMap,
-        now: Nanos,
-    ) -> Result<Limits, crate::store::StoreError> {
-        let applied = applied_limiters(snap, route, client, headers);
-        let checks: Vec<Check<'_>> = applied.iter().map(|a| a.check(snap)).collect();
-        let (outcomes, shared_store) = self.count(snap, route, &checks, now).await?;
-        let at = outcomes.first().map_or(now, |o| o.at);
-
-        let mut denial: Option<Denial> = None;
-        let mut delay = 0;
-        let mut queued = Release::new(true);
-        let mut slots = Release::new(false);
-        let mut units = Vec::new();
-        let mut refused: Vec<(usize, &str)> = Vec::new();
-        let admitted = !outcomes
-            .iter()
-            .zip(&checks)
-            .any(|(o, c)| o.verdict.is_deny() && !c.shadow);
-        for ((a, o), c) in applied.iter().zip(&outcomes).zip(&checks) {
-            let l = &snap.limiters[a.limiter];
-            // What to give back later is where the store counted it.
-            let counted_on = if o.overflowed { c.overflow } else { c.key };
-            match o.verdict {
-                Verdict::Deny { retry_after } if l.shadow => {
-                    inc(&l.metrics.would_reject);
-                    tracing::info!(limiter = %l.name, key = %client.display(), retry_after_ms = retry_after / 1_000_000, "shadow limiter would reject");
-                }
-                Verdict::Deny { retry_after } => {
-                    inc(&l.metrics.rejected);
-                    refused.push((a.limiter, &a.store_key));
-                    record_denial(&mut denial, a.limiter, l, o, c, retry_after, client);
-                }
-                Verdict::Delay(wait) => {
-                    inc(&l.metrics.delayed);
-                    delay = delay.max(wait);
-                    if admitted {
-                        queued.push(self, snap, a.limiter, counted_on, now + wait);
-                    }
-                }
-                Verdict::Allow => inc(&l.metrics.allowed),
-            }
-            if admitted && matches!(c.algorithm, crate::limiter::Algorithm::Concurrency(_)) {
-                slots.push(self, snap, a.limiter, counted_on, now);
-            }
-            if l.count.is_some() && shared_store && (admitted || c.algorithm.counts_refused()) {
-                units.push(crate::protect::Unit {
-                    limiter: a.limiter,
-                    store_key: a.store_key.clone(),
-                    ticket: c.algorithm.ticket(o.at, &o.quota),
-                });
-            }
-        }
-        if !refused.is_empty() && shared_store {
-            crate::protect::strike(&self.shared.store, snap, &refused, now).await;
-        }
-        Ok(Limits {
-            views: applied.iter().map(|a| a.limiter).zip(outcomes).collect(),
-            denial,
-            delay,
-            queued,
-            slots,
-            at,
-            units,
-        })
-    }
-
-    /// The store's outcomes for `checks`, and whether the shared store
-    /// counted them (`false`: it failed and `on_error: local` counted them here).
-    async fn count(
-        &self,
-        snap: &Snapshot,
-        route: &Route,
-        checks: &[Check<'_>],
-        now: Nanos,
-    ) -> Result<(Vec<Outcome>, bool), crate::store::StoreError> {
-        match self.shared.store.check(checks, now).await {
-            Ok(outcomes) => Ok((outcomes, true)),
-            Err(e) => {
-                let policy = snap.config.store.on_error;
-                self.store_failed(route, &e, policy);
-                if policy != OnError::Local {
-                    return Err(e);
-                }
-                // Units taken in the local table stay there: a refund
-                // would go to the shared store, which never counted them.
-                Ok((self.shared.store.check_local(checks, now), false))
-            }
-        }
-    }
-
-    /// Counts a failed store call and the `on_error` decision it leads to.
-    fn store_failed(&self, _route: &Route, e: &crate::store::StoreError, policy: OnError) {
-        let metrics = &self.shared.metrics;
-        let labels = [
-            ("backend", self.shared.store.backend()),
-            ("policy", policy.as_str()),
-        ];
-        inc(&metrics.counter("tollgate_store_errors_total", &labels));
-        inc(&metrics.counter("tollgate_store_fallback_total", &labels[1..]));
-        if matches!(e, crate::store::StoreError::CircuitOpen) {
-            // The breaker logged when it opened; one line per request would flood.
-            tracing::debug!(error = %e, ?policy, "store skipped; applying on_error");
-        } else {
-            tracing::warn!(error = %e, ?policy, "store failed; applying on_error");
+    /// What the decision works with.
+    fn gate(&self) -> Gate<'_> {
+        Gate {
+            store: &self.shared.store,
+            clock: &self.shared.clock,
+            metrics: &self.shared.metrics,
         }
     }
 }
@@ -522,9 +343,8 @@ struct Admitted {
 
 /// What the limit phase decided.
 enum Admission {
-    /// On to dispatch, with what the limiters took (`None`: no limiter
-    /// applied, the client is exempt, or the store failed open).
-    Admitted(Option<Limits>),
+    /// On to dispatch, with what the limiters took.
+    Admitted(Pass),
     /// Answered already: the rejection, with its headers.
     Refused(Response<Body>),
 }
@@ -546,75 +366,6 @@ fn check_framing(headers: &HeaderMap, max_body: u64) -> Result<(), Problem> {
         }
     }
     Ok(())
-}
-
-/// One limiter of the route that applies to this request, and the store key it counts on.
-struct Applied {
-    limiter: usize,
-    store_key: String,
-}
-
-impl Applied {
-    fn check<'a>(&'a self, snap: &'a Snapshot) -> Check<'a> {
-        let l = &snap.limiters[self.limiter];
-        Check {
-            key: &self.store_key,
-            overflow: l.overflow_key(),
-            algorithm: l.algorithm_for(l.value_of(&self.store_key)),
-            shadow: l.shadow,
-        }
-    }
-}
-
-/// The route's limiters that have a key for this request (a limiter keyed
-/// on a header the request lacks does not apply).
-fn applied_limiters(
-    snap: &Snapshot,
-    route: &Route,
-    client: &Client,
-    headers: &HeaderMap,
-) -> Vec<Applied> {
-    route
-        .limiters
-        .iter()
-        .filter_map(|&i| {
-            let store_key = snap.limiters[i].request_key(client, &route.name, headers)?;
-            Some(Applied {
-                limiter: i,
-                store_key,
-            })
-        })
-        .collect()
-}
-
-/// Adds one enforcing limiter's rejection to the denial: every rejecting
-/// limiter is listed, and the one with the longest wait is the one shown.
-fn record_denial(
-    denial: &mut Option<Denial>,
-    index: usize,
-    l: &crate::snapshot::Limiter,
-    o: &Outcome,
-    c: &Check<'_>,
-    retry_after: Nanos,
-    client: &Client,
-) {
-    let d = denial.get_or_insert_with(|| Denial {
-        index,
-        limiter: l.name.clone(),
-        quota: o.quota,
-        policy: l.describe(c.algorithm),
-        retry_after,
-        violated: Vec::new(),
-        key: client.display().to_string(),
-    });
-    if retry_after > d.retry_after {
-        d.index = index;
-        d.limiter = l.name.clone();
-        d.quota = o.quota;
-        d.policy = l.describe(c.algorithm);
-        d.retry_after = retry_after;
-    }
-    d.violated.push(l.name.clone());
 }
 
 #[cfg(test)]

@@ -5,10 +5,11 @@
 //! A request reads top to bottom: [`server`] accepts it and hands it to
 //! [`app`], whose phases run on one [`snapshot::Snapshot`]: admit
 //! ([`framing`]) → identify ([`identity`]) → route ([`router`]) → limit
-//! ([`protect`], [`limiter`] on its [`store`]) → dispatch (the route's own
-//! answer, or [`buffering`] → [`balance`] → [`proxy`] or [`fastcgi`]) →
-//! settle → log ([`access`]). Whatever tollgate answers itself, [`problem`]
-//! writes.
+//! (one call into [`decide`]: bans, [`limiter`] on its [`store`], a
+//! [`decide::Verdict`] back) → dispatch (the route's own answer, or
+//! [`buffering`] → [`balance`] → [`proxy`] or [`fastcgi`]) → settle (one
+//! more call into [`decide`]) → log ([`access`]). Whatever tollgate answers
+//! itself, [`problem`] writes.
 //!
 //! The binary (`main.rs`) only parses the command line, sets up logging and
 //! signals, and calls [`run`] with the listeners it bound.
@@ -27,8 +28,10 @@
 //!   [`prune`]: one task removing expired limiter state, removed limiters' state, old audit rows;
 //! - [`app`]: the request lifecycle as named phases, callable without sockets; `app/trail.rs` (the
 //!   log phase), `app/upstream.rs` (the upstream phase: body, share, forward, a failure's answer),
-//!   `app/refuse.rs` (a limiter's refusal), `app/release.rs` (places given back);
-//! - [`protect`]: `ban:` (refuse a banned key, strike a refused one) and `count:` (give back what did not count);
+//!   `app/refuse.rs` (a refusal's answer);
+//! - [`decide`]: the limit phase's one decision, a value: the ban check, the limiter checks in one
+//!   store call, `on_error`, strikes, refunds, places given back; `decide/ban.rs` (`ban:`),
+//!   `decide/refund.rs` (`count:`), `decide/release.rs` (queued places, concurrency slots);
 //! - [`snapshot`]: one immutable view of the running config;
 //!   [`buffering`]: request bodies read whole before an upstream is taken (memory, then a temp file), 408;
 //! - [`balance`]: several servers per upstream: policy, health, the `max_conns` queue, retries;
@@ -75,6 +78,7 @@ pub mod clock;
 pub mod config;
 pub mod connections;
 pub mod dashboard;
+pub mod decide;
 pub mod fastcgi;
 pub mod forward_error;
 pub mod framing;
@@ -85,7 +89,6 @@ pub mod logging;
 pub mod metrics;
 pub mod pool;
 pub mod problem;
-pub mod protect;
 pub mod proxy;
 pub mod prune;
 pub mod reject;

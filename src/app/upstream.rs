@@ -4,8 +4,9 @@ use std::time::Instant;
 
 use http::{Request, Response};
 
-use super::{Admitted, App, Exchange, Limits};
+use super::{Admitted, App, Exchange};
 use crate::body::Body;
+use crate::decide::Pass;
 use crate::forward_error::ForwardError;
 use crate::identity::Client;
 use crate::metrics::inc;
@@ -24,7 +25,7 @@ impl App {
         u: usize,
         client: &Client,
         Admitted { mut req, upgrade }: Admitted,
-        limits: &mut Option<Limits>,
+        pass: &mut Pass,
     ) -> Response<Body> {
         let snap = x.snap.clone();
         if !snap.config.server.underscores_in_headers {
@@ -55,7 +56,7 @@ impl App {
             {
                 // The tunnel holds the concurrency slots and the
                 // server's place for as long as it is open.
-                let slots = limits.as_mut().map(|l| std::mem::take(&mut l.slots));
+                let slots = pass.take_slots();
                 let upstream_side = hyper::upgrade::on(&mut resp);
                 let client_side = upgrade.expect("checked above");
                 client_side.answer(&mut resp);
@@ -70,10 +71,7 @@ impl App {
             Ok((resp, connection)) => {
                 // Both live exactly as long as the body: the slot is
                 // freed and the connection recycled when it is done.
-                let slots = limits
-                    .as_mut()
-                    .map(|l| std::mem::take(&mut l.slots))
-                    .filter(|s| !s.is_empty());
+                let slots = Some(pass.take_slots()).filter(|s| !s.is_empty());
                 let slots = slots.map(|s| Box::new(s) as crate::body::Guard);
                 resp.map(|b| Body::upstream(b, crate::body::join(slots, connection)))
             }

@@ -2,17 +2,20 @@
 
 use std::sync::Arc;
 
-use super::App;
+use super::Gate;
+use crate::clock::SharedClock;
 use crate::limiter::Nanos;
 use crate::snapshot::Snapshot;
+use crate::store::Store;
 
 /// Gives limiter places back when dropped: queued leaky-bucket places (only
 /// if the request left before its turn) or concurrency slots (always).
 /// Empty (and free: no handle is cloned) unless a place was taken.
 #[derive(Default)]
 pub struct Release {
-    app: Option<App>,
-    snap: Option<Arc<Snapshot>>,
+    /// The store, clock and snapshot the places were taken on; it may be
+    /// dropped after the request (with a tunnel, hours after).
+    on: Option<(Arc<Store>, SharedClock, Arc<Snapshot>)>,
     only_before_ticket: bool,
     items: Vec<(usize, String, Nanos)>,
 }
@@ -20,8 +23,7 @@ pub struct Release {
 impl Release {
     pub(super) fn new(only_before_ticket: bool) -> Release {
         Release {
-            app: None,
-            snap: None,
+            on: None,
             only_before_ticket,
             items: Vec::new(),
         }
@@ -29,20 +31,19 @@ impl Release {
 
     pub(super) fn push(
         &mut self,
-        app: &App,
+        gate: &Gate<'_>,
         snap: &Arc<Snapshot>,
         limiter: usize,
         store_key: &str,
         ticket: Nanos,
     ) {
-        if self.app.is_none() {
-            self.app = Some(app.clone());
-            self.snap = Some(snap.clone());
+        if self.on.is_none() {
+            self.on = Some((gate.store.clone(), gate.clock.clone(), snap.clone()));
         }
         self.items.push((limiter, store_key.to_string(), ticket));
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
@@ -54,20 +55,20 @@ impl Release {
 
 impl Drop for Release {
     fn drop(&mut self) {
-        let (Some(app), Some(snap)) = (&self.app, &self.snap) else {
+        let Some((store, clock, snap)) = &self.on else {
             return;
         };
         if self.items.is_empty() {
             return;
         }
-        let now = app.shared.clock.now();
+        let now = clock.now();
         for (limiter, store_key, ticket) in self.items.drain(..) {
             if self.only_before_ticket && now >= ticket {
                 continue;
             }
             let l = &snap.limiters[limiter];
             let algorithm = l.algorithm_for(l.value_of(&store_key));
-            app.shared.store.release(&store_key, algorithm, ticket, now);
+            store.release(&store_key, algorithm, ticket, now);
         }
     }
 }
