@@ -221,6 +221,8 @@ fn write_loop(rx: &Receiver<Msg>, out: &Out) {
     let mut batch = String::with_capacity(64 * 1024);
     // Whether the last write failed: a failing disk is reported once, not per batch.
     let mut failing = false;
+    // Whether a failed write left part of a record behind: the next write ends it first.
+    let mut torn = false;
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         let mut acks = Vec::new();
@@ -250,7 +252,7 @@ fn write_loop(rx: &Receiver<Msg>, out: &Out) {
         if !batch.is_empty() {
             let written = {
                 let mut sink = out.sink.lock();
-                sink.write_all(batch.as_bytes()).and_then(|()| sink.flush())
+                write_batch(&mut *sink, &batch, &mut torn)
             };
             match written {
                 Ok(()) if failing => {
@@ -280,6 +282,32 @@ fn write_loop(rx: &Receiver<Msg>, out: &Out) {
             std::thread::sleep(REST);
         }
     }
+}
+
+/// Writes `batch` whole. A write cut short (a full disk) leaves part of a
+/// record in the file: `torn` says so, and the next batch starts with the
+/// newline that ends it, so a reader finds one broken line, not two records
+/// run together.
+fn write_batch(sink: &mut dyn Write, batch: &str, torn: &mut bool) -> std::io::Result<()> {
+    if *torn {
+        sink.write_all(b"\n")?;
+        *torn = false;
+    }
+    let mut rest = batch.as_bytes();
+    while !rest.is_empty() {
+        match sink.write(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // Every record ends with a newline: cut anywhere else, one is torn.
+                let done = batch.len() - rest.len();
+                *torn = done > 0 && batch.as_bytes()[done - 1] != b'\n';
+                return Err(e);
+            }
+        }
+    }
+    sink.flush()
 }
 
 impl Out {
@@ -554,6 +582,47 @@ mod tests {
         log.send(record(LogFormat::Json));
         assert!(log.flush(std::time::Duration::from_secs(5)));
         assert_eq!(out.0.lock().split(|&b| b == b'\n').count(), 5);
+    }
+
+    /// A disk with room for `room` more bytes.
+    struct Disk {
+        written: Vec<u8>,
+        room: usize,
+    }
+    impl Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            self.written.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_write_cut_short_by_a_full_disk_is_ended_before_the_next_records() {
+        let mut disk = Disk {
+            written: Vec::new(),
+            room: 12,
+        };
+        let mut torn = false;
+        assert!(write_batch(&mut disk, "{\"a\":1}\n{\"b\":2}\n", &mut torn).is_err());
+        assert!(torn);
+        disk.room = 100;
+        write_batch(&mut disk, "{\"c\":3}\n", &mut torn).unwrap();
+        assert_eq!(disk.written, b"{\"a\":1}\n{\"b\"\n{\"c\":3}\n");
+        // Cut right after a record: nothing to end.
+        let mut disk = Disk {
+            written: Vec::new(),
+            room: 8,
+        };
+        assert!(write_batch(&mut disk, "{\"a\":1}\n{\"b\":2}\n", &mut torn).is_err());
+        assert!(!torn);
     }
 
     #[test]

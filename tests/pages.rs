@@ -7,7 +7,8 @@ use common::{browser, client, free_addr, send, Answer, Proxy};
 /// A browser's navigation `Accept` (Chromium's).
 const BROWSER: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,*/*;q=0.8,application/signed-exchange;v=b3;q=0.7";
 
-/// `/limited` allows one request a minute; `/down/…` goes to an upstream
+/// `/limited` allows one request a minute (`again` is for a test's own
+/// route); `/down/…` goes to an upstream
 /// nobody listens on; `/api/…` keeps to JSON; nothing else has a route.
 fn site(server: &str, limited: &str, routes: &str) -> String {
     format!(
@@ -16,6 +17,7 @@ upstreams:
   down: {{ url: "http://{down}", connect_timeout: 2s }}
 limiters:
   once: {{ limit: 1, window: 60s }}
+  again: {{ limit: 1, window: 60s }}
 routes:
   - {{ name: limited, match: {{ path: /limited }}, respond: {{ status: 200, body: ok }}, limiters: [once] {limited} }}
   - {{ name: down, match: {{ path_prefix: /down }}, upstream: down }}
@@ -148,7 +150,7 @@ async fn the_operators_pages_fill_their_placeholders_and_a_routes_page_wins_over
     let yaml = site(
         &format!(r#"error_pages: {{ 404: "{not_found}", 429: "{busy}" }}"#),
         &format!(r#", error_pages: {{ 429: "{limited}" }}"#),
-        "  - { name: other, match: { path: /other }, respond: { status: 200 }, limiters: [once] }\n",
+        "  - { name: other, match: { path: /other }, respond: { status: 200 }, limiters: [again] }\n",
     );
     let proxy = Proxy::start(&yaml).await;
 
@@ -170,7 +172,7 @@ async fn the_operators_pages_fill_their_placeholders_and_a_routes_page_wins_over
     let wait = server_page.headers["retry-after"].to_str().unwrap();
     assert_eq!(
         server_page.body,
-        format!("<p>server page: 429 wait {wait}s (once) {{{{unknown}}}}</p>")
+        format!("<p>server page: 429 wait {wait}s (again) {{{{unknown}}}}</p>")
     );
 
     // A status with no page of the operator's gets the built-in one.
