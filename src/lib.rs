@@ -219,7 +219,9 @@ fn spawn_background(
         Ok(usr1) => {
             tokio::spawn(reopen_access_log(usr1, app.clone(), background.clone()));
         }
-        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGUSR1; the access log file will not be reopened"),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGUSR1; the access log file will not be reopened")
+        }
     }
     tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
     let health_app = app.clone();

@@ -299,7 +299,9 @@ fn sentence(status: StatusCode) -> &'static str {
         501 => "This kind of request is not supported.",
         502 => "The site behind this address could not be reached. Please try again in a moment.",
         503 => "The service is busy or unavailable right now.",
-        504 => "The site behind this address took too long to answer. Please try again in a moment.",
+        504 => {
+            "The site behind this address took too long to answer. Please try again in a moment."
+        }
         _ => "The request could not be answered.",
     }
 }
@@ -337,9 +339,13 @@ mod tests {
         // `text/html;q=0` refuses HTML even though `*/*` would allow it.
         assert!(!html("text/html;q=0, */*;q=0.1"));
         // JSON refused outright, HTML allowed by `*/*`.
-        assert!(html("application/json;q=0, application/problem+json;q=0, */*"));
+        assert!(html(
+            "application/json;q=0, application/problem+json;q=0, */*"
+        ));
         // Case, spaces and other parameters do not matter.
-        assert!(html("TEXT/HTML ; level=1 ; Q=1.000 , Application/JSON;q=0.999"));
+        assert!(html(
+            "TEXT/HTML ; level=1 ; Q=1.000 , Application/JSON;q=0.999"
+        ));
         // Invalid qualities drop their element.
         assert!(!html("text/html;q=2, application/json;q=0.1"));
         assert!(!html("text/html;q=0.1234, application/json;q=0.1"));
@@ -392,7 +398,9 @@ mod tests {
         assert!(page.contains("Please wait 40 seconds, then try again."));
         assert!(page.contains("No route &lt;matches&gt;."));
         assert!(page.contains("request r-1"));
-        for fetches in ["<script", "<link", "<img", "src=", "href=", "url(", "@import"] {
+        for fetches in [
+            "<script", "<link", "<img", "src=", "href=", "url(", "@import",
+        ] {
             assert!(!page.contains(fetches), "{fetches} in {page}");
         }
     }

@@ -385,10 +385,9 @@ impl Refusal {
     /// The sentence a problem+json body's `detail` holds (and a page shows).
     fn detail(&self) -> String {
         match self {
-            Refusal::Limited(d) => format!(
-                "Rate limit of {} exceeded for key '{}'.",
-                d.policy, d.key
-            ),
+            Refusal::Limited(d) => {
+                format!("Rate limit of {} exceeded for key '{}'.", d.policy, d.key)
+            }
             Refusal::Banned(b) => format!(
                 "Key '{}' is banned until {} after repeated rejections by '{}'.",
                 b.key,

@@ -69,7 +69,8 @@ fn moving_the_file_and_sending_sigusr1_continues_in_a_new_file_without_losing_a_
     for n in 1..=2 {
         let at = n * REQUESTS / 3;
         assert!(
-            eventually_blocking(Duration::from_secs(60), || sent.load(Ordering::SeqCst) >= at),
+            eventually_blocking(Duration::from_secs(60), || sent.load(Ordering::SeqCst)
+                >= at),
             "traffic stalled before rotation {n}"
         );
         let moved = dir.path().join(format!("access.log.{n}"));
@@ -109,7 +110,8 @@ fn moving_the_file_and_sending_sigusr1_continues_in_a_new_file_without_losing_a_
         Some(0.0)
     );
     assert!(
-        p.output().contains("SIGUSR1: reopening the access log file"),
+        p.output()
+            .contains("SIGUSR1: reopening the access log file"),
         "{}",
         p.output()
     );
@@ -130,7 +132,10 @@ fn a_full_disk_drops_and_counts_records_and_the_log_resumes_when_space_returns()
     let filler = disk.fill();
     for i in 0..20 {
         // Requests never wait on the log: every one is answered.
-        assert_eq!(http(p.addr, "GET", &format!("/full/{i}")).unwrap().status, 200);
+        assert_eq!(
+            http(p.addr, "GET", &format!("/full/{i}")).unwrap().status,
+            200
+        );
     }
     let counted = eventually_blocking(Duration::from_secs(5), || {
         let m = metrics(&p);
@@ -167,7 +172,11 @@ fn an_access_file_that_cannot_be_opened_stops_the_start_with_its_name() {
     let config = dir.path().join("tollgate.yaml");
     let (a, b) = (common::free_addr(), common::free_addr());
     std::fs::write(&config, common::pin_yaml(&yaml(&log), a, b, dir.path())).unwrap();
-    let args = [OsStr::new("serve"), OsStr::new("--config"), config.as_os_str()];
+    let args = [
+        OsStr::new("serve"),
+        OsStr::new("--config"),
+        config.as_os_str(),
+    ];
     let (status, out) = run_to_exit(&args, Duration::from_secs(20));
     assert!(!status.success(), "{out}");
     assert!(

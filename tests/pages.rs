@@ -48,7 +48,11 @@ async fn a_browser_sees_html_pages_for_a_missing_page_a_rate_limited_page_and_a_
     assert_eq!(get(&proxy, "/limited", None).await.status, 200);
 
     let cases = [
-        ("/no/such/page", "Not Found", "There is nothing at this address."),
+        (
+            "/no/such/page",
+            "Not Found",
+            "There is nothing at this address.",
+        ),
         (
             "/limited",
             "Too Many Requests",
@@ -62,15 +66,27 @@ async fn a_browser_sees_html_pages_for_a_missing_page_a_rate_limited_page_and_a_
             page.contains(&format!("<h1>{heading}</h1>")),
             "{path}: no <h1>{heading}</h1> in the DOM:\n{page}"
         );
-        assert!(page.contains(sentence), "{path}: {sentence:?} missing:\n{page}");
+        assert!(
+            page.contains(sentence),
+            "{path}: {sentence:?} missing:\n{page}"
+        );
         // A JSON body would be shown as text in a <pre>.
-        assert!(!page.contains("\"type\""), "{path}: JSON in the page:\n{page}");
+        assert!(
+            !page.contains("\"type\""),
+            "{path}: JSON in the page:\n{page}"
+        );
     }
     // What the browser got, as the access log saw it: each page with its status.
     let lines = proxy.access.wait_lines(4).await;
-    for (path, status) in [("/no/such/page", " 404 "), ("/limited", " 429 "), ("/down/home", " 502 ")] {
+    for (path, status) in [
+        ("/no/such/page", " 404 "),
+        ("/limited", " 429 "),
+        ("/down/home", " 502 "),
+    ] {
         assert!(
-            lines.iter().any(|l| l.contains(path) && l.contains(status) && l.contains("HeadlessChrome")),
+            lines
+                .iter()
+                .any(|l| l.contains(path) && l.contains(status) && l.contains("HeadlessChrome")),
             "no browser request for {path} answered{status}in {lines:#?}"
         );
     }
@@ -80,7 +96,12 @@ async fn a_browser_sees_html_pages_for_a_missing_page_a_rate_limited_page_and_a_
 async fn a_client_that_does_not_prefer_html_gets_problem_json_for_the_same_errors() {
     let proxy = Proxy::start(&site("", "", "")).await;
     assert_eq!(get(&proxy, "/limited", None).await.status, 200);
-    for accept in [None, Some("*/*"), Some("application/json"), Some("text/html;q=0.5, */*")] {
+    for accept in [
+        None,
+        Some("*/*"),
+        Some("application/json"),
+        Some("text/html;q=0.5, */*"),
+    ] {
         for (path, status, kind) in [
             ("/no/such/page", 404, "no-route"),
             ("/limited", 429, "rate-limit-exceeded"),
@@ -113,11 +134,20 @@ async fn a_page_has_the_same_headers_as_the_json_it_replaces() {
         n
     };
     assert_eq!(names(&page), names(&json));
-    for name in ["retry-after", "cache-control", "ratelimit", "x-ratelimit-remaining"] {
+    for name in [
+        "retry-after",
+        "cache-control",
+        "ratelimit",
+        "x-ratelimit-remaining",
+    ] {
         assert_eq!(page.headers[name], json.headers[name], "{name}");
     }
     let id = page.headers["x-request-id"].to_str().unwrap();
-    assert!(page.body.contains(&format!("request {id}")), "{}", page.body);
+    assert!(
+        page.body.contains(&format!("request {id}")),
+        "{}",
+        page.body
+    );
     let wait = page.headers["retry-after"].to_str().unwrap();
     assert!(
         page.body.contains(&format!("Please wait {wait} seconds")),
@@ -138,7 +168,10 @@ async fn the_operators_pages_fill_their_placeholders_and_a_routes_page_wins_over
         std::fs::write(&path, text).unwrap();
         path.display().to_string()
     };
-    let not_found = write("404.html", "<h1>Lost?</h1><p>{{status}} id={{request_id}}</p>");
+    let not_found = write(
+        "404.html",
+        "<h1>Lost?</h1><p>{{status}} id={{request_id}}</p>",
+    );
     let busy = write(
         "429.html",
         "<p>server page: {{status}} wait {{retry_after}}s ({{limiter}}) {{unknown}}</p>",
@@ -165,7 +198,10 @@ async fn the_operators_pages_fill_their_placeholders_and_a_routes_page_wins_over
     let route_page = get(&proxy, "/limited", Some(BROWSER)).await;
     assert_eq!(route_page.status, 429);
     let wait = route_page.headers["retry-after"].to_str().unwrap();
-    assert_eq!(route_page.body, format!("<p>route page: wait {wait}s, once</p>"));
+    assert_eq!(
+        route_page.body,
+        format!("<p>route page: wait {wait}s, once</p>")
+    );
 
     assert_eq!(get(&proxy, "/other", None).await.status, 200);
     let server_page = get(&proxy, "/other", Some(BROWSER)).await;

@@ -13,9 +13,10 @@ use serde_json::{json, Map, Value};
 
 use crate::config::{
     Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
-    EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets, HealthCheck, IdentityConfig, LimiterConfig,
-    LogConfig, LogFormat, OverrideConfig, Policy, RejectBody, RejectShape, RouteConfig,
-    ServerConfig, StoreConfig, TlsConfig, UpstreamConfig, UpstreamTls,
+    EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets,
+    HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig, Policy,
+    RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig, UpstreamConfig,
+    UpstreamTls,
 };
 use crate::identity::ApiKey;
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
@@ -456,9 +457,18 @@ fn error_pages(errors: &ErrorAnswers) -> Value {
     let ErrorAnswers { format: _, pages } = errors;
     pages
         .iter()
-        .map(|ErrorPage { status, file, text: _ }| {
-            (status.as_u16().to_string(), Value::from(file.display().to_string()))
-        })
+        .map(
+            |ErrorPage {
+                 status,
+                 file,
+                 text: _,
+             }| {
+                (
+                    status.as_u16().to_string(),
+                    Value::from(file.display().to_string()),
+                )
+            },
+        )
         .collect::<Map<String, Value>>()
         .into()
 }

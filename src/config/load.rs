@@ -327,10 +327,9 @@ fn read_error_pages(config: &mut Config) -> Vec<ConfigProblem> {
             let file = page.file.display();
             match read_named_file(&page.file, PAGE_FILE_LIMIT).map(String::from_utf8) {
                 Ok(Ok(text)) => page.text = Arc::from(text),
-                Ok(Err(_)) => problems.push(ConfigProblem::at(
-                    at,
-                    format!("{file} is not UTF-8 text"),
-                )),
+                Ok(Err(_)) => {
+                    problems.push(ConfigProblem::at(at, format!("{file} is not UTF-8 text")))
+                }
                 Err(e) => problems.push(ConfigProblem::at(at, format!("cannot read {file}: {e}"))),
             }
         }

@@ -373,7 +373,9 @@ routes:
             assert!(e.iter().any(|p| p == want), "{want} missing in {e:?}");
         }
         // Then the files, once the rest is valid.
-        let unreadable = bad.replace("418: a.html, 431: b.html", "").replace("xml", "json");
+        let unreadable = bad
+            .replace("418: a.html, 431: b.html", "")
+            .replace("xml", "json");
         assert_eq!(errors(&unreadable), ["routes[0].error_pages.502"]);
     }
 

@@ -87,8 +87,7 @@ async fn every_problem_body_names_the_request_and_a_template_is_escaped() {
     let shape = RejectShape {
         status: StatusCode::SERVICE_UNAVAILABLE,
         body: RejectBody::Template {
-            text: "<p>{{limiter}} {{retry_after}} {{status}} {{request_id}} {{other}}</p>"
-                .into(),
+            text: "<p>{{limiter}} {{retry_after}} {{status}} {{request_id}} {{other}}</p>".into(),
             content_type: "text/html".into(),
         },
     };
