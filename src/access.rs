@@ -1,16 +1,22 @@
-//! The access log: one record per request, formatted and written by a thread of its own.
+//! The access log: one record per request, formatted and written by a thread of its own, to stdout or a file reopened on request.
 //!
 //! The request path only moves an [`AccessRecord`] into a bounded queue
 //! (`try_send`, never a wait). When the writer falls behind — a slow disk, a
 //! stalled pipe — records are dropped and counted
 //! (`tollgate_access_log_dropped_total`); memory stays bounded by the queue.
+//! A write that fails (a full disk) loses its batch: counted as dropped, and
+//! the failure in `tollgate_access_log_write_errors_total`. With
+//! `log.access_file`, the writer thread itself (re)opens the file, when
+//! [`AccessLog::reopen`] asks (SIGUSR1, after logrotate moved it), so no
+//! request ever waits on the file system.
 //! Records hold the client's display form only (API keys shortened) and the
 //! path without its query, so no secret a client sends ends up in the log.
 
 use std::fmt::Write as _;
 use std::io::Write;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -39,6 +45,8 @@ type Sink = Box<dyn Write + Send>;
 enum Msg {
     Record(AccessRecord),
     Flush(SyncSender<()>),
+    /// Nothing to write: a reopen was asked for, and an idle writer acts on it now.
+    Wake,
 }
 
 /// Everything the log says about one request, filled in as the request goes.
@@ -76,8 +84,30 @@ pub struct AccessRecord {
 /// The queue to the writer thread, and what it dropped.
 pub struct AccessLog {
     tx: SyncSender<Msg>,
+    out: Arc<Out>,
+}
+
+/// What the request path and the writer thread share besides the queue.
+struct Out {
+    sink: Mutex<Sink>,
+    /// `log.access_file`: what a reopen opens (`None`: stdout or a test's capture).
+    /// Locked before `sink` wherever both are.
+    file: Mutex<Option<PathBuf>>,
+    /// Set by [`AccessLog::reopen`]; the writer reopens before its next write.
+    reopen: AtomicBool,
     dropped: AtomicU64,
-    sink: Arc<Mutex<Sink>>,
+    write_errors: AtomicU64,
+}
+
+/// Opens the access log file to append to, creating it (mode 0640, as
+/// logrotate's `create 0640` would) when it is missing.
+pub fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .open(path)
 }
 
 impl Default for AccessLog {
@@ -90,8 +120,14 @@ impl AccessLog {
     /// Starts the writer thread; it ends when the `AccessLog` is dropped.
     pub fn new(sink: Sink, capacity: usize) -> AccessLog {
         let (tx, rx) = sync_channel(capacity);
-        let sink = Arc::new(Mutex::new(sink));
-        let writer = sink.clone();
+        let out = Arc::new(Out {
+            sink: Mutex::new(sink),
+            file: Mutex::new(None),
+            reopen: AtomicBool::new(false),
+            dropped: AtomicU64::new(0),
+            write_errors: AtomicU64::new(0),
+        });
+        let writer = out.clone();
         let spawned = std::thread::Builder::new()
             .name("tollgate-access".into())
             .spawn(move || write_loop(&rx, &writer));
@@ -99,16 +135,32 @@ impl AccessLog {
             // Requests still work; every record is then counted as dropped.
             tracing::error!(error = %e, "cannot start the access log writer");
         }
-        AccessLog {
-            tx,
-            dropped: AtomicU64::new(0),
-            sink,
-        }
+        AccessLog { tx, out }
     }
 
     /// Sends the log somewhere else from the next record on (tests capture it this way).
     pub fn redirect(&self, sink: Sink) {
-        *self.sink.lock() = sink;
+        let mut file = self.out.file.lock();
+        *file = None;
+        *self.out.sink.lock() = sink;
+    }
+
+    /// Writes to `path` (appended to, created if missing) from the next
+    /// record on: the writer thread opens it (`log.access_file`). Until it
+    /// has, and if it cannot, records go where they went before.
+    pub fn to_file(&self, path: PathBuf) {
+        *self.out.file.lock() = Some(path);
+        self.reopen();
+    }
+
+    /// Asks the writer to open the file again by its name before its next
+    /// write (after logrotate moved it: SIGUSR1). Records written until
+    /// then go to the file it had, under its new name; none is lost. Does
+    /// nothing when the log goes to stdout.
+    pub fn reopen(&self) {
+        self.out.reopen.store(true, Ordering::Release);
+        // A full queue is a busy writer: it sees the flag before its next write anyway.
+        let _ = self.tx.try_send(Msg::Wake);
     }
 
     /// Queues a record; never waits.
@@ -116,13 +168,19 @@ impl AccessLog {
         match self.tx.try_send(Msg::Record(record)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+                self.out.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
+    /// Records lost: the queue was full, or their write failed.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.out.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Writes that failed (a full disk), and files that could not be (re)opened.
+    pub fn write_errors(&self) -> u64 {
+        self.out.write_errors.load(Ordering::Relaxed)
     }
 
     /// Waits, at most `limit`, until every record queued so far is written:
@@ -159,18 +217,27 @@ impl AccessLog {
 /// this much later; shutdown waits for the queue ([`AccessLog::flush`]).
 pub const REST: std::time::Duration = std::time::Duration::from_millis(10);
 
-fn write_loop(rx: &Receiver<Msg>, sink: &Mutex<Sink>) {
+fn write_loop(rx: &Receiver<Msg>, out: &Out) {
     let mut batch = String::with_capacity(64 * 1024);
+    // Whether the last write failed: a failing disk is reported once, not per batch.
+    let mut failing = false;
+    // Whether a failed write left part of a record behind: the next write ends it first.
+    let mut torn = false;
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
         let mut acks = Vec::new();
         let mut records = 0;
+        let mut lines = 0;
         // What is already queued goes out in one write (up to BATCH
         // records): stdout writes line by line otherwise, a syscall per record.
         while let Some(msg) = next {
             match msg {
-                Msg::Record(record) => record.format_into(&mut batch),
+                Msg::Record(record) => {
+                    record.format_into(&mut batch);
+                    lines += 1;
+                }
                 Msg::Flush(ack) => acks.push(ack),
+                Msg::Wake => {}
             }
             records += 1;
             next = if records < BATCH {
@@ -179,13 +246,30 @@ fn write_loop(rx: &Receiver<Msg>, sink: &Mutex<Sink>) {
                 None
             };
         }
-        {
-            let mut out = sink.lock();
-            if out.write_all(batch.as_bytes()).is_err() {
-                // Nowhere to report it but stderr; the proxy keeps serving.
-                eprintln!("tollgate: cannot write the access log");
+        if out.reopen.swap(false, Ordering::AcqRel) {
+            out.open_again();
+        }
+        if !batch.is_empty() {
+            let written = {
+                let mut sink = out.sink.lock();
+                write_batch(&mut *sink, &batch, &mut torn)
+            };
+            match written {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("the access log is written again");
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    out.write_errors.fetch_add(1, Ordering::Relaxed);
+                    out.dropped.fetch_add(lines, Ordering::Relaxed);
+                    if !failing {
+                        failing = true;
+                        // The proxy keeps serving; the lost records are counted.
+                        tracing::error!(error = %e, "cannot write the access log; its records are dropped until it can");
+                    }
+                }
             }
-            let _ = out.flush();
         }
         for ack in acks {
             let _ = ack.try_send(());
@@ -196,6 +280,50 @@ fn write_loop(rx: &Receiver<Msg>, sink: &Mutex<Sink>) {
         if records < BATCH {
             // Caught up: rest while the next records gather.
             std::thread::sleep(REST);
+        }
+    }
+}
+
+/// Writes `batch` whole. A write cut short (a full disk) leaves part of a
+/// record in the file: `torn` says so, and the next batch starts with the
+/// newline that ends it, so a reader finds one broken line, not two records
+/// run together.
+fn write_batch(sink: &mut dyn Write, batch: &str, torn: &mut bool) -> std::io::Result<()> {
+    if *torn {
+        sink.write_all(b"\n")?;
+        *torn = false;
+    }
+    let mut rest = batch.as_bytes();
+    while !rest.is_empty() {
+        match sink.write(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => rest = &rest[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // Every record ends with a newline: cut anywhere else, one is torn.
+                let done = batch.len() - rest.len();
+                *torn = done > 0 && batch.as_bytes()[done - 1] != b'\n';
+                return Err(e);
+            }
+        }
+    }
+    sink.flush()
+}
+
+impl Out {
+    /// Opens `log.access_file` again by its name; when it cannot, the
+    /// writer keeps the file it had (the records still land somewhere).
+    fn open_again(&self) {
+        let file = self.file.lock();
+        let Some(path) = file.as_ref() else {
+            return;
+        };
+        match open_file(path) {
+            Ok(f) => *self.sink.lock() = Box::new(f),
+            Err(e) => {
+                self.write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(path = %path.display(), error = %e, "cannot open the access log file; writing on where it wrote before");
+            }
         }
     }
 }
@@ -454,6 +582,47 @@ mod tests {
         log.send(record(LogFormat::Json));
         assert!(log.flush(std::time::Duration::from_secs(5)));
         assert_eq!(out.0.lock().split(|&b| b == b'\n').count(), 5);
+    }
+
+    /// A disk with room for `room` more bytes.
+    struct Disk {
+        written: Vec<u8>,
+        room: usize,
+    }
+    impl Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::Error::from_raw_os_error(28)); // ENOSPC
+            }
+            let n = buf.len().min(self.room);
+            self.room -= n;
+            self.written.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_write_cut_short_by_a_full_disk_is_ended_before_the_next_records() {
+        let mut disk = Disk {
+            written: Vec::new(),
+            room: 12,
+        };
+        let mut torn = false;
+        assert!(write_batch(&mut disk, "{\"a\":1}\n{\"b\":2}\n", &mut torn).is_err());
+        assert!(torn);
+        disk.room = 100;
+        write_batch(&mut disk, "{\"c\":3}\n", &mut torn).unwrap();
+        assert_eq!(disk.written, b"{\"a\":1}\n{\"b\"\n{\"c\":3}\n");
+        // Cut right after a record: nothing to end.
+        let mut disk = Disk {
+            written: Vec::new(),
+            room: 8,
+        };
+        assert!(write_batch(&mut disk, "{\"a\":1}\n{\"b\":2}\n", &mut torn).is_err());
+        assert!(!torn);
     }
 
     #[test]

@@ -83,6 +83,10 @@ impl App {
     ) -> App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
+        let access = AccessLog::default();
+        if let Some(path) = &config.log.access_file {
+            access.to_file(path.clone());
+        }
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
         let (config_path, config_text) = match source {
@@ -101,7 +105,7 @@ impl App {
                 started: Instant::now(),
                 connections,
                 activity: Default::default(),
-                access: AccessLog::default(),
+                access,
                 tunnels: crate::tunnel::Tunnels::default(),
             }),
         }

@@ -42,10 +42,13 @@
 //!   table, exact, sharded, bounded; SQLite: write-behind, schema, writer thread, durability,
 //!   lock; Redis for a fleet, its bans and breaker, `redis/args.rs` the script's arguments per
 //!   algorithm), the local bans;
-//!   [`access`]: the access log (bounded queue, writer thread, JSON or text);
+//!   [`access`]: the access log (bounded queue, writer thread, JSON or text; stdout or a file
+//!   reopened on SIGUSR1);
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
 //! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
 //!   writer of refusals (429s); [`key`]: store keys `<limiter>:<key value>`;
+//!   [`page`]: tollgate's own HTML pages (whether `Accept` prefers one, the built-in error pages,
+//!   operators' templates);
 //!   [`pool`]: the per-worker HTTP/1.1 connection pool;
 //! - [`identity`]: who the client is (verified API key, trusted-proxy real IP, IPv6 prefix, exempt);
 //!   [`router`]: path normalization and first-match routing; [`reject`]: a 429's bytes and the
@@ -87,6 +90,7 @@ pub mod key;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;
+pub mod page;
 pub mod pool;
 pub mod problem;
 pub mod proxy;
@@ -217,6 +221,16 @@ fn spawn_background(
     ));
     tokio::spawn(rejection_episodes(app.clone(), background.clone()));
     tokio::spawn(reload::on_sighup(reloader.clone(), background.clone()));
+    // Listened for before `run` first waits, so no SIGUSR1 after start can
+    // meet the default action (ending the process).
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) {
+        Ok(usr1) => {
+            tokio::spawn(reopen_access_log(usr1, app.clone(), background.clone()));
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGUSR1; the access log file will not be reopened")
+        }
+    }
     tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
     let health_app = app.clone();
     tokio::spawn(balance::health_checks(
@@ -265,6 +279,25 @@ fn admin_handler(reloader: &Arc<reload::Reloader>) -> server::AdminHandler {
         let reloader = reloader.clone();
         Box::pin(async move { admin::handle(reloader.app(), &reloader, req, peer).await })
     })
+}
+
+/// SIGUSR1 (logrotate's `postrotate` convention): the access log file is
+/// reopened by its name, by the writer thread, before its next write.
+async fn reopen_access_log(
+    mut usr1: tokio::signal::unix::Signal,
+    app: App,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = usr1.recv() => {
+                if got.is_none() { return; }
+                tracing::info!("SIGUSR1: reopening the access log file");
+                app.shared.access.reopen();
+            }
+        }
+    }
 }
 
 /// Logs when a limiter stops rejecting (the start is logged by the request that began it).

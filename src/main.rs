@@ -57,6 +57,7 @@ Environment:
 
 Signals (to a running `tollgate serve`):
   SIGHUP            reload the config (as `tollgate reload` and the admin API's POST /reload)
+  SIGUSR1           reopen log.access_file by its name (after logrotate moved it)
   SIGTERM, SIGINT   stop accepting, let requests in flight finish within server.shutdown_grace,
                     save every counter, exit 0";
 
@@ -181,6 +182,12 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
     // After the config: its `log.format` decides the format of every line.
     // Changing it takes a restart; `log.access` reloads live.
     tollgate::logging::init(config.log.format);
+    // Opened here once, so a path tollgate cannot write stops the start;
+    // the access log's writer thread opens it again for itself.
+    if let Some(file) = &config.log.access_file {
+        tollgate::access::open_file(file)
+            .with_context(|| format!("cannot open log.access_file {}", file.display()))?;
+    }
     // Connections are served by one single-threaded runtime per worker
     // (see `tollgate::workers`); this one accepts, runs the admin API,
     // reloads and background work.

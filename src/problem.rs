@@ -1,19 +1,21 @@
-//! Every answer tollgate writes itself: RFC 9457 problem+json bodies and the rate-limit headers.
+//! Every answer tollgate writes itself: RFC 9457 problem+json bodies or HTML pages, and the rate-limit headers.
 //!
 //! One place maps each failure to its status, so a 429 and a 502 look alike
 //! to a client, and no other module builds an error response by hand: the
-//! admin API's refusals ([`admin_error`]) are written here too.
+//! admin API's refusals ([`admin_error`]) are written here too. Whether a
+//! client reads problem+json or a page is negotiated (see [`crate::page`]);
+//! the headers are the same either way.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
-use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER, VARY};
 use http::{Response, StatusCode};
 use serde_json::{json, Value};
 
 use crate::body::Body;
 use crate::config::{RejectBody, RejectShape};
 use crate::limiter::{ceil_secs, Nanos, NANOS_PER_SEC};
+use crate::page::{self, Fill, Negotiation};
 pub use crate::reject::{set_rate_limit_headers, Denial, LimitHeaders, LimitView};
 
 /// Why a request was refused outright: its key is banned (`ban:` on a limiter).
@@ -152,17 +154,23 @@ impl Problem {
         }
     }
 
-    /// The answer without a request id, shaped the default way.
+    /// The answer without its request (no request id, problem+json), for a
+    /// part that does not see the request whole (a FastCGI upstream's 404).
+    /// It carries the problem as [`Unanswered`], so the request's own
+    /// phases write it again for the request (`app/upstream.rs`).
     pub fn into_response(self) -> Response<Body> {
-        self.respond(&Answering::default())
+        let again = Unanswered(self.clone());
+        let mut resp = self.respond(&Answering::default());
+        resp.extensions_mut().insert(again);
+        resp
     }
 
     /// The answer: a refusal through the one writer of refusals
-    /// (`Refusal::respond`), anything else as problem+json (`Failure::respond`).
+    /// (`Refusal::respond`), anything else through `Failure::respond`.
     pub fn respond(self, with: &Answering<'_>) -> Response<Body> {
         match self.sort() {
             Sorted::Refusal(r) => r.respond(with),
-            Sorted::Failure(f) => f.respond(with.request_id),
+            Sorted::Failure(f) => f.respond(with),
         }
     }
 
@@ -248,6 +256,11 @@ impl Problem {
     }
 }
 
+/// A problem answered by [`Problem::into_response`], kept in its response's
+/// extensions so the request's phases can answer it again with the request.
+#[derive(Debug, Clone)]
+pub struct Unanswered(pub Problem);
+
 /// What an answer is written with besides the problem itself.
 #[derive(Clone, Copy, Default)]
 pub struct Answering<'a> {
@@ -257,6 +270,35 @@ pub struct Answering<'a> {
     pub shape: Option<&'a RejectShape>,
     /// The route's limiters after this request: a refusal by them carries the rate-limit headers.
     pub limits: Option<LimitHeaders<'a>>,
+    /// problem+json or a page, as the client's `Accept` and the config say.
+    pub negotiation: Negotiation<'a>,
+}
+
+impl Answering<'_> {
+    /// The body: the client's page (the operator's for `status`, else the
+    /// built-in one saying `detail`), or problem+json from `json`.
+    fn body(
+        &self,
+        fill: &Fill<'_>,
+        detail: impl FnOnce() -> String,
+        json: impl FnOnce() -> Vec<u8>,
+    ) -> Response<Body> {
+        let Negotiation::Page(pages) = self.negotiation else {
+            return problem_json(fill.status, json());
+        };
+        let text = match pages.get(fill.status) {
+            Some(template) => page::fill(template, fill),
+            None => page::error(&detail(), fill),
+        };
+        html(fill.status, text)
+    }
+
+    /// `Vary: Accept` when the body followed the client's `Accept`.
+    fn vary(&self, headers: &mut http::HeaderMap) {
+        if self.negotiation.varies() {
+            headers.insert(VARY, HeaderValue::from_static("accept"));
+        }
+    }
 }
 
 /// A problem sorted by the writer that answers it.
@@ -277,15 +319,29 @@ enum Refusal {
 }
 
 impl Refusal {
-    /// The one writer of refusals: the `reject` page or problem+json, then
-    /// the headers every refusal carries.
+    /// The one writer of refusals: the `reject` page, or the negotiated
+    /// page or problem+json, then the headers every refusal carries.
     fn respond(self, with: &Answering<'_>) -> Response<Body> {
         let status = self.status(with.shape);
         let secs = ceil_secs(self.retry_after()).max(1);
         let request_id = with.request_id;
-        let mut resp = match shaped(with.shape, status, secs, self.limiter(), request_id) {
+        let fill = Fill {
+            status,
+            retry_after: Some(secs),
+            limiter: self.limiter(),
+            request_id,
+        };
+        let mut resp = match shaped(with.shape, &fill) {
             Some(resp) => resp,
-            None => problem_json(status, self.body(status, secs, request_id)),
+            None => {
+                let mut resp = with.body(
+                    &fill,
+                    || self.detail(),
+                    || self.body(status, secs, request_id),
+                );
+                with.vary(resp.headers_mut());
+                resp
+            }
         };
         let h = resp.headers_mut();
         // Sized once for everything that follows, the app's X-Request-Id included.
@@ -326,6 +382,24 @@ impl Refusal {
         }
     }
 
+    /// The sentence a problem+json body's `detail` holds (and a page shows).
+    fn detail(&self) -> String {
+        match self {
+            Refusal::Limited(d) => {
+                format!("Rate limit of {} exceeded for key '{}'.", d.policy, d.key)
+            }
+            Refusal::Banned(b) => format!(
+                "Key '{}' is banned until {} after repeated rejections by '{}'.",
+                b.key,
+                crate::clock::iso8601(b.until.div_ceil(NANOS_PER_SEC)),
+                b.limiter
+            ),
+            Refusal::UnknownKeys { ip_key, .. } => {
+                format!("Too many unknown API keys from '{ip_key}'; try again later.")
+            }
+        }
+    }
+
     /// The problem+json body.
     fn body(&self, status: StatusCode, secs: u64, request_id: Option<&str>) -> Vec<u8> {
         let title = status.canonical_reason().unwrap_or("Error");
@@ -335,22 +409,14 @@ impl Refusal {
                 return crate::reject::problem_body(d, status, title, secs, request_id)
             }
             Refusal::Banned(b) => {
-                let until = b.until.div_ceil(NANOS_PER_SEC);
-                let detail = format!(
-                    "Key '{}' is banned until {} after repeated rejections by '{}'.",
-                    b.key,
-                    crate::clock::iso8601(until),
-                    b.limiter
-                );
-                let mut v = base("client-banned", title, status, &detail);
+                let mut v = base("client-banned", title, status, &self.detail());
                 v["limiter"] = json!(b.limiter);
-                v["banned_until"] = json!(until);
+                v["banned_until"] = json!(b.until.div_ceil(NANOS_PER_SEC));
                 v["retry_after"] = json!(secs);
                 v
             }
-            Refusal::UnknownKeys { ip_key, .. } => {
-                let detail = format!("Too many unknown API keys from '{ip_key}'; try again later.");
-                base("unknown-api-keys-exceeded", title, status, &detail)
+            Refusal::UnknownKeys { .. } => {
+                base("unknown-api-keys-exceeded", title, status, &self.detail())
             }
         };
         if let Some(id) = request_id {
@@ -385,18 +451,28 @@ impl Failure {
         }
     }
 
-    fn respond(self, request_id: Option<&str>) -> Response<Body> {
+    fn respond(self, with: &Answering<'_>) -> Response<Body> {
         let status = self.status;
-        let title = status.canonical_reason().unwrap_or("Error");
-        let mut body = base(self.kind, title, status, &self.detail);
-        if let Some((name, n)) = self.field {
-            body[name] = json!(n);
-        }
-        if let Some(id) = request_id {
-            body["request_id"] = json!(id);
-        }
-        let mut resp = problem_json(status, body.to_string());
+        let fill = Fill {
+            status,
+            retry_after: self.retry_after,
+            limiter: "",
+            request_id: with.request_id,
+        };
+        let json = || {
+            let title = status.canonical_reason().unwrap_or("Error");
+            let mut body = base(self.kind, title, status, &self.detail);
+            if let Some((name, n)) = self.field {
+                body[name] = json!(n);
+            }
+            if let Some(id) = with.request_id {
+                body["request_id"] = json!(id);
+            }
+            body.to_string().into_bytes()
+        };
+        let mut resp = with.body(&fill, || self.detail.to_string(), json);
         let h = resp.headers_mut();
+        with.vary(h);
         if let Some(secs) = self.retry_after {
             h.insert(RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -411,81 +487,28 @@ impl Failure {
     }
 }
 
-/// The built-in page of `reject: { body: html }`: plain, readable on a
-/// phone, and free of anything a browser would fetch.
-const HTML_PAGE: &str = "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Too many attempts</title></head>\n<body style=\"font-family: system-ui, sans-serif; max-width: 36em; margin: 4em auto; padding: 0 1em\"><h1>Too many attempts</h1>\n<p>Please wait {{retry_after}} seconds, then try again.</p>\n<p style=\"color: #666\"><small>Status {{status}} · request {{request_id}}</small></p></body></html>\n";
+/// A rejection as the `reject` page or template asks, whatever the client
+/// accepts (`None`: the negotiated page or problem+json).
+fn shaped(shape: Option<&RejectShape>, fill: &Fill<'_>) -> Option<Response<Body>> {
+    match &shape?.body {
+        RejectBody::Html => Some(html(fill.status, page::attempts(fill))),
+        RejectBody::Template { text, content_type } => {
+            let mut resp = html(fill.status, page::fill(text, fill));
+            if let Ok(v) = HeaderValue::from_str(content_type) {
+                resp.headers_mut().insert(CONTENT_TYPE, v);
+            }
+            Some(resp)
+        }
+        RejectBody::Problem => None,
+    }
+}
 
-/// A rejection as the `reject` page or template asks (`None`: problem+json).
-fn shaped(
-    shape: Option<&RejectShape>,
-    status: StatusCode,
-    secs: u64,
-    limiter: &str,
-    request_id: Option<&str>,
-) -> Option<Response<Body>> {
-    let (text, content_type) = match &shape?.body {
-        RejectBody::Html => (
-            render_template(HTML_PAGE, status, secs, limiter, request_id),
-            HeaderValue::from_static("text/html; charset=utf-8"),
-        ),
-        RejectBody::Template { text, content_type } => (
-            render_template(text, status, secs, limiter, request_id),
-            HeaderValue::from_str(content_type)
-                .unwrap_or(HeaderValue::from_static("text/html; charset=utf-8")),
-        ),
-        RejectBody::Problem => return None,
-    };
+/// Every page tollgate answers with is finished here: status and media type.
+fn html(status: StatusCode, text: String) -> Response<Body> {
     let mut resp = Response::new(Body::full(text));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, content_type);
-    Some(resp)
-}
-
-/// Replaces `{{status}}`, `{{retry_after}}`, `{{limiter}}` and `{{request_id}}`, HTML-escaped.
-fn render_template(
-    text: &str,
-    status: StatusCode,
-    retry_after: u64,
-    limiter: &str,
-    request_id: Option<&str>,
-) -> String {
-    let mut out = String::with_capacity(text.len() + 32);
-    let mut rest = text;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let Some(end) = after.find("}}") else {
-            out.push_str(&rest[start..]);
-            return out;
-        };
-        match after[..end].trim() {
-            "status" => {
-                let _ = write!(out, "{}", status.as_u16());
-            }
-            "retry_after" => {
-                let _ = write!(out, "{retry_after}");
-            }
-            "limiter" => html_escape(&mut out, limiter),
-            "request_id" => html_escape(&mut out, request_id.unwrap_or("")),
-            _ => out.push_str(&rest[start..start + 2 + end + 2]),
-        }
-        rest = &after[end + 2..];
-    }
-    out.push_str(rest);
-    out
-}
-
-fn html_escape(out: &mut String, s: &str) {
-    for c in s.chars() {
-        match c {
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '&' => out.push_str("&amp;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
+    resp.headers_mut().insert(CONTENT_TYPE, page::CONTENT_TYPE);
+    resp
 }
 
 fn base(kind: &str, title: &str, status: StatusCode, detail: &str) -> Value {
@@ -516,167 +539,4 @@ fn problem_json(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<B
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::HeaderSets;
-    use crate::limiter::Quota;
-    use http::HeaderMap;
-    use http_body_util::BodyExt;
-
-    const S: Nanos = NANOS_PER_SEC;
-
-    fn quota(limit: u64, remaining: u64, reset: u64) -> Quota {
-        Quota {
-            limit,
-            window: Some(60 * S),
-            remaining,
-            reset_after: reset * S,
-        }
-    }
-
-    #[test]
-    fn headers_follow_the_limiter_with_the_fewest_remaining() {
-        let mut h = HeaderMap::new();
-        let now = 1_767_225_620 * S;
-        set_rate_limit_headers(
-            &mut h,
-            &[
-                LimitView {
-                    name: "strict",
-                    quota: quota(5, 2, 40),
-                },
-                LimitView {
-                    name: "global",
-                    quota: quota(100, 97, 40),
-                },
-            ],
-            now,
-            HeaderSets::Both,
-            &crate::reject::PolicyCache::default(),
-        );
-        assert_eq!(h["x-ratelimit-limit"], "5");
-        assert_eq!(h["x-ratelimit-remaining"], "2");
-        assert_eq!(h["x-ratelimit-reset"], "1767225660");
-        assert_eq!(
-            h["ratelimit-policy"],
-            "\"strict\";q=5;w=60, \"global\";q=100;w=60"
-        );
-        assert_eq!(h["ratelimit"], "\"strict\";r=2;t=40");
-    }
-
-    #[tokio::test]
-    async fn a_rate_limited_answer_is_problem_json_with_retry_after() {
-        let resp = Problem::RateLimited(Box::new(Denial {
-            index: 0,
-            limiter: "strict".into(),
-            quota: quota(5, 0, 40),
-            policy: "5 requests per 60s".into(),
-            retry_after: 39 * S + 1,
-            violated: vec!["strict".into()],
-            key: "ip:203.0.113.9".into(),
-        }))
-        .into_response();
-        assert_eq!(resp.status(), 429);
-        assert_eq!(resp.headers()[RETRY_AFTER], "40");
-        assert_eq!(resp.headers()[CONTENT_TYPE], "application/problem+json");
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        let v: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["type"], "rate-limit-exceeded");
-        assert_eq!(
-            v["detail"],
-            "Rate limit of 5 requests per 60s exceeded for key 'ip:203.0.113.9'."
-        );
-        assert_eq!(v["window_seconds"], 60);
-        assert_eq!(v["retry_after"], 40);
-        assert_eq!(v["violated-policies"], json!(["strict"]));
-    }
-
-    #[tokio::test]
-    async fn every_problem_body_names_the_request_and_a_template_is_escaped() {
-        let resp = Problem::NoRoute.respond(&Answering {
-            request_id: Some("abc-1"),
-            ..Answering::default()
-        });
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        let v: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["request_id"], "abc-1");
-
-        let shape = RejectShape {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            body: RejectBody::Template {
-                text: "<p>{{limiter}} {{retry_after}} {{status}} {{request_id}} {{other}}</p>"
-                    .into(),
-                content_type: "text/html".into(),
-            },
-        };
-        let denial = Denial {
-            index: 0,
-            limiter: "a<b".into(),
-            quota: quota(1, 0, 5),
-            policy: "".into(),
-            retry_after: 5 * S,
-            violated: vec![],
-            key: String::new(),
-        };
-        let resp = Problem::RateLimited(Box::new(denial)).respond(&Answering {
-            request_id: Some("x-1"),
-            shape: Some(&shape),
-            limits: None,
-        });
-        assert_eq!(resp.status(), 503);
-        assert_eq!(resp.headers()[RETRY_AFTER], "5");
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&body[..], b"<p>a&lt;b 5 503 x-1 {{other}}</p>");
-    }
-
-    #[tokio::test]
-    async fn a_banned_answer_names_the_ban_and_its_end_with_the_chosen_status() {
-        let resp = Problem::Banned(Box::new(BanDenial {
-            index: 0,
-            limiter: "failed_logins".into(),
-            key: "ip:203.0.113.9".into(),
-            until: 1_767_229_200 * S,
-            retry_after: 3599 * S + 1,
-            status: StatusCode::FORBIDDEN,
-        }))
-        .into_response();
-        assert_eq!(resp.status(), 403);
-        assert_eq!(resp.headers()[RETRY_AFTER], "3600");
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        let v: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["type"], "client-banned");
-        assert_eq!(v["banned_until"], 1_767_229_200u64);
-        assert_eq!(
-            v["detail"],
-            "Key 'ip:203.0.113.9' is banned until 2026-01-01T01:00:00Z after repeated rejections by 'failed_logins'."
-        );
-    }
-
-    #[tokio::test]
-    async fn an_admin_error_is_problem_json_of_its_own_type() {
-        let resp = admin_error(StatusCode::NOT_FOUND, "Admin paths: /status.");
-        assert_eq!(resp.status(), 404);
-        assert_eq!(resp.headers()[CONTENT_TYPE], "application/problem+json");
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        let v: Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(
-            v,
-            json!({"type": "admin-error", "title": "Not Found", "status": 404, "detail": "Admin paths: /status."})
-        );
-    }
-
-    #[test]
-    fn retry_after_is_never_zero() {
-        let resp = Problem::RateLimited(Box::new(Denial {
-            index: 0,
-            limiter: "l".into(),
-            quota: quota(1, 0, 0),
-            policy: "".into(),
-            retry_after: 1,
-            violated: vec![],
-            key: String::new(),
-        }))
-        .into_response();
-        assert_eq!(resp.headers()[RETRY_AFTER], "1");
-    }
-}
+mod tests;

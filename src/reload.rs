@@ -167,6 +167,10 @@ impl Reloader {
         if config.log.format != was.log.format {
             return Err(ReloadError::RequiresRestart("log.format"));
         }
+        // The file is checked and opened at start; SIGUSR1 reopens the same name.
+        if config.log.access_file != was.log.access_file {
+            return Err(ReloadError::RequiresRestart("log.access_file"));
+        }
         if config.store.backend != was.store.backend {
             return Err(ReloadError::RequiresRestart(
                 "store.backend / store.path / store.url",

@@ -402,8 +402,14 @@ async fn answer(
     if let Some(port) = redirect_to {
         if !req.uri().path().starts_with(crate::router::ACME_CHALLENGE) {
             return crate::router::https_redirect(&req, port).unwrap_or_else(|| {
+                let snap = app.snapshot();
+                let accept = req.headers().get(http::header::ACCEPT);
+                let negotiation = crate::page::negotiate(accept, &snap.config.server.errors, None);
                 Problem::BadRequest("A redirect to https needs a valid Host header.".into())
-                    .into_response()
+                    .respond(&crate::problem::Answering {
+                        negotiation,
+                        ..Default::default()
+                    })
             });
         }
     }

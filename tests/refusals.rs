@@ -1,10 +1,10 @@
-//! Every kind of 429 tollgate writes carries the same headers: a limiter's (window, concurrency, full queue, its own page), a ban's, and an IP's probing of unknown keys.
+//! Every kind of 429 tollgate writes carries the same headers: a limiter's (window, concurrency, full queue, its own page), a ban's, and an IP's probing of unknown keys; as problem+json for an API client and as a page for a browser.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{client, eventually, metric, send, Answer, Proxy, Upstream};
+use common::{eventually, metric, send, Answer, Proxy, Upstream};
 
 /// One route per kind of refusal; the upstream holds `/slow/<ms>` open so a
 /// concurrency slot stays taken.
@@ -32,6 +32,21 @@ routes:
     )
 }
 
+/// A browser's navigation `Accept` (Chromium's).
+const BROWSER: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,*/*;q=0.8,application/signed-exchange;v=b3;q=0.7";
+
+/// A client that sends `accept` (if any) with every request.
+fn client(accept: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(accept) = accept {
+        headers.insert("accept", accept.parse().unwrap());
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
 /// The headers every refusal carries, whatever refused it.
 const COMMON: [&str; 4] = [
     "retry-after",
@@ -51,9 +66,21 @@ const LIMITS: [&str; 5] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_429_carries_the_same_common_headers() {
+    every_kind_of_429(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_429_a_browser_gets_is_a_page_with_the_same_headers() {
+    every_kind_of_429(Some(BROWSER)).await;
+}
+
+/// Asks for each kind of 429 with `accept`: the headers are the same set
+/// whether the body is problem+json or a page.
+async fn every_kind_of_429(accept: Option<&str>) {
+    let browser = accept.is_some();
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(&config(&upstream)).await;
-    let c = client();
+    let c = client(accept);
     let get = |path: &str| send(c.get(proxy.url(path)));
 
     assert_eq!(get("/strict").await.status, 200);
@@ -123,7 +150,13 @@ async fn every_kind_of_429_carries_the_same_common_headers() {
             );
         }
         let id = answer.headers["x-request-id"].to_str().unwrap();
-        if problem.is_empty() {
+        // Negotiated answers say so to caches; a limiter's own page is the same for everyone.
+        assert_eq!(
+            answer.headers.get("vary").map(|v| v.to_str().unwrap()),
+            (!problem.is_empty()).then_some("accept"),
+            "{kind}"
+        );
+        if problem.is_empty() || browser {
             assert_eq!(
                 answer.headers["content-type"], "text/html; charset=utf-8",
                 "{kind}"
@@ -131,6 +164,11 @@ async fn every_kind_of_429_carries_the_same_common_headers() {
             assert!(
                 answer.body.contains(id),
                 "{kind}: the page names the request"
+            );
+            assert!(
+                answer.body.contains("Please wait"),
+                "{kind}: the page says when to retry: {}",
+                answer.body
             );
         } else {
             assert_eq!(

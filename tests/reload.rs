@@ -131,6 +131,16 @@ async fn every_kind_of_invalid_config_is_rejected_and_the_old_one_keeps_serving(
             pinned(&format!("store: {{ max_keys: 5000 }}\n{}", ping_yaml(5))),
             "store.max_keys cannot change while running",
         ),
+        (
+            "log.access_file change",
+            pinned(&format!("log: {{ access_file: /tmp/elsewhere.log }}\n{}", ping_yaml(5))),
+            "log.access_file cannot change while running",
+        ),
+        (
+            "unreadable error page",
+            pinned(&format!("server: {{ error_pages: {{ 404: /nonexistent/404.html }} }}\n{}", ping_yaml(5))),
+            "server.error_pages.404",
+        ),
     ];
     let cases_len = cases.len();
     let c = client();

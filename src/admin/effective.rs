@@ -13,9 +13,10 @@ use serde_json::{json, Map, Value};
 
 use crate::config::{
     Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
-    EncodedSeparators, FastCgiConfig, HeaderSets, HealthCheck, IdentityConfig, LimiterConfig,
-    LogConfig, LogFormat, OverrideConfig, Policy, RejectBody, RejectShape, RouteConfig,
-    ServerConfig, StoreConfig, TlsConfig, UpstreamConfig, UpstreamTls,
+    EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets,
+    HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig, Policy,
+    RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig, UpstreamConfig,
+    UpstreamTls,
 };
 use crate::identity::ApiKey;
 use crate::limiter::{Kind, Nanos, Param, NANOS_PER_SEC};
@@ -92,6 +93,7 @@ fn server_section(s: &ServerConfig) -> Value {
         bodies,
         encoded_separators,
         underscores_in_headers,
+        errors,
     } = s;
     let BodyConfig {
         buffer,
@@ -120,6 +122,8 @@ fn server_section(s: &ServerConfig) -> Value {
             EncodedSeparators::Decode => "decode",
         },
         "underscores_in_headers": underscores_in_headers,
+        "error_format": error_format(errors.format.unwrap_or_default()),
+        "error_pages": error_pages(errors),
     })
 }
 
@@ -139,12 +143,17 @@ fn tls_section(t: &TlsConfig) -> Value {
 }
 
 fn log_section(l: &LogConfig) -> Value {
-    let LogConfig { format, access } = l;
+    let LogConfig {
+        format,
+        access,
+        access_file,
+    } = l;
     let format = match format {
         LogFormat::Text => "text",
         LogFormat::Json => "json",
     };
-    json!({"format": format, "access": access})
+    let access_file = access_file.as_ref().map(|p| p.display().to_string());
+    json!({"format": format, "access": access, "access_file": access_file})
 }
 
 fn admin_section(a: &AdminConfig) -> Value {
@@ -378,6 +387,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         reject,
         rate_limit_headers,
         allow_unlimited,
+        errors,
     } = r;
     let (upstream, respond) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
@@ -415,7 +425,37 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "reject": reject.as_ref().map(reject_shape),
         "rate_limit_headers": headers,
         "allow_unlimited": allow_unlimited,
+        "error_format": errors.format.map(error_format),
+        "error_pages": error_pages(errors),
     })
+}
+
+fn error_format(f: ErrorFormat) -> &'static str {
+    match f {
+        ErrorFormat::Negotiate => "negotiate",
+        ErrorFormat::Json => "json",
+    }
+}
+
+/// `error_pages` as written: status → file (the text is not shown).
+fn error_pages(errors: &ErrorAnswers) -> Value {
+    let ErrorAnswers { format: _, pages } = errors;
+    pages
+        .iter()
+        .map(
+            |ErrorPage {
+                 status,
+                 file,
+                 text: _,
+             }| {
+                (
+                    status.as_u16().to_string(),
+                    Value::from(file.display().to_string()),
+                )
+            },
+        )
+        .collect::<Map<String, Value>>()
+        .into()
 }
 
 #[cfg(test)]

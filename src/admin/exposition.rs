@@ -96,8 +96,13 @@ fn traffic_series(s: &Shared) -> Vec<Extra<'static>> {
     vec![
         Extra::counter(
             "tollgate_access_log_dropped_total",
-            "Access records dropped because the log writer lagged.",
+            "Access records dropped because the log writer lagged or could not write them.",
             s.access.dropped(),
+        ),
+        Extra::counter(
+            "tollgate_access_log_write_errors_total",
+            "Failed writes of the access log (a full disk) and failed reopens of log.access_file.",
+            s.access.write_errors(),
         ),
         Extra::gauge(
             "tollgate_dashboard_limited_keys",

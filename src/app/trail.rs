@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::request_body::RequestBody;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 
 use super::{App, ConnInfo, Shared};
 use crate::access::AccessRecord;
@@ -23,11 +23,15 @@ pub(super) struct Trail {
     pub(super) record: AccessRecord,
     /// Index into `Snapshot::routes`, once routed.
     pub(super) route: Option<usize>,
+    /// The client's `Accept`, read only if tollgate answers an error itself.
+    accept: Option<HeaderValue>,
+    /// The config the request runs on: its `error_format` and `error_pages`.
+    snap: Arc<Snapshot>,
 }
 
 impl Trail {
     pub(super) fn begin(
-        snap: &Snapshot,
+        snap: &Arc<Snapshot>,
         req: &Request<RequestBody>,
         conn: ConnInfo,
         now: Nanos,
@@ -59,6 +63,8 @@ impl Trail {
                 user_agent: h.get(http::header::USER_AGENT).cloned(),
             },
             route: None,
+            accept: h.get(http::header::ACCEPT).cloned(),
+            snap: snap.clone(),
         }
     }
 
@@ -89,10 +95,15 @@ impl Trail {
             self.record.limiter = Some(ban.limiter.clone());
             self.record.retry_after = Some(crate::limiter::ceil_secs(ban.retry_after).max(1));
         }
+        let config = &self.snap.config;
+        let route = self.route.map(|i| &config.routes[i].errors);
+        let negotiation =
+            crate::page::negotiate(self.accept.as_ref(), &config.server.errors, route);
         problem.respond(&Answering {
             request_id: Some(&self.record.request_id),
             shape,
             limits,
+            negotiation,
         })
     }
 

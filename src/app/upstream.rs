@@ -10,7 +10,7 @@ use crate::decide::Pass;
 use crate::forward_error::ForwardError;
 use crate::identity::Client;
 use crate::metrics::inc;
-use crate::problem::Problem;
+use crate::problem::{Problem, Unanswered};
 use crate::proxy::Sent;
 use crate::request_body::RequestBody;
 use crate::store::AuditRow;
@@ -68,13 +68,19 @@ impl App {
                 );
                 resp.map(|_| Body::empty())
             }
-            Ok((resp, connection)) => {
-                // Both live exactly as long as the body: the slot is
-                // freed and the connection recycled when it is done.
-                let slots = Some(pass.take_slots()).filter(|s| !s.is_empty());
-                let slots = slots.map(|s| Box::new(s) as crate::body::Guard);
-                resp.map(|b| Body::upstream(b, crate::body::join(slots, connection)))
-            }
+            Ok((mut resp, connection)) => match resp.extensions_mut().remove::<Unanswered>() {
+                // tollgate's own answer from a part that did not see the
+                // request whole (a FastCGI 404): written again for it, with
+                // its id, its `Accept` and the route's pages.
+                Some(Unanswered(problem)) => x.trail.answer(problem),
+                None => {
+                    // Both live exactly as long as the body: the slot is
+                    // freed and the connection recycled when it is done.
+                    let slots = Some(pass.take_slots()).filter(|s| !s.is_empty());
+                    let slots = slots.map(|s| Box::new(s) as crate::body::Guard);
+                    resp.map(|b| Body::upstream(b, crate::body::join(slots, connection)))
+                }
+            },
             Err(e) => self.forward_failed(x, &route.name, &upstream.name, e),
         };
         if let Some((method, req_path)) = audit {

@@ -36,6 +36,9 @@ pub const CONFIG_FILE_LIMIT: u64 = 4 << 20;
 pub const KEYS_FILE_LIMIT: u64 = 16 << 20;
 /// The most of `admin.token_file` and of each certificate, private key and CA bundle.
 pub const SMALL_FILE_LIMIT: u64 = 1 << 20;
+/// The most of each `error_pages` file: a page is held in memory and copied
+/// into every answer that uses it.
+pub const PAGE_FILE_LIMIT: u64 = 256 << 10;
 
 /// Reads a file the config names (or the config itself): opened with
 /// `O_NONBLOCK` so that a FIFO does not block the open, refused unless it
@@ -164,6 +167,9 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     }
     if problems.is_empty() {
         problems.extend(read_key_file(&mut config.identity));
+    }
+    if problems.is_empty() {
+        problems.extend(read_error_pages(&mut config));
     }
     if problems.is_empty() {
         warn_missing_fastcgi_files(&mut config);
@@ -300,6 +306,34 @@ fn read_key_file(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
         }
     }
     identity.api_keys_file = Some((path, Arc::from(bytes)));
+    problems
+}
+
+/// Reads every `error_pages` file (the server's, then each route's), each
+/// with its YAML path for a problem. Read on every load and reload, so an
+/// edited page is picked up by `SIGHUP` or `POST /reload`.
+fn read_error_pages(config: &mut Config) -> Vec<ConfigProblem> {
+    let mut problems = Vec::new();
+    let sections = std::iter::once(("server".to_string(), &mut config.server.errors)).chain(
+        config
+            .routes
+            .iter_mut()
+            .enumerate()
+            .map(|(i, r)| (format!("routes[{i}]"), &mut r.errors)),
+    );
+    for (at, errors) in sections {
+        for page in &mut errors.pages {
+            let at = format!("{at}.error_pages.{}", page.status.as_u16());
+            let file = page.file.display();
+            match read_named_file(&page.file, PAGE_FILE_LIMIT).map(String::from_utf8) {
+                Ok(Ok(text)) => page.text = Arc::from(text),
+                Ok(Err(_)) => {
+                    problems.push(ConfigProblem::at(at, format!("{file} is not UTF-8 text")))
+                }
+                Err(e) => problems.push(ConfigProblem::at(at, format!("cannot read {file}: {e}"))),
+            }
+        }
+    }
     problems
 }
 

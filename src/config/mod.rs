@@ -55,9 +55,12 @@ pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{
     load_file, load_file_text, parse, read_named_file, require_routes, survey, CONFIG_FILE_LIMIT,
-    KEYS_FILE_LIMIT, SMALL_FILE_LIMIT,
+    KEYS_FILE_LIMIT, PAGE_FILE_LIMIT, SMALL_FILE_LIMIT,
 };
-pub use observe::{HeaderSets, LogConfig, LogFormat, RejectBody, RejectShape};
+pub use observe::{
+    ErrorAnswers, ErrorFormat, ErrorPage, HeaderSets, LogConfig, LogFormat, RejectBody,
+    RejectShape, OWN_ERROR_STATUSES,
+};
 pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};
 pub use validate::{validate, Host};
 
@@ -103,6 +106,8 @@ pub struct ServerConfig {
     pub encoded_separators: EncodedSeparators,
     /// Header names with `_` are forwarded (`server.underscores_in_headers`); off: dropped.
     pub underscores_in_headers: bool,
+    /// `server.error_format` and `server.error_pages`: how tollgate's own errors are written.
+    pub errors: ErrorAnswers,
 }
 
 /// `server.encoded_separators`: a path separator spelled so that the router
@@ -405,6 +410,8 @@ pub struct RouteConfig {
     pub rate_limit_headers: HeaderSets,
     /// `allow_unlimited`: a reload may take every limiter off this route.
     pub allow_unlimited: bool,
+    /// `error_format` and `error_pages` of this route (over the server's).
+    pub errors: ErrorAnswers,
 }
 
 #[derive(Debug, Clone)]

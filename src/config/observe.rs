@@ -1,8 +1,12 @@
-//! Config for what operators see: the `log` section and how rejections are shaped (`reject`, `rate_limit_headers`).
+//! Config for what operators and clients see: the `log` section, how rejections are shaped (`reject`, `rate_limit_headers`) and how errors are written (`error_pages`, `error_format`).
 //!
 //! Kept apart from `config.rs` so the schema of logging and rejection pages
 //! reads in one place; the raw types are deserialized with the rest of the
 //! file and validated here into plain values.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use http::StatusCode;
 use serde::Deserialize;
@@ -14,6 +18,8 @@ use super::{Text, Validator};
 pub struct RawLog {
     pub format: Option<Text>,
     pub access: Option<bool>,
+    /// A file the access log is appended to instead of stdout (reopened on SIGUSR1).
+    pub access_file: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -32,11 +38,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// `log:`: the format of every log record and whether requests are logged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `log:`: the format of every log record and whether requests are logged, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogConfig {
     pub format: LogFormat,
     pub access: bool,
+    /// `log.access_file`: the access log's file (`None`: stdout).
+    pub access_file: Option<PathBuf>,
 }
 
 impl Default for LogConfig {
@@ -44,9 +52,45 @@ impl Default for LogConfig {
         LogConfig {
             format: LogFormat::Text,
             access: true,
+            access_file: None,
         }
     }
 }
+
+/// `error_format`: whether tollgate's own errors may be HTML pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorFormat {
+    /// A page when the client's `Accept` prefers `text/html`, problem+json otherwise.
+    #[default]
+    Negotiate,
+    /// problem+json whatever the client accepts (an API).
+    Json,
+}
+
+/// One `error_pages` entry: the page for a status, read from its file by the loader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorPage {
+    pub status: StatusCode,
+    pub file: PathBuf,
+    /// The file's text (empty straight out of `validate`).
+    pub text: Arc<str>,
+}
+
+/// How tollgate's own errors are written, for the server or one route.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ErrorAnswers {
+    /// `None`: a route inherits the server's; the server's default is `negotiate`.
+    pub format: Option<ErrorFormat>,
+    /// By status; a route's page wins over the server's for its status.
+    pub pages: Vec<ErrorPage>,
+}
+
+/// The statuses tollgate answers itself, and so the ones a page may be given
+/// for. (Not 431: hyper answers a head too large itself, with no body,
+/// before there is a request to negotiate with.)
+pub const OWN_ERROR_STATUSES: [u16; 14] = [
+    400, 401, 403, 404, 405, 408, 411, 413, 429, 500, 501, 502, 503, 504,
+];
 
 /// The body of a rejection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +157,61 @@ impl Validator<'_> {
         LogConfig {
             format,
             access: raw.access.unwrap_or(true),
+            access_file: raw.access_file.as_ref().map(|t| PathBuf::from(&t.0)),
         }
+    }
+
+    /// `error_format` and `error_pages` at `at` (`server` or `routes[i]`);
+    /// the pages' files are read by the loader.
+    pub(super) fn error_answers(
+        &mut self,
+        at: &str,
+        format: Option<&Text>,
+        pages: Option<&BTreeMap<u16, Text>>,
+    ) -> ErrorAnswers {
+        let format = match format.map(|t| t.0.as_str()) {
+            None => None,
+            Some("negotiate") => Some(ErrorFormat::Negotiate),
+            Some("json") => Some(ErrorFormat::Json),
+            Some(other) => {
+                self.err(
+                    format!("{at}.error_format"),
+                    format!("unknown error format {other:?} (negotiate or json)"),
+                );
+                None
+            }
+        };
+        let mut out = Vec::new();
+        for (code, file) in pages.into_iter().flatten() {
+            let status = StatusCode::from_u16(*code)
+                .ok()
+                .filter(|_| OWN_ERROR_STATUSES.contains(code));
+            let Some(status) = status else {
+                let why = if *code == 431 {
+                    "hyper answers 431 itself, before tollgate reads the request".to_string()
+                } else {
+                    format!(
+                        "tollgate answers only {} itself",
+                        OWN_ERROR_STATUSES.map(|c| c.to_string()).join(", ")
+                    )
+                };
+                self.err(
+                    format!("{at}.error_pages.{code}"),
+                    format!("no page for {code}: {why}"),
+                );
+                continue;
+            };
+            if file.0.trim().is_empty() {
+                self.err(format!("{at}.error_pages.{code}"), "names no file");
+                continue;
+            }
+            out.push(ErrorPage {
+                status,
+                file: PathBuf::from(&file.0),
+                text: Arc::from(""),
+            });
+        }
+        ErrorAnswers { format, pages: out }
     }
 
     /// `at` is the YAML path of the `reject` map, e.g. `limiters.login.reject`.
@@ -237,6 +335,48 @@ routes:
         ] {
             assert!(e.iter().any(|p| p == want), "{want} missing in {e:?}");
         }
+    }
+
+    #[test]
+    fn error_pages_are_read_at_load_and_bad_ones_are_named_by_their_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let page = dir.path().join("404.html");
+        std::fs::write(&page, "<h1>{{status}}</h1>").unwrap();
+        let yaml = format!(
+            r#"
+server: {{ error_pages: {{ 404: "{}" }}, error_format: negotiate }}
+routes:
+  - {{ name: api, match: {{ path: /api }}, respond: {{ status: 200 }}, error_format: json }}
+"#,
+            page.display()
+        );
+        let c = parse(&yaml).unwrap();
+        assert_eq!(&*c.server.errors.pages[0].text, "<h1>{{status}}</h1>");
+        assert_eq!(c.server.errors.pages[0].status, 404);
+        assert_eq!(c.routes[0].errors.format, Some(super::ErrorFormat::Json));
+
+        let missing = dir.path().join("none.html").display().to_string();
+        let bad = format!(
+            r#"
+server: {{ error_pages: {{ 418: a.html, 431: b.html }}, error_format: xml }}
+routes:
+  - {{ name: r, match: {{ path: /x }}, respond: {{ status: 200 }}, error_pages: {{ 502: "{missing}" }} }}
+"#
+        );
+        // Validation first: the shape of every entry.
+        let e = errors(&bad);
+        for want in [
+            "server.error_pages.418",
+            "server.error_pages.431",
+            "server.error_format",
+        ] {
+            assert!(e.iter().any(|p| p == want), "{want} missing in {e:?}");
+        }
+        // Then the files, once the rest is valid.
+        let unreadable = bad
+            .replace("418: a.html, 431: b.html", "")
+            .replace("xml", "json");
+        assert_eq!(errors(&unreadable), ["routes[0].error_pages.502"]);
     }
 
     #[test]

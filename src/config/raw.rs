@@ -302,6 +302,10 @@ pub struct RawServer {
     /// `reject` (default) or `decode`.
     pub encoded_separators: Option<Text>,
     pub underscores_in_headers: Option<bool>,
+    /// `negotiate` (default) or `json`: whether tollgate's own errors may be HTML pages.
+    pub error_format: Option<Text>,
+    /// Status → an HTML file, the page a browser gets for that error.
+    pub error_pages: Option<BTreeMap<u16, Text>>,
 }
 
 /// `auto` (one per core) or a number of worker threads.
@@ -479,6 +483,10 @@ pub struct RawRoute {
     pub rate_limit_headers: Option<Text>,
     /// A reload may leave this route with no limiter though it had some.
     pub allow_unlimited: Option<bool>,
+    /// As `server.error_format`, for this route (an API route: `json`).
+    pub error_format: Option<Text>,
+    /// As `server.error_pages`; a page here wins over the server's for its status.
+    pub error_pages: Option<BTreeMap<u16, Text>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -66,8 +66,14 @@ impl Validator<'_> {
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
             let rate_limit_headers =
                 self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
+            let errors = self.error_answers(
+                &format!("routes[{i}]"),
+                r.error_format.as_ref(),
+                r.error_pages.as_ref(),
+            );
             if let Some(action) = action {
                 out.push(RouteConfig {
+                    errors,
                     reject,
                     rate_limit_headers,
                     name: r.name.0.clone(),

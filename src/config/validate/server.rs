@@ -59,6 +59,11 @@ impl Validator<'_> {
             bodies: self.bodies(raw),
             encoded_separators: self.encoded_separators(raw.encoded_separators.as_ref()),
             underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+            errors: self.error_answers(
+                "server",
+                raw.error_format.as_ref(),
+                raw.error_pages.as_ref(),
+            ),
         }
     }
 
