@@ -100,6 +100,7 @@ impl App {
     ) -> App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
+        crate::compression::register(&metrics);
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
         let (config_path, config_text) = match source {
@@ -165,6 +166,7 @@ impl App {
         // The upstream sees the same id the client and the log see.
         req.headers_mut().insert(X_REQUEST_ID, id.header().clone());
         let trail = Trail::begin(&snap, &req, conn, now, &id);
+        let asked = crate::compression::Asked::of(&req);
         let mut x = Exchange {
             snap,
             conn,
@@ -178,6 +180,9 @@ impl App {
             Err(problem) => x.trail.answer(problem),
         };
         resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
+        // The response filter phase: inside the log's count, so `bytes_out` is what went out.
+        let compress = crate::compression::enabled(&x.snap, x.trail.route);
+        let resp = crate::compression::filter(compress, asked, &self.shared.metrics, resp);
         x.trail.finish(self, x.snap, resp, started, in_flight)
     }
 

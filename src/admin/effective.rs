@@ -92,6 +92,7 @@ fn server_section(s: &ServerConfig) -> Value {
         bodies,
         encoded_separators,
         underscores_in_headers,
+        compression,
     } = s;
     let BodyConfig {
         buffer,
@@ -120,6 +121,7 @@ fn server_section(s: &ServerConfig) -> Value {
             EncodedSeparators::Decode => "decode",
         },
         "underscores_in_headers": underscores_in_headers,
+        "compression": compression,
     })
 }
 
@@ -284,6 +286,7 @@ fn upstream(u: &UpstreamConfig) -> Value {
         "root": null,
         "index": null,
         "fallback": null,
+        "cache_control": null,
     });
     if let Some(FastCgiConfig {
         // Shown as `url`.
@@ -291,12 +294,14 @@ fn upstream(u: &UpstreamConfig) -> Value {
         root,
         index,
         fallback,
+        cache_control,
         max_conns,
     }) = fastcgi
     {
         out["root"] = json!(root.display().to_string());
         out["index"] = json!(index);
         out["fallback"] = json!(fallback);
+        out["cache_control"] = json!(cache_control);
         // php-fpm connections are capped by the FastCGI client, not the balancer.
         out["max_conns"] = json!(max_conns);
     }
@@ -393,6 +398,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         reject,
         rate_limit_headers,
         allow_unlimited,
+        compression,
     } = r;
     let (upstream, respond) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
@@ -430,6 +436,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "reject": reject.as_ref().map(reject_shape),
         "rate_limit_headers": headers,
         "allow_unlimited": allow_unlimited,
+        "compression": compression,
     })
 }
 

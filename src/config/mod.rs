@@ -107,6 +107,8 @@ pub struct ServerConfig {
     pub encoded_separators: EncodedSeparators,
     /// Header names with `_` are forwarded (`server.underscores_in_headers`); off: dropped.
     pub underscores_in_headers: bool,
+    /// gzip/brotli for text responses (`server.compression`); a route can turn it off.
+    pub compression: bool,
 }
 
 /// `server.encoded_separators`: a path separator spelled so that the router
@@ -409,6 +411,8 @@ pub struct RouteConfig {
     pub rate_limit_headers: HeaderSets,
     /// `allow_unlimited`: a reload may take every limiter off this route.
     pub allow_unlimited: bool,
+    /// `compression`: this route's responses may be compressed (and `server.compression` is on).
+    pub compression: bool,
 }
 
 #[derive(Debug, Clone)]

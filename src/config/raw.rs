@@ -302,6 +302,8 @@ pub struct RawServer {
     /// `reject` (default) or `decode`.
     pub encoded_separators: Option<Text>,
     pub underscores_in_headers: Option<bool>,
+    /// gzip/brotli for text responses (default on).
+    pub compression: Option<bool>,
 }
 
 /// `auto` (one per core) or a number of worker threads.
@@ -433,6 +435,8 @@ pub struct RawUpstream {
     pub index: Option<Text>,
     /// fastcgi:// only: the script that answers paths naming no file (front controller).
     pub fallback: Option<Text>,
+    /// fastcgi:// only: `Cache-Control` of every static file, instead of the default by type.
+    pub cache_control: Option<Text>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -479,6 +483,8 @@ pub struct RawRoute {
     pub rate_limit_headers: Option<Text>,
     /// A reload may leave this route with no limiter though it had some.
     pub allow_unlimited: Option<bool>,
+    /// This route's responses may be compressed (default: `server.compression`).
+    pub compression: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

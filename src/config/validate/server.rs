@@ -59,6 +59,7 @@ impl Validator<'_> {
             bodies: self.bodies(raw),
             encoded_separators: self.encoded_separators(raw.encoded_separators.as_ref()),
             underscores_in_headers: raw.underscores_in_headers.unwrap_or(false),
+            compression: raw.compression.unwrap_or(true),
         }
     }
 
