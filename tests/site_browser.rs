@@ -22,23 +22,29 @@ const INDEX: &str = r#"<?php header('Content-Type: text/html; charset=utf-8'); ?
 </body></html>
 "#;
 
-/// First load: reloads the page once (a browser's reload). Second load:
-/// writes what it sees, for `--dump-dom`.
+/// First load: reloads the page once its load event fired (a browser's
+/// reload). Second load: as soon as the image is decoded, writes what it
+/// sees for `--dump-dom` (not at the load event: a video that cannot play
+/// may hold that back for as long as the browser keeps trying).
 const APP_JS: &str = r#"
 // Padding so the script is worth compressing: the same comment, repeated.
 PADDING
-window.addEventListener('load', function () {
-  if (!sessionStorage.getItem('loaded')) {
-    sessionStorage.setItem('loaded', '1');
-    setTimeout(function () { location.reload(); }, 100);
-    return;
-  }
+function report() {
   var logo = document.getElementById('logo');
+  if (!logo.complete) { setTimeout(report, 20); return; }
   var style = getComputedStyle(document.getElementById('title'));
   document.title = 'reloaded';
   document.getElementById('result').textContent =
     'reloaded ' + 'color=' + style.color + ' logo=' + logo.naturalWidth + 'x' + logo.naturalHeight;
-});
+}
+if (sessionStorage.getItem('loaded')) {
+  report();
+} else {
+  window.addEventListener('load', function () {
+    sessionStorage.setItem('loaded', '1');
+    setTimeout(function () { location.reload(); }, 100);
+  });
+}
 "#;
 
 fn css() -> String {
