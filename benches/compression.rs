@@ -106,10 +106,13 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!("default: gzip {}, brotli {} (window 2^{})", tollgate::compression::stream::GZIP_LEVEL, tollgate::compression::stream::BROTLI_QUALITY, tollgate::compression::stream::BROTLI_WINDOW);
     println!(
-        "| setting | ms of CPU per MB (median of {rounds}) | MB/s | compressed / original |"
+        "default: gzip {}, brotli {} (window 2^{})",
+        tollgate::compression::stream::GZIP_LEVEL,
+        tollgate::compression::stream::BROTLI_QUALITY,
+        tollgate::compression::stream::BROTLI_WINDOW
     );
+    println!("| setting | ms of CPU per MB (median of {rounds}) | MB/s | compressed / original |");
     println!("| --- | --- | --- | --- |");
     let settings = [1, 4, 5, 6, 9]
         .map(Setting::Gzip)

@@ -40,11 +40,7 @@ async fn start(extra: &str) -> (Proxy, PhpServer, tempfile::TempDir) {
     let script = dir.path().join("answer.php");
     std::fs::write(&script, ANSWER).unwrap();
     let php = PhpServer::start(&script, dir.path(), 2);
-    let proxy = Proxy::start(&common::forward_all(
-        &format!("http://{}", php.addr),
-        extra,
-    ))
-    .await;
+    let proxy = Proxy::start(&common::forward_all(&format!("http://{}", php.addr), extra)).await;
     (proxy, php, dir)
 }
 

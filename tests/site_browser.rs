@@ -50,7 +50,9 @@ if (sessionStorage.getItem('loaded')) {
 fn css() -> String {
     let mut s = String::from("h1 { color: rgb(200, 30, 40); font-family: sans-serif; }\n");
     for i in 0..60 {
-        s.push_str(&format!(".row:nth-child({i}) {{ margin: 0; padding: 1px; }}\n"));
+        s.push_str(&format!(
+            ".row:nth-child({i}) {{ margin: 0; padding: 1px; }}\n"
+        ));
     }
     s
 }
@@ -183,10 +185,7 @@ async fn a_reloaded_page_gets_compressed_text_304s_and_a_ranged_video_in_chromiu
         "the video was asked for by range: {video:?}\n{}",
         all()
     );
-    assert!(
-        !video.contains(&200),
-        "never the whole video: {video:?}"
-    );
+    assert!(!video.contains(&200), "never the whole video: {video:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

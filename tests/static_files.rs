@@ -90,9 +90,16 @@ async fn a_static_file_has_a_strong_etag_last_modified_ranges_and_cache_control_
     let skew = modified
         .duration_since(last_modified)
         .unwrap_or_else(|e| e.duration());
-    assert!(skew < Duration::from_secs(1), "Last-Modified is the file's mtime");
+    assert!(
+        skew < Duration::from_secs(1),
+        "Last-Modified is the file's mtime"
+    );
     assert_eq!(r.header("accept-ranges"), Some("bytes"));
-    assert_eq!(r.header("cache-control"), Some("no-cache"), "text revalidates");
+    assert_eq!(
+        r.header("cache-control"),
+        Some("no-cache"),
+        "text revalidates"
+    );
     assert_eq!(r.header("content-type"), Some("text/css; charset=utf-8"));
     assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
 
@@ -307,7 +314,10 @@ async fn a_fresh_precompressed_sibling_is_sent_to_a_client_that_accepts_it() {
     let r = get(&proxy, "/site.css", &[("accept-encoding", "gzip, br")]).await;
     assert_eq!(r.header("content-encoding"), Some("br"));
     assert_eq!(r.body, br, "the .br file's bytes");
-    assert_eq!(r.header("content-length"), Some(br.len().to_string().as_str()));
+    assert_eq!(
+        r.header("content-length"),
+        Some(br.len().to_string().as_str())
+    );
     assert_eq!(r.header("vary"), Some("Accept-Encoding"));
     assert_eq!(r.header("content-type"), Some("text/css; charset=utf-8"));
     let br_tag = r.header("etag").unwrap().to_string();
@@ -315,7 +325,11 @@ async fn a_fresh_precompressed_sibling_is_sent_to_a_client_that_accepts_it() {
     let r = get(&proxy, "/site.css", &[("accept-encoding", "gzip")]).await;
     assert_eq!(r.header("content-encoding"), Some("gzip"));
     assert_eq!(r.body, gz, "the .gz file's bytes");
-    assert_ne!(r.header("etag"), Some(br_tag.as_str()), "each file its own tag");
+    assert_ne!(
+        r.header("etag"),
+        Some(br_tag.as_str()),
+        "each file its own tag"
+    );
     let r = get(
         &proxy,
         "/site.css",
@@ -348,7 +362,10 @@ async fn a_fresh_precompressed_sibling_is_sent_to_a_client_that_accepts_it() {
         .read_to_string(&mut out)
         .unwrap();
     assert_eq!(out, css() + "/* newer */");
-    assert!(r.header("etag").unwrap().starts_with("W/"), "compressed on the fly");
+    assert!(
+        r.header("etag").unwrap().starts_with("W/"),
+        "compressed on the fly"
+    );
 }
 
 #[tokio::test]
@@ -358,7 +375,11 @@ async fn a_static_text_file_is_compressed_on_the_fly_and_revalidates_with_its_we
     let r = get(&proxy, "/site.css", &[("accept-encoding", "gzip")]).await;
     assert_eq!(r.header("content-encoding"), Some("gzip"));
     assert_eq!(r.header("content-length"), None);
-    assert_eq!(r.header("accept-ranges"), None, "no ranges of compressed bytes");
+    assert_eq!(
+        r.header("accept-ranges"),
+        None,
+        "no ranges of compressed bytes"
+    );
     let weak = r.header("etag").unwrap().to_string();
     assert!(weak.starts_with("W/\""), "{weak}");
     let r = get(

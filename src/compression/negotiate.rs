@@ -170,7 +170,10 @@ mod tests {
     fn malformed_weights_count_as_zero() {
         assert_eq!(accept("gzip;q=2").best(), None);
         assert_eq!(accept("gzip;q=0.1234").best(), None);
-        assert_eq!(accept("gzip;q=abc, br;q=0.001").best(), Some(Coding::Brotli));
+        assert_eq!(
+            accept("gzip;q=abc, br;q=0.001").best(),
+            Some(Coding::Brotli)
+        );
         assert_eq!(qvalue("1.000"), Some(1000));
         assert_eq!(qvalue("0.5"), Some(500));
         assert_eq!(qvalue("1.5"), None);

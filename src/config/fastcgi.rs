@@ -289,6 +289,14 @@ mod tests {
                 "upstreams.php.index: applies to fastcgi://",
             ),
             (
+                "{ url: \"http://127.0.0.1:9000\", cache_control: no-cache }",
+                "upstreams.php.cache_control: applies to fastcgi://",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, cache_control: \"\" }",
+                "upstreams.php.cache_control",
+            ),
+            (
                 "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, docroot: /x }",
                 "unknown key `docroot`; did you mean `root`?",
             ),

@@ -89,18 +89,14 @@ pub async fn serve(
         ByteRange::Whole => (StatusCode::OK, 0, file.len),
         ByteRange::Part { first, last } => {
             let content_range = format!("bytes {first}-{last}/{}", file.len);
-            head.insert(
-                header::CONTENT_RANGE,
-                HeaderValue::from_str(&content_range).expect("digits"),
-            );
+            head.insert(header::CONTENT_RANGE, digits(&content_range));
             (StatusCode::PARTIAL_CONTENT, first, last - first + 1)
         }
         ByteRange::Unsatisfiable => {
             let mut h = HeaderMap::new();
-            let content_range = format!("bytes */{}", file.len);
             h.insert(
                 header::CONTENT_RANGE,
-                HeaderValue::from_str(&content_range).expect("digits"),
+                digits(&format!("bytes */{}", file.len)),
             );
             return bare(StatusCode::RANGE_NOT_SATISFIABLE, h);
         }
@@ -109,18 +105,29 @@ pub async fn serve(
     let body = if method == Method::HEAD {
         empty()
     } else {
-        let Ok(mut f) = tokio::fs::File::open(&file.file).await else {
-            return problem(Problem::FileNotFound);
-        };
-        if start > 0 && f.seek(SeekFrom::Start(start)).await.is_err() {
-            return problem(Problem::FileNotFound);
+        match open_at(file, start, count).await {
+            Some(body) => body,
+            None => return problem(Problem::FileNotFound),
         }
-        Streamed::new(FileChunks::new(f, count))
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = head;
     resp
+}
+
+/// `count` bytes of the file from `start`; None if it went away meanwhile.
+async fn open_at(file: &StaticFile, start: u64, count: u64) -> Option<Streamed> {
+    let mut f = tokio::fs::File::open(&file.file).await.ok()?;
+    if start > 0 {
+        f.seek(SeekFrom::Start(start)).await.ok()?;
+    }
+    Some(Streamed::new(FileChunks::new(f, count)))
+}
+
+/// A header value made of ASCII text we formatted ourselves.
+fn digits(s: &str) -> HeaderValue {
+    HeaderValue::from_str(s).expect("ASCII")
 }
 
 /// `301` to the directory's slash form, the query kept (`/admin?x=1` → `/admin/?x=1`).
@@ -239,7 +246,9 @@ impl Validators {
 
 /// Whether `*` or one tag of a comma-separated list satisfies `matches`.
 fn list_matches(list: &[u8], matches: impl Fn(&[u8]) -> bool) -> bool {
-    list.split(|b| *b == b',').map(trim).any(|t| t == b"*" || matches(t))
+    list.split(|b| *b == b',')
+        .map(trim)
+        .any(|t| t == b"*" || matches(t))
 }
 
 fn trim(mut b: &[u8]) -> &[u8] {
@@ -363,9 +372,27 @@ mod tests {
         use ByteRange::*;
         let p = |s: &str| ByteRange::parse(s.as_bytes(), 100);
         assert_eq!(p("bytes=0-9"), Part { first: 0, last: 9 });
-        assert_eq!(p("bytes=90-"), Part { first: 90, last: 99 });
-        assert_eq!(p("bytes=90-500"), Part { first: 90, last: 99 });
-        assert_eq!(p("bytes=-10"), Part { first: 90, last: 99 });
+        assert_eq!(
+            p("bytes=90-"),
+            Part {
+                first: 90,
+                last: 99
+            }
+        );
+        assert_eq!(
+            p("bytes=90-500"),
+            Part {
+                first: 90,
+                last: 99
+            }
+        );
+        assert_eq!(
+            p("bytes=-10"),
+            Part {
+                first: 90,
+                last: 99
+            }
+        );
         assert_eq!(p("bytes=-500"), Part { first: 0, last: 99 });
         assert_eq!(p("bytes=100-"), Unsatisfiable);
         assert_eq!(p("bytes=-0"), Unsatisfiable);
@@ -407,10 +434,7 @@ mod tests {
         assert_eq!(pre(&[(header::IF_MATCH, &weak)]), Failed);
         assert_eq!(pre(&[(header::IF_MATCH, &tag)]), Proceed);
         assert_eq!(
-            pre(&[(
-                header::IF_UNMODIFIED_SINCE,
-                "Wed, 31 Dec 2025 23:59:59 GMT"
-            )]),
+            pre(&[(header::IF_UNMODIFIED_SINCE, "Wed, 31 Dec 2025 23:59:59 GMT")]),
             Failed
         );
     }

@@ -368,7 +368,11 @@ mod tests {
             })
         ));
         assert!(matches!(r("/style.css"), Target::Static(_)));
-        assert_eq!(r("/uploads"), Target::Directory, "a directory without its slash");
+        assert_eq!(
+            r("/uploads"),
+            Target::Directory,
+            "a directory without its slash"
+        );
         assert_eq!(r("/uploads/"), Target::NotFound, "no index.php in uploads/");
 
         let front = |p: &str| resolve(&root, "index.php", Some("/index.php"), split(p).unwrap());
@@ -385,6 +389,10 @@ mod tests {
         );
         assert_eq!(front("/uploads/evil.jpg/x.php"), Target::NotFound);
         assert!(matches!(front("/style.css"), Target::Static(_)));
-        assert_eq!(front("/uploads"), Target::Directory, "redirected before the front controller");
+        assert_eq!(
+            front("/uploads"),
+            Target::Directory,
+            "redirected before the front controller"
+        );
     }
 }
