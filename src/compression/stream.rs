@@ -22,9 +22,10 @@ use crate::body::{Body, BoxError};
 pub const GZIP_LEVEL: u32 = 5;
 /// brotli quality 0–11; 4 is smaller than gzip 5 at about its CPU cost (same section).
 pub const BROTLI_QUALITY: u32 = 4;
-/// brotli window: 2^18 = 256 KiB of history, so one stream holds about
-/// 1 MiB, near gzip's footprint, however large the response (2^22, the
-/// library default, would be 4 MiB+ per response in flight).
+/// brotli window: 2^18 = 256 KiB of history instead of the library's
+/// 2^22 (4 MiB): the ring buffer each response in flight holds is bounded
+/// by it, whatever the response's size, and text pages gain little from a
+/// longer history.
 pub const BROTLI_WINDOW: u32 = 18;
 
 /// One encoder writing into a buffer that each poll empties.
