@@ -12,7 +12,7 @@ pub enum Coding {
 
 impl Coding {
     /// Preferred first when the client weighs them equally: brotli is
-    /// smaller at the same CPU (docs/PERFORMANCE.md, "Compression").
+    /// usually the smaller for text.
     pub const ALL: [Coding; 2] = [Coding::Brotli, Coding::Gzip];
 
     /// The `Content-Encoding` token.

@@ -17,10 +17,10 @@ use http_body::{Frame, SizeHint};
 use super::negotiate::Coding;
 use crate::body::{Body, BoxError};
 
-/// gzip level 1–9 (zlib's default is 6); chosen by measurement: see
-/// docs/PERFORMANCE.md, "Compression", and `benches/compression.rs`.
+/// gzip level 1–9 (zlib's default is 6): a middle setting, to be checked
+/// with `benches/compression.rs` (docs/PERFORMANCE.md, "Compression").
 pub const GZIP_LEVEL: u32 = 5;
-/// brotli quality 0–11; 4 is smaller than gzip 5 at about its CPU cost (same section).
+/// brotli quality 0–11; 4 is the usual on-the-fly setting (same bench).
 pub const BROTLI_QUALITY: u32 = 4;
 /// brotli window: 2^18 = 256 KiB of history instead of the library's
 /// 2^22 (4 MiB): the ring buffer each response in flight holds is bounded
