@@ -87,6 +87,7 @@ impl App {
         if let Some(path) = &config.log.access_file {
             access.to_file(path.clone());
         }
+        crate::compression::register(&metrics);
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
         let (config_path, config_text) = match source {
@@ -153,6 +154,7 @@ impl App {
         // The upstream sees the same id the client and the log see.
         req.headers_mut().insert(X_REQUEST_ID, id.header().clone());
         let trail = Trail::begin(&snap, &req, conn, now, &id);
+        let asked = crate::compression::Asked::of(&req);
         let mut x = Exchange {
             snap,
             conn,
@@ -167,6 +169,9 @@ impl App {
             Err(problem) => x.trail.answer(problem),
         };
         resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
+        // The response filter phase: inside the log's count, so `bytes_out` is what went out.
+        let compress = crate::compression::enabled(&x.snap, x.trail.route);
+        let resp = crate::compression::filter(compress, asked, &self.shared.metrics, resp);
         x.trail.finish(self, x.snap, resp, started, in_flight)
     }
 

@@ -68,6 +68,7 @@
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
+//!   [`compression`]: the response filter phase (gzip/brotli by `Accept-Encoding`, streamed);
 //!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core.
 
 pub mod access;
@@ -78,6 +79,7 @@ pub mod balance;
 pub mod body;
 pub mod buffering;
 pub mod clock;
+pub mod compression;
 pub mod config;
 pub mod connections;
 pub mod dashboard;

@@ -190,6 +190,8 @@ const HELP: &[(&str, &str)] = &[
     (UPSTREAM_DURATION, "Time until the upstream's response head arrived (or the forward failed), by upstream."),
     ("tollgate_upstream_server_failures_total", "Failed forwards counted against one server of an upstream (connect, timeout, broken exchange)."),
     ("tollgate_upstream_retries_total", "Requests sent again to the next server because the first could not be reached."),
+    ("tollgate_compressed_responses_total", "Responses compressed on the fly, by encoding."),
+    ("tollgate_compression_bytes_total", "Bytes into and out of the response encoders, by encoding and direction."),
     ("tollgate_headers_dropped_total", "Request headers not forwarded, by reason (underscore: a name with `_`, which a CGI gateway would read as the same variable as its dashed twin)."),
     ("tollgate_upstream_busy_total", "Requests answered 503 because every server was at max_conns and the queue was full or timed out."),
 ];

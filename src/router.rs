@@ -469,6 +469,7 @@ mod tests {
             rate_limit_headers: Default::default(),
             allow_unlimited: false,
             errors: Default::default(),
+            compression: true,
         }
     }
 

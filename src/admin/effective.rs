@@ -94,6 +94,7 @@ fn server_section(s: &ServerConfig) -> Value {
         encoded_separators,
         underscores_in_headers,
         errors,
+        compression,
     } = s;
     let BodyConfig {
         buffer,
@@ -124,6 +125,7 @@ fn server_section(s: &ServerConfig) -> Value {
         "underscores_in_headers": underscores_in_headers,
         "error_format": error_format(errors.format.unwrap_or_default()),
         "error_pages": error_pages(errors),
+        "compression": compression,
     })
 }
 
@@ -293,6 +295,7 @@ fn upstream(u: &UpstreamConfig) -> Value {
         "root": null,
         "index": null,
         "fallback": null,
+        "cache_control": null,
     });
     if let Some(FastCgiConfig {
         // Shown as `url`.
@@ -300,12 +303,14 @@ fn upstream(u: &UpstreamConfig) -> Value {
         root,
         index,
         fallback,
+        cache_control,
         max_conns,
     }) = fastcgi
     {
         out["root"] = json!(root.display().to_string());
         out["index"] = json!(index);
         out["fallback"] = json!(fallback);
+        out["cache_control"] = json!(cache_control);
         // php-fpm connections are capped by the FastCGI client, not the balancer.
         out["max_conns"] = json!(max_conns);
     }
@@ -388,6 +393,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         rate_limit_headers,
         allow_unlimited,
         errors,
+        compression,
     } = r;
     let (upstream, respond) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
@@ -427,6 +433,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "allow_unlimited": allow_unlimited,
         "error_format": errors.format.map(error_format),
         "error_pages": error_pages(errors),
+        "compression": compression,
     })
 }
 

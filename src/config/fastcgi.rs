@@ -39,6 +39,8 @@ pub struct FastCgiConfig {
     /// The script (`/index.php`) run for a path that names no file, with the
     /// request's own REQUEST_URI: nginx's `try_files $uri $uri/ /index.php?$args`.
     pub fallback: Option<String>,
+    /// `Cache-Control` of every static file, instead of the default by type.
+    pub cache_control: Option<String>,
     /// Connections to php-fpm at most, busy or idle (php-fpm's
     /// `pm.max_children`); requests beyond wait for one.
     pub max_conns: usize,
@@ -59,6 +61,12 @@ impl Validator<'_> {
         let root = self.fastcgi_root(at("root"), raw);
         let index = raw.index.as_ref().map_or("index.php", |i| i.0.as_str());
         let fallback = raw.fallback.as_ref().map(|f| f.0.clone());
+        let cache_control = raw.cache_control.as_ref().map(|c| c.0.clone());
+        if let Some(c) = &cache_control {
+            if http::HeaderValue::from_str(c).is_err() || c.trim().is_empty() {
+                self.err(at("cache_control"), format!("{c:?} is not a header value"));
+            }
+        }
         let mut ok = self.fastcgi_scripts(&at, index, fallback.as_deref());
         let max_conns = raw.max_conns.unwrap_or(5);
         if max_conns == 0 {
@@ -77,6 +85,7 @@ impl Validator<'_> {
             root,
             index: index.to_string(),
             fallback,
+            cache_control,
             max_conns: max_conns as usize,
         };
         fastcgi_upstream_config(name, raw, fastcgi)
@@ -278,6 +287,14 @@ mod tests {
             (
                 "{ url: \"http://127.0.0.1:9000\", index: a.php }",
                 "upstreams.php.index: applies to fastcgi://",
+            ),
+            (
+                "{ url: \"http://127.0.0.1:9000\", cache_control: no-cache }",
+                "upstreams.php.cache_control: applies to fastcgi://",
+            ),
+            (
+                "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, cache_control: \"\" }",
+                "upstreams.php.cache_control",
             ),
             (
                 "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, docroot: /x }",

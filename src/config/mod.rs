@@ -108,6 +108,8 @@ pub struct ServerConfig {
     pub underscores_in_headers: bool,
     /// `server.error_format` and `server.error_pages`: how tollgate's own errors are written.
     pub errors: ErrorAnswers,
+    /// gzip/brotli for text responses (`server.compression`); a route can turn it off.
+    pub compression: bool,
 }
 
 /// `server.encoded_separators`: a path separator spelled so that the router
@@ -412,6 +414,8 @@ pub struct RouteConfig {
     pub allow_unlimited: bool,
     /// `error_format` and `error_pages` of this route (over the server's).
     pub errors: ErrorAnswers,
+    /// `compression`: this route's responses may be compressed (and `server.compression` is on).
+    pub compression: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -306,6 +306,8 @@ pub struct RawServer {
     pub error_format: Option<Text>,
     /// Status → an HTML file, the page a browser gets for that error.
     pub error_pages: Option<BTreeMap<u16, Text>>,
+    /// gzip/brotli for text responses (default on).
+    pub compression: Option<bool>,
 }
 
 /// `auto` (one per core) or a number of worker threads.
@@ -437,6 +439,8 @@ pub struct RawUpstream {
     pub index: Option<Text>,
     /// fastcgi:// only: the script that answers paths naming no file (front controller).
     pub fallback: Option<Text>,
+    /// fastcgi:// only: `Cache-Control` of every static file, instead of the default by type.
+    pub cache_control: Option<Text>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -487,6 +491,8 @@ pub struct RawRoute {
     pub error_format: Option<Text>,
     /// As `server.error_pages`; a page here wins over the server's for its status.
     pub error_pages: Option<BTreeMap<u16, Text>>,
+    /// This route's responses may be compressed (default: `server.compression`).
+    pub compression: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

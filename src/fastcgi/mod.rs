@@ -7,18 +7,19 @@
 //! wire format a responder needs is small (see `codec`), and owning it lets
 //! the response body be a zero-copy slice of what was read.
 //!
-//! Layout: `path` decides what a URL names under `root`; this file builds
-//! the CGI parameters; `client` sends them with the body and streams the
+//! Layout: `path` decides what a URL names under `root`; `file` serves a
+//! static one as nginx does (validators, ranges, precompressed siblings);
+//! this file builds the CGI parameters; `client` sends them with the body and streams the
 //! answer back; `response` parses php-fpm's CGI header block.
 
 pub mod client;
 pub mod codec;
+pub mod file;
 pub mod path;
 pub mod response;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,25 +148,32 @@ impl FastCgi {
             return Ok(own(Problem::FileNotFound));
         };
         let config = self.config.clone();
+        let accepted = crate::compression::Accepted::from_headers(&parts.headers);
         // Stats and symlink checks are blocking file-system calls.
-        let target = tokio::task::spawn_blocking(move || {
-            path::resolve(
+        let resolved = tokio::task::spawn_blocking(move || {
+            let target = path::resolve(
                 &config.root,
                 &config.index,
                 config.fallback.as_deref(),
                 split,
-            )
+            );
+            let variant = match &target {
+                Target::Static(file) => Some(static_variant(&config, file, accepted)),
+                _ => None,
+            };
+            (target, variant)
         })
         .await
-        .unwrap_or(Target::NotFound);
-        match target {
-            Target::NotFound => Ok(own(Problem::FileNotFound)),
-            Target::Static {
-                file,
-                content_type,
-                len,
-            } => Ok(serve_static(&parts.method, file, content_type, len).await),
-            Target::Script { script, path_info } => {
+        .unwrap_or((Target::NotFound, None));
+        match resolved {
+            (Target::NotFound, _) => Ok(own(Problem::FileNotFound)),
+            (Target::Directory, _) => Ok(file::redirect_to_directory(&parts.uri)),
+            (Target::Static(_), Some(variant)) => {
+                let cache_control = self.config.cache_control.as_deref();
+                Ok(file::serve(&parts.method, &parts.headers, variant, cache_control).await)
+            }
+            (Target::Static(_), None) => Ok(own(Problem::FileNotFound)),
+            (Target::Script { script, path_info }, _) => {
                 let has_body = !body.is_end_stream();
                 if has_body && !parts.headers.contains_key(header::CONTENT_LENGTH) {
                     // PHP reads exactly CONTENT_LENGTH bytes of input; a
@@ -353,25 +361,27 @@ fn has_dashed_twin(headers: &http::HeaderMap, name: &str) -> bool {
     name.contains('_') && headers.contains_key(name.replace('_', "-").as_str())
 }
 
-async fn serve_static(
-    method: &Method,
-    file: PathBuf,
-    content_type: &'static str,
-    len: u64,
-) -> Response<Streamed> {
-    if method != Method::GET && method != Method::HEAD {
-        return own(Problem::StaticMethodNotAllowed);
+/// The file to send for a static target: its precompressed sibling when
+/// the type compresses and the client takes one (blocking: stats files).
+fn static_variant(
+    config: &FastCgiConfig,
+    file: &path::StaticFile,
+    accepted: crate::compression::Accepted,
+) -> file::Variant {
+    let negotiated = crate::compression::compressible_type(file.content_type);
+    let sibling = negotiated
+        .then(|| path::precompressed(&config.root, file, accepted.ranked()))
+        .flatten();
+    match sibling {
+        Some((coding, sibling)) => file::Variant {
+            file: sibling,
+            coding: Some(coding),
+            negotiated,
+        },
+        None => file::Variant {
+            file: file.clone(),
+            coding: None,
+            negotiated,
+        },
     }
-    let Ok(f) = tokio::fs::File::open(&file).await else {
-        return own(Problem::FileNotFound);
-    };
-    let mut resp = Response::new(Streamed::new(crate::body::FileChunks::new(f, len)));
-    let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    resp
 }

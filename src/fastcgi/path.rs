@@ -8,6 +8,7 @@
 //! never gets the chance to fall back to running `evil.jpg`.
 
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use percent_encoding::percent_decode_str;
 
@@ -110,12 +111,21 @@ pub enum Target {
         script: String,
         path_info: String,
     },
-    Static {
-        file: PathBuf,
-        content_type: &'static str,
-        len: u64,
-    },
+    Static(StaticFile),
+    /// A directory named without its trailing slash: nginx's and Apache's
+    /// `301` to the slash form comes before any index file is tried, so
+    /// relative links in the index page resolve inside the directory.
+    Directory,
     NotFound,
+}
+
+/// A file tollgate serves itself, with what its validators are made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticFile {
+    pub file: PathBuf,
+    pub content_type: &'static str,
+    pub len: u64,
+    pub modified: SystemTime,
 }
 
 /// `relative` (starting with `/`) under `root`, if it exists and, with every
@@ -153,6 +163,9 @@ fn resolve_named(root: &Path, index: &str, split: Split) -> Target {
             let Some((_, meta)) = inside(root, &path) else {
                 return Target::NotFound;
             };
+            if meta.is_dir() && !directory {
+                return Target::Directory;
+            }
             if meta.is_dir() || directory {
                 let script = format!("{}/{index}", path.trim_end_matches('/'));
                 if index.ends_with(".php") {
@@ -182,15 +195,51 @@ fn static_file(root: &Path, relative: &str) -> Target {
     match inside(root, relative) {
         Some((file, meta)) if meta.is_file() => match static_type(&file) {
             // The type of the file served (a symlink's target), not of its name.
-            Some(content_type) => Target::Static {
+            Some(content_type) => Target::Static(StaticFile {
                 len: meta.len(),
+                modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                 file,
                 content_type,
-            },
+            }),
             None => Target::NotFound,
         },
         _ => Target::NotFound,
     }
+}
+
+/// The precompressed sibling of `file` (`app.js.br`, `app.js.gz`: nginx's
+/// `gzip_static`) in the first of `codings` that has one: a regular file
+/// inside `root`, no older than `file` (a stale `.gz` left by an old build
+/// is never served for a newer `app.js`). Blocking: run it off the runtime.
+pub fn precompressed(
+    root: &Path,
+    file: &StaticFile,
+    codings: impl Iterator<Item = crate::compression::Coding>,
+) -> Option<(crate::compression::Coding, StaticFile)> {
+    let root = root.canonicalize().ok()?;
+    for coding in codings {
+        let mut name = file.file.clone().into_os_string();
+        name.push(coding.suffix());
+        let Ok(sibling) = Path::new(&name).canonicalize() else {
+            continue;
+        };
+        let Ok(meta) = std::fs::metadata(&sibling) else {
+            continue;
+        };
+        let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        if sibling.starts_with(&root) && meta.is_file() && modified >= file.modified {
+            return Some((
+                coding,
+                StaticFile {
+                    file: sibling,
+                    content_type: file.content_type,
+                    len: meta.len(),
+                    modified,
+                },
+            ));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -312,13 +361,18 @@ mod tests {
         assert_eq!(r("/missing.php"), Target::NotFound);
         assert!(matches!(
             r("/uploads/evil.jpg"),
-            Target::Static {
+            Target::Static(StaticFile {
                 content_type: "image/jpeg",
                 len: 13,
                 ..
-            }
+            })
         ));
-        assert!(matches!(r("/style.css"), Target::Static { .. }));
+        assert!(matches!(r("/style.css"), Target::Static(_)));
+        assert_eq!(
+            r("/uploads"),
+            Target::Directory,
+            "a directory without its slash"
+        );
         assert_eq!(r("/uploads/"), Target::NotFound, "no index.php in uploads/");
 
         let front = |p: &str| resolve(&root, "index.php", Some("/index.php"), split(p).unwrap());
@@ -334,6 +388,11 @@ mod tests {
             "a missing script stays missing"
         );
         assert_eq!(front("/uploads/evil.jpg/x.php"), Target::NotFound);
-        assert!(matches!(front("/style.css"), Target::Static { .. }));
+        assert!(matches!(front("/style.css"), Target::Static(_)));
+        assert_eq!(
+            front("/uploads"),
+            Target::Directory,
+            "redirected before the front controller"
+        );
     }
 }

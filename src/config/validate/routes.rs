@@ -85,6 +85,7 @@ impl Validator<'_> {
                     action,
                     limiters: route_limiters,
                     allow_unlimited: r.allow_unlimited.unwrap_or(false),
+                    compression: r.compression.unwrap_or(true),
                 });
             }
         }

@@ -64,6 +64,7 @@ impl Validator<'_> {
                 raw.error_format.as_ref(),
                 raw.error_pages.as_ref(),
             ),
+            compression: raw.compression.unwrap_or(true),
         }
     }
 

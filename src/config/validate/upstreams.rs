@@ -69,6 +69,7 @@ impl Validator<'_> {
             ("root", raw.root.is_some()),
             ("index", raw.index.is_some()),
             ("fallback", raw.fallback.is_some()),
+            ("cache_control", raw.cache_control.is_some()),
         ] {
             if set {
                 self.err(

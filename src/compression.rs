@@ -1,0 +1,305 @@
+//! The response filter phase: gzip or brotli for text answers (proxied, FastCGI, static, our own), by negotiation.
+//!
+//! Rules, in the order [`filter`] applies them:
+//! - `server.compression: false` or the route's `compression: false` ends it
+//!   (nothing is changed, not even `Vary`);
+//! - only types that compress ([`compressible_type`]): text, JSON, JS, XML,
+//!   SVG, fonts that are not already compressed; never images, video, audio
+//!   or archives;
+//! - never a response that already has a `Content-Encoding`, a
+//!   `Content-Range` (a 206), `Cache-Control: no-transform`, or a status
+//!   without a body (1xx, 204, 304);
+//! - from here the answer depends on `Accept-Encoding`, so it gets
+//!   `Vary: Accept-Encoding` whether or not it is compressed this time;
+//! - the best coding the client accepts (q-values, `*`), brotli on a tie;
+//! - not when the declared length is under [`MIN_LENGTH`] (the headers of a
+//!   compressed answer would eat the gain), unless the client refused
+//!   `identity`;
+//! - then `Content-Length` goes (the length is not known ahead),
+//!   `Accept-Ranges` goes (ranges of the compressed bytes are not offered),
+//!   a strong `ETag` becomes weak (the bytes differ from the identity
+//!   representation's), and the body is wrapped ([`stream::Encoded`]).
+
+pub mod negotiate;
+pub mod stream;
+
+use std::sync::atomic::Ordering;
+
+use http::header::{
+    HeaderValue, ACCEPT_RANGES, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE,
+    CONTENT_TYPE, ETAG, VARY,
+};
+use http::{HeaderMap, Response, StatusCode};
+
+use crate::body::{Body, Forwarded};
+use crate::metrics::{Counter, Metrics};
+pub use negotiate::{Accepted, Coding};
+
+/// Responses shorter than this (by `Content-Length`) go out as they are:
+/// Caddy's default, and where gzip's 18-byte frame and the headers stop
+/// mattering.
+pub const MIN_LENGTH: u64 = 512;
+
+/// What the request says for the filter: its codings, and whether it is a HEAD.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked {
+    pub accepted: Accepted,
+    pub head: bool,
+}
+
+impl Asked {
+    pub fn of(req: &http::Request<impl Sized>) -> Asked {
+        Asked {
+            accepted: Accepted::from_headers(req.headers()),
+            head: req.method() == http::Method::HEAD,
+        }
+    }
+}
+
+/// Whether answers on route `route` (None: no route matched) may be compressed.
+pub fn enabled(snap: &crate::snapshot::Snapshot, route: Option<usize>) -> bool {
+    let config = &snap.config;
+    config.server.compression && route.is_none_or(|i| config.routes[i].compression)
+}
+
+/// Compresses `resp` if the rules above allow; `enabled` is the server's
+/// switch and the route's together.
+pub fn filter(
+    enabled: bool,
+    asked: Asked,
+    metrics: &Metrics,
+    mut resp: Response<Body>,
+) -> Response<Body> {
+    if !enabled || !eligible(resp.status(), resp.headers()) {
+        return resp;
+    }
+    let headers = resp.headers_mut();
+    add_vary(headers);
+    let Some(coding) = asked.accepted.best() else {
+        return resp;
+    };
+    let short = declared_length(headers).is_some_and(|l| l < MIN_LENGTH);
+    if short && !asked.accepted.identity_refused {
+        return resp;
+    }
+    headers.remove(CONTENT_LENGTH);
+    headers.remove(ACCEPT_RANGES);
+    headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
+    weaken_etag(headers);
+    let counts = Counts::new(metrics, coding);
+    crate::metrics::inc(&counts.responses);
+    if asked.head {
+        // The same headers a GET gets, and no body to encode.
+        return resp;
+    }
+    resp.map(|body| {
+        let encoded = stream::Encoded::new(body, coding, counts);
+        Body::upstream(
+            Forwarded::Streamed(http_body_util::combinators::BoxBody::new(encoded)),
+            None,
+        )
+    })
+}
+
+/// Everything but the client's codings: status, type, existing coding, no-transform.
+fn eligible(status: StatusCode, headers: &HeaderMap) -> bool {
+    if status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status == StatusCode::PARTIAL_CONTENT
+    {
+        return false;
+    }
+    if headers.contains_key(CONTENT_ENCODING) || headers.contains_key(CONTENT_RANGE) {
+        return false;
+    }
+    let no_transform = headers.get_all(CACHE_CONTROL).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
+        })
+    });
+    if no_transform {
+        return false;
+    }
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .is_some_and(compressible_type)
+}
+
+/// Whether a `Content-Type` is worth compressing: text and the text-like
+/// application types; never images (but SVG), audio, video or archives,
+/// which are compressed already. `text/event-stream` is left alone: each
+/// event would be flushed on its own, and a stream open for hours would
+/// hold an encoder for hours.
+pub fn compressible_type(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let Some((kind, sub)) = essence.split_once('/') else {
+        return false;
+    };
+    match kind {
+        "text" => sub != "event-stream",
+        "application" => {
+            matches!(
+                sub,
+                "json"
+                    | "javascript"
+                    | "x-javascript"
+                    | "ecmascript"
+                    | "xml"
+                    | "wasm"
+                    | "x-httpd-php"
+                    | "graphql-response+json"
+                    | "vnd.ms-fontobject"
+                    | "x-font-ttf"
+                    | "x-font-otf"
+                    | "manifest+json"
+            ) || sub.ends_with("+json")
+                || sub.ends_with("+xml")
+        }
+        "image" => sub == "svg+xml",
+        "font" => sub == "ttf" || sub == "otf",
+        _ => false,
+    }
+}
+
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Adds `Accept-Encoding` to `Vary` unless it is there (or `Vary: *`).
+fn add_vary(headers: &mut HeaderMap) {
+    let present = headers.get_all(VARY).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',').any(|f| {
+                let f = f.trim();
+                f == "*" || f.eq_ignore_ascii_case("accept-encoding")
+            })
+        })
+    });
+    if !present {
+        headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+}
+
+/// `"x"` → `W/"x"`: the compressed bytes are not the identity bytes, so a
+/// strong validator (which If-Range and byte ranges trust) must not claim them.
+fn weaken_etag(headers: &mut HeaderMap) {
+    let Some(tag) = headers.get(ETAG) else { return };
+    if tag.as_bytes().starts_with(b"\"") {
+        let mut weak = b"W/".to_vec();
+        weak.extend_from_slice(tag.as_bytes());
+        if let Ok(v) = HeaderValue::from_bytes(&weak) {
+            headers.insert(ETAG, v);
+        }
+    }
+}
+
+/// Creates every compression series at 0, so the first scrape shows them.
+pub fn register(metrics: &Metrics) {
+    for coding in Coding::ALL {
+        let _ = Counts::new(metrics, coding);
+    }
+}
+
+/// `tollgate_compressed_responses_total{encoding}` and
+/// `tollgate_compression_bytes_total{encoding,direction}` of one response.
+pub struct Counts {
+    responses: Counter,
+    bytes_in: Counter,
+    bytes_out: Counter,
+}
+
+impl Counts {
+    fn new(metrics: &Metrics, coding: Coding) -> Counts {
+        let encoding = coding.token();
+        let bytes = |direction| {
+            metrics.counter(
+                "tollgate_compression_bytes_total",
+                &[("encoding", encoding), ("direction", direction)],
+            )
+        };
+        Counts {
+            responses: metrics.counter(
+                "tollgate_compressed_responses_total",
+                &[("encoding", encoding)],
+            ),
+            bytes_in: bytes("in"),
+            bytes_out: bytes("out"),
+        }
+    }
+
+    fn read(&self, n: usize) {
+        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn wrote(&self, n: usize) {
+        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_types_compress_and_media_never_does() {
+        for t in [
+            "text/html; charset=utf-8",
+            "text/css",
+            "text/javascript",
+            "application/json",
+            "application/problem+json",
+            "application/javascript",
+            "application/xml",
+            "application/rss+xml",
+            "image/svg+xml",
+            "font/ttf",
+        ] {
+            assert!(compressible_type(t), "{t}");
+        }
+        for t in [
+            "image/png",
+            "image/jpeg",
+            "video/mp4",
+            "video/webm",
+            "audio/mpeg",
+            "application/zip",
+            "application/gzip",
+            "application/octet-stream",
+            "font/woff2",
+            "text/event-stream",
+            "",
+            "garbage",
+        ] {
+            assert!(!compressible_type(t), "{t}");
+        }
+    }
+
+    #[test]
+    fn vary_is_added_once_and_a_strong_etag_is_weakened() {
+        let mut h = HeaderMap::new();
+        h.insert(VARY, HeaderValue::from_static("Cookie"));
+        add_vary(&mut h);
+        add_vary(&mut h);
+        let vary: Vec<_> = h.get_all(VARY).iter().collect();
+        assert_eq!(vary, ["Cookie", "Accept-Encoding"]);
+        h.insert(ETAG, HeaderValue::from_static("\"5f-1a\""));
+        weaken_etag(&mut h);
+        assert_eq!(h[ETAG], "W/\"5f-1a\"");
+        weaken_etag(&mut h);
+        assert_eq!(h[ETAG], "W/\"5f-1a\"", "a weak tag stays as it is");
+    }
+}
