@@ -22,12 +22,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::acme::state::Managed;
 use crate::app::{App, ConnInfo};
 use crate::body::Body;
 use crate::config::Serve;
 use crate::connections::{watch, Activity, Closing, Permit, Watched};
 use crate::problem::Problem;
-use crate::acme::state::Managed;
 use crate::tls::Terminator;
 use crate::workers::Workers;
 
@@ -199,7 +199,8 @@ fn public_acceptor(
                         port,
                         worker: 0,
                     };
-                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme).await;
+                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme)
+                        .await;
                 });
             }
         }
@@ -433,11 +434,7 @@ async fn answer(
     edge: Edge,
     share: crate::buffering::Share,
 ) -> Response<Body> {
-    if let Some(token) = req
-        .uri()
-        .path()
-        .strip_prefix(crate::router::ACME_CHALLENGE)
-    {
+    if let Some(token) = req.uri().path().strip_prefix(crate::router::ACME_CHALLENGE) {
         if let Some(key_authorization) = edge.acme.http_answer_anywhere(token).await {
             let mut resp = Response::new(Body::full(key_authorization));
             resp.headers_mut().insert(

@@ -64,7 +64,9 @@ struct Resolver {
 
 impl std::fmt::Debug for Resolver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resolver").field("current", &self.current).finish()
+        f.debug_struct("Resolver")
+            .field("current", &self.current)
+            .finish()
     }
 }
 

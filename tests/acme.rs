@@ -174,7 +174,10 @@ async fn http_01_obtains_a_certificate_per_name_and_each_sni_name_gets_a_valid_c
     let tls = proxy.tls_addr.unwrap();
     // Before any certificate: the name's handshake fails (no other certificate is served).
     let early = certs::handshake(tls, "a.test", accept_any()).await;
-    assert!(early.is_err(), "a managed name without a certificate must not handshake");
+    assert!(
+        early.is_err(),
+        "a managed name without a certificate must not handshake"
+    );
     let pebble = scene.pebble(&validation(&proxy, 0));
     let client = pebble.client().await;
     for domain in ["a.test", "b.test"] {
@@ -185,20 +188,33 @@ async fn http_01_obtains_a_certificate_per_name_and_each_sni_name_gets_a_valid_c
         assert_eq!(answer.status, 200, "{domain}: {}", answer.body);
         assert!(answer.body.contains("/hello"), "proxied: {}", answer.body);
     }
-    let a = verified_serial(tls, "a.test", client.clone()).await.unwrap();
-    let b = verified_serial(tls, "b.test", client.clone()).await.unwrap();
+    let a = verified_serial(tls, "a.test", client.clone())
+        .await
+        .unwrap();
+    let b = verified_serial(tls, "b.test", client.clone())
+        .await
+        .unwrap();
     assert_ne!(a, b, "one certificate per name");
     let status = status_of(&proxy, "a.test").await;
-    assert!(status["issuer"].as_str().unwrap().contains("Pebble"), "{status}");
-    assert!(status["not_after"].is_string() && status["last_error"].is_null(), "{status}");
+    assert!(
+        status["issuer"].as_str().unwrap().contains("Pebble"),
+        "{status}"
+    );
+    assert!(
+        status["not_after"].is_string() && status["last_error"].is_null(),
+        "{status}"
+    );
     let metrics = proxy.metrics().await;
     assert_eq!(
         common::metric(&metrics, "tollgate_acme_orders_total{result=\"ok\"}"),
         Some(2.0),
         "{metrics}"
     );
-    let expiry =
-        common::metric(&metrics, "tollgate_certificate_expiry_seconds{domain=\"a.test\"}").unwrap();
+    let expiry = common::metric(
+        &metrics,
+        "tollgate_certificate_expiry_seconds{domain=\"a.test\"}",
+    )
+    .unwrap();
     assert!(expiry > 1.7e9, "a Unix time: {expiry}");
     // The rest of the plain listener still redirects.
     let plain = common::raw(
@@ -224,7 +240,10 @@ async fn tls_alpn_01_obtains_certificates_on_the_tls_listener_and_serves_them_by
     let client = pebble.client().await;
     for domain in ["c.test", "d.test"] {
         let serial = wait_certificate(&proxy, domain, &pebble).await;
-        assert_eq!(verified_serial(tls, domain, client.clone()).await.unwrap(), serial);
+        assert_eq!(
+            verified_serial(tls, domain, client.clone()).await.unwrap(),
+            serial
+        );
         let answer = certs::get(tls, domain, client.clone(), "/over-tls").await;
         assert_eq!(answer.status, 200, "{}", answer.body);
         assert_eq!(answer.version, http::Version::HTTP_2, "h2 by ALPN");
@@ -232,7 +251,9 @@ async fn tls_alpn_01_obtains_certificates_on_the_tls_listener_and_serves_them_by
     // A client offering only acme-tls/1 outside a validation gets no certificate.
     let mut only_acme = (*client).clone();
     only_acme.alpn_protocols = vec![b"acme-tls/1".to_vec()];
-    assert!(certs::handshake(tls, "c.test", Arc::new(only_acme)).await.is_err());
+    assert!(certs::handshake(tls, "c.test", Arc::new(only_acme))
+        .await
+        .is_err());
 }
 
 #[tokio::test]
@@ -268,15 +289,23 @@ async fn a_restart_serves_the_stored_certificate_and_orders_nothing() {
     assert_eq!(served.unwrap(), serial);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(pebble.orders(), orders, "no new order: {}", pebble.output());
-    assert_eq!(std::fs::read(&account).unwrap(), account_before, "same account");
-    assert_eq!(status_of(&again, "e.test").await["last_attempt"], Value::Null);
+    assert_eq!(
+        std::fs::read(&account).unwrap(),
+        account_before,
+        "same account"
+    );
+    assert_eq!(
+        status_of(&again, "e.test").await["last_attempt"],
+        Value::Null
+    );
 }
 
 #[tokio::test]
 async fn an_http_01_challenge_succeeds_while_every_limiter_of_the_route_is_exhausted() {
     let scene = Scene::new().await;
     let acme = scene.acme(&["f.test"], "http-01", "");
-    let limiters = "limiters:\n  per_ip: { algorithm: fixed_window, limit: 1, window: 1h, key: ip }";
+    let limiters =
+        "limiters:\n  per_ip: { algorithm: fixed_window, limit: 1, window: 1h, key: ip }";
     let yaml = config(&acme, &scene.upstream.url(), "", limiters);
     let proxy = start(&yaml, tempfile::tempdir().unwrap()).await;
     // Exhaust the limiter for 127.0.0.1 (pebble validates from there too).
@@ -322,7 +351,12 @@ fn accept_any() -> Arc<rustls::ClientConfig> {
             c: &rustls::pki_types::CertificateDer<'_>,
             d: &rustls::DigitallySignedStruct,
         ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+            rustls::crypto::verify_tls12_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
         }
         fn verify_tls13_signature(
             &self,
@@ -330,7 +364,12 @@ fn accept_any() -> Arc<rustls::ClientConfig> {
             c: &rustls::pki_types::CertificateDer<'_>,
             d: &rustls::DigitallySignedStruct,
         ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+            rustls::crypto::verify_tls13_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
         }
         fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
             self.0.signature_verification_algorithms.supported_schemes()
@@ -409,14 +448,18 @@ routes:
     // A managed name without a certificate never gets the default pair,
     // even from a client that would accept any certificate.
     assert!(certs::handshake(tls, "g.test", accept_any()).await.is_err());
-    assert!(certs::handshake(tls, "other.test", accept_any()).await.is_ok());
+    assert!(certs::handshake(tls, "other.test", accept_any())
+        .await
+        .is_ok());
     let status = status_of(&proxy, "g.test").await;
     assert!(status["last_error"].is_string(), "{status}");
     assert!(status["failures"].as_u64().unwrap() >= 3, "{status}");
     assert!(status["next_attempt"].is_string(), "{status}");
     let metrics = proxy.metrics().await;
-    let failing =
-        common::metric(&metrics, "tollgate_certificate_renewal_failing{domain=\"g.test\"}");
+    let failing = common::metric(
+        &metrics,
+        "tollgate_certificate_renewal_failing{domain=\"g.test\"}",
+    );
     assert_eq!(failing, Some(1.0), "{metrics}");
 }
 
@@ -434,7 +477,9 @@ async fn a_renewed_certificate_is_swapped_in_while_keep_alive_clients_go_on_with
     let pebble = scene.pebble(&validation(&proxy, 90));
     let client = pebble.client().await;
     let first = wait_certificate(&proxy, "h.test", &pebble).await;
-    let stream = certs::handshake(tls, "h.test", client.clone()).await.unwrap();
+    let stream = certs::handshake(tls, "h.test", client.clone())
+        .await
+        .unwrap();
     assert_eq!(serial(&certs::served_certificate(&stream)), first);
     let mut session = Session::start(stream).await;
     let mut renewed = None;
@@ -444,7 +489,9 @@ async fn a_renewed_certificate_is_swapped_in_while_keep_alive_clients_go_on_with
         let answer = session.get("h.test", "/keep-alive", &[]).await;
         assert_eq!(answer.status, 200, "request {requests}: {}", answer.body);
         requests += 1;
-        let now = verified_serial(tls, "h.test", client.clone()).await.unwrap();
+        let now = verified_serial(tls, "h.test", client.clone())
+            .await
+            .unwrap();
         if now != first {
             renewed = Some(now);
             break;
@@ -454,7 +501,10 @@ async fn a_renewed_certificate_is_swapped_in_while_keep_alive_clients_go_on_with
     let renewed = renewed.unwrap_or_else(|| panic!("not renewed:\n{}", pebble.output()));
     // The held connection still works after the swap.
     assert_eq!(session.get("h.test", "/after", &[]).await.status, 200);
-    assert_eq!(status_of(&proxy, "h.test").await["serial"], renewed.as_str());
+    assert_eq!(
+        status_of(&proxy, "h.test").await["serial"],
+        renewed.as_str()
+    );
     assert!(requests > 10, "{requests} requests on one connection");
 }
 

@@ -157,11 +157,12 @@ impl DomainTask {
 
     /// One look at the name: serve what is stored, order when due; returns how long to sleep.
     async fn step(&self, failures: &mut u32) -> Duration {
-        let storage = match self.blocking({
-            let (root, dir) = (self.config.storage.clone(), self.config.directory.clone());
-            move || Storage::open(&root, &dir)
-        })
-        .await
+        let storage = match self
+            .blocking({
+                let (root, dir) = (self.config.storage.clone(), self.config.directory.clone());
+                move || Storage::open(&root, &dir)
+            })
+            .await
         {
             Ok(s) => s,
             Err(e) => return self.failed(failures, OrderError::Storage(e)),
@@ -271,13 +272,7 @@ impl DomainTask {
                 }
             }
         };
-        order::obtain(
-            &account,
-            &self.domain,
-            self.config.challenge,
-            &self.managed,
-        )
-        .await
+        order::obtain(&account, &self.domain, self.config.challenge, &self.managed).await
     }
 
     /// Records a failure; returns the jittered delay before the next attempt.

@@ -202,10 +202,12 @@ pub async fn obtain(
         if authz.status == AuthorizationStatus::Valid {
             continue;
         }
-        let mut ch = authz.challenge(kind.clone()).ok_or_else(|| OrderError::Validation {
-            domain: domain.to_string(),
-            detail: format!("the CA offers no {} challenge", challenge.as_str()),
-        })?;
+        let mut ch = authz
+            .challenge(kind.clone())
+            .ok_or_else(|| OrderError::Validation {
+                domain: domain.to_string(),
+                detail: format!("the CA offers no {} challenge", challenge.as_str()),
+            })?;
         let key_auth = ch.key_authorization();
         match challenge {
             Challenge::Http01 => {
@@ -278,7 +280,9 @@ pub fn certified_key(chain_pem: &str, key_pem: &str) -> Result<CertifiedKey, Ord
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| OrderError::Certificate(e.to_string()))?;
     if chain.is_empty() {
-        return Err(OrderError::Certificate("no certificate in the chain".into()));
+        return Err(OrderError::Certificate(
+            "no certificate in the chain".into(),
+        ));
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
         .map_err(|e| OrderError::Certificate(e.to_string()))?;

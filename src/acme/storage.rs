@@ -151,7 +151,10 @@ mod tests {
         assert!(s.certificate("b.test").unwrap().is_none());
         let held = s.try_lock("a.test").unwrap();
         assert!(held.is_some());
-        assert!(s.try_lock("a.test").unwrap().is_none(), "flock is per open file");
+        assert!(
+            s.try_lock("a.test").unwrap().is_none(),
+            "flock is per open file"
+        );
         assert!(s.try_lock("b.test").unwrap().is_some());
         drop(held);
         assert!(s.try_lock("a.test").unwrap().is_some());

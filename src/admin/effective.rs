@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+use crate::config::acme::{AcmeConfig, HstsConfig};
 use crate::config::{
     Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
     EncodedSeparators, FastCgiConfig, HeaderSets, HealthCheck, IdentityConfig, LimiterConfig,
     LogConfig, LogFormat, OverrideConfig, Policy, RejectBody, RejectShape, RouteConfig,
     ServerConfig, StoreConfig, TlsConfig, UpstreamConfig, UpstreamTls,
 };
-use crate::config::acme::{AcmeConfig, HstsConfig};
 use crate::identity::ApiKey;
 use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
 

@@ -84,7 +84,11 @@ pub fn is_orderable_name(name: &str) -> bool {
                 && !l.ends_with('-')
                 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
-        && !labels.last().unwrap_or(&"").bytes().all(|b| b.is_ascii_digit())
+        && !labels
+            .last()
+            .unwrap_or(&"")
+            .bytes()
+            .all(|b| b.is_ascii_digit())
 }
 
 impl Validator<'_> {
@@ -154,10 +158,7 @@ impl Validator<'_> {
         }
         if let Some(r) = raw.renew_before {
             if r.0 < Duration::from_secs(60) {
-                self.err(
-                    "server.tls.acme.renew_before",
-                    "must be at least 1m",
-                );
+                self.err("server.tls.acme.renew_before", "must be at least 1m");
             }
         }
         AcmeConfig {

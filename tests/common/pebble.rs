@@ -87,7 +87,11 @@ impl Pebble {
             settings["certificateValidityPeriod"] = v.validity.into();
         }
         let config = dir.join("pebble.json");
-        std::fs::write(&config, serde_json::json!({ "pebble": settings }).to_string()).unwrap();
+        std::fs::write(
+            &config,
+            serde_json::json!({ "pebble": settings }).to_string(),
+        )
+        .unwrap();
         let log = dir.join("pebble.log");
         let out = std::fs::File::create(&log).unwrap();
         let pebble = Command::new(pebble_bin)
@@ -105,7 +109,11 @@ impl Pebble {
             std::net::TcpStream::connect(listen).is_ok()
                 && std::net::TcpStream::connect(management).is_ok()
         });
-        assert!(up, "pebble did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(
+            up,
+            "pebble did not start: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         Pebble {
             directory: format!("https://{listen}/dir"),
             directory_ca,
@@ -122,7 +130,10 @@ impl Pebble {
         let stream = handshake(self.management, "localhost", self.ca.client(&[b"http/1.1"]))
             .await
             .expect("pebble's management interface");
-        let answer = Session::start(stream).await.get("localhost", "/roots/0", &[]).await;
+        let answer = Session::start(stream)
+            .await
+            .get("localhost", "/roots/0", &[])
+            .await;
         assert_eq!(answer.status, 200, "{}", answer.body);
         answer.body
     }
