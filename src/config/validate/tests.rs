@@ -38,8 +38,8 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("server: { tls: { cert: a.pem } }", "server.tls", "`cert` and `key` go together"),
     ("server: { tls: {} }", "server.tls", "needs `cert` and `key`, `certs`, or `acme`"),
     // server.tls.acme
-    ("server: { tls: { acme: { domains: [\"*.a.test\"] } } }", "server.tls.acme.domains[0]", "a wildcard needs dns-01"),
-    ("server: { tls: { acme: { domains: [localhost] } } }", "server.tls.acme.domains[0]", "is not a DNS name a CA can validate"),
+    ("server: { tls: { acme: { domains: [\"*.a.test\", b.test] } } }", "server.tls.acme.domains[0]", "a wildcard needs dns-01"),
+    ("server: { tls: { acme: { domains: [localhost, b.test] } } }", "server.tls.acme.domains[0]", "is not a DNS name a CA can validate"),
     ("server: { tls: { acme: { domains: [] } } }", "server.tls.acme.domains", "an empty list orders nothing"),
     ("server: { tls: { acme: {} } }", "server.tls.acme.domains", "no domain to order"),
     ("server: { tls: { acme: { domains: [a.test], directory: \"http://ca.test/dir\" } } }", "server.tls.acme.directory", "is not an https:// URL"),
