@@ -23,6 +23,7 @@ use crate::snapshot::Snapshot;
 use guard::Refusal;
 
 mod bans;
+mod certificates;
 mod effective;
 mod exposition;
 mod guard;
@@ -100,7 +101,11 @@ pub async fn handle(
         }
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, "/readyz") => readiness(app, &snap),
-        (&Method::GET, "/metrics") => metrics(app, &snap).await,
+        (&Method::GET, "/metrics") => metrics(app, reloader, &snap).await,
+        (&Method::GET, "/certificates") => json_response(
+            StatusCode::OK,
+            certificates::list(reloader.certificates(), &snap),
+        ),
         (&Method::GET, "/status") | (&Method::DELETE, "/status") => {
             client_status(app, &snap, &req).await
         }
@@ -176,8 +181,9 @@ fn readiness(app: &App, snap: &Snapshot) -> Response<Body> {
 }
 
 /// `GET /metrics`: the Prometheus text exposition.
-async fn metrics(app: &App, snap: &Snapshot) -> Response<Body> {
-    let text = exposition::metrics_text(app, snap).await;
+async fn metrics(app: &App, reloader: &Reloader, snap: &Snapshot) -> Response<Body> {
+    let mut text = exposition::metrics_text(app, snap).await;
+    reloader.certificates().render_metrics(&mut text);
     let mut resp = Response::new(Body::full(text));
     resp.headers_mut().insert(
         CONTENT_TYPE,
@@ -246,11 +252,11 @@ fn unknown(path: &str) -> Response<Body> {
         "/status" => not_allowed("GET, DELETE"),
         "/reload" => not_allowed("POST"),
         p if p.starts_with("/bans/") => not_allowed("DELETE"),
-        "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/bans" | "/"
+        "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/bans" | "/certificates" | "/"
         | "/dashboard.js" | "/dashboard.css" | "/dashboard.json" => not_allowed("GET"),
         _ => admin_error(
             StatusCode::NOT_FOUND,
-            "Admin paths: / (dashboard), /dashboard.json, /status, /bans, /bans/{key}, /upstreams, /metrics, /healthz, /readyz, /reload, /config.",
+            "Admin paths: / (dashboard), /dashboard.json, /status, /bans, /bans/{key}, /upstreams, /certificates, /metrics, /healthz, /readyz, /reload, /config.",
         ),
     }
 }

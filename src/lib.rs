@@ -56,7 +56,9 @@
 //!   (`connections/timers.rs`: first-byte, head, idle and send timers);
 //!   [`logging`]: one-line log records, text or JSON;
 //!   [`tls`]: rustls termination (the certificates in force, swapped by reloads) and https://
-//!   upstream trust;
+//!   upstream trust; [`acme`]: automatic HTTPS (one task per name: storage, order with
+//!   instant-acme, renewal, backoff, the fleet lock), whose `acme/state.rs` table the TLS
+//!   resolver, the plain listener's http-01 answer and `GET /certificates` read;
 //! - [`config`]: raw YAML → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
 //!   and certificate pairs and CA bundles as data in `certs.rs`;
 //!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
@@ -72,6 +74,7 @@
 //!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core.
 
 pub mod access;
+pub mod acme;
 pub mod activity;
 pub mod admin;
 pub mod app;
@@ -162,7 +165,16 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     let prune_now = prune::Trigger::default();
     // The reloader holds the listeners; the admin API reloads through it.
     let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
-    let tls = Arc::new(tls::Terminator::new(certs));
+    let managed = Arc::new(acme::state::Managed::default());
+    // Managed from the first handshake (refused until ordered) and in the first scrape.
+    let acme_config = config.server.tls.as_ref().and_then(|t| t.acme.as_ref());
+    for domain in acme_config.iter().flat_map(|a| &a.domains) {
+        managed.manage(domain);
+    }
+    acme::start_at_zero(&app.shared.metrics);
+    let tls = Arc::new(tls::Terminator::new(certs, managed.clone()));
+    // Names under `server.tls.acme`: ordered, renewed and swapped in the background.
+    tokio::spawn(acme::manage(app.clone(), managed, background.clone()));
     let reloader = Arc::new(reload::Reloader::new(
         app.clone(),
         tls.clone(),

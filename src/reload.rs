@@ -115,6 +115,11 @@ impl Reloader {
         &self.app
     }
 
+    /// The ACME names, their certificates and status.
+    pub fn certificates(&self) -> &Arc<crate::acme::state::Managed> {
+        self.tls.managed()
+    }
+
     /// Reads the config file again and applies it; returns the new version.
     pub async fn reload(&self) -> Result<u64, ReloadError> {
         let _turn = self.turn.lock().await;

@@ -22,6 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::acme::state::Managed;
 use crate::app::{App, ConnInfo};
 use crate::body::Body;
 use crate::config::Serve;
@@ -166,6 +167,7 @@ fn public_acceptor(
         };
         drop(snap);
         let serving = Serving::of(serve, &tls);
+        let acme = tls.managed().clone();
         let app = app.clone();
         let drain = drain.clone();
         match &workers {
@@ -179,7 +181,7 @@ fn public_acceptor(
                             match TcpStream::from_std(std_stream) {
                                 Ok(stream) => {
                                     let conn = ConnInfo { peer, proto: "http", port, worker };
-                                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit).await;
+                                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme).await;
                                 }
                                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
                             }
@@ -197,7 +199,8 @@ fn public_acceptor(
                         port,
                         worker: 0,
                     };
-                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit).await;
+                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme)
+                        .await;
                 });
             }
         }
@@ -258,6 +261,7 @@ impl Serving {
 
 /// Serves one accepted connection as its listener says: plain, TLS, or
 /// redirect, while `permit` holds its place (its activity is what may be displaced).
+#[allow(clippy::too_many_arguments)] // the connection's parts, each used once
 async fn serve_accepted(
     stream: TcpStream,
     conn: ConnInfo,
@@ -266,14 +270,21 @@ async fn serve_accepted(
     timeouts: Timeouts,
     drain: CancellationToken,
     permit: &Permit,
+    acme: Arc<Managed>,
 ) {
     let timeout = timeouts.header;
     let peer = conn.peer;
     let activity = permit.activity();
+    let mut edge = Edge {
+        redirect_to: None,
+        acme,
+        hsts: None,
+    };
     match serve {
-        Serving::Http => serve_connection(stream, app, conn, None, timeouts, drain, activity).await,
+        Serving::Http => serve_connection(stream, app, conn, edge, timeouts, drain, activity).await,
         Serving::RedirectToHttps { port } => {
-            serve_connection(stream, app, conn, Some(port), timeouts, drain, activity).await
+            edge.redirect_to = Some(port);
+            serve_connection(stream, app, conn, edge, timeouts, drain, activity).await
         }
         Serving::Https(acceptor) => {
             // The handshake gets the same budget as a request head: a
@@ -297,13 +308,34 @@ async fn serve_accepted(
                     return;
                 }
             };
+            // A CA's tls-alpn-01 validation ends with its handshake.
+            if crate::tls::negotiated_acme(stream.get_ref().1) {
+                return;
+            }
             let conn = ConnInfo {
                 proto: "https",
                 ..conn
             };
-            serve_connection(stream, app, conn, None, timeouts, drain, activity).await
+            edge.hsts = hsts_header(&app);
+            serve_connection(stream, app, conn, edge, timeouts, drain, activity).await
         }
     }
+}
+
+/// What the edge itself does on a connection before the app: the redirect
+/// of a plain listener, the ACME http-01 answers, HSTS on TLS responses.
+#[derive(Clone)]
+struct Edge {
+    redirect_to: Option<u16>,
+    acme: Arc<Managed>,
+    hsts: Option<http::HeaderValue>,
+}
+
+/// `Strict-Transport-Security` as `server.tls.hsts` says (read once per connection).
+fn hsts_header(app: &App) -> Option<http::HeaderValue> {
+    let snap = app.snapshot();
+    let hsts = snap.config.server.tls.as_ref()?.hsts.as_ref()?;
+    http::HeaderValue::from_str(&hsts.header_value()).ok()
 }
 
 fn handshake_failed(app: &App, reason: &'static str) {
@@ -317,13 +349,13 @@ fn handshake_failed(app: &App, reason: &'static str) {
 }
 
 /// Serves HTTP/1.1 or HTTP/2 on one connection until it closes, drains or
-/// is displaced; with `redirect_to`, every request but an ACME challenge
+/// is displaced; with `edge.redirect_to`, every request but an ACME challenge
 /// gets 308 to https on that port.
 async fn serve_connection<I>(
     io: I,
     app: App,
     conn_info: ConnInfo,
-    redirect_to: Option<u16>,
+    edge: Edge,
     timeouts: Timeouts,
     drain: CancellationToken,
     activity: Arc<Activity>,
@@ -339,13 +371,14 @@ async fn serve_connection<I>(
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let share = share.clone();
         let app = app.clone();
+        let edge = edge.clone();
         let busy = in_service.request();
         if req.version() == http::Version::HTTP_2 {
             in_service.set_multiplexed();
         }
         async move {
             let _busy = busy;
-            Ok::<_, Infallible>(answer(app, req, conn_info, redirect_to, share).await)
+            Ok::<_, Infallible>(answer(app, req, conn_info, edge, share).await)
         }
     });
     let builder = connection_builder(None);
@@ -390,16 +423,28 @@ async fn serve_connection<I>(
     }
 }
 
-/// One request on a public connection: with `redirect_to`, a 308 to https
+/// One request on a public connection: an ACME http-01 validation in
+/// flight is answered first (before routes, limiters and the redirect: a
+/// CA's check must never be refused); with `redirect_to`, a 308 to https
 /// (except an ACME challenge); otherwise the app's answer.
 async fn answer(
     app: App,
     req: Request<Incoming>,
     conn_info: ConnInfo,
-    redirect_to: Option<u16>,
+    edge: Edge,
     share: crate::buffering::Share,
 ) -> Response<Body> {
-    if let Some(port) = redirect_to {
+    if let Some(token) = req.uri().path().strip_prefix(crate::router::ACME_CHALLENGE) {
+        if let Some(key_authorization) = edge.acme.http_answer_anywhere(token).await {
+            let mut resp = Response::new(Body::full(key_authorization));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/octet-stream"),
+            );
+            return resp;
+        }
+    }
+    if let Some(port) = edge.redirect_to {
         if !req.uri().path().starts_with(crate::router::ACME_CHALLENGE) {
             return crate::router::https_redirect(&req, port).unwrap_or_else(|| {
                 let snap = app.snapshot();
@@ -417,7 +462,12 @@ async fn answer(
     // and the whole request lifecycle inline is kilobytes of state
     // copied per request (callgrind: ~8,400 instructions of memcpy
     // per 429); a box moves a pointer.
-    Box::pin(app.handle_on(req, conn_info, Some(share))).await
+    let mut resp = Box::pin(app.handle_on(req, conn_info, Some(share))).await;
+    if let Some(hsts) = edge.hsts {
+        resp.headers_mut()
+            .insert(http::header::STRICT_TRANSPORT_SECURITY, hsts);
+    }
+    resp
 }
 
 /// Counts why [`watch`] closes a connection; `true` when it closes

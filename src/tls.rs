@@ -25,7 +25,11 @@
 //! Which certificate: the exact SNI name, then a `*.example.com` wildcard
 //! entry for one more label, then the default pair (the single `cert`/`key`,
 //! or a `certs` entry without `hosts`), and without one the first entry, as
-//! nginx does.
+//! nginx does. A name `server.tls.acme` manages is answered from
+//! [`Managed`] before any of that: with its ACME certificate, or — until the
+//! first one arrives — with a failed handshake, never another name's
+//! certificate. A client offering only ALPN `acme-tls/1` (a CA's tls-alpn-01
+//! validation) gets the validation certificate of an order in flight, or nothing.
 
 use std::sync::{Arc, OnceLock};
 
@@ -37,10 +41,13 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+use crate::acme::state::{Lookup, Managed, ACME_TLS_ALPN};
 use crate::config::certs::{CertSet, FilesDigest, UpstreamTls};
 
-/// ALPN protocols offered to clients, in order of preference.
-const SERVER_ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+/// ALPN protocols offered to clients, in order of preference; `acme-tls/1`
+/// is chosen only by a client that offers nothing else (a CA validating),
+/// and such a connection is closed after its handshake.
+const SERVER_ALPN: [&[u8]; 3] = [b"h2", b"http/1.1", ACME_TLS_ALPN];
 
 fn provider() -> CryptoProvider {
     rustls::crypto::ring::default_provider()
@@ -49,15 +56,49 @@ fn provider() -> CryptoProvider {
 // ------------------------------------------------------------- termination
 
 /// Chooses the certificate for each handshake from the set in force.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Resolver {
     current: ArcSwapOption<CertSet>,
+    managed: Arc<Managed>,
+}
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolver")
+            .field("current", &self.current)
+            .finish()
+    }
 }
 
 impl ResolvesServerCert for Resolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.load().as_ref()?.pick(hello.server_name())
+        let name = hello.server_name();
+        if is_acme_validation(&hello) {
+            return self.managed.alpn_certificate(name?);
+        }
+        if let Some(name) = name {
+            match self.managed.lookup(name) {
+                Lookup::Serve(key) => return Some(key),
+                Lookup::Refuse => return None,
+                Lookup::NotManaged => {}
+            }
+        }
+        self.current.load().as_ref()?.pick(name)
     }
+}
+
+/// A tls-alpn-01 validation offers exactly one protocol: `acme-tls/1` (RFC 8737).
+fn is_acme_validation(hello: &ClientHello<'_>) -> bool {
+    let mut alpn = match hello.alpn() {
+        Some(a) => a,
+        None => return false,
+    };
+    alpn.next() == Some(ACME_TLS_ALPN) && alpn.next().is_none()
+}
+
+/// Whether a finished handshake was a tls-alpn-01 validation (to be closed, never served).
+pub fn negotiated_acme(conn: &rustls::ServerConnection) -> bool {
+    conn.alpn_protocol() == Some(ACME_TLS_ALPN)
 }
 
 /// The server side: one rustls config for the process, its certificates swapped by reloads.
@@ -67,8 +108,12 @@ pub struct Terminator {
 }
 
 impl Terminator {
-    pub fn new(certs: Option<Arc<CertSet>>) -> Terminator {
-        let resolver = Arc::new(Resolver::default());
+    /// `managed`: the ACME names and their certificates, answered before `certs`.
+    pub fn new(certs: Option<Arc<CertSet>>, managed: Arc<Managed>) -> Terminator {
+        let resolver = Arc::new(Resolver {
+            current: ArcSwapOption::empty(),
+            managed,
+        });
         resolver.current.store(certs);
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider()))
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -99,6 +144,11 @@ impl Terminator {
     /// The digest of the files the set in force was read from.
     pub fn digest(&self) -> Option<FilesDigest> {
         self.resolver.current.load().as_ref().map(|c| c.digest())
+    }
+
+    /// The ACME names' certificates and challenge answers.
+    pub fn managed(&self) -> &Arc<Managed> {
+        &self.resolver.managed
     }
 
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {

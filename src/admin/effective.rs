@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+use crate::config::acme::{AcmeConfig, HstsConfig};
 use crate::config::{
     Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
     EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets,
@@ -136,11 +137,39 @@ fn tls_section(t: &TlsConfig) -> Value {
         loaded: _,
         listen,
         redirect_plain,
+        acme,
+        hsts,
     } = t;
     json!({
         "certs": certs.iter().map(|x| json!({"cert": x.cert.display().to_string(), "key": x.key.display().to_string(), "hosts": x.hosts})).collect::<Vec<_>>(),
         "listen": listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "redirect_plain": redirect_plain,
+        "acme": acme.as_ref().map(acme_section),
+        "hsts": hsts.as_ref().map(|h| {
+            let HstsConfig { max_age, include_subdomains, preload } = h;
+            json!({"max_age": dur(*max_age), "include_subdomains": include_subdomains, "preload": preload})
+        }),
+    })
+}
+
+fn acme_section(a: &AcmeConfig) -> Value {
+    let AcmeConfig {
+        directory,
+        directory_ca,
+        email,
+        domains,
+        challenge,
+        storage,
+        renew_before,
+    } = a;
+    json!({
+        "directory": directory,
+        "directory_ca": directory_ca.as_ref().map(|p| p.display().to_string()),
+        "email": email,
+        "domains": domains,
+        "challenge": challenge.as_str(),
+        "storage": storage.display().to_string(),
+        "renew_before": renew_before.map(dur),
     })
 }
 

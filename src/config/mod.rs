@@ -27,6 +27,7 @@ use crate::limiter::Algorithm;
 pub use certs::{CertConfig, CertSet, UpstreamTls};
 
 /// Certificate pairs and CA bundles, read and checked as config data.
+pub mod acme;
 pub mod certs;
 pub mod raw;
 pub mod validate;
@@ -134,6 +135,10 @@ pub struct TlsConfig {
     pub listen: Vec<SocketAddr>,
     /// Plain listeners answer 308 to https:// (only with `listen`).
     pub redirect_plain: bool,
+    /// Automatic HTTPS for these names (`server.tls.acme`).
+    pub acme: Option<acme::AcmeConfig>,
+    /// `Strict-Transport-Security` on TLS responses (`server.tls.hsts`).
+    pub hsts: Option<acme::HstsConfig>,
 }
 
 /// What a public listener serves (plain, TLS, or a redirect to TLS).

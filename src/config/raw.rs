@@ -347,6 +347,33 @@ pub struct RawTls {
     pub listen: Option<OneOrMany>,
     /// Plain listeners answer 308 to `https://` (needs `listen`).
     pub redirect_plain: Option<bool>,
+    /// Automatic HTTPS: certificates ordered and renewed from an ACME CA.
+    pub acme: Option<RawAcme>,
+    /// `Strict-Transport-Security` on TLS responses (off without it).
+    pub hsts: Option<RawHsts>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAcme {
+    pub directory: Option<Text>,
+    /// A PEM file trusted for the directory's own TLS (a test CA such as pebble's).
+    pub directory_ca: Option<Text>,
+    pub email: Option<Text>,
+    pub domains: Option<Vec<Text>>,
+    /// `tls-alpn-01` (default) or `http-01`.
+    pub challenge: Option<Text>,
+    pub storage: Option<Text>,
+    /// Renew when this little validity is left (default: a third of the lifetime).
+    pub renew_before: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHsts {
+    pub max_age: Option<Dur>,
+    pub include_subdomains: Option<bool>,
+    pub preload: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -161,6 +161,11 @@ impl Validator<'_> {
             &limiters,
         );
         self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
+        let mut server = server;
+        if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
+            let hosts = routes.iter().filter_map(|r| r.host.clone());
+            self.acme_domains_from_routes(acme, hosts);
+        }
         let log = self.log(&raw.log);
         Config {
             warnings: Vec::new(),

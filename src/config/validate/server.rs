@@ -135,8 +135,8 @@ impl Validator<'_> {
             });
             paths.push(format!("server.tls.certs[{i}]"));
         }
-        if certs.is_empty() {
-            self.err("server.tls", "needs `cert` and `key`, or `certs`");
+        if certs.is_empty() && raw.acme.is_none() {
+            self.err("server.tls", "needs `cert` and `key`, `certs`, or `acme`");
             return None;
         }
         let listen: Vec<SocketAddr> = match &raw.listen {
@@ -169,11 +169,15 @@ impl Validator<'_> {
             );
         }
         self.cert_paths = paths;
+        let acme = raw.acme.as_ref().map(|a| self.acme(a, !listen.is_empty()));
+        let hsts = raw.hsts.as_ref().map(|h| self.hsts(h));
         Some(TlsConfig {
             certs,
             loaded: Arc::new(CertSet::empty()),
             listen,
             redirect_plain,
+            acme,
+            hsts,
         })
     }
 

@@ -36,7 +36,17 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("server: { encoded_separators: allow }", "server.encoded_separators", "use reject or decode"),
     // server.tls
     ("server: { tls: { cert: a.pem } }", "server.tls", "`cert` and `key` go together"),
-    ("server: { tls: {} }", "server.tls", "needs `cert` and `key`, or `certs`"),
+    ("server: { tls: {} }", "server.tls", "needs `cert` and `key`, `certs`, or `acme`"),
+    // server.tls.acme
+    ("server: { tls: { acme: { domains: [\"*.a.test\", b.test] } } }", "server.tls.acme.domains[0]", "a wildcard needs dns-01"),
+    ("server: { tls: { acme: { domains: [localhost, b.test] } } }", "server.tls.acme.domains[0]", "is not a DNS name a CA can validate"),
+    ("server: { tls: { acme: { domains: [] } } }", "server.tls.acme.domains", "an empty list orders nothing"),
+    ("server: { tls: { acme: {} } }", "server.tls.acme.domains", "no domain to order"),
+    ("server: { tls: { acme: { domains: [a.test], directory: \"http://ca.test/dir\" } } }", "server.tls.acme.directory", "is not an https:// URL"),
+    ("server: { tls: { acme: { domains: [a.test], email: ops } } }", "server.tls.acme.email", "is not an email address"),
+    ("server: { tls: { acme: { domains: [a.test], challenge: dns-01 } } }", "server.tls.acme.challenge", "unknown challenge \"dns-01\""),
+    ("server: { tls: { acme: { domains: [a.test], challenge: http-01 } } }", "server.tls.acme.challenge", "http-01 needs a plain listener"),
+    ("server: { tls: { acme: { domains: [a.test], renew_before: 10s } } }", "server.tls.acme.renew_before", "must be at least 1m"),
     ("server: { tls: { cert: a.pem, key: a.key, listen: [] } }", "server.tls.listen", "an empty list would serve no TLS"),
     ("server: { listen: \"127.0.0.1:8443\", tls: { cert: a.pem, key: a.key, listen: [\"127.0.0.1:8443\"] } }", "server.tls.listen[0]", "127.0.0.1:8443 is also in server.listen"),
     ("server: { tls: { cert: a.pem, key: a.key, listen: bad } }", "server.tls.listen", "invalid listen address"),
@@ -352,4 +362,16 @@ fn a_ban_or_count_on_a_key_the_client_chooses_is_a_warning() {
     // A key that names the sender (the IP, or a verified API key) cannot be turned on a victim.
     assert!(warnings(&doc("[ip, \"header:X-Username\"]", "")).is_empty());
     assert!(warnings(&doc("api_key", "identity: { api_keys: [k1] }\n")).is_empty());
+}
+
+#[test]
+fn acme_names_default_to_the_exact_hosts_the_routes_match() {
+    let config = validated(
+        "server: { tls: { acme: {} } }\nroutes:\n  - { name: a, match: { host: Shop.Example }, respond: { status: 200 } }\n  - { name: w, match: { host: \"*.example\" }, respond: { status: 200 } }\n  - { name: b, match: { host: shop.example }, respond: { status: 200 } }",
+    )
+    .unwrap();
+    let acme = config.server.tls.unwrap().acme.unwrap();
+    assert_eq!(acme.domains, ["shop.example"]);
+    assert_eq!(acme.directory, crate::config::acme::LETS_ENCRYPT);
+    assert_eq!(acme.challenge, crate::config::acme::Challenge::TlsAlpn01);
 }

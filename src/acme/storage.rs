@@ -1,0 +1,162 @@
+//! Where ACME state is kept: a directory (0700) holding, per CA directory URL, the account (0600), each name's certificate chain and key (0600), and the lock files that let instances sharing the directory order a name only once.
+//!
+//! A directory rather than the SQLite file: the files are what operators
+//! already back up, inspect with `openssl x509` and mount into other
+//! containers; the SQLite file belongs to the limiter store, which may be
+//! memory or Redis, and a certificate must survive `store.path` changing.
+//! Every call does blocking file I/O: callers run it on a blocking thread.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+/// One CA's corner of the storage directory.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    dir: PathBuf,
+}
+
+/// A name's certificate chain and private key, both PEM.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub chain_pem: String,
+    pub key_pem: String,
+}
+
+impl Storage {
+    /// Opens (creating, 0700) `root/<hash of directory>`: certificates of a
+    /// staging CA are never served once the directory says production.
+    pub fn open(root: &Path, directory: &str) -> io::Result<Storage> {
+        let hash = Sha256::digest(directory.as_bytes());
+        let tag: String = hash[..6].iter().map(|b| format!("{b:02x}")).collect();
+        let dir = root.join(tag);
+        for d in [root, dir.as_path()] {
+            fs::create_dir_all(d)?;
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700))?;
+        }
+        // Which CA this is, for an operator reading the directory.
+        write_private(&dir.join("directory.txt"), directory.as_bytes())?;
+        Ok(Storage { dir })
+    }
+
+    pub fn account(&self) -> io::Result<Option<Vec<u8>>> {
+        read_optional(&self.dir.join("account.json"))
+    }
+
+    pub fn save_account(&self, json: &[u8]) -> io::Result<()> {
+        write_private(&self.dir.join("account.json"), json)
+    }
+
+    pub fn certificate(&self, domain: &str) -> io::Result<Option<Stored>> {
+        let chain = read_optional(&self.dir.join(format!("{domain}.crt")))?;
+        let key = read_optional(&self.dir.join(format!("{domain}.key")))?;
+        Ok(match (chain, key) {
+            (Some(c), Some(k)) => Some(Stored {
+                chain_pem: String::from_utf8_lossy(&c).into_owned(),
+                key_pem: String::from_utf8_lossy(&k).into_owned(),
+            }),
+            _ => None,
+        })
+    }
+
+    /// Writes the key first, then the chain: a reader that sees the new
+    /// chain also sees its key (each file is replaced by a rename).
+    pub fn save_certificate(&self, domain: &str, stored: &Stored) -> io::Result<()> {
+        write_private(
+            &self.dir.join(format!("{domain}.key")),
+            stored.key_pem.as_bytes(),
+        )?;
+        write_private(
+            &self.dir.join(format!("{domain}.crt")),
+            stored.chain_pem.as_bytes(),
+        )
+    }
+
+    /// Takes `domain`'s order lock without waiting: `None` when another
+    /// instance (or task) holds it. Released when the [`OrderLock`] drops or
+    /// the holder dies (an `flock`, so a crashed instance never wedges it).
+    pub fn try_lock(&self, domain: &str) -> io::Result<Option<OrderLock>> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(self.dir.join(format!("{domain}.lock")))?;
+        // SAFETY: flock on a descriptor this function owns; no memory is shared.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(Some(OrderLock { _file: file }));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    }
+}
+
+/// An order in progress for one name; the lock is the open file.
+pub struct OrderLock {
+    _file: File,
+}
+
+fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `path` as 0600 through a temporary file and a rename.
+fn write_private(path: &Path, content: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = fs::remove_file(&tmp);
+    let mut f = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(content)?;
+    f.sync_all()?;
+    fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_private_and_a_second_lock_on_a_name_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let s = Storage::open(&root.path().join("acme"), "https://ca.test/dir").unwrap();
+        s.save_certificate(
+            "a.test",
+            &Stored {
+                chain_pem: "C".into(),
+                key_pem: "K".into(),
+            },
+        )
+        .unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&root.path().join("acme")), 0o700);
+        assert_eq!(mode(&s.dir), 0o700);
+        assert_eq!(mode(&s.dir.join("a.test.key")), 0o600);
+        assert_eq!(s.certificate("a.test").unwrap().unwrap().key_pem, "K");
+        assert!(s.certificate("b.test").unwrap().is_none());
+        let held = s.try_lock("a.test").unwrap();
+        assert!(held.is_some());
+        assert!(
+            s.try_lock("a.test").unwrap().is_none(),
+            "flock is per open file"
+        );
+        assert!(s.try_lock("b.test").unwrap().is_some());
+        drop(held);
+        assert!(s.try_lock("a.test").unwrap().is_some());
+    }
+}

@@ -1,0 +1,538 @@
+//! Automatic HTTPS against a real ACME CA (pebble, real http-01 and tls-alpn-01 validation): obtaining, serving per SNI name, restart, limiters, a CA that is down, renewal under keep-alive, a fleet sharing its storage.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::certs::{self, Ca, Session};
+use common::pebble::{Pebble, Validation};
+use common::{Proxy, Upstream};
+use serde_json::Value;
+use tollgate::clock::SystemClock;
+
+/// How long a test waits for a certificate: account, order, validation, issuance
+/// (and the retry after tollgate found pebble not yet started).
+const OBTAIN: Duration = Duration::from_secs(60);
+
+/// A config where every name goes to `upstream`, with `server.tls.acme`
+/// pointing at `directory` (the pebble address, chosen before it starts).
+fn config(acme: &str, upstream: &str, extra_server: &str, limiters: &str) -> String {
+    format!(
+        r#"
+server:
+  tls:
+    listen: ["127.0.0.1:0"]
+    acme: {{ {acme} }}
+{extra_server}
+upstreams:
+  app: {{ url: "{upstream}" }}
+{limiters}
+routes:
+  - {{ name: all, match: {{ path_prefix: / }}, upstream: app{route_limiters} }}
+"#,
+        route_limiters = if limiters.is_empty() {
+            ""
+        } else {
+            ", limiters: [per_ip]"
+        }
+    )
+}
+
+fn acme_block(
+    directory: &str,
+    ca: &std::path::Path,
+    storage: &std::path::Path,
+    domains: &[&str],
+    challenge: &str,
+    extra: &str,
+) -> String {
+    format!(
+        "directory: \"{directory}\", directory_ca: \"{}\", email: ops@example.com, domains: [{}], challenge: {challenge}, storage: \"{}\"{extra}",
+        ca.display(),
+        domains.join(", "),
+        storage.display()
+    )
+}
+
+async fn start(yaml: &str, dir: tempfile::TempDir) -> Proxy {
+    Proxy::start_in(yaml, Arc::new(SystemClock), dir, None).await
+}
+
+async fn certificates(proxy: &Proxy) -> Value {
+    common::get_json(&common::client(), &proxy.admin_url("/certificates")).await
+}
+
+/// The entry of `/certificates` for `domain`.
+async fn status_of(proxy: &Proxy, domain: &str) -> Value {
+    let all = certificates(proxy).await;
+    all["certificates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["domain"] == domain)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Waits until `domain` has a certificate in force (its serial).
+async fn wait_certificate(proxy: &Proxy, domain: &str, pebble: &Pebble) -> String {
+    let deadline = tokio::time::Instant::now() + OBTAIN;
+    let mut last = status_of(proxy, domain).await;
+    while !last["serial"].is_string() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        last = status_of(proxy, domain).await;
+    }
+    assert!(
+        last["serial"].is_string(),
+        "no certificate for {domain}: {last}\npebble:\n{}",
+        pebble.output()
+    );
+    last["serial"].as_str().unwrap().to_string()
+}
+
+/// A handshake with `sni` verified against pebble's root; the served leaf's serial (hex).
+async fn verified_serial(
+    addr: SocketAddr,
+    sni: &str,
+    client: Arc<rustls::ClientConfig>,
+) -> std::io::Result<String> {
+    let stream = certs::handshake(addr, sni, client).await?;
+    Ok(serial(&certs::served_certificate(&stream)))
+}
+
+fn serial(der: &[u8]) -> String {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
+    cert.raw_serial_as_string().replace(':', "")
+}
+
+/// Ports pebble validates on: the proxy's plain and TLS listeners.
+fn validation(proxy: &Proxy, validity: u64) -> Validation {
+    Validation {
+        http_port: proxy.addr.port(),
+        tls_port: proxy.tls_addr.unwrap().port(),
+        validity,
+    }
+}
+
+/// The shared start: a pebble address, an upstream, a storage directory.
+struct Scene {
+    pebble_addr: SocketAddr,
+    /// pebble's WFE CA, written before pebble starts so the config can name it.
+    work: tempfile::TempDir,
+    upstream: Upstream,
+}
+
+impl Scene {
+    async fn new() -> Scene {
+        Scene {
+            pebble_addr: common::free_addr(),
+            work: tempfile::tempdir().unwrap(),
+            upstream: Upstream::start().await,
+        }
+    }
+
+    fn directory(&self) -> String {
+        format!("https://{}/dir", self.pebble_addr)
+    }
+
+    /// Where [`Pebble::start`] writes its WFE CA (`pebble-wfe-ca.pem` in `work`).
+    fn directory_ca(&self) -> std::path::PathBuf {
+        self.work.path().join("pebble-wfe-ca.pem")
+    }
+
+    fn storage(&self) -> std::path::PathBuf {
+        self.work.path().join("acme")
+    }
+
+    fn acme(&self, domains: &[&str], challenge: &str, extra: &str) -> String {
+        acme_block(
+            &self.directory(),
+            &self.directory_ca(),
+            &self.storage(),
+            domains,
+            challenge,
+            extra,
+        )
+    }
+
+    fn pebble(&self, v: &Validation) -> Pebble {
+        Pebble::start(self.work.path(), self.pebble_addr, v)
+    }
+}
+
+#[tokio::test]
+async fn http_01_obtains_a_certificate_per_name_and_each_sni_name_gets_a_valid_chain_and_a_proxied_answer(
+) {
+    let scene = Scene::new().await;
+    let acme = scene.acme(&["a.test", "b.test"], "http-01", "");
+    // redirect_plain: every plain request is redirected, except the challenge.
+    let yaml = config(&acme, &scene.upstream.url(), "    redirect_plain: true", "");
+    let proxy = start(&yaml, tempfile::tempdir().unwrap()).await;
+    let tls = proxy.tls_addr.unwrap();
+    // Before any certificate: the name's handshake fails (no other certificate is served).
+    let early = certs::handshake(tls, "a.test", accept_any()).await;
+    assert!(
+        early.is_err(),
+        "a managed name without a certificate must not handshake"
+    );
+    let pebble = scene.pebble(&validation(&proxy, 0));
+    let client = pebble.client().await;
+    for domain in ["a.test", "b.test"] {
+        let serial = wait_certificate(&proxy, domain, &pebble).await;
+        let served = verified_serial(tls, domain, client.clone()).await.unwrap();
+        assert_eq!(served, serial, "{domain}");
+        let answer = certs::get(tls, domain, client.clone(), "/hello").await;
+        assert_eq!(answer.status, 200, "{domain}: {}", answer.body);
+        assert!(answer.body.contains("/hello"), "proxied: {}", answer.body);
+    }
+    let a = verified_serial(tls, "a.test", client.clone())
+        .await
+        .unwrap();
+    let b = verified_serial(tls, "b.test", client.clone())
+        .await
+        .unwrap();
+    assert_ne!(a, b, "one certificate per name");
+    let status = status_of(&proxy, "a.test").await;
+    assert!(
+        status["issuer"].as_str().unwrap().contains("Pebble"),
+        "{status}"
+    );
+    assert!(
+        status["not_after"].is_string() && status["last_error"].is_null(),
+        "{status}"
+    );
+    let metrics = proxy.metrics().await;
+    assert_eq!(
+        common::metric(&metrics, "tollgate_acme_orders_total{result=\"ok\"}"),
+        Some(2.0),
+        "{metrics}"
+    );
+    let expiry = common::metric(
+        &metrics,
+        "tollgate_certificate_expiry_seconds{domain=\"a.test\"}",
+    )
+    .unwrap();
+    assert!(expiry > 1.7e9, "a Unix time: {expiry}");
+    // The rest of the plain listener still redirects.
+    let plain = common::raw(
+        proxy.addr,
+        b"GET /x HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(common::status_of(&plain), 308, "{plain}");
+}
+
+#[tokio::test]
+async fn tls_alpn_01_obtains_certificates_on_the_tls_listener_and_serves_them_by_sni() {
+    let scene = Scene::new().await;
+    let acme = scene.acme(&["c.test", "d.test"], "tls-alpn-01", "");
+    let proxy = start(
+        &config(&acme, &scene.upstream.url(), "", ""),
+        tempfile::tempdir().unwrap(),
+    )
+    .await;
+    let tls = proxy.tls_addr.unwrap();
+    let pebble = scene.pebble(&validation(&proxy, 0));
+    let client = pebble.client().await;
+    for domain in ["c.test", "d.test"] {
+        let serial = wait_certificate(&proxy, domain, &pebble).await;
+        assert_eq!(
+            verified_serial(tls, domain, client.clone()).await.unwrap(),
+            serial
+        );
+        let answer = certs::get(tls, domain, client.clone(), "/over-tls").await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(answer.version, http::Version::HTTP_2, "h2 by ALPN");
+    }
+    // A client offering only acme-tls/1 outside a validation gets no certificate.
+    let mut only_acme = (*client).clone();
+    only_acme.alpn_protocols = vec![b"acme-tls/1".to_vec()];
+    assert!(certs::handshake(tls, "c.test", Arc::new(only_acme))
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn a_restart_serves_the_stored_certificate_and_orders_nothing() {
+    let scene = Scene::new().await;
+    let acme = scene.acme(&["e.test"], "http-01", "");
+    let yaml = config(&acme, &scene.upstream.url(), "", "");
+    let proxy = start(&yaml, tempfile::tempdir().unwrap()).await;
+    let pebble = scene.pebble(&validation(&proxy, 0));
+    let serial = wait_certificate(&proxy, "e.test", &pebble).await;
+    let orders = pebble.orders();
+    assert_eq!(orders, 1, "{}", pebble.output());
+    proxy.stop().await;
+    let account = std::fs::read_dir(scene.storage())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("account.json"))
+        .find(|p| p.exists())
+        .expect("the account is stored");
+    let account_before = std::fs::read(&account).unwrap();
+
+    let again = start(&yaml, tempfile::tempdir().unwrap()).await;
+    let client = pebble.client().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut served = None;
+    while served.is_none() && tokio::time::Instant::now() < deadline {
+        served = verified_serial(again.tls_addr.unwrap(), "e.test", client.clone())
+            .await
+            .ok();
+        if served.is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert!(
+        served.is_some(),
+        "the stored certificate is served after a restart"
+    );
+    assert_eq!(served.unwrap(), serial);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pebble.orders(), orders, "no new order: {}", pebble.output());
+    assert_eq!(
+        std::fs::read(&account).unwrap(),
+        account_before,
+        "same account"
+    );
+    assert_eq!(
+        status_of(&again, "e.test").await["last_attempt"],
+        Value::Null
+    );
+}
+
+#[tokio::test]
+async fn an_http_01_challenge_succeeds_while_every_limiter_of_the_route_is_exhausted() {
+    let scene = Scene::new().await;
+    let acme = scene.acme(&["f.test"], "http-01", "");
+    let limiters =
+        "limiters:\n  per_ip: { algorithm: fixed_window, limit: 1, window: 1h, key: ip }";
+    let yaml = config(&acme, &scene.upstream.url(), "", limiters);
+    let proxy = start(&yaml, tempfile::tempdir().unwrap()).await;
+    // Exhaust the limiter for 127.0.0.1 (pebble validates from there too).
+    let get = |path: &'static str| {
+        common::raw(
+            proxy.addr,
+            format!("GET {path} HTTP/1.1\r\nHost: f.test\r\nConnection: close\r\n\r\n")
+                .into_bytes()
+                .leak(),
+            Duration::from_secs(2),
+        )
+    };
+    assert_eq!(common::status_of(&get("/").await), 200);
+    assert_eq!(common::status_of(&get("/").await), 429);
+    assert_eq!(
+        common::status_of(&get("/.well-known/acme-challenge/unknown").await),
+        429,
+        "an unknown token is an ordinary request"
+    );
+    let pebble = scene.pebble(&validation(&proxy, 0));
+    wait_certificate(&proxy, "f.test", &pebble).await;
+    assert_eq!(common::status_of(&get("/").await), 429, "still limited");
+}
+
+/// A client that accepts any certificate: only the server's refusal can fail its handshake.
+fn accept_any() -> Arc<rustls::ClientConfig> {
+    #[derive(Debug)]
+    struct Any(Arc<rustls::crypto::CryptoProvider>);
+    impl rustls::client::danger::ServerCertVerifier for Any {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                m,
+                c,
+                d,
+                &self.0.signature_verification_algorithms,
+            )
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Any(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// A "CA" that accepts connections and closes them at once, counting them.
+async fn broken_ca() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test]
+async fn with_the_ca_down_other_names_are_served_retries_back_off_and_the_error_is_reported() {
+    let upstream = Upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (cert, key) = ca.issue(&["static.test"]).write(dir.path(), "static");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let (ca_addr, requests) = broken_ca().await;
+    let acme = acme_block(
+        &format!("https://{ca_addr}/dir"),
+        &ca_file,
+        &dir.path().join("acme"),
+        &["g.test"],
+        "tls-alpn-01",
+        "",
+    );
+    let yaml = format!(
+        r#"
+server:
+  tls:
+    listen: ["127.0.0.1:0"]
+    certs: [{{ cert: "{}", key: "{}" }}]
+    acme: {{ {acme} }}
+upstreams:
+  app: {{ url: "{}" }}
+routes:
+  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}
+"#,
+        cert.display(),
+        key.display(),
+        upstream.url()
+    );
+    let proxy = start(&yaml, tempfile::tempdir().unwrap()).await;
+    let tls = proxy.tls_addr.unwrap();
+    let window = Duration::from_secs(30);
+    tokio::time::sleep(window).await;
+    let seen = requests.load(Ordering::SeqCst);
+    // Delays of 2, 4, 8, 16 s (±20 %): attempts near 0, 2, 6, 14 and 30 s.
+    assert!(
+        (3..=6).contains(&seen),
+        "CA connections in {window:?}: {seen} (expected a doubling backoff)"
+    );
+    let answer = certs::get(tls, "static.test", ca.client(&[b"http/1.1"]), "/").await;
+    assert_eq!(answer.status, 200, "other names are served");
+    // A managed name without a certificate never gets the default pair,
+    // even from a client that would accept any certificate.
+    assert!(certs::handshake(tls, "g.test", accept_any()).await.is_err());
+    assert!(certs::handshake(tls, "other.test", accept_any())
+        .await
+        .is_ok());
+    let status = status_of(&proxy, "g.test").await;
+    assert!(status["last_error"].is_string(), "{status}");
+    assert!(status["failures"].as_u64().unwrap() >= 3, "{status}");
+    assert!(status["next_attempt"].is_string(), "{status}");
+    let metrics = proxy.metrics().await;
+    let failing = common::metric(
+        &metrics,
+        "tollgate_certificate_renewal_failing{domain=\"g.test\"}",
+    );
+    assert_eq!(failing, Some(1.0), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_renewed_certificate_is_swapped_in_while_keep_alive_clients_go_on_without_a_failure() {
+    let scene = Scene::new().await;
+    // 90 s certificates renewed 60 s before they expire: 30 s after issuance.
+    let acme = scene.acme(&["h.test"], "tls-alpn-01", ", renew_before: 60s");
+    let proxy = start(
+        &config(&acme, &scene.upstream.url(), "", ""),
+        tempfile::tempdir().unwrap(),
+    )
+    .await;
+    let tls = proxy.tls_addr.unwrap();
+    let pebble = scene.pebble(&validation(&proxy, 90));
+    let client = pebble.client().await;
+    let first = wait_certificate(&proxy, "h.test", &pebble).await;
+    let stream = certs::handshake(tls, "h.test", client.clone())
+        .await
+        .unwrap();
+    assert_eq!(serial(&certs::served_certificate(&stream)), first);
+    let mut session = Session::start(stream).await;
+    let mut renewed = None;
+    let mut requests = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(75);
+    while tokio::time::Instant::now() < deadline {
+        let answer = session.get("h.test", "/keep-alive", &[]).await;
+        assert_eq!(answer.status, 200, "request {requests}: {}", answer.body);
+        requests += 1;
+        let now = verified_serial(tls, "h.test", client.clone())
+            .await
+            .unwrap();
+        if now != first {
+            renewed = Some(now);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let renewed = renewed.unwrap_or_else(|| panic!("not renewed:\n{}", pebble.output()));
+    // The held connection still works after the swap.
+    assert_eq!(session.get("h.test", "/after", &[]).await.status, 200);
+    assert_eq!(
+        status_of(&proxy, "h.test").await["serial"],
+        renewed.as_str()
+    );
+    assert!(requests > 10, "{requests} requests on one connection");
+}
+
+#[tokio::test]
+async fn two_tollgates_sharing_the_storage_directory_order_once_and_both_serve_the_certificate() {
+    let scene = Scene::new().await;
+    let acme = scene.acme(&["i.test"], "http-01", "");
+    let yaml = config(&acme, &scene.upstream.url(), "", "");
+    let one = start(&yaml, tempfile::tempdir().unwrap()).await;
+    let two = start(&yaml, tempfile::tempdir().unwrap()).await;
+    // pebble validates on the first one's ports: the instance that orders may be
+    // either, so a challenge answer must reach every instance (shared storage).
+    let pebble = scene.pebble(&validation(&one, 0));
+    let client = pebble.client().await;
+    let serial = wait_certificate(&one, "i.test", &pebble).await;
+    assert_eq!(wait_certificate(&two, "i.test", &pebble).await, serial);
+    for p in [&one, &two] {
+        assert_eq!(
+            verified_serial(p.tls_addr.unwrap(), "i.test", client.clone())
+                .await
+                .unwrap(),
+            serial
+        );
+    }
+    assert_eq!(pebble.orders(), 1, "{}", pebble.output());
+}
