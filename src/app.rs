@@ -18,7 +18,7 @@ use crate::access::AccessLog;
 use crate::body::Body;
 use crate::buffering::Share;
 use crate::clock::SharedClock;
-use crate::config::{Config, OnError};
+use crate::config::{ChallengeWhen, Config, OnError};
 use crate::identity::{Client, IdentityError};
 use crate::limiter::{Nanos, Verdict};
 use crate::metrics::{inc, Decision, Metrics};
@@ -34,6 +34,7 @@ use refuse::rate_limit_headers;
 pub use release::Release;
 use trail::Trail;
 
+mod challenge;
 mod refuse;
 mod release;
 mod trail;
@@ -188,11 +189,25 @@ impl App {
         req: Request<RequestBody>,
     ) -> Result<Response<Body>, Problem> {
         let admitted = self.admit(x, req)?;
-        let client = self.identify(x, &admitted.req)?;
+        let mut client = self.identify(x, &admitted.req)?;
+        // Challenge: the pass a request carries; the pass path answers itself.
+        let admitted = match self.pass_gate(x, &mut client, admitted).await {
+            Ok(admitted) => admitted,
+            Err(resp) => return Ok(resp),
+        };
         let route = self.route(x, &admitted.req)?;
+        // Challenge: a browser without a pass proves itself, now (`always`)
+        // or instead of a limiter's refusal (`over_limit`).
+        let due = self.challenge_due(x, route, &client, &admitted.req);
+        if due == Some(ChallengeWhen::Always) {
+            return Ok(self.challenge(x, route, &client, &admitted.req, None));
+        }
         let headers = admitted.req.headers();
         let mut limits = match self.limit(x, route, &client, headers).await? {
             Admission::Admitted(limits) => limits,
+            Admission::Refused(resp) if x.trail.record.decision == Decision::Challenged => {
+                return Ok(self.challenge(x, route, &client, &admitted.req, Some(resp)));
+            }
             Admission::Refused(resp) => return Ok(resp),
         };
         let resp = self

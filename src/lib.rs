@@ -57,7 +57,10 @@
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
-//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core.
+//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core;
+//! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
+//!   (`key: pass`); `app/challenge.rs` is its phase (the pass a request carries, the pass path,
+//!   the page instead of a refusal).
 
 pub mod access;
 pub mod activity;
@@ -66,6 +69,7 @@ pub mod app;
 pub mod balance;
 pub mod body;
 pub mod buffering;
+pub mod challenge;
 pub mod clock;
 pub mod config;
 pub mod connections;

@@ -468,6 +468,7 @@ mod tests {
             reject: None,
             rate_limit_headers: Default::default(),
             allow_unlimited: false,
+            challenge: None,
         }
     }
 

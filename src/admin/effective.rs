@@ -222,6 +222,7 @@ fn identity_section(i: &IdentityConfig) -> Value {
         trusted_proxies,
         ipv6_prefix,
         exempt,
+        pass,
     } = i;
     json!({
         "api_key_header": api_key_header.as_str(),
@@ -232,6 +233,25 @@ fn identity_section(i: &IdentityConfig) -> Value {
         "ipv6_prefix": ipv6_prefix,
         "exempt": exempt.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "unknown_keys": {"limit": unknown_key_limit, "window": dur(*unknown_key_window)},
+        "pass": pass.as_ref().map(pass_section),
+    })
+}
+
+/// `identity.pass`: the key ids (never a secret), the newest last, as it signs.
+fn pass_section(p: &crate::config::PassConfig) -> Value {
+    let crate::config::PassConfig {
+        secret_file,
+        keys,
+        ttl,
+        ipv4_prefix,
+        ipv6_prefix,
+    } = p;
+    json!({
+        "secret_file": secret_file.display().to_string(),
+        "key_ids": keys.0.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
+        "ttl": dur(*ttl),
+        "ipv4_prefix": ipv4_prefix,
+        "ipv6_prefix": ipv6_prefix,
     })
 }
 
@@ -393,6 +413,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         reject,
         rate_limit_headers,
         allow_unlimited,
+        challenge,
     } = r;
     let (upstream, respond) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
@@ -430,6 +451,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "reject": reject.as_ref().map(reject_shape),
         "rate_limit_headers": headers,
         "allow_unlimited": allow_unlimited,
+        "challenge": challenge.map(|c| json!({"when": c.when.as_str(), "difficulty": c.difficulty})),
     })
 }
 

@@ -23,6 +23,9 @@ pub(super) struct Trail {
     pub(super) record: AccessRecord,
     /// Index into `Snapshot::routes`, once routed.
     pub(super) route: Option<usize>,
+    /// A limiter's refusal will be answered with a challenge page
+    /// (`app/challenge.rs`): it is decided `challenged`, not `rejected`.
+    pub(super) challenge_refusal: bool,
 }
 
 impl Trail {
@@ -59,6 +62,7 @@ impl Trail {
                 user_agent: h.get(http::header::USER_AGENT).cloned(),
             },
             route: None,
+            challenge_refusal: false,
         }
     }
 
@@ -66,6 +70,10 @@ impl Trail {
     /// record's `decision` (which the duration histogram reads when the
     /// request ends) and counts `tollgate_requests_total` with it.
     pub(super) fn decide(&mut self, metrics: &RouteMetrics, decision: Decision) {
+        let decision = match decision {
+            Decision::Rejected if self.challenge_refusal => Decision::Challenged,
+            d => d,
+        };
         self.record.decision = decision;
         metrics.count(decision);
     }

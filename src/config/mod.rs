@@ -40,6 +40,8 @@ mod locate;
 mod scan;
 
 mod admin_token;
+/// `identity.pass` and `routes[].challenge`.
+pub mod challenge;
 mod observe;
 mod protect;
 /// "Did you mean …?" over the names a config defines.
@@ -51,6 +53,7 @@ mod fastcgi;
 
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::BodyConfig;
+pub use challenge::{ChallengeConfig, ChallengeWhen, PassConfig, PassKey, PassKeys};
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{
@@ -272,6 +275,8 @@ pub struct IdentityConfig {
     pub trusted_proxies: Vec<IpNet>,
     pub ipv6_prefix: u8,
     pub exempt: Vec<IpNet>,
+    /// `identity.pass`: the secrets that sign challenges and passes.
+    pub pass: Option<PassConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -333,6 +338,8 @@ pub enum KeyPart {
     Route,
     Global,
     Header(HeaderName),
+    /// A verified pass (a solved challenge); without one, the client's IP.
+    Pass,
 }
 
 impl KeyPart {
@@ -343,7 +350,10 @@ impl KeyPart {
         match self {
             KeyPart::Header(_) => true,
             KeyPart::ApiKey => !keys_verified,
-            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global => false,
+            // A pass is signed by tollgate and costs a solved challenge.
+            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global | KeyPart::Pass => {
+                false
+            }
         }
     }
 }
@@ -366,6 +376,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Route => f.write_str("route"),
             KeyPart::Global => f.write_str("global"),
             KeyPart::Header(h) => write!(f, "header:{h}"),
+            KeyPart::Pass => f.write_str("pass"),
         }
     }
 }
@@ -409,6 +420,8 @@ pub struct RouteConfig {
     pub rate_limit_headers: HeaderSets,
     /// `allow_unlimited`: a reload may take every limiter off this route.
     pub allow_unlimited: bool,
+    /// `challenge`: browsers without a pass get a proof-of-work page.
+    pub challenge: Option<ChallengeConfig>,
 }
 
 #[derive(Debug, Clone)]

@@ -397,6 +397,8 @@ pub struct RawIdentity {
     pub ipv6_prefix: Option<u8>,
     #[serde(default)]
     pub exempt: Vec<Text>,
+    /// Signed passes a solved challenge earns (`key: pass`, `routes[].challenge`).
+    pub pass: Option<super::challenge::RawPass>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -479,6 +481,8 @@ pub struct RawRoute {
     pub rate_limit_headers: Option<Text>,
     /// A reload may leave this route with no limiter though it had some.
     pub allow_unlimited: Option<bool>,
+    /// A proof-of-work page for browsers (`always`, or `over_limit`).
+    pub challenge: Option<super::challenge::RawChallenge>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

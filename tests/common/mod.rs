@@ -15,6 +15,7 @@ pub const WINDOW_START: u64 = 1_767_225_600 * 1_000_000_000;
 pub const T0: u64 = WINDOW_START + 20 * 1_000_000_000;
 
 pub mod browser;
+pub mod cdp;
 pub mod certs;
 pub mod php;
 pub mod php_fpm;

@@ -160,6 +160,7 @@ impl Validator<'_> {
             &raw.limiters,
             &limiters,
         );
+        self.need_pass(identity.pass.as_ref(), &routes, &limiters);
         self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
         let log = self.log(&raw.log);
         Config {
@@ -386,6 +387,7 @@ impl Validator<'_> {
             trusted_proxies: self.cidrs("identity.trusted_proxies", &raw.trusted_proxies),
             ipv6_prefix: ipv6_prefix.clamp(1, 128),
             exempt: self.cidrs("identity.exempt", &raw.exempt),
+            pass: self.pass(raw.pass.as_ref()),
         }
     }
 }

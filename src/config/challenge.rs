@@ -1,0 +1,265 @@
+//! `identity.pass` and `routes[].challenge`: raw YAML → [`PassConfig`], [`ChallengeConfig`]; pure, every problem with its path, and the pass key file's format.
+//!
+//! The secret file is read by the loader (`load::read_pass_file`) once the
+//! config is valid, like the API key file; [`PassKeys::parse`] is the pure
+//! half of that, so its rules are tested without a file.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{dur, Dur, KeyPart, LimiterConfig, RouteConfig, Text, Validator};
+
+/// The difficulty a route gets without `difficulty:`: leading zero bits of
+/// SHA-256(challenge ‖ nonce), so 2^16 = 65,536 hashes on average. Measured
+/// in headless Chromium on the project's 2-core build machine (README,
+/// "Scrapers and crawler fleets"): well under a second, and a phone a few
+/// times slower still stays near one.
+pub const DEFAULT_DIFFICULTY: u8 = 16;
+/// 2^24 hashes is already minutes on a phone: more is a denial of service on people.
+pub const MAX_DIFFICULTY: u8 = 24;
+/// A pass is good for this long without `ttl:`.
+pub const DEFAULT_PASS_TTL: Duration = Duration::from_secs(7 * 86_400);
+/// The shortest secret a line of the pass key file may hold (`openssl rand -hex 32` gives 64).
+pub const MIN_SECRET_LEN: usize = 32;
+/// The most keys the file may hold: each is tried only by its id, but a
+/// rotation needs two or three, never hundreds.
+pub const MAX_PASS_KEYS: usize = 16;
+
+/// `identity.pass: { secret_file, ttl, ipv4_prefix, ipv6_prefix }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPass {
+    pub secret_file: Option<Text>,
+    pub ttl: Option<Dur>,
+    pub ipv4_prefix: Option<u8>,
+    pub ipv6_prefix: Option<u8>,
+}
+
+/// `routes[].challenge: { when: always | over_limit, difficulty: 16 }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawChallenge {
+    pub when: Option<Text>,
+    pub difficulty: Option<u8>,
+}
+
+/// Signed passes and challenges: the keys, how long a pass lasts, and the
+/// address block it is bound to.
+#[derive(Debug, Clone)]
+pub struct PassConfig {
+    pub secret_file: PathBuf,
+    /// The file's keys, read by the loader (empty straight out of `validate`).
+    pub keys: Arc<PassKeys>,
+    pub ttl: Duration,
+    /// A pass made for an IPv4 client holds for its /24 (by default): a
+    /// phone moving between addresses of one carrier block keeps its pass.
+    pub ipv4_prefix: u8,
+    pub ipv6_prefix: u8,
+}
+
+/// When a route challenges a browser that has no valid pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeWhen {
+    /// Every such request ("under attack").
+    Always,
+    /// Only when the route's limiters refuse it: the page instead of the 429.
+    OverLimit,
+}
+
+impl ChallengeWhen {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChallengeWhen::Always => "always",
+            ChallengeWhen::OverLimit => "over_limit",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChallengeConfig {
+    pub when: ChallengeWhen,
+    /// Leading zero bits the solution's hash needs.
+    pub difficulty: u8,
+}
+
+/// One secret of the pass key file, known by an id derived from it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PassKey {
+    /// 8 hex digits of SHA-256("tollgate-pass-key" ‖ secret): what a pass
+    /// names, so the secret itself never leaves the file.
+    pub id: String,
+    pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for PassKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PassKey({})", self.id)
+    }
+}
+
+/// The keys of the pass key file, oldest first: the last one signs, all verify.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassKeys(pub Vec<PassKey>);
+
+impl PassKeys {
+    /// One secret per line (blank lines and `#` comments skipped), at
+    /// least [`MIN_SECRET_LEN`] characters each, at most [`MAX_PASS_KEYS`].
+    /// Rotation: append a new line (it signs from the next reload on), and
+    /// remove the old one once the passes it signed have expired.
+    pub fn parse(text: &str) -> Result<PassKeys, String> {
+        let mut keys: Vec<PassKey> = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if line.len() < MIN_SECRET_LEN {
+                return Err(format!(
+                    "line {}: a secret needs at least {MIN_SECRET_LEN} characters (e.g. `openssl rand -hex 32`)",
+                    n + 1
+                ));
+            }
+            let key = PassKey::new(line.as_bytes());
+            if keys.iter().any(|k| k.id == key.id) {
+                return Err(format!("line {}: the same secret twice", n + 1));
+            }
+            keys.push(key);
+        }
+        if keys.is_empty() {
+            return Err("no secret in the file; write one per line".into());
+        }
+        if keys.len() > MAX_PASS_KEYS {
+            return Err(format!(
+                "{} secrets; at most {MAX_PASS_KEYS} (remove the oldest)",
+                keys.len()
+            ));
+        }
+        Ok(PassKeys(keys))
+    }
+}
+
+impl PassKey {
+    pub fn new(secret: &[u8]) -> PassKey {
+        let mut h = Sha256::new();
+        h.update(b"tollgate-pass-key");
+        h.update(secret);
+        let digest = h.finalize();
+        let id = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        PassKey {
+            id,
+            secret: secret.to_vec(),
+        }
+    }
+}
+
+impl Validator<'_> {
+    pub(super) fn pass(&mut self, raw: Option<&RawPass>) -> Option<PassConfig> {
+        let raw = raw?;
+        let Some(file) = &raw.secret_file else {
+            self.err(
+                "identity.pass.secret_file",
+                "missing: the file of secrets that sign challenges and passes",
+            );
+            return None;
+        };
+        let ttl = dur(raw.ttl, DEFAULT_PASS_TTL);
+        if ttl < Duration::from_secs(60) {
+            self.err("identity.pass.ttl", "must be at least 1m");
+        }
+        let v4 = raw.ipv4_prefix.unwrap_or(24);
+        if !(8..=32).contains(&v4) {
+            self.err("identity.pass.ipv4_prefix", "must be between 8 and 32");
+        }
+        let v6 = raw.ipv6_prefix.unwrap_or(64);
+        if !(16..=128).contains(&v6) {
+            self.err("identity.pass.ipv6_prefix", "must be between 16 and 128");
+        }
+        Some(PassConfig {
+            secret_file: PathBuf::from(&file.0),
+            keys: Arc::default(),
+            ttl,
+            ipv4_prefix: v4.clamp(8, 32),
+            ipv6_prefix: v6.clamp(16, 128),
+        })
+    }
+
+    pub(super) fn challenge(&mut self, path: &str, raw: &RawChallenge) -> ChallengeConfig {
+        let when = match raw.when.as_ref().map(|t| t.0.as_str()) {
+            None | Some("over_limit") => ChallengeWhen::OverLimit,
+            Some("always") => ChallengeWhen::Always,
+            Some(other) => {
+                self.err(
+                    format!("{path}.when"),
+                    format!("unknown value {other:?} (always or over_limit)"),
+                );
+                ChallengeWhen::OverLimit
+            }
+        };
+        let difficulty = raw.difficulty.unwrap_or(DEFAULT_DIFFICULTY);
+        if !(1..=MAX_DIFFICULTY).contains(&difficulty) {
+            self.err(
+                format!("{path}.difficulty"),
+                format!("must be between 1 and {MAX_DIFFICULTY} bits"),
+            );
+        }
+        ChallengeConfig {
+            when,
+            difficulty: difficulty.clamp(1, MAX_DIFFICULTY),
+        }
+    }
+
+    /// Challenges and `key: pass` need the secret that signs them.
+    pub(super) fn need_pass(
+        &mut self,
+        pass: Option<&PassConfig>,
+        routes: &[RouteConfig],
+        limiters: &[LimiterConfig],
+    ) {
+        if pass.is_some() {
+            return;
+        }
+        let why = "needs `identity.pass` (its secret_file signs challenges and passes)";
+        for (i, r) in routes.iter().enumerate() {
+            if r.challenge.is_some() {
+                self.err(format!("routes[{i}].challenge"), why);
+            }
+        }
+        for l in limiters {
+            if l.key.contains(&KeyPart::Pass) {
+                self.err(format!("limiters.{}.key", l.name), format!("`pass` {why}"));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_file_lists_secrets_oldest_first_and_names_each_by_a_hash() {
+        let a = "a".repeat(40);
+        let b = "b".repeat(40);
+        let keys = PassKeys::parse(&format!("# old\n{a}\n\n{b}\n")).unwrap();
+        assert_eq!(keys.0.len(), 2);
+        assert_eq!(keys.0[1].secret, b.as_bytes());
+        assert_eq!(keys.0[0].id.len(), 8);
+        assert_ne!(keys.0[0].id, keys.0[1].id);
+        assert!(!keys.0[0].id.contains('a'.to_string().repeat(8).as_str()));
+    }
+
+    #[test]
+    fn short_duplicate_or_missing_secrets_are_refused() {
+        assert!(PassKeys::parse("short\n").unwrap_err().contains("line 1"));
+        let a = "a".repeat(40);
+        assert!(PassKeys::parse(&format!("{a}\n{a}\n"))
+            .unwrap_err()
+            .contains("twice"));
+        assert!(PassKeys::parse("# nothing\n").is_err());
+    }
+}
