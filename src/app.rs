@@ -198,7 +198,7 @@ impl App {
         let route = self.route(x, &admitted.req)?;
         // Challenge: a browser without a pass proves itself, now (`always`)
         // or instead of a limiter's refusal (`over_limit`).
-        let due = self.challenge_due(x, route, &client, &admitted.req);
+        let due = self.challenge_due(x, route, &client, &admitted.req).await;
         if due == Some(ChallengeWhen::Always) {
             return Ok(self.challenge(x, route, &client, &admitted.req, None));
         }

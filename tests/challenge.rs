@@ -434,3 +434,56 @@ async fn a_flood_of_unsolved_challenges_and_forged_solutions_leaves_no_state() {
     assert_eq!(metric(&m, "tollgate_tracked_keys "), Some(keys_before));
     assert_eq!(upstream.seen.requests.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
+
+// ---- verified crawlers ---------------------------------------------------
+
+const GOOGLEBOT: &str = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)";
+
+async fn as_crawler(proxy: &Proxy, ip: &str) -> u16 {
+    send(
+        client()
+            .get(proxy.url("/"))
+            .header("accept", HTML)
+            .header("user-agent", GOOGLEBOT)
+            .header("x-forwarded-for", ip),
+    )
+    .await
+    .status
+}
+
+#[tokio::test]
+async fn a_crawler_is_let_through_only_where_forward_confirmed_reverse_dns_says_so() {
+    let dns = common::dnsmasq::Dnsmasq::start(
+        &[
+            ("203.0.113.9", "crawl-203-0-113-9.googlebot.com"),
+            // A PTR record is whatever the address owner writes: this one lies.
+            ("198.51.100.8", "crawl-fake.googlebot.com"),
+        ],
+        &[
+            ("crawl-203-0-113-9.googlebot.com", "203.0.113.9"),
+            ("crawl-fake.googlebot.com", "203.0.113.50"),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let keys = secret_file(dir.path(), &[NEW]);
+    let text = yaml(&keys, &upstream, "{ when: always }", "ip", 100).replace(
+        "  pass: {",
+        &format!(
+            "  pass: {{ crawlers: {{ resolver: \"{}\", cidrs: [192.0.2.0/24], verify: [{{ user_agent: googlebot, domains: [googlebot.com, google.com] }}] }}, ",
+            dns.addr
+        ),
+    );
+    let proxy = Proxy::start(&text).await;
+    assert_eq!(as_crawler(&proxy, "203.0.113.9").await, 200);
+    assert_eq!(as_crawler(&proxy, "203.0.113.9").await, 200);
+    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"confirmed\"}").await, 1.0);
+    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"cached\"}").await, 1.0);
+    // The same user-agent elsewhere: no PTR, or a PTR the forward lookup does not confirm.
+    assert_eq!(as_crawler(&proxy, "198.51.100.7").await, 403);
+    assert_eq!(as_crawler(&proxy, "198.51.100.8").await, 403);
+    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"refused\"}").await, 2.0);
+    // An allowed range needs no lookup.
+    assert_eq!(as_crawler(&proxy, "192.0.2.4").await, 200);
+    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"cidr\"}").await, 1.0);
+}

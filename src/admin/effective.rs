@@ -245,13 +245,30 @@ fn pass_section(p: &crate::config::PassConfig) -> Value {
         ttl,
         ipv4_prefix,
         ipv6_prefix,
+        crawlers,
     } = p;
+    let crate::config::CrawlerConfig {
+        resolver,
+        timeout,
+        cache_size,
+        cache_ttl,
+        cidrs,
+        verify,
+    } = crawlers;
     json!({
         "secret_file": secret_file.display().to_string(),
         "key_ids": keys.0.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
         "ttl": dur(*ttl),
         "ipv4_prefix": ipv4_prefix,
         "ipv6_prefix": ipv6_prefix,
+        "crawlers": {
+            "resolver": resolver.to_string(),
+            "timeout": dur(*timeout),
+            "cache_size": cache_size,
+            "cache_ttl": dur(*cache_ttl),
+            "cidrs": cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "verify": verify.iter().map(|v| json!({"user_agent": v.user_agent, "domains": v.domains})).collect::<Vec<_>>(),
+        },
     })
 }
 

@@ -80,17 +80,21 @@ impl App {
 
     /// Whether this request gets the page, and when: `always` answers it
     /// now; `over_limit` marks the trail so a refusal is decided `challenged`.
-    pub(super) fn challenge_due(
+    pub(super) async fn challenge_due(
         &self,
         x: &mut Exchange,
         route: usize,
         client: &Client,
         req: &Request<RequestBody>,
     ) -> Option<ChallengeWhen> {
-        x.snap.gate.as_ref()?;
-        let config = x.snap.config.routes[route].challenge?;
+        let snap = x.snap.clone();
+        let gate = snap.gate.as_ref()?;
+        let config = snap.config.routes[route].challenge?;
         let browser = req.method() == Method::GET && prefers_html(req.headers());
         if !browser || client.exempt || client.key_verified || client.pass.is_some() {
+            return None;
+        }
+        if gate.crawler_allowed(client.ip, req.headers(), x.now).await {
             return None;
         }
         if config.when == ChallengeWhen::OverLimit {

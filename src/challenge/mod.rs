@@ -28,6 +28,7 @@ use crate::metrics::{inc, Counter, Histogram, Metrics};
 pub use token::Refusal;
 use token::{hex, Key};
 
+pub mod crawler;
 pub mod page;
 pub mod token;
 
@@ -54,6 +55,7 @@ pub struct Gate {
     ipv6_prefix: u8,
     rng: SystemRandom,
     metrics: GateMetrics,
+    crawlers: crawler::Crawlers,
 }
 
 impl std::fmt::Debug for Gate {
@@ -103,6 +105,7 @@ impl GateMetrics {
 /// config has `identity.pass`: dashboards and alerts see 0, not "no data".
 pub fn start_at_zero(metrics: &Metrics) {
     GateMetrics::new(metrics);
+    crawler::start_at_zero(metrics);
 }
 
 /// A solution as the page posts it.
@@ -175,7 +178,17 @@ impl Gate {
             ipv6_prefix: config.ipv6_prefix,
             rng: SystemRandom::new(),
             metrics: GateMetrics::new(metrics),
+            crawlers: crawler::Crawlers::new(&config.crawlers, metrics),
         })
+    }
+
+    /// Whether the client is a crawler let through without a challenge
+    /// (`crawlers.cidrs`, or a `verify` user-agent its reverse DNS confirms).
+    pub async fn crawler_allowed(&self, ip: IpAddr, headers: &HeaderMap, now: Nanos) -> bool {
+        let ua = headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok());
+        self.crawlers.allowed(ip, ua, now).await
     }
 
     /// A fresh CSP nonce for one page (16 random bytes in hex).

@@ -20,6 +20,7 @@ fn gate(secrets: &[&str]) -> (Gate, Metrics) {
         ttl: Duration::from_secs(7 * 86_400),
         ipv4_prefix: 24,
         ipv6_prefix: 64,
+        crawlers: Default::default(),
     };
     (Gate::new(&config, &metrics).unwrap(), metrics)
 }

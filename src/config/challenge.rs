@@ -4,10 +4,12 @@
 //! config is valid, like the API key file; [`PassKeys::parse`] is the pure
 //! half of that, so its rules are tested without a file.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ipnet::IpNet;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -37,6 +39,29 @@ pub struct RawPass {
     pub ttl: Option<Dur>,
     pub ipv4_prefix: Option<u8>,
     pub ipv6_prefix: Option<u8>,
+    pub crawlers: Option<RawCrawlers>,
+}
+
+/// `identity.pass.crawlers`: who is let through without a challenge.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCrawlers {
+    pub resolver: Option<Text>,
+    pub timeout: Option<Dur>,
+    pub cache_size: Option<u64>,
+    pub cache_ttl: Option<Dur>,
+    #[serde(default)]
+    pub cidrs: Vec<Text>,
+    #[serde(default)]
+    pub verify: Vec<RawVerify>,
+}
+
+/// One crawler confirmed by forward-confirmed reverse DNS.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVerify {
+    pub user_agent: Text,
+    pub domains: Vec<Text>,
 }
 
 /// `routes[].challenge: { when: always | over_limit, difficulty: 16 }`.
@@ -59,6 +84,43 @@ pub struct PassConfig {
     /// phone moving between addresses of one carrier block keeps its pass.
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
+    /// Crawlers let through without a challenge.
+    pub crawlers: CrawlerConfig,
+}
+
+/// `identity.pass.crawlers`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CrawlerConfig {
+    /// The DNS server asked (UDP) for reverse and forward lookups.
+    pub resolver: SocketAddr,
+    pub timeout: Duration,
+    /// Addresses remembered (confirmed or not) at most; the cache is cleared when full.
+    pub cache_size: usize,
+    pub cache_ttl: Duration,
+    /// Addresses let through whatever their user-agent.
+    pub cidrs: Vec<IpNet>,
+    pub verify: Vec<VerifyRule>,
+}
+
+/// No crawler let through: nothing in `cidrs`, nothing to verify.
+impl Default for CrawlerConfig {
+    fn default() -> CrawlerConfig {
+        CrawlerConfig {
+            resolver: SocketAddr::from(([127, 0, 0, 1], 53)),
+            timeout: Duration::from_secs(1),
+            cache_size: 10_000,
+            cache_ttl: Duration::from_secs(3600),
+            cidrs: Vec::new(),
+            verify: Vec::new(),
+        }
+    }
+}
+
+/// A user-agent (lowercase substring) and the domains its PTR names must lie in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyRule {
+    pub user_agent: String,
+    pub domains: Vec<String>,
 }
 
 /// When a route challenges a browser that has no valid pass.
@@ -179,13 +241,62 @@ impl Validator<'_> {
         if !(16..=128).contains(&v6) {
             self.err("identity.pass.ipv6_prefix", "must be between 16 and 128");
         }
+        let crawlers = self.crawlers(&raw.crawlers.clone().unwrap_or_default());
         Some(PassConfig {
             secret_file: PathBuf::from(&file.0),
             keys: Arc::default(),
             ttl,
             ipv4_prefix: v4.clamp(8, 32),
             ipv6_prefix: v6.clamp(16, 128),
+            crawlers,
         })
+    }
+
+    fn crawlers(&mut self, raw: &RawCrawlers) -> CrawlerConfig {
+        let at = "identity.pass.crawlers";
+        let resolver = match &raw.resolver {
+            None => SocketAddr::from(([127, 0, 0, 1], 53)),
+            Some(t) => t.0.parse().unwrap_or_else(|_| {
+                self.err(
+                    format!("{at}.resolver"),
+                    format!("{:?} is not IP:port (e.g. 127.0.0.1:53)", t.0),
+                );
+                SocketAddr::from(([127, 0, 0, 1], 53))
+            }),
+        };
+        let cache_size = raw.cache_size.unwrap_or(10_000);
+        if !(1..=1_000_000).contains(&cache_size) {
+            self.err(format!("{at}.cache_size"), "must be between 1 and 1000000");
+        }
+        let verify = raw
+            .verify
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                if v.user_agent.0.trim().is_empty() || v.domains.is_empty() {
+                    self.err(
+                        format!("{at}.verify[{i}]"),
+                        "needs a user_agent and at least one domain",
+                    );
+                }
+                VerifyRule {
+                    user_agent: v.user_agent.0.trim().to_ascii_lowercase(),
+                    domains: v
+                        .domains
+                        .iter()
+                        .map(|d| d.0.trim().trim_matches('.').to_ascii_lowercase())
+                        .collect(),
+                }
+            })
+            .collect();
+        CrawlerConfig {
+            resolver,
+            timeout: dur(raw.timeout, Duration::from_secs(1)),
+            cache_size: cache_size.clamp(1, 1_000_000) as usize,
+            cache_ttl: dur(raw.cache_ttl, Duration::from_secs(3600)),
+            cidrs: self.cidrs(&format!("{at}.cidrs"), &raw.cidrs),
+            verify,
+        }
     }
 
     pub(super) fn challenge(&mut self, path: &str, raw: &RawChallenge) -> ChallengeConfig {

@@ -53,7 +53,9 @@ mod fastcgi;
 
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::BodyConfig;
-pub use challenge::{ChallengeConfig, ChallengeWhen, PassConfig, PassKey, PassKeys};
+pub use challenge::{
+    ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys, VerifyRule,
+};
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{

@@ -311,7 +311,7 @@ impl Validator<'_> {
         n.max(MIN_MAX_KEYS)
     }
 
-    fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
+    pub(in crate::config) fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
         raw.iter()
             .enumerate()
             .filter_map(|(i, t)| {
