@@ -92,7 +92,9 @@ async fn post(proxy: &Proxy, challenge: &str, nonce: &str, back: &str, ip: &str)
     let form = format!(
         "c={}&n={nonce}&r={}&ms=250&via=js",
         challenge.replace('/', "%2F"),
-        back.replace('/', "%2F").replace('?', "%3F").replace('=', "%3D")
+        back.replace('/', "%2F")
+            .replace('?', "%3F")
+            .replace('=', "%3D")
     );
     send(
         client()
@@ -227,12 +229,22 @@ async fn a_browser_gets_the_page_and_never_the_upstream_while_other_clients_get_
     .await;
     assert_eq!(keyed.status, 429);
     assert_eq!(keyed.headers["content-type"], "application/problem+json");
-    assert_eq!(upstream.seen.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        upstream
+            .seen
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
     let records = proxy.access.wait_records(4).await;
     assert_eq!(records[1]["decision"], "challenged", "{records:?}");
     assert_eq!(records[2]["decision"], "rejected");
     assert_eq!(
-        count(&proxy, "tollgate_requests_total{route=\"wiki\",decision=\"challenged\"}").await,
+        count(
+            &proxy,
+            "tollgate_requests_total{route=\"wiki\",decision=\"challenged\"}"
+        )
+        .await,
         1.0
     );
 }
@@ -242,7 +254,14 @@ async fn a_solution_earns_a_pass_that_later_requests_pass_with() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[NEW]);
-    let proxy = Proxy::start(&yaml(&keys, &upstream, "{ when: always, difficulty: 8 }", "pass", 100)).await;
+    let proxy = Proxy::start(&yaml(
+        &keys,
+        &upstream,
+        "{ when: always, difficulty: 8 }",
+        "pass",
+        100,
+    ))
+    .await;
     let ip = "203.0.113.9";
     let page = browse(&proxy, "/wiki/Main_Page?x=1", ip, None).await;
     let c = challenge_of(&page.body);
@@ -267,7 +286,13 @@ async fn solutions_for_another_challenge_address_or_time_are_refused() {
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[NEW]);
     let clock = ManualClock::at(T0);
-    let yaml = yaml(&keys, &upstream, "{ when: always, difficulty: 8 }", "pass", 100);
+    let yaml = yaml(
+        &keys,
+        &upstream,
+        "{ when: always, difficulty: 8 }",
+        "pass",
+        100,
+    );
     let proxy = Proxy::start_with_clock(&yaml, clock.clone()).await;
     let ip = "203.0.113.9";
     let c = challenge_of(&browse(&proxy, "/", ip, None).await.body);
@@ -276,19 +301,50 @@ async fn solutions_for_another_challenge_address_or_time_are_refused() {
     // The nonce of one challenge does not solve another (unless by a 1-in-256 chance).
     if solve(&other) != nonce {
         assert_eq!(post(&proxy, &other, &nonce, "/", ip).await.status, 400);
-        assert_eq!(count(&proxy, "tollgate_challenges_failed_total{reason=\"unsolved\"}").await, 1.0);
+        assert_eq!(
+            count(
+                &proxy,
+                "tollgate_challenges_failed_total{reason=\"unsolved\"}"
+            )
+            .await,
+            1.0
+        );
     }
     let elsewhere = post(&proxy, &c, &nonce, "/", "198.51.100.9").await;
     assert_eq!(elsewhere.status, 400);
-    assert!(elsewhere.body.contains("other_prefix"), "{}", elsewhere.body);
+    assert!(
+        elsewhere.body.contains("other_prefix"),
+        "{}",
+        elsewhere.body
+    );
     let easier = c.replacen("~8~", "~1~", 1);
-    assert_eq!(post(&proxy, &easier, &solve(&easier), "/", ip).await.status, 400);
-    assert_eq!(count(&proxy, "tollgate_challenges_failed_total{reason=\"forged\"}").await, 1.0);
+    assert_eq!(
+        post(&proxy, &easier, &solve(&easier), "/", ip).await.status,
+        400
+    );
+    assert_eq!(
+        count(
+            &proxy,
+            "tollgate_challenges_failed_total{reason=\"forged\"}"
+        )
+        .await,
+        1.0
+    );
     clock.advance(Duration::from_secs(601));
     let late = post(&proxy, &c, &nonce, "/", ip).await;
     assert_eq!(late.status, 400);
-    assert_eq!(count(&proxy, "tollgate_challenges_failed_total{reason=\"expired\"}").await, 1.0);
-    assert_eq!(count(&proxy, "tollgate_challenges_solved_total{via=\"js\"}").await, 0.0);
+    assert_eq!(
+        count(
+            &proxy,
+            "tollgate_challenges_failed_total{reason=\"expired\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        count(&proxy, "tollgate_challenges_solved_total{via=\"js\"}").await,
+        0.0
+    );
 }
 
 #[tokio::test]
@@ -297,7 +353,13 @@ async fn tampered_expired_or_removed_key_passes_count_as_no_pass() {
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[OLD]);
     let clock = ManualClock::at(T0);
-    let text = yaml(&keys, &upstream, "{ when: always, difficulty: 8 }", "pass", 100);
+    let text = yaml(
+        &keys,
+        &upstream,
+        "{ when: always, difficulty: 8 }",
+        "pass",
+        100,
+    );
     let proxy = Proxy::start_with_clock(&text, clock.clone()).await;
     let ip = "203.0.113.9";
     let cookie = pass_for(&proxy, ip).await;
@@ -309,10 +371,25 @@ async fn tampered_expired_or_removed_key_passes_count_as_no_pass() {
         fields.join("~")
     };
     assert_eq!(browse(&proxy, "/", ip, Some(&tampered)).await.status, 403);
-    assert_eq!(count(&proxy, "tollgate_passes_rejected_total{reason=\"forged\"}").await, 1.0);
+    assert_eq!(
+        count(&proxy, "tollgate_passes_rejected_total{reason=\"forged\"}").await,
+        1.0
+    );
     // From another address block.
-    assert_eq!(browse(&proxy, "/", "198.51.100.9", Some(&cookie)).await.status, 403);
-    assert_eq!(count(&proxy, "tollgate_passes_rejected_total{reason=\"other_prefix\"}").await, 1.0);
+    assert_eq!(
+        browse(&proxy, "/", "198.51.100.9", Some(&cookie))
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        count(
+            &proxy,
+            "tollgate_passes_rejected_total{reason=\"other_prefix\"}"
+        )
+        .await,
+        1.0
+    );
     // A rotation keeps it; removing its key refuses it.
     secret_file(dir.path(), &[OLD, NEW]);
     assert_eq!(proxy.reload().await.0, 200);
@@ -320,12 +397,22 @@ async fn tampered_expired_or_removed_key_passes_count_as_no_pass() {
     secret_file(dir.path(), &[NEW]);
     assert_eq!(proxy.reload().await.0, 200);
     assert_eq!(browse(&proxy, "/", ip, Some(&cookie)).await.status, 403);
-    assert_eq!(count(&proxy, "tollgate_passes_rejected_total{reason=\"unknown_key\"}").await, 1.0);
+    assert_eq!(
+        count(
+            &proxy,
+            "tollgate_passes_rejected_total{reason=\"unknown_key\"}"
+        )
+        .await,
+        1.0
+    );
     // A new pass, a week and a second later: expired.
     let fresh = pass_for(&proxy, ip).await;
     clock.advance(Duration::from_secs(7 * 86_400 + 1));
     assert_eq!(browse(&proxy, "/", ip, Some(&fresh)).await.status, 403);
-    assert_eq!(count(&proxy, "tollgate_passes_rejected_total{reason=\"expired\"}").await, 1.0);
+    assert_eq!(
+        count(&proxy, "tollgate_passes_rejected_total{reason=\"expired\"}").await,
+        1.0
+    );
 }
 
 #[tokio::test]
@@ -333,7 +420,13 @@ async fn two_tollgates_with_one_secret_accept_each_others_passes() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[OLD, NEW]);
-    let text = yaml(&keys, &upstream, "{ when: always, difficulty: 8 }", "pass", 100);
+    let text = yaml(
+        &keys,
+        &upstream,
+        "{ when: always, difficulty: 8 }",
+        "pass",
+        100,
+    );
     let a = Proxy::start(&text).await;
     let b = Proxy::start(&text).await;
     let ip = "203.0.113.9";
@@ -353,7 +446,13 @@ async fn two_browsers_behind_one_address_each_get_their_own_counter() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[NEW]);
-    let text = yaml(&keys, &upstream, "{ when: over_limit, difficulty: 8 }", "pass", 2);
+    let text = yaml(
+        &keys,
+        &upstream,
+        "{ when: over_limit, difficulty: 8 }",
+        "pass",
+        2,
+    );
     let proxy = Proxy::start(&text).await;
     let nat = "203.0.113.9";
     // Without a pass, everyone behind the address shares its counter.
@@ -422,7 +521,10 @@ async fn a_flood_of_unsolved_challenges_and_forged_solutions_leaves_no_state() {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(count(&proxy, "tollgate_challenges_issued_total").await, 10_001.0);
+    assert_eq!(
+        count(&proxy, "tollgate_challenges_issued_total").await,
+        10_001.0
+    );
     let m = proxy.metrics().await;
     let refused: f64 = m
         .lines()
@@ -432,7 +534,13 @@ async fn a_flood_of_unsolved_challenges_and_forged_solutions_leaves_no_state() {
     assert_eq!(refused, 10_000.0);
     // Challenges are issued without storing anything: no limiter key was added for them.
     assert_eq!(metric(&m, "tollgate_tracked_keys "), Some(keys_before));
-    assert_eq!(upstream.seen.requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(
+        upstream
+            .seen
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
 }
 
 // ---- verified crawlers ---------------------------------------------------
@@ -477,13 +585,29 @@ async fn a_crawler_is_let_through_only_where_forward_confirmed_reverse_dns_says_
     let proxy = Proxy::start(&text).await;
     assert_eq!(as_crawler(&proxy, "203.0.113.9").await, 200);
     assert_eq!(as_crawler(&proxy, "203.0.113.9").await, 200);
-    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"confirmed\"}").await, 1.0);
-    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"cached\"}").await, 1.0);
+    assert_eq!(
+        count(
+            &proxy,
+            "tollgate_crawler_checks_total{result=\"confirmed\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        count(&proxy, "tollgate_crawler_checks_total{result=\"cached\"}").await,
+        1.0
+    );
     // The same user-agent elsewhere: no PTR, or a PTR the forward lookup does not confirm.
     assert_eq!(as_crawler(&proxy, "198.51.100.7").await, 403);
     assert_eq!(as_crawler(&proxy, "198.51.100.8").await, 403);
-    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"refused\"}").await, 2.0);
+    assert_eq!(
+        count(&proxy, "tollgate_crawler_checks_total{result=\"refused\"}").await,
+        2.0
+    );
     // An allowed range needs no lookup.
     assert_eq!(as_crawler(&proxy, "192.0.2.4").await, 200);
-    assert_eq!(count(&proxy, "tollgate_crawler_checks_total{result=\"cidr\"}").await, 1.0);
+    assert_eq!(
+        count(&proxy, "tollgate_crawler_checks_total{result=\"cidr\"}").await,
+        1.0
+    );
 }

@@ -128,7 +128,8 @@ impl App {
         let mut resp = match refused {
             Some(refusal) => refusal.map(|_| Body::full(Bytes::from(html))),
             None => {
-                x.trail.decide(&snap.routes[route].metrics, Decision::Challenged);
+                x.trail
+                    .decide(&snap.routes[route].metrics, Decision::Challenged);
                 let mut resp = Response::new(Body::full(Bytes::from(html)));
                 *resp.status_mut() = StatusCode::FORBIDDEN;
                 resp

@@ -241,9 +241,9 @@ pub fn answers(p: &[u8], id: u16, qtype: u16) -> Option<Vec<Record>> {
         let rdata = p.get(data..data + len)?;
         match rtype {
             t if t != qtype => {}
-            TYPE_A if len == 4 => out.push(Record::Addr(IpAddr::from(
-                <[u8; 4]>::try_from(rdata).ok()?,
-            ))),
+            TYPE_A if len == 4 => {
+                out.push(Record::Addr(IpAddr::from(<[u8; 4]>::try_from(rdata).ok()?)))
+            }
             TYPE_AAAA if len == 16 => out.push(Record::Addr(IpAddr::from(
                 <[u8; 16]>::try_from(rdata).ok()?,
             ))),

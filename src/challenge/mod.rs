@@ -145,7 +145,10 @@ impl Solution {
 }
 
 fn form_decode(v: &[u8]) -> String {
-    let plus: Vec<u8> = v.iter().map(|&b| if b == b'+' { b' ' } else { b }).collect();
+    let plus: Vec<u8> = v
+        .iter()
+        .map(|&b| if b == b'+' { b' ' } else { b })
+        .collect();
     percent_encoding::percent_decode(&plus)
         .decode_utf8_lossy()
         .into_owned()
@@ -383,7 +386,9 @@ pub fn safe_return(back: &str) -> &str {
     let ok = bytes.first() == Some(&b'/')
         && !matches!(bytes.get(1), Some(b'/' | b'\\'))
         && bytes.len() <= RETURN_MAX
-        && bytes.iter().all(|b| (0x21..0x7f).contains(b) && *b != b'\\');
+        && bytes
+            .iter()
+            .all(|b| (0x21..0x7f).contains(b) && *b != b'\\');
     if ok {
         back
     } else {

@@ -52,12 +52,16 @@ fn solve(challenge: &str, bits: u8) -> Solution {
 fn cookie_header(granted: &Granted) -> HeaderMap {
     let value = granted.cookie.split(';').next().unwrap();
     let mut h = HeaderMap::new();
-    h.insert(COOKIE, HeaderValue::from_str(&format!("a=b; {value}")).unwrap());
+    h.insert(
+        COOKIE,
+        HeaderValue::from_str(&format!("a=b; {value}")).unwrap(),
+    );
     h
 }
 
 fn counter(m: &Metrics, name: &'static str, labels: &[(&str, &str)]) -> u64 {
-    m.counter(name, labels).load(std::sync::atomic::Ordering::Relaxed)
+    m.counter(name, labels)
+        .load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[test]
@@ -65,7 +69,13 @@ fn a_solved_challenge_earns_a_pass_for_the_same_site_and_address_block() {
     let (g, m) = gate(&[NEW]);
     let c = g.issue("wiki.example", ip("203.0.113.9"), 8, NOW);
     let granted = g
-        .redeem(&solve(&c, 8), "wiki.example", ip("203.0.113.77"), NOW, false)
+        .redeem(
+            &solve(&c, 8),
+            "wiki.example",
+            ip("203.0.113.77"),
+            NOW,
+            false,
+        )
         .unwrap();
     assert_eq!(granted.back, "/wiki/Main_Page?x=1");
     assert!(granted.cookie.contains("HttpOnly; SameSite=Lax"));
@@ -89,7 +99,10 @@ fn a_pass_is_no_pass_on_another_site_block_or_after_it_expires() {
     assert_eq!(g.pass_of(&h, "shop.example", ip("203.0.113.9"), NOW), None);
     assert_eq!(g.pass_of(&h, "wiki.example", ip("198.51.100.9"), NOW), None);
     let week = 7 * 86_400 * NANOS;
-    assert_eq!(g.pass_of(&h, "wiki.example", ip("203.0.113.9"), NOW + week), None);
+    assert_eq!(
+        g.pass_of(&h, "wiki.example", ip("203.0.113.9"), NOW + week),
+        None
+    );
     for reason in ["other_site", "other_prefix", "expired"] {
         assert_eq!(counter(&m, REJECTED, &[("reason", reason)]), 1, "{reason}");
     }
@@ -140,7 +153,10 @@ fn the_newest_key_signs_every_key_verifies_and_a_removed_key_is_refused() {
         .unwrap();
     let h = cookie_header(&granted);
     let at = |g: &Gate| g.pass_of(&h, "wiki.example", ip("203.0.113.9"), NOW);
-    assert!(at(&rotated).is_some(), "a fleet sharing the file accepts it");
+    assert!(
+        at(&rotated).is_some(),
+        "a fleet sharing the file accepts it"
+    );
     assert_eq!(at(&new_only), None);
     assert_eq!(counter(&m, REJECTED, &[("reason", "unknown_key")]), 1);
     let fresh = rotated.issue("wiki.example", ip("203.0.113.9"), 4, NOW);

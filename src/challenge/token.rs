@@ -218,7 +218,10 @@ mod tests {
     use super::*;
 
     fn keys() -> Vec<Key> {
-        vec![Key::new("0a0b0c0d", b"old secret"), Key::new("01020304", b"new")]
+        vec![
+            Key::new("0a0b0c0d", b"old secret"),
+            Key::new("01020304", b"new"),
+        ]
     }
 
     fn pass() -> Pass<'static> {
@@ -248,10 +251,7 @@ mod tests {
         let longer = text.replace("~1767225600~", "~1767225601~");
         assert_eq!(read_pass(&longer, &k), Err(Refusal::Forged));
         assert_eq!(read_pass("nonsense", &k), Err(Refusal::Malformed));
-        assert_eq!(
-            read_pass(&format!("{text}~x"), &k),
-            Err(Refusal::Malformed)
-        );
+        assert_eq!(read_pass(&format!("{text}~x"), &k), Err(Refusal::Malformed));
     }
 
     #[test]

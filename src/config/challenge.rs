@@ -16,11 +16,12 @@ use sha2::{Digest, Sha256};
 use super::{dur, Dur, KeyPart, LimiterConfig, RouteConfig, Text, Validator};
 
 /// The difficulty a route gets without `difficulty:`: leading zero bits of
-/// SHA-256(challenge ‖ nonce), so 2^16 = 65,536 hashes on average. Measured
-/// in headless Chromium on the project's 2-core build machine (README,
-/// "Scrapers and crawler fleets"): well under a second, and a phone a few
-/// times slower still stays near one.
-pub const DEFAULT_DIFFICULTY: u8 = 16;
+/// SHA-256(challenge ‖ nonce), so 2^14 = 16,384 hashes on average. The
+/// page's own SHA-256 (the slower of its two) does ~170,000 hashes per CPU
+/// second in V8 on the project's build machine, so ~0.1 s there and well
+/// under a second on a phone several times slower; 16 bits would be ~0.4 s
+/// there and over a second on such a phone (README, "Scrapers and crawler fleets").
+pub const DEFAULT_DIFFICULTY: u8 = 14;
 /// 2^24 hashes is already minutes on a phone: more is a denial of service on people.
 pub const MAX_DIFFICULTY: u8 = 24;
 /// A pass is good for this long without `ttl:`.

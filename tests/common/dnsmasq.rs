@@ -45,8 +45,11 @@ impl Dnsmasq {
         let d = Dnsmasq { addr, child };
         // Ready once it answers (REFUSED for a name it does not hold).
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        let probe = b"\x00\x01\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05probe\x00\x00\x01\x00\x01";
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let probe =
+            b"\x00\x01\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05probe\x00\x00\x01\x00\x01";
         for _ in 0..100 {
             let _ = socket.send_to(probe, addr);
             let mut buf = [0u8; 512];

@@ -263,7 +263,9 @@ impl Validator<'_> {
             other => match other.strip_prefix("header:") {
                 Some(h) => KeyPart::Header(self.header_name(path, h.trim())?),
                 None => {
-                    let parts = ["client", "ip", "api_key", "route", "global", "pass", "header:"];
+                    let parts = [
+                        "client", "ip", "api_key", "route", "global", "pass", "header:",
+                    ];
                     self.err(
                         path,
                         format!(

@@ -79,7 +79,10 @@ impl Validator<'_> {
                     action,
                     limiters: route_limiters,
                     allow_unlimited: r.allow_unlimited.unwrap_or(false),
-                    challenge: r.challenge.as_ref().map(|c| self.challenge(&at("challenge"), c)),
+                    challenge: r
+                        .challenge
+                        .as_ref()
+                        .map(|c| self.challenge(&at("challenge"), c)),
                 });
             }
         }
