@@ -125,7 +125,7 @@ impl Crawlers {
                 continue;
             }
             let forward = self.ask(&name, qtype).await?;
-            if forward.iter().any(|r| *r == Record::Addr(ip)) {
+            if forward.contains(&Record::Addr(ip)) {
                 return Ok(true);
             }
         }
