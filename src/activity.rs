@@ -55,6 +55,8 @@ pub struct RouteCounts {
     pub responses: u64,
     /// Responses with a 5xx status.
     pub server_errors: u64,
+    /// Answered with the challenge page (`challenge:`).
+    pub challenges: u64,
 }
 
 /// The last reload tried (admin call, file watch or SIGHUP).
@@ -224,17 +226,20 @@ impl History {
             .map(|name| {
                 let find = |s: &Sample| s.routes.iter().find(|r| r.0 == *name).map(|r| r.1);
                 let (mut requests, mut rejections) = (Vec::new(), Vec::new());
+                let mut challenges = Vec::new();
                 for (a, b) in self.samples.iter().zip(self.samples.iter().skip(1)) {
                     let secs = (b.unix_ms.saturating_sub(a.unix_ms) as f64 / 1000.0).max(0.001);
-                    let (r, j) = match (find(a), find(b)) {
+                    let (r, j, c) = match (find(a), find(b)) {
                         (Some(x), Some(y)) => (
                             y.requests.saturating_sub(x.requests) as f64 / secs,
                             y.rejections.saturating_sub(x.rejections) as f64 / secs,
+                            y.challenges.saturating_sub(x.challenges) as f64 / secs,
                         ),
-                        _ => (0.0, 0.0),
+                        _ => (0.0, 0.0, 0.0),
                     };
                     requests.push(round2(r));
                     rejections.push(round2(j));
+                    challenges.push(round2(c));
                 }
                 let first = self.samples.iter().find_map(find).unwrap_or_default();
                 let last = self.samples.iter().rev().find_map(find).unwrap_or_default();
@@ -245,6 +250,7 @@ impl History {
                     "name": **name,
                     "requests_per_second": requests,
                     "rejections_per_second": rejections,
+                    "challenges_per_second": challenges,
                     "server_error_share": share,
                 })
             })
@@ -273,6 +279,7 @@ mod tests {
             rejections,
             responses,
             server_errors,
+            challenges: 0,
         }
     }
 

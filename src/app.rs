@@ -18,11 +18,11 @@ use crate::access::AccessLog;
 use crate::body::Body;
 use crate::buffering::Share;
 use crate::clock::SharedClock;
-use crate::config::Config;
+use crate::config::{ChallengeWhen, Config};
 use crate::decide::{Gate, Pass, RequestFacts, Verdict};
 use crate::identity::{Client, IdentityError};
 use crate::limiter::Nanos;
-use crate::metrics::Metrics;
+use crate::metrics::{Decision, Metrics};
 use crate::problem::Problem;
 use crate::request_id::{RequestId, X_REQUEST_ID};
 use crate::router::{request_host, request_path};
@@ -33,6 +33,7 @@ use crate::tunnel::ClientSide;
 pub use crate::connections::ConnInfo;
 use trail::Trail;
 
+mod challenge;
 mod refuse;
 mod trail;
 mod upstream;
@@ -182,11 +183,25 @@ impl App {
         req: Request<RequestBody>,
     ) -> Result<Response<Body>, Problem> {
         let admitted = self.admit(x, req)?;
-        let client = self.identify(x, &admitted.req)?;
+        let mut client = self.identify(x, &admitted.req)?;
+        // Challenge: the pass a request carries; the pass path answers itself.
+        let admitted = match self.pass_gate(x, &mut client, admitted).await {
+            Ok(admitted) => admitted,
+            Err(resp) => return Ok(resp),
+        };
         let route = self.route(x, &admitted.req)?;
+        // Challenge: a browser without a pass proves itself, now (`always`)
+        // or instead of a limiter's refusal (`over_limit`).
+        let due = self.challenge_due(x, route, &client, &admitted.req).await;
+        if due == Some(ChallengeWhen::Always) {
+            return Ok(self.challenge(x, route, &client, &admitted.req, None));
+        }
         let headers = admitted.req.headers();
         let mut pass = match self.limit(x, route, &client, headers).await? {
             Admission::Admitted(pass) => pass,
+            Admission::Refused(resp) if x.trail.record.decision == Decision::Challenged => {
+                return Ok(self.challenge(x, route, &client, &admitted.req, Some(resp)));
+            }
             Admission::Refused(resp) => return Ok(resp),
         };
         let resp = self.dispatch(x, route, &client, admitted, &mut pass).await;

@@ -43,6 +43,7 @@ pub async fn sample_loop(app: App, stop: CancellationToken) {
                     rejections: m.requests(Decision::Rejected) + m.requests(Decision::Banned),
                     responses: statuses.sum(100..=999),
                     server_errors: statuses.sum(500..=599),
+                    challenges: m.requests(Decision::Challenged),
                 };
                 (r.name.clone(), counts)
             })

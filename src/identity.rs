@@ -63,6 +63,9 @@ pub struct Client {
     /// The peer is a trusted proxy (its `X-Forwarded-For` is extended, not replaced).
     pub peer_trusted: bool,
     pub exempt: bool,
+    /// `pass:<id>`: the verified pass the request carried (set by the
+    /// identify phase through `challenge::Gate`); `key: pass` counts on it.
+    pub pass: Option<String>,
 }
 
 impl Client {
@@ -188,6 +191,7 @@ impl Identity {
             api_key,
             peer_trusted,
             exempt: self.exempt.iter().any(|n| n.contains(&ip)),
+            pass: None,
         })
     }
 
@@ -371,6 +375,7 @@ mod tests {
                 .map(|k| ApiKeyEntry::parse(k).unwrap())
                 .collect(),
             api_keys_file: None,
+            pass: None,
             unknown_key_limit: 3,
             unknown_key_window: Duration::from_secs(60),
             trusted_proxies: trusted.iter().map(|s| s.parse().unwrap()).collect(),

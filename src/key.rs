@@ -2,7 +2,7 @@
 //!
 //! A key value joins the parts of a limiter's `key` with `|`, and every part
 //! spells itself with a prefix of its own (`ip:`, `key:`, `route:`, `global`,
-//! `h:`), so two parts never produce the same text and no client can name a
+//! `h:`, `pass:`), so two parts never produce the same text and no client can name a
 //! limiter's overflow key ([`StoreKey::overflow`]). Limiter names hold only
 //! letters, digits, `_` and `-` (config checks that), so the first `:` of a
 //! store key ends the name; the value may hold any number of `:` (IPv6
@@ -29,6 +29,8 @@ const OVERFLOW: &str = "*overflow";
 const ROUTE: &str = "route:";
 const GLOBAL: &str = "global";
 const HEADER: &str = "h:";
+/// The key value of a verified pass: `pass:` + 32 hex digits of its id.
+pub const PASS: &str = "pass:";
 /// A header value longer than this, or not plain ASCII, is kept as a hash.
 const HEADER_READABLE_MAX: usize = 64;
 
@@ -107,6 +109,8 @@ pub fn for_request(
             KeyPart::ApiKey => out.push_str(&client.api_key.as_ref()?.id),
             KeyPart::Route => push_route(&mut out, route),
             KeyPart::Global => out.push_str(GLOBAL),
+            // Without a verified pass, the client counts as its IP (see `challenge`).
+            KeyPart::Pass => out.push_str(client.pass.as_deref().unwrap_or(&client.ip_key)),
             KeyPart::Header(name) => {
                 let v = headers.get(name)?.as_bytes();
                 if v.is_empty() {
@@ -149,6 +153,7 @@ pub fn for_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String
             KeyPart::Route => push_route(&mut out, value.strip_prefix(ROUTE).unwrap_or(value)),
             KeyPart::Global => out.push_str(GLOBAL),
             KeyPart::Header(_) => push_header(&mut out, value.as_bytes()),
+            KeyPart::Pass => out.push_str(&as_ip.unwrap_or_else(|| value.to_string())),
         }
     }
     out
@@ -157,7 +162,7 @@ pub fn for_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String
 /// The client as the admin API is given it: an IP, an API key, or an
 /// already canonical `ip:…` / `key:…`, written as a request's `client` part.
 pub fn for_admin_client(identity: &Identity, raw: &str) -> String {
-    if raw.starts_with("ip:") || raw.starts_with("key:") {
+    if raw.starts_with("ip:") || raw.starts_with("key:") || raw.starts_with(PASS) {
         return raw.to_string();
     }
     match raw.parse::<IpAddr>() {
@@ -180,6 +185,8 @@ pub fn values_for_client(parts: &[KeyPart], client: &str, routes: &[&str]) -> Ve
             KeyPart::ApiKey if !is_ip => vec![client.to_string()],
             KeyPart::Ip | KeyPart::ApiKey | KeyPart::Header(_) => vec![],
             KeyPart::Global => vec![GLOBAL.to_string()],
+            KeyPart::Pass if is_ip || client.starts_with(PASS) => vec![client.to_string()],
+            KeyPart::Pass => vec![],
             KeyPart::Route => routes
                 .iter()
                 .map(|r| {
@@ -252,6 +259,7 @@ mod tests {
             key_verified: key.is_some(),
             peer_trusted: false,
             exempt: false,
+            pass: None,
         }
     }
 

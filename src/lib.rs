@@ -71,7 +71,10 @@
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
 //!   [`compression`]: the response filter phase (gzip/brotli by `Accept-Encoding`, streamed);
-//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core.
+//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core;
+//! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
+//!   (`key: pass`); `app/challenge.rs` is its phase (the pass a request carries, the pass path,
+//!   the page instead of a refusal).
 
 pub mod access;
 pub mod acme;
@@ -81,6 +84,7 @@ pub mod app;
 pub mod balance;
 pub mod body;
 pub mod buffering;
+pub mod challenge;
 pub mod clock;
 pub mod compression;
 pub mod config;

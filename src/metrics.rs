@@ -69,10 +69,13 @@ pub enum Decision {
     StoreError,
     /// Refused before any limiter: bad request, unknown API key, no route, body too large.
     Error,
+    /// A browser without a pass was answered with the proof-of-work page
+    /// (`challenge: always`, or instead of a limiter's refusal).
+    Challenged,
 }
 
 impl Decision {
-    pub const ALL: [Decision; 7] = [
+    pub const ALL: [Decision; 8] = [
         Decision::Allowed,
         Decision::Rejected,
         Decision::Banned,
@@ -80,6 +83,7 @@ impl Decision {
         Decision::Exempt,
         Decision::StoreError,
         Decision::Error,
+        Decision::Challenged,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -91,6 +95,7 @@ impl Decision {
             Decision::Exempt => "exempt",
             Decision::StoreError => "store_error",
             Decision::Error => "error",
+            Decision::Challenged => "challenged",
         }
     }
 }
@@ -170,7 +175,7 @@ pub struct Metrics {
 pub const HEADERS_DROPPED: &str = "tollgate_headers_dropped_total";
 
 const HELP: &[(&str, &str)] = &[
-    ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error)."),
+    ("tollgate_requests_total", "Requests by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error, challenged)."),
     ("tollgate_limiter_decisions_total", "Limiter verdicts by limiter and result (allowed, delayed, rejected, would_reject for shadow limiters, banned, not_counted for count: requests given back because their answer did not match or tollgate refused them)."),
     ("tollgate_connections_refused_total", "Client connections closed at once because a cap was reached, by reason (max_connections, max_connections_per_ip)."),
     ("tollgate_connections_displaced_total", "Client connections closed to make room for a new one at max_connections, by what they were waiting for (no_request: their first request head; idle: their next request)."),
@@ -186,13 +191,20 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_store_fallback_total", "Requests decided by the on_error policy (allow, deny, local) because the store failed."),
     ("tollgate_config_reloads_total", "Config reloads by result (ok, error)."),
     ("tollgate_tls_handshake_failures_total", "TLS handshakes that failed, by reason (error, timeout)."),
-    (REQUEST_DURATION, "Time from the request head to the last byte of the response, by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error, error)."),
+    (REQUEST_DURATION, "Time from the request head to the last byte of the response, by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error, error, challenged)."),
     (UPSTREAM_DURATION, "Time until the upstream's response head arrived (or the forward failed), by upstream."),
     ("tollgate_upstream_server_failures_total", "Failed forwards counted against one server of an upstream (connect, timeout, broken exchange)."),
     ("tollgate_upstream_retries_total", "Requests sent again to the next server because the first could not be reached."),
     ("tollgate_compressed_responses_total", "Responses compressed on the fly, by encoding."),
     ("tollgate_compression_bytes_total", "Bytes into and out of the response encoders, by encoding and direction."),
     ("tollgate_headers_dropped_total", "Request headers not forwarded, by reason (underscore: a name with `_`, which a CGI gateway would read as the same variable as its dashed twin)."),
+    ("tollgate_challenges_issued_total", "Proof-of-work challenge pages served to browsers without a pass."),
+    ("tollgate_challenges_solved_total", "Challenges solved and turned into a pass, by the SHA-256 the page used (subtle: WebCrypto; js: its own, on plain HTTP)."),
+    ("tollgate_challenges_failed_total", "Posted solutions refused, by reason (malformed, unknown_key, forged, expired, other_site, other_prefix, unsolved)."),
+    ("tollgate_passes_verified_total", "Requests that carried a valid pass cookie."),
+    ("tollgate_passes_rejected_total", "Pass cookies treated as no pass, by reason (malformed, unknown_key, forged, expired, other_site, other_prefix)."),
+    ("tollgate_challenge_solve_seconds", "Time the challenge page reported it took to solve (the browser's own measure, capped at the challenge's lifetime)."),
+    ("tollgate_crawler_checks_total", "Crawler checks of requests that would be challenged, by result (cidr, confirmed and refused by forward-confirmed reverse DNS, cached, error)."),
     ("tollgate_upstream_busy_total", "Requests answered 503 because every server was at max_conns and the queue was full or timed out."),
 ];
 

@@ -470,6 +470,7 @@ mod tests {
             allow_unlimited: false,
             errors: Default::default(),
             compression: true,
+            challenge: None,
         }
     }
 

@@ -23,6 +23,8 @@ pub struct Snapshot {
     pub version: u64,
     pub config: Arc<Config>,
     pub identity: Identity,
+    /// Challenges and passes (`identity.pass`); `None` without one.
+    pub gate: Option<crate::challenge::Gate>,
     pub router: Router,
     pub routes: Vec<Route>,
     pub limiters: Vec<Limiter>,
@@ -115,6 +117,12 @@ impl Snapshot {
         metrics: &Metrics,
     ) -> Snapshot {
         let identity = Identity::new(&config.identity, previous.map(|p| &p.identity), metrics);
+        crate::challenge::start_at_zero(metrics);
+        let gate = config
+            .identity
+            .pass
+            .as_ref()
+            .and_then(|p| crate::challenge::Gate::new(p, metrics));
         let upstream_names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         metrics.start_at_zero(
             &upstream_names,
@@ -146,6 +154,7 @@ impl Snapshot {
             .map(|u| metrics.histogram(crate::metrics::UPSTREAM_DURATION, &[("upstream", &u.name)]))
             .collect();
         Snapshot {
+            gate,
             upstream_durations,
             unrouted: metrics.route_series(crate::metrics::NO_ROUTE),
             version,
@@ -331,6 +340,7 @@ mod tests {
             key_verified: key.is_some(),
             peer_trusted: false,
             exempt: false,
+            pass: None,
         }
     }
 

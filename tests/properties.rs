@@ -52,6 +52,7 @@ fn identity(trusted: &[&str]) -> Identity {
             trusted_proxies: trusted.iter().map(|n| n.parse().unwrap()).collect(),
             ipv6_prefix: 64,
             exempt: Vec::new(),
+            pass: None,
         },
         None,
         &tollgate::metrics::Metrics::default(),

@@ -262,6 +262,7 @@ fn identity_section(i: &IdentityConfig) -> Value {
         trusted_proxies,
         ipv6_prefix,
         exempt,
+        pass,
     } = i;
     json!({
         "api_key_header": api_key_header.as_str(),
@@ -272,6 +273,42 @@ fn identity_section(i: &IdentityConfig) -> Value {
         "ipv6_prefix": ipv6_prefix,
         "exempt": exempt.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "unknown_keys": {"limit": unknown_key_limit, "window": dur(*unknown_key_window)},
+        "pass": pass.as_ref().map(pass_section),
+    })
+}
+
+/// `identity.pass`: the key ids (never a secret), the newest last, as it signs.
+fn pass_section(p: &crate::config::PassConfig) -> Value {
+    let crate::config::PassConfig {
+        secret_file,
+        keys,
+        ttl,
+        ipv4_prefix,
+        ipv6_prefix,
+        crawlers,
+    } = p;
+    let crate::config::CrawlerConfig {
+        resolver,
+        timeout,
+        cache_size,
+        cache_ttl,
+        cidrs,
+        verify,
+    } = crawlers;
+    json!({
+        "secret_file": secret_file.display().to_string(),
+        "key_ids": keys.0.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
+        "ttl": dur(*ttl),
+        "ipv4_prefix": ipv4_prefix,
+        "ipv6_prefix": ipv6_prefix,
+        "crawlers": {
+            "resolver": resolver.to_string(),
+            "timeout": dur(*timeout),
+            "cache_size": cache_size,
+            "cache_ttl": dur(*cache_ttl),
+            "cidrs": cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "verify": verify.iter().map(|v| json!({"user_agent": v.user_agent, "domains": v.domains})).collect::<Vec<_>>(),
+        },
     })
 }
 
@@ -423,6 +460,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         allow_unlimited,
         errors,
         compression,
+        challenge,
     } = r;
     let (upstream, respond) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
@@ -463,6 +501,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "error_format": errors.format.map(error_format),
         "error_pages": error_pages(errors),
         "compression": compression,
+        "challenge": challenge.map(|c| json!({"when": c.when.as_str(), "difficulty": c.difficulty})),
     })
 }
 

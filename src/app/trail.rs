@@ -27,6 +27,9 @@ pub(super) struct Trail {
     accept: Option<HeaderValue>,
     /// The config the request runs on: its `error_format` and `error_pages`.
     snap: Arc<Snapshot>,
+    /// A limiter's refusal will be answered with a challenge page
+    /// (`app/challenge.rs`): it is decided `challenged`, not `rejected`.
+    pub(super) challenge_refusal: bool,
 }
 
 impl Trail {
@@ -65,6 +68,7 @@ impl Trail {
             route: None,
             accept: h.get(http::header::ACCEPT).cloned(),
             snap: snap.clone(),
+            challenge_refusal: false,
         }
     }
 
@@ -72,6 +76,10 @@ impl Trail {
     /// record's `decision` (which the duration histogram reads when the
     /// request ends) and counts `tollgate_requests_total` with it.
     pub(super) fn decide(&mut self, metrics: &RouteMetrics, decision: Decision) {
+        let decision = match decision {
+            Decision::Rejected if self.challenge_refusal => Decision::Challenged,
+            d => d,
+        };
         self.record.decision = decision;
         metrics.count(decision);
     }

@@ -27,7 +27,7 @@ use super::raw::RawConfig;
 use super::validate::{self, Host};
 use super::{
     explain, locate, scan, AdminConfig, ApiKeyEntry, CertConfig, CertSet, Config, ConfigError,
-    ConfigProblem, IdentityConfig, TlsConfig, UpstreamTls,
+    ConfigProblem, IdentityConfig, PassKeys, TlsConfig, UpstreamTls,
 };
 
 /// The most of the config file that is read.
@@ -170,6 +170,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     }
     if problems.is_empty() {
         problems.extend(read_error_pages(&mut config));
+        problems.extend(read_pass_file(&mut config.identity));
     }
     if problems.is_empty() {
         warn_missing_fastcgi_files(&mut config);
@@ -335,6 +336,26 @@ fn read_error_pages(config: &mut Config) -> Vec<ConfigProblem> {
         }
     }
     problems
+}
+
+/// Reads `identity.pass.secret_file` (see [`PassKeys::parse`]); read on
+/// every load and reload, so a rotation is picked up by `SIGHUP` or `POST /reload`.
+fn read_pass_file(identity: &mut IdentityConfig) -> Option<ConfigProblem> {
+    let pass = identity.pass.as_mut()?;
+    let path = &pass.secret_file;
+    let at = |message: String| Some(ConfigProblem::at("identity.pass.secret_file", message));
+    let text = match read_named_file(path, SMALL_FILE_LIMIT) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(_) => return at(format!("{} is not UTF-8 text", path.display())),
+        },
+        Err(e) => return at(format!("cannot read {}: {e}", path.display())),
+    };
+    match PassKeys::parse(&text) {
+        Ok(keys) => pass.keys = Arc::new(keys),
+        Err(e) => return at(format!("{}: {e}", path.display())),
+    }
+    None
 }
 
 /// A value that does not fit the schema (or text that is not YAML), in

@@ -41,6 +41,8 @@ mod locate;
 mod scan;
 
 mod admin_token;
+/// `identity.pass` and `routes[].challenge`.
+pub mod challenge;
 mod observe;
 mod protect;
 /// "Did you mean …?" over the names a config defines.
@@ -52,6 +54,9 @@ mod fastcgi;
 
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::BodyConfig;
+pub use challenge::{
+    ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys, VerifyRule,
+};
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{
@@ -280,6 +285,8 @@ pub struct IdentityConfig {
     pub trusted_proxies: Vec<IpNet>,
     pub ipv6_prefix: u8,
     pub exempt: Vec<IpNet>,
+    /// `identity.pass`: the secrets that sign challenges and passes.
+    pub pass: Option<PassConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -341,6 +348,8 @@ pub enum KeyPart {
     Route,
     Global,
     Header(HeaderName),
+    /// A verified pass (a solved challenge); without one, the client's IP.
+    Pass,
 }
 
 impl KeyPart {
@@ -351,7 +360,10 @@ impl KeyPart {
         match self {
             KeyPart::Header(_) => true,
             KeyPart::ApiKey => !keys_verified,
-            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global => false,
+            // A pass is signed by tollgate and costs a solved challenge.
+            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global | KeyPart::Pass => {
+                false
+            }
         }
     }
 }
@@ -374,6 +386,7 @@ impl fmt::Display for KeyPart {
             KeyPart::Route => f.write_str("route"),
             KeyPart::Global => f.write_str("global"),
             KeyPart::Header(h) => write!(f, "header:{h}"),
+            KeyPart::Pass => f.write_str("pass"),
         }
     }
 }
@@ -421,6 +434,8 @@ pub struct RouteConfig {
     pub errors: ErrorAnswers,
     /// `compression`: this route's responses may be compressed (and `server.compression` is on).
     pub compression: bool,
+    /// `challenge`: browsers without a pass get a proof-of-work page.
+    pub challenge: Option<ChallengeConfig>,
 }
 
 #[derive(Debug, Clone)]

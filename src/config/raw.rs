@@ -430,6 +430,8 @@ pub struct RawIdentity {
     pub ipv6_prefix: Option<u8>,
     #[serde(default)]
     pub exempt: Vec<Text>,
+    /// Signed passes a solved challenge earns (`key: pass`, `routes[].challenge`).
+    pub pass: Option<super::challenge::RawPass>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -520,6 +522,8 @@ pub struct RawRoute {
     pub error_pages: Option<BTreeMap<u16, Text>>,
     /// This route's responses may be compressed (default: `server.compression`).
     pub compression: Option<bool>,
+    /// A proof-of-work page for browsers (`always`, or `over_limit`).
+    pub challenge: Option<super::challenge::RawChallenge>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

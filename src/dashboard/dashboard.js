@@ -143,6 +143,7 @@ function routes(d) {
       [r.name],
       [fmt(last(r.requests_per_second)), "num"],
       [fmt(last(r.rejections_per_second)), "num"],
+      [fmt(last(r.challenges_per_second || [])), "num"],
       [share === null ? "–" : pct(share), "num" + (share > 0 ? " bad" : "")],
       [ms(r.p50_ms), "num"],
       [ms(r.p99_ms), "num"],

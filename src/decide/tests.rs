@@ -67,6 +67,7 @@ fn client(ip: &str) -> Client {
         key_verified: false,
         peer_trusted: false,
         exempt: false,
+        pass: None,
     }
 }
 

@@ -213,6 +213,7 @@ mod tests {
             key_verified: false,
             peer_trusted: trusted,
             exempt: false,
+            pass: None,
         }
     }
 

@@ -17,8 +17,10 @@ pub const T0: u64 = WINDOW_START + 20 * 1_000_000_000;
 
 pub mod app;
 pub mod browser;
+pub mod cdp;
 pub mod certs;
 pub mod pebble;
+pub mod dnsmasq;
 pub mod php;
 pub mod php_fpm;
 pub mod process;

@@ -190,14 +190,17 @@ impl Validator<'_> {
             "api_key" => KeyPart::ApiKey,
             "route" => KeyPart::Route,
             "global" => KeyPart::Global,
+            "pass" => KeyPart::Pass,
             other => match other.strip_prefix("header:") {
                 Some(h) => KeyPart::Header(self.header_name(path, h.trim())?),
                 None => {
-                    let parts = ["client", "ip", "api_key", "route", "global", "header:"];
+                    let parts = [
+                        "client", "ip", "api_key", "route", "global", "pass", "header:",
+                    ];
                     self.err(
                         path,
                         format!(
-                            "unknown key {other:?} (client, ip, api_key, route, global or header:<Name>){}",
+                            "unknown key {other:?} (client, ip, api_key, route, global, pass or header:<Name>){}",
                             suggest::hint(other, parts)
                         ),
                     );

@@ -160,6 +160,7 @@ impl Validator<'_> {
             &raw.limiters,
             &limiters,
         );
+        self.need_pass(identity.pass.as_ref(), &routes, &limiters);
         self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
         let mut server = server;
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
@@ -315,7 +316,7 @@ impl Validator<'_> {
         n.max(MIN_MAX_KEYS)
     }
 
-    fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
+    pub(in crate::config) fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {
         raw.iter()
             .enumerate()
             .filter_map(|(i, t)| {
@@ -391,6 +392,7 @@ impl Validator<'_> {
             trusted_proxies: self.cidrs("identity.trusted_proxies", &raw.trusted_proxies),
             ipv6_prefix: ipv6_prefix.clamp(1, 128),
             exempt: self.cidrs("identity.exempt", &raw.exempt),
+            pass: self.pass(raw.pass.as_ref()),
         }
     }
 }

@@ -86,6 +86,10 @@ impl Validator<'_> {
                     limiters: route_limiters,
                     allow_unlimited: r.allow_unlimited.unwrap_or(false),
                     compression: r.compression.unwrap_or(true),
+                    challenge: r
+                        .challenge
+                        .as_ref()
+                        .map(|c| self.challenge(&at("challenge"), c)),
                 });
             }
         }

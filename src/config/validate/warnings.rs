@@ -109,7 +109,7 @@ impl Validator<'_> {
     fn warn_client_chosen_hooks(&mut self, limiters: &[LimiterConfig], key_source: bool) {
         for l in limiters {
             let identifies = l.key.iter().any(|p| match p {
-                KeyPart::Client | KeyPart::Ip => true,
+                KeyPart::Client | KeyPart::Ip | KeyPart::Pass => true,
                 KeyPart::ApiKey => key_source,
                 KeyPart::Route | KeyPart::Global | KeyPart::Header(_) => false,
             });

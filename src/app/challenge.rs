@@ -1,0 +1,141 @@
+//! The challenge phase: the pass a request carries becomes its identity, the pass path turns a solution into a cookie, and a browser without a pass gets the proof-of-work page (`always`, or instead of a limiter's refusal).
+//!
+//! Who is challenged: a `GET` from a client whose `Accept` prefers
+//! `text/html`, on a route with `challenge:`, that has no valid pass, no
+//! verified API key and is not exempt. Everyone else (curl, API clients,
+//! feeds) keeps the usual answers, a refusal included.
+
+use bytes::Bytes;
+use http::header::{CACHE_CONTROL, LOCATION, SET_COOKIE};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+
+use super::{Admitted, App, Exchange};
+use crate::body::Body;
+use crate::challenge::{page, prefers_html, safe_return, Solution, FORM_LIMIT, PASS_PATH};
+use crate::config::ChallengeWhen;
+use crate::identity::Client;
+use crate::metrics::Decision;
+use crate::problem::Problem;
+use crate::request_body::RequestBody;
+use crate::router::request_host;
+
+impl App {
+    /// The pass the request carries (`Client::pass`, what `key: pass`
+    /// counts on), and the pass path, answered here: `Err` is its answer.
+    pub(super) async fn pass_gate(
+        &self,
+        x: &mut Exchange,
+        client: &mut Client,
+        admitted: Admitted,
+    ) -> Result<Admitted, Response<Body>> {
+        let snap = x.snap.clone();
+        let Some(gate) = snap.gate.as_ref() else {
+            return Ok(admitted);
+        };
+        let host = request_host(&admitted.req).unwrap_or_default();
+        client.pass = gate.pass_of(admitted.req.headers(), &host, client.ip, x.now);
+        if admitted.req.uri().path() != PASS_PATH {
+            return Ok(admitted);
+        }
+        if admitted.req.method() != Method::POST {
+            let method = admitted.req.method().to_string();
+            return Err(x.trail.answer(Problem::MethodNotAllowed { method }));
+        }
+        let body = http_body_util::Limited::new(admitted.req.into_body(), FORM_LIMIT);
+        let form = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(_) => {
+                let why = format!("A solution is a form of at most {FORM_LIMIT} bytes.");
+                return Err(x.trail.answer(Problem::BadRequest(why)));
+            }
+        };
+        let solution = Solution::from_form(&form);
+        let secure = x.conn.proto == "https";
+        match gate.redeem(&solution, &host, client.ip, x.now, secure) {
+            Ok(granted) => {
+                // Not a route: no route counter; the log says the client was let through.
+                x.trail.record.decision = Decision::Allowed;
+                let mut resp = Response::new(Body::full(Bytes::new()));
+                *resp.status_mut() = StatusCode::SEE_OTHER;
+                let h = resp.headers_mut();
+                if let Ok(v) = HeaderValue::from_str(&granted.cookie) {
+                    h.insert(SET_COOKIE, v);
+                }
+                if let Ok(v) = HeaderValue::from_str(&granted.back) {
+                    h.insert(LOCATION, v);
+                }
+                h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                Err(resp)
+            }
+            Err(reason) => {
+                let why = format!(
+                    "The browser check failed ({}); reload the page for a new one.",
+                    reason.as_str()
+                );
+                Err(x.trail.answer(Problem::BadRequest(why)))
+            }
+        }
+    }
+
+    /// Whether this request gets the page, and when: `always` answers it
+    /// now; `over_limit` marks the trail so a refusal is decided `challenged`.
+    pub(super) async fn challenge_due(
+        &self,
+        x: &mut Exchange,
+        route: usize,
+        client: &Client,
+        req: &Request<RequestBody>,
+    ) -> Option<ChallengeWhen> {
+        let snap = x.snap.clone();
+        let gate = snap.gate.as_ref()?;
+        let config = snap.config.routes[route].challenge?;
+        let browser = req.method() == Method::GET && prefers_html(req.headers());
+        if !browser || client.exempt || client.key_verified || client.pass.is_some() {
+            return None;
+        }
+        if gate.crawler_allowed(client.ip, req.headers(), x.now).await {
+            return None;
+        }
+        if config.when == ChallengeWhen::OverLimit {
+            x.trail.challenge_refusal = true;
+        }
+        Some(config.when)
+    }
+
+    /// The challenge page: with the refusal's status and rate-limit headers
+    /// when it answers one, else `403` (the status browsers and crawlers
+    /// know from other edges' challenges; never cached, never indexed).
+    pub(super) fn challenge(
+        &self,
+        x: &mut Exchange,
+        route: usize,
+        client: &Client,
+        req: &Request<RequestBody>,
+        refused: Option<Response<Body>>,
+    ) -> Response<Body> {
+        let snap = x.snap.clone();
+        let (Some(gate), Some(config)) = (snap.gate.as_ref(), snap.config.routes[route].challenge)
+        else {
+            // `challenge_due` said yes, so both are there; answer as without a challenge.
+            return refused.unwrap_or_else(|| x.trail.answer(Problem::NoRoute));
+        };
+        let host = request_host(req).unwrap_or_default();
+        let token = gate.issue(&host, client.ip, config.difficulty, x.now);
+        let back = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let nonce = gate.page_nonce();
+        let html = page::render(&token, config.difficulty, safe_return(back), &nonce);
+        let mut resp = match refused {
+            Some(refusal) => refusal.map(|_| Body::full(Bytes::from(html))),
+            None => {
+                x.trail
+                    .decide(&snap.routes[route].metrics, Decision::Challenged);
+                let mut resp = Response::new(Body::full(Bytes::from(html)));
+                *resp.status_mut() = StatusCode::FORBIDDEN;
+                resp
+            }
+        };
+        page::headers(resp.headers_mut(), &nonce);
+        resp
+    }
+}

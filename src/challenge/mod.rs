@@ -1,0 +1,420 @@
+//! Browsers prove themselves: signed proof-of-work challenges, the check of a solution, and the signed pass that then identifies the browser.
+//!
+//! Nothing here keeps state per client: a challenge and a pass carry what
+//! they bind (site, client address block, expiry, the key that signed
+//! them) under an HMAC, so checking one costs one MAC (and, for a
+//! solution, one SHA-256), and every tollgate that holds the same secret
+//! file accepts what another issued. A solved challenge always yields the
+//! same pass id (it is derived from the challenge's random), so replaying a
+//! solution does not mint fresh identities.
+//!
+//! The request path uses it through `app/challenge.rs`: the pass a request
+//! carries becomes `Client::pass` (what `key: pass` counts on), the pass
+//! path ([`PASS_PATH`]) turns a solution into a cookie, and a route's
+//! `challenge:` answers browsers without a pass with [`page`].
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderMap, COOKIE};
+use ipnet::IpNet;
+use ring::rand::{SecureRandom, SystemRandom};
+use sha2::{Digest, Sha256};
+
+use crate::config::PassConfig;
+use crate::limiter::Nanos;
+use crate::metrics::{inc, Counter, Histogram, Metrics};
+pub use token::Refusal;
+use token::{hex, Key};
+
+pub mod crawler;
+pub mod page;
+pub mod token;
+
+/// The tollgate-owned path a solution is posted to (never forwarded).
+pub const PASS_PATH: &str = "/.well-known/tollgate/pass";
+/// The cookie that holds the pass.
+pub const COOKIE_NAME: &str = "tollgate_pass";
+/// How long a challenge may take from issue to solution: long enough for a
+/// slow phone, short enough that a stockpile of challenges goes stale.
+pub const CHALLENGE_TTL: Duration = Duration::from_secs(600);
+/// The most of a solution's form that is read.
+pub const FORM_LIMIT: usize = 2048;
+/// The longest return path a solution may carry.
+const RETURN_MAX: usize = 1024;
+
+const NANOS: u64 = 1_000_000_000;
+
+/// The pass and challenge rules of one config snapshot.
+pub struct Gate {
+    /// Oldest first; the last one signs.
+    keys: Vec<Key>,
+    ttl: Duration,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+    rng: SystemRandom,
+    metrics: GateMetrics,
+    crawlers: crawler::Crawlers,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.keys.iter().map(|k| k.id.as_str()).collect();
+        write!(f, "Gate(keys: {ids:?})")
+    }
+}
+
+struct GateMetrics {
+    issued: Counter,
+    /// By the hash the page used: `subtle` (WebCrypto) or `js` (its own SHA-256).
+    solved_subtle: Counter,
+    solved_js: Counter,
+    failed: [Counter; Refusal::ALL.len()],
+    verified: Counter,
+    rejected: [Counter; Refusal::ALL.len()],
+    solve_time: Arc<Histogram>,
+}
+
+pub const ISSUED: &str = "tollgate_challenges_issued_total";
+pub const SOLVED: &str = "tollgate_challenges_solved_total";
+pub const FAILED: &str = "tollgate_challenges_failed_total";
+pub const VERIFIED: &str = "tollgate_passes_verified_total";
+pub const REJECTED: &str = "tollgate_passes_rejected_total";
+pub const SOLVE_TIME: &str = "tollgate_challenge_solve_seconds";
+
+impl GateMetrics {
+    fn new(m: &Metrics) -> GateMetrics {
+        GateMetrics {
+            issued: m.counter(ISSUED, &[]),
+            solved_subtle: m.counter(SOLVED, &[("via", "subtle")]),
+            solved_js: m.counter(SOLVED, &[("via", "js")]),
+            failed: Refusal::ALL.map(|r| m.counter(FAILED, &[("reason", r.as_str())])),
+            verified: m.counter(VERIFIED, &[]),
+            // A pass has no nonce: `unsolved` never happens to one.
+            rejected: Refusal::ALL.map(|r| match r {
+                Refusal::Unsolved => Counter::default(),
+                r => m.counter(REJECTED, &[("reason", r.as_str())]),
+            }),
+            solve_time: m.histogram(SOLVE_TIME, &[]),
+        }
+    }
+}
+
+/// Creates every challenge and pass series at zero, whether or not the
+/// config has `identity.pass`: dashboards and alerts see 0, not "no data".
+pub fn start_at_zero(metrics: &Metrics) {
+    GateMetrics::new(metrics);
+    crawler::start_at_zero(metrics);
+}
+
+/// A solution as the page posts it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Solution {
+    pub challenge: String,
+    pub nonce: String,
+    /// Where the browser was going: a path on this site.
+    pub back: String,
+    /// How long the page took, in ms (its own report; only a metric).
+    pub solve_ms: Option<u64>,
+    /// `subtle` or `js`: which SHA-256 the page used.
+    pub via: String,
+}
+
+impl Solution {
+    /// Reads an `application/x-www-form-urlencoded` body: `c`, `n`, `r`, `ms`, `via`.
+    pub fn from_form(body: &[u8]) -> Solution {
+        let mut s = Solution::default();
+        for pair in body.split(|&b| b == b'&') {
+            let mut kv = pair.splitn(2, |&b| b == b'=');
+            let (Some(k), Some(v)) = (kv.next(), kv.next()) else {
+                continue;
+            };
+            let v = form_decode(v);
+            match k {
+                b"c" => s.challenge = v,
+                b"n" => s.nonce = v,
+                b"r" => s.back = v,
+                b"ms" => s.solve_ms = v.parse().ok(),
+                b"via" => s.via = v,
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+fn form_decode(v: &[u8]) -> String {
+    let plus: Vec<u8> = v
+        .iter()
+        .map(|&b| if b == b'+' { b' ' } else { b })
+        .collect();
+    percent_encoding::percent_decode(&plus)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// A pass made from a solved challenge: the cookie to set and where to go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    /// The whole `Set-Cookie` value.
+    pub cookie: String,
+    /// A path on this site (`/` when the one posted was not safe to follow).
+    pub back: String,
+}
+
+impl Gate {
+    /// `None` when the config has no pass keys (validated but not loaded).
+    pub fn new(config: &PassConfig, metrics: &Metrics) -> Option<Gate> {
+        if config.keys.0.is_empty() {
+            return None;
+        }
+        Some(Gate {
+            keys: config
+                .keys
+                .0
+                .iter()
+                .map(|k| Key::new(&k.id, &k.secret))
+                .collect(),
+            ttl: config.ttl,
+            ipv4_prefix: config.ipv4_prefix,
+            ipv6_prefix: config.ipv6_prefix,
+            rng: SystemRandom::new(),
+            metrics: GateMetrics::new(metrics),
+            crawlers: crawler::Crawlers::new(&config.crawlers, metrics),
+        })
+    }
+
+    /// Whether the client is a crawler let through without a challenge
+    /// (`crawlers.cidrs`, or a `verify` user-agent its reverse DNS confirms).
+    pub async fn crawler_allowed(&self, ip: IpAddr, headers: &HeaderMap, now: Nanos) -> bool {
+        let ua = headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok());
+        self.crawlers.allowed(ip, ua, now).await
+    }
+
+    /// A fresh CSP nonce for one page (16 random bytes in hex).
+    pub fn page_nonce(&self) -> String {
+        let mut n = [0u8; 16];
+        let _ = self.rng.fill(&mut n);
+        hex(&n)
+    }
+
+    fn signing_key(&self) -> &Key {
+        self.keys.last().expect("a gate has at least one key")
+    }
+
+    /// The address block a pass from `ip` is bound to, e.g. `203.0.113.0/24`.
+    pub fn prefix(&self, ip: IpAddr) -> String {
+        let len = match ip {
+            IpAddr::V4(_) => self.ipv4_prefix,
+            IpAddr::V6(_) => self.ipv6_prefix,
+        };
+        IpNet::new(ip, len)
+            .map(|n| n.trunc().to_string())
+            .unwrap_or_else(|_| ip.to_string())
+    }
+
+    /// A new challenge for a browser at `ip` on `host`, signed with the newest key.
+    pub fn issue(&self, host: &str, ip: IpAddr, bits: u8, now: Nanos) -> String {
+        let mut random = [0u8; 16];
+        // The system RNG failing is not something a request can recover
+        // from; a zero random only makes two challenges alike, never a pass forgeable.
+        let _ = self.rng.fill(&mut random);
+        inc(&self.metrics.issued);
+        let key = self.signing_key();
+        token::write_challenge(
+            key,
+            &token::Challenge {
+                key_id: &key.id,
+                expires: now / NANOS + CHALLENGE_TTL.as_secs(),
+                bits,
+                random: &hex(&random),
+                site: &site(host),
+                prefix: &self.prefix(ip),
+            },
+        )
+    }
+
+    /// Checks a posted solution: one MAC, then the binding, then one hash.
+    /// `secure`: the request came over TLS (the cookie is then `Secure`).
+    pub fn redeem(
+        &self,
+        s: &Solution,
+        host: &str,
+        ip: IpAddr,
+        now: Nanos,
+        secure: bool,
+    ) -> Result<Granted, Refusal> {
+        let result = self.check_solution(s, host, ip, now);
+        let c = match result {
+            Ok(c) => c,
+            Err(r) => {
+                inc(&self.metrics.failed[r as usize]);
+                return Err(r);
+            }
+        };
+        match s.via.as_str() {
+            "js" => inc(&self.metrics.solved_js),
+            _ => inc(&self.metrics.solved_subtle),
+        }
+        if let Some(ms) = s.solve_ms {
+            // The page's own report, so bounded: a client cannot skew the histogram's sum.
+            let ms = ms.min(CHALLENGE_TTL.as_millis() as u64);
+            self.metrics.solve_time.observe(Duration::from_millis(ms));
+        }
+        // One solved challenge, one pass id: replaying it mints nothing new.
+        let digest = Sha256::new()
+            .chain_update(b"tollgate-pass-id")
+            .chain_update(c.random.as_bytes())
+            .finalize();
+        let key = self.signing_key();
+        let max_age = self.ttl.as_secs();
+        let pass = token::write_pass(
+            key,
+            &token::Pass {
+                key_id: &key.id,
+                id: &hex(&digest[..16]),
+                expires: now / NANOS + max_age,
+                site: c.site,
+                prefix: c.prefix,
+            },
+        );
+        let secure = if secure { "; Secure" } else { "" };
+        Ok(Granted {
+            cookie: format!(
+                "{COOKIE_NAME}={pass}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
+            ),
+            back: safe_return(&s.back).to_string(),
+        })
+    }
+
+    fn check_solution<'s>(
+        &self,
+        s: &'s Solution,
+        host: &str,
+        ip: IpAddr,
+        now: Nanos,
+    ) -> Result<token::Challenge<'s>, Refusal> {
+        if s.nonce.is_empty() || s.nonce.len() > 20 || !s.nonce.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(Refusal::Malformed);
+        }
+        let c = token::read_challenge(&s.challenge, &self.keys)?;
+        bound(c.expires, c.site, c.prefix, self, host, ip, now)?;
+        let digest = Sha256::new()
+            .chain_update(s.challenge.as_bytes())
+            .chain_update(s.nonce.as_bytes())
+            .finalize();
+        if token::leading_zero_bits(&digest) < u32::from(c.bits) {
+            return Err(Refusal::Unsolved);
+        }
+        Ok(c)
+    }
+
+    /// The verified pass the request carries, as the key value `pass:<id>`;
+    /// `None` without a pass cookie or with one that does not hold (counted by reason).
+    pub fn pass_of(
+        &self,
+        headers: &HeaderMap,
+        host: &str,
+        ip: IpAddr,
+        now: Nanos,
+    ) -> Option<String> {
+        let text = pass_cookie(headers)?;
+        let checked = token::read_pass(text, &self.keys)
+            .and_then(|p| bound(p.expires, p.site, p.prefix, self, host, ip, now).map(|()| p));
+        match checked {
+            Ok(p) => {
+                inc(&self.metrics.verified);
+                Some(format!("{}{}", crate::key::PASS, p.id))
+            }
+            Err(r) => {
+                inc(&self.metrics.rejected[r as usize]);
+                None
+            }
+        }
+    }
+}
+
+/// Expiry, site and address block, the checks a challenge and a pass share.
+fn bound(
+    expires: u64,
+    token_site: &str,
+    prefix: &str,
+    gate: &Gate,
+    host: &str,
+    ip: IpAddr,
+    now: Nanos,
+) -> Result<(), Refusal> {
+    if expires <= now / NANOS {
+        return Err(Refusal::Expired);
+    }
+    if token_site != site(host) {
+        return Err(Refusal::OtherSite);
+    }
+    if prefix != gate.prefix(ip) {
+        return Err(Refusal::OtherPrefix);
+    }
+    Ok(())
+}
+
+/// A site as tokens name it: 8 hex digits of SHA-256 of the host (without
+/// port), so any Host a client sends fits a cookie unchanged.
+fn site(host: &str) -> String {
+    hex(&Sha256::digest(host.as_bytes())[..4])
+}
+
+/// The value of the first `tollgate_pass` cookie.
+fn pass_cookie(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| {
+            let (name, value) = c.trim().split_once('=')?;
+            (name == COOKIE_NAME).then_some(value)
+        })
+}
+
+/// `back` if it is a path on this site, else `/`: one leading `/` (`//x`
+/// and `/\x` are other hosts to a browser), printable ASCII, bounded.
+pub fn safe_return(back: &str) -> &str {
+    let bytes = back.as_bytes();
+    let ok = bytes.first() == Some(&b'/')
+        && !matches!(bytes.get(1), Some(b'/' | b'\\'))
+        && bytes.len() <= RETURN_MAX
+        && bytes
+            .iter()
+            .all(|b| (0x21..0x7f).contains(b) && *b != b'\\');
+    if ok {
+        back
+    } else {
+        "/"
+    }
+}
+
+/// Whether the client asks for a page a person reads: `Accept` names
+/// `text/html` with a non-zero weight. `*/*` alone (curl, most libraries)
+/// is not a browser.
+pub fn prefers_html(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            media.eq_ignore_ascii_case("text/html")
+                && !parts.any(|p| {
+                    let p = p.trim().replace(' ', "");
+                    p == "q=0" || p.starts_with("q=0.") && p[4..].bytes().all(|b| b == b'0')
+                })
+        })
+}
+
+#[cfg(test)]
+mod tests;
