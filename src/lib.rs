@@ -57,7 +57,9 @@
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
-//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core.
+//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core;
+//! - [`build_info`]: what `--version` says (version, commit, build date);
+//!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
 pub mod access;
 pub mod activity;
@@ -66,6 +68,7 @@ pub mod app;
 pub mod balance;
 pub mod body;
 pub mod buffering;
+pub mod build_info;
 pub mod clock;
 pub mod config;
 pub mod connections;
@@ -88,6 +91,7 @@ pub mod reload;
 pub mod request_body;
 pub mod request_id;
 pub mod router;
+pub mod sd_notify;
 pub mod server;
 pub mod snapshot;
 pub mod store;
