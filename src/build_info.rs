@@ -26,14 +26,17 @@ fn describe(
     date: Option<&str>,
     target: Option<&str>,
 ) -> String {
+    // An empty variable (`TOLLGATE_BUILD_COMMIT=`) counts as unset.
+    fn given(v: Option<&str>) -> Option<&str> {
+        v.map(str::trim).filter(|v| !v.is_empty())
+    }
     let parts: Vec<String> = [
-        commit.map(|c| format!("commit {c}")),
-        date.map(|d| format!("built {d}")),
-        target.map(str::to_string),
+        given(commit).map(|c| format!("commit {c}")),
+        given(date).map(|d| format!("built {d}")),
+        given(target).map(str::to_string),
     ]
     .into_iter()
     .flatten()
-    .filter(|p| !p.trim().is_empty())
     .collect();
     if parts.is_empty() {
         format!("{version} (built from source)")
