@@ -34,7 +34,7 @@ use http::{HeaderMap, StatusCode};
 use crate::clock::SharedClock;
 use crate::config::OnError;
 use crate::identity::Client;
-use crate::limiter::{Algorithm, Nanos};
+use crate::limiter::{Algorithm, Hold, Nanos};
 use crate::metrics::{inc, Decision, Metrics};
 use crate::problem::{BanDenial, Denial, LimitHeaders, LimitView};
 use crate::snapshot::{Limiter, Route, Snapshot};
@@ -347,7 +347,7 @@ impl Tally {
                 }
                 crate::limiter::Verdict::Allow => inc(&l.metrics.allowed),
             }
-            if admitted && matches!(c.algorithm, Algorithm::Concurrency(_)) {
+            if admitted && c.algorithm.holds() == Hold::Slot {
                 t.slots.push(gate, snap, a.limiter, counted_on, now);
             }
             if l.count.is_some() && shared && (admitted || c.algorithm.counts_refused()) {

@@ -74,7 +74,9 @@
 //!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core;
 //! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
 //!   (`key: pass`); `app/challenge.rs` is its phase (the pass a request carries, the pass path,
-//!   the page instead of a refusal).
+//!   the page instead of a refusal);
+//! - [`build_info`]: what `--version` says (version, commit, build date);
+//!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
 pub mod access;
 pub mod acme;
@@ -84,6 +86,7 @@ pub mod app;
 pub mod balance;
 pub mod body;
 pub mod buffering;
+pub mod build_info;
 pub mod challenge;
 pub mod clock;
 pub mod compression;
@@ -109,6 +112,7 @@ pub mod reload;
 pub mod request_body;
 pub mod request_id;
 pub mod router;
+pub mod sd_notify;
 pub mod server;
 pub mod snapshot;
 pub mod store;

@@ -18,10 +18,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// proxy's heap is small and scattered; 4 KiB pages it is. This runs from
 /// `.preinit_array`, before any constructor, so before mimalloc's first
 /// allocation (from `main` it is too late: the first regions are already
-/// huge pages).
+/// huge pages). musl (the static `dist/build` binary) runs no
+/// `.preinit_array`: there it is the first `.init_array` entry, priority 100,
+/// ahead of mimalloc's own constructor (101).
 #[cfg(target_os = "linux")]
 #[used]
-#[link_section = ".preinit_array"]
+#[cfg_attr(not(target_env = "musl"), link_section = ".preinit_array")]
+#[cfg_attr(target_env = "musl", link_section = ".init_array.00100")]
 static NO_TRANSPARENT_HUGE_PAGES: extern "C" fn() = no_transparent_huge_pages;
 
 #[cfg(target_os = "linux")]
@@ -64,7 +67,7 @@ Signals (to a running `tollgate serve`):
 #[derive(Parser)]
 #[command(
     name = "tollgate",
-    version,
+    version = tollgate::build_info::version(),
     about = "A reverse proxy with built-in, durable rate limiting",
     after_help = ENVIRONMENT_AND_SIGNALS,
     // Our own `help` below: clap's refuses `help --help`.
@@ -202,6 +205,8 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         let store = Store::open(&config.store, &config.limiters, clock.now())
             .context("cannot open the store")?;
         let listeners = Listeners::bind(&config).await?;
+        // Bound: connections queue from now on, so a `Type=notify` unit is ready.
+        notify_systemd("READY=1");
         let source = ConfigSource {
             path: path.to_path_buf(),
             text,
@@ -240,7 +245,16 @@ async fn stop_on_signal(shutdown: CancellationToken) {
         _ = term.recv() => tracing::info!("SIGTERM"),
         _ = int.recv() => tracing::info!("SIGINT"),
     }
+    notify_systemd("STOPPING=1");
     shutdown.cancel();
+}
+
+/// Tells systemd (when it started us with `$NOTIFY_SOCKET`) a state change;
+/// a failure is logged, never fatal: the proxy serves either way.
+fn notify_systemd(state: &str) {
+    if let Err(e) = tollgate::sd_notify::notify(state) {
+        tracing::warn!("cannot tell systemd {state}: {e}");
+    }
 }
 
 /// Prints the help of `command` (or the whole program's).
