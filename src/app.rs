@@ -171,7 +171,7 @@ impl App {
         };
         resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
         // The response filter phase: inside the log's count, so `bytes_out` is what went out.
-        let compress = crate::compression::enabled(&x.snap, x.trail.route);
+        let compress = crate::compression::enabled(&x.snap.config, x.trail.route);
         let resp = crate::compression::filter(compress, asked, &self.shared.metrics, resp);
         x.trail.finish(self, x.snap, resp, started, in_flight)
     }

@@ -57,8 +57,7 @@ impl Asked {
 }
 
 /// Whether answers on route `route` (None: no route matched) may be compressed.
-pub fn enabled(snap: &crate::snapshot::Snapshot, route: Option<usize>) -> bool {
-    let config = &snap.config;
+pub fn enabled(config: &crate::config::Config, route: Option<usize>) -> bool {
     config.server.compression && route.is_none_or(|i| config.routes[i].compression)
 }
 

@@ -182,7 +182,11 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     acme::start_at_zero(&app.shared.metrics);
     let tls = Arc::new(tls::Terminator::new(certs, managed.clone()));
     // Names under `server.tls.acme`: ordered, renewed and swapped in the background.
-    tokio::spawn(acme::manage(app.clone(), managed, background.clone()));
+    tokio::spawn(acme::manage(
+        acme_context(&app),
+        managed,
+        background.clone(),
+    ));
     let reloader = Arc::new(reload::Reloader::new(
         app.clone(),
         tls.clone(),
@@ -333,5 +337,24 @@ async fn rejection_episodes(app: App, stop: CancellationToken) {
             .metrics
             .episodes
             .end_quiet(app.shared.clock.now());
+    }
+}
+
+/// What the ACME tasks need from the running app, as values (see [`acme::Context`]).
+fn acme_context(app: &app::App) -> acme::Context {
+    let (config, metrics) = (app.clone(), app.clone());
+    acme::Context {
+        acme: Arc::new(move || {
+            let snap = config.snapshot();
+            snap.config.server.tls.as_ref().and_then(|t| t.acme.clone())
+        }),
+        clock: app.shared.clock.clone(),
+        count_order: Arc::new(move |result| {
+            let counter = metrics
+                .shared
+                .metrics
+                .counter(acme::ORDERS, &[("result", result)]);
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }),
     }
 }

@@ -30,7 +30,7 @@ use instant_acme::Account;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::App;
+use crate::clock::SharedClock;
 use crate::config::acme::AcmeConfig;
 use order::OrderError;
 use state::Managed;
@@ -62,14 +62,22 @@ pub fn start_at_zero(metrics: &crate::metrics::Metrics) {
 /// The account per CA directory, created once and shared by every name's task.
 type Accounts = Arc<AsyncMutex<HashMap<String, Account>>>;
 
+/// What the ACME tasks read from the running proxy, handed down by `run`
+/// (so this module never reaches up into the app): the `server.tls.acme`
+/// in force, the clock, and the orders counter by result.
+#[derive(Clone)]
+pub struct Context {
+    pub acme: Arc<dyn Fn() -> Option<AcmeConfig> + Send + Sync>,
+    pub clock: SharedClock,
+    pub count_order: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
 /// Runs until `stop`: keeps one task per name of the `server.tls.acme` in force.
-pub async fn manage(app: App, managed: Arc<Managed>, stop: CancellationToken) {
+pub async fn manage(app: Context, managed: Arc<Managed>, stop: CancellationToken) {
     let accounts: Accounts = Arc::default();
     let mut tasks: HashMap<String, (AcmeConfig, CancellationToken)> = HashMap::new();
     loop {
-        let snap = app.snapshot();
-        let config = snap.config.server.tls.as_ref().and_then(|t| t.acme.clone());
-        drop(snap);
+        let config = (app.acme)();
         managed.set_shared_dir(config.as_ref().map(|c| c.storage.join("challenges")));
         tasks.retain(|domain, (running, token)| {
             let wanted = config.as_ref().filter(|c| c.domains.contains(domain));
@@ -120,7 +128,7 @@ fn same_except_domains(a: &AcmeConfig, b: &AcmeConfig) -> bool {
 
 /// One name's lifecycle.
 struct DomainTask {
-    app: App,
+    app: Context,
     managed: Arc<Managed>,
     config: AcmeConfig,
     domain: String,
@@ -152,7 +160,7 @@ impl DomainTask {
     }
 
     fn now_secs(&self) -> u64 {
-        self.app.shared.clock.now() / 1_000_000_000
+        self.app.clock.now() / 1_000_000_000
     }
 
     /// One look at the name: serve what is stored, order when due; returns how long to sleep.
@@ -299,11 +307,7 @@ impl DomainTask {
     }
 
     fn count(&self, result: &str) {
-        self.app
-            .shared
-            .metrics
-            .counter(ORDERS, &[("result", result)])
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        (self.app.count_order)(result);
     }
 
     /// Runs file I/O on a blocking thread (never on the runtime).
