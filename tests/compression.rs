@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::php::PhpServer;
 use common::php_fpm::PhpFpm;
-use common::{client, Proxy};
+use common::{get_raw, Proxy, RawAnswer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Answers with the type, headers and length the query asks for:
@@ -44,18 +44,12 @@ async fn start(extra: &str) -> (Proxy, PhpServer, tempfile::TempDir) {
     (proxy, php, dir)
 }
 
-struct Got {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Vec<u8>,
+trait Decoded {
+    /// The body with its `Content-Encoding` undone.
+    fn decoded(&self) -> Vec<u8>;
 }
 
-impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-
-    /// The body with its `Content-Encoding` undone.
+impl Decoded for RawAnswer {
     fn decoded(&self) -> Vec<u8> {
         decode(self.header("content-encoding"), &self.body)
     }
@@ -80,17 +74,9 @@ fn decode(encoding: Option<&str>, body: &[u8]) -> Vec<u8> {
     out
 }
 
-async fn get(proxy: &Proxy, path: &str, accept: Option<&str>) -> Got {
-    let mut req = client().get(proxy.url(path));
-    if let Some(a) = accept {
-        req = req.header("accept-encoding", a);
-    }
-    let r = req.send().await.unwrap();
-    Got {
-        status: r.status().as_u16(),
-        headers: r.headers().clone(),
-        body: r.bytes().await.unwrap().to_vec(),
-    }
+async fn get(proxy: &Proxy, path: &str, accept: Option<&str>) -> RawAnswer {
+    let accept: Vec<_> = accept.map(|a| ("accept-encoding", a)).into_iter().collect();
+    get_raw(&proxy.url(path), &accept).await
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use common::{client, Proxy};
+use common::{get_raw, Proxy, RawAnswer};
 
 /// A page's worth of CSS: long enough to be compressed.
 fn css() -> String {
@@ -45,29 +45,8 @@ async fn start(dir: &Path, extra: &str) -> Proxy {
     Proxy::start(&yaml).await
 }
 
-struct Got {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
-
-async fn get(proxy: &Proxy, path: &str, headers: &[(&str, &str)]) -> Got {
-    let mut req = client().get(proxy.url(path));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let r = req.send().await.unwrap();
-    Got {
-        status: r.status().as_u16(),
-        headers: r.headers().clone(),
-        body: r.bytes().await.unwrap().to_vec(),
-    }
+async fn get(proxy: &Proxy, path: &str, headers: &[(&str, &str)]) -> RawAnswer {
+    get_raw(&proxy.url(path), headers).await
 }
 
 #[tokio::test]

@@ -4,6 +4,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// The flags every test's Chromium runs with: headless, as root, no network of its own.
+pub const HEADLESS: &[&str] = &[
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+];
+
 /// The browser binary: `$TOLLGATE_CHROMIUM`, else `chromium` on the PATH.
 pub fn chromium() -> PathBuf {
     if let Some(p) = std::env::var_os("TOLLGATE_CHROMIUM") {
@@ -27,23 +40,13 @@ pub fn chromium() -> PathBuf {
 pub fn run(url: &str, extra: &[&str], budget_ms: u32) -> String {
     let profile = tempfile::tempdir().expect("profile dir");
     let mut cmd = Command::new(chromium());
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-    ])
-    .arg(format!("--user-data-dir={}", profile.path().display()))
-    .arg(format!("--virtual-time-budget={budget_ms}"))
-    .args(extra)
-    .arg(url)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(HEADLESS)
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .args(extra)
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let child = cmd.spawn().expect("chromium starts");
     let pid = child.id();
     // Chromium has been seen to hang on a loaded machine: a generous bound, then kill.

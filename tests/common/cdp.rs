@@ -29,18 +29,8 @@ impl Browser {
     pub async fn launch(extra: &[&str]) -> Browser {
         let profile = tempfile::tempdir().expect("profile dir");
         let mut child = Command::new(super::browser::chromium())
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-dev-shm-usage",
-                "--remote-debugging-port=0",
-            ])
+            .args(super::browser::HEADLESS)
+            .arg("--remote-debugging-port=0")
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .args(extra)
             .arg("about:blank")

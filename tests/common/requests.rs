@@ -46,6 +46,34 @@ pub async fn send(req: reqwest::RequestBuilder) -> Answer {
     }
 }
 
+/// A completed response whose body stays bytes (compressed, a byte range).
+pub struct RawAnswer {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl RawAnswer {
+    /// A header's value as text, if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+/// GETs `url` with `headers`, keeping the body as the bytes that came.
+pub async fn get_raw(url: &str, headers: &[(&str, &str)]) -> RawAnswer {
+    let mut req = client().get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.unwrap();
+    RawAnswer {
+        status: r.status().as_u16(),
+        headers: r.headers().clone(),
+        body: r.bytes().await.unwrap().to_vec(),
+    }
+}
+
 /// `text` as JSON; a test fails showing the text when it is not.
 pub fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
