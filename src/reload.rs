@@ -158,28 +158,8 @@ impl Reloader {
         let mut listeners = self.listeners.lock();
         let old = app.snapshot();
         let was = &old.config;
-        if config.server.workers != was.server.workers {
-            return Err(ReloadError::RequiresRestart("server.workers"));
-        }
-        // The table's shards are sized at start; a live change could only shrink
-        // by forgetting counting clients, which the bound promises never to do.
-        if config.store.max_keys != was.store.max_keys {
-            return Err(ReloadError::RequiresRestart("store.max_keys"));
-        }
-        // The log subscriber is installed once, before anything logs; a live
-        // change would mix both formats on stdout (the access log would follow
-        // the new one, every other record the old one).
-        if config.log.format != was.log.format {
-            return Err(ReloadError::RequiresRestart("log.format"));
-        }
-        // The file is checked and opened at start; SIGUSR1 reopens the same name.
-        if config.log.access_file != was.log.access_file {
-            return Err(ReloadError::RequiresRestart("log.access_file"));
-        }
-        if config.store.backend != was.store.backend {
-            return Err(ReloadError::RequiresRestart(
-                "store.backend / store.path / store.url",
-            ));
+        if let Some(key) = needs_restart(was, &config) {
+            return Err(ReloadError::RequiresRestart(key));
         }
         let unlimited = routes_losing_every_limiter(was, &config);
         if !unlimited.is_empty() {
@@ -235,6 +215,32 @@ impl Reloader {
         }
         Ok(version)
     }
+}
+
+/// The first setting that differs and only a restart can change, by its name.
+fn needs_restart(was: &Config, config: &Config) -> Option<&'static str> {
+    if config.server.workers != was.server.workers {
+        return Some("server.workers");
+    }
+    // The table's shards are sized at start; a live change could only shrink
+    // by forgetting counting clients, which the bound promises never to do.
+    if config.store.max_keys != was.store.max_keys {
+        return Some("store.max_keys");
+    }
+    // The log subscriber is installed once, before anything logs; a live
+    // change would mix both formats on stdout (the access log would follow
+    // the new one, every other record the old one).
+    if config.log.format != was.log.format {
+        return Some("log.format");
+    }
+    // The file is checked and opened at start; SIGUSR1 reopens the same name.
+    if config.log.access_file != was.log.access_file {
+        return Some("log.access_file");
+    }
+    if config.store.backend != was.store.backend {
+        return Some("store.backend / store.path / store.url");
+    }
+    None
 }
 
 /// Every route of `new` that had limiters in `was` (by name) and has none

@@ -35,33 +35,9 @@ impl Validator<'_> {
             self.route_name(i, &r.name.0, &mut names);
             let m = &r.matcher;
             self.route_paths(i, m);
-            let methods = m.methods.as_ref().map(|ms| {
-                ms.iter()
-                    .enumerate()
-                    .filter_map(|(j, t)| {
-                        match Method::from_bytes(t.0.to_ascii_uppercase().as_bytes()) {
-                            Ok(m) => Some(m),
-                            Err(_) => {
-                                self.err(
-                                    at(&format!("match.methods[{j}]")),
-                                    format!("invalid method {:?}", t.0),
-                                );
-                                None
-                            }
-                        }
-                    })
-                    .collect::<Vec<_>>()
-            });
+            let methods = self.route_methods(i, m);
             let action = self.route_action(i, r, &upstream_index, raw_upstreams);
-            let query: Vec<(String, String)> = m
-                .query
-                .iter()
-                .flatten()
-                .map(|(name, value)| (name.clone(), value.0.clone()))
-                .collect();
-            if query.iter().any(|(name, _)| name.is_empty()) {
-                self.err(at("match.query"), "a query parameter needs a name");
-            }
+            let query = self.route_query(i, m);
             let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
             let rate_limit_headers =
@@ -94,6 +70,41 @@ impl Validator<'_> {
             }
         }
         out
+    }
+
+    /// `match.methods`: each a valid method, upper-cased.
+    fn route_methods(&mut self, i: usize, m: &RawMatch) -> Option<Vec<Method>> {
+        let ms = m.methods.as_ref()?;
+        let methods = ms.iter().enumerate().filter_map(|(j, t)| {
+            match Method::from_bytes(t.0.to_ascii_uppercase().as_bytes()) {
+                Ok(m) => Some(m),
+                Err(_) => {
+                    self.err(
+                        format!("routes[{i}].match.methods[{j}]"),
+                        format!("invalid method {:?}", t.0),
+                    );
+                    None
+                }
+            }
+        });
+        Some(methods.collect())
+    }
+
+    /// `match.query`: name/value pairs, each with a name.
+    fn route_query(&mut self, i: usize, m: &RawMatch) -> Vec<(String, String)> {
+        let query: Vec<(String, String)> = m
+            .query
+            .iter()
+            .flatten()
+            .map(|(name, value)| (name.clone(), value.0.clone()))
+            .collect();
+        if query.iter().any(|(name, _)| name.is_empty()) {
+            self.err(
+                format!("routes[{i}].match.query"),
+                "a query parameter needs a name",
+            );
+        }
+        query
     }
 
     /// `match.path` and `match.path_prefix`: absolute, and not both.
