@@ -346,6 +346,12 @@ impl Store {
         on_backend!(self, b => Backend::bind_metrics(b, metrics))
     }
 
+    /// The limiters of the config in force (at start and after every
+    /// reload): the Redis store takes their `lease:` rules from it.
+    pub fn configure(&self, limiters: &[LimiterConfig]) {
+        on_backend!(self, b => Backend::configure(b, limiters))
+    }
+
     /// For SQLite: what waits for a retry, and the last write error.
     pub fn durability(&self) -> Option<durability::Status> {
         on_backend!(self, b => Backend::durability(b))
