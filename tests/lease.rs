@@ -365,3 +365,42 @@ async fn a_lease_shrinks_as_the_key_fills_and_the_last_units_each_call_redis() {
         );
     }
 }
+
+#[test]
+fn a_tollgate_spends_its_lease_while_redis_is_down_then_on_error_local_takes_over() {
+    let mut redis = RedisServer::start();
+    let yaml = fleet_yaml(&redis)
+        .replace("timeout: 5s", "timeout: 250ms")
+        .replace("on_error: deny", "on_error: local");
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::serve(&yaml, dir.path());
+    wait_for_window_room(Duration::from_secs(60), Duration::from_secs(20));
+    let get = || {
+        http_with(p.addr, "GET", "/fw", &[("X-Key", "outage")])
+            .unwrap()
+            .status
+    };
+    assert_eq!(get(), 200, "the first request takes a lease of 50");
+    redis.stop();
+    let errors = |p: &Process| {
+        let text = http(p.admin, "GET", "/metrics").unwrap().body;
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("tollgate_store_errors_total{backend=\"redis\",policy=\"local\"}")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    for i in 0..50 {
+        assert_eq!(get(), 200, "leased unit {i}");
+    }
+    assert_eq!(errors(&p), 0.0, "the lease is spent without asking Redis");
+    assert_eq!(
+        get(),
+        200,
+        "spent out: Redis fails and the local table admits"
+    );
+    assert_eq!(errors(&p), 1.0, "{}", p.output());
+}
