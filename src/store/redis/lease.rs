@@ -66,6 +66,9 @@ struct Held {
     granted: Nanos,
     /// The proxy's clock when it can no longer be spent.
     ends: Nanos,
+    /// The monotonic clock when it was taken: a wall clock stepped back
+    /// by less than the lease's age must not stretch it (see [`Held::live`]).
+    taken: std::time::Instant,
     /// The quota and Redis' instant reported with the grant.
     quota: Quota,
     at: Nanos,
@@ -192,6 +195,7 @@ impl Leases {
         let mut asking = Asking {
             leases: self,
             ask: 0,
+            started: std::time::Instant::now(),
             wants: vec![None; checks.len()],
         };
         if !checks.iter().any(|c| Self::rule(&rules, c.key).is_some()) {
@@ -300,10 +304,14 @@ fn limiter_of(store_key: &str) -> &str {
 }
 
 impl Held {
+    /// Live by both clocks. The injected clock says when the lease ends
+    /// (and a clock that stepped back before the grant cannot tell how long
+    /// it has run: it ends); the monotonic one keeps a wall clock that
+    /// stepped back a little from stretching a fixed window's lease into
+    /// the next window.
     fn live(&self, now: Nanos) -> bool {
-        // A clock that stepped back before the grant cannot tell how long
-        // the lease has run: it ends.
-        self.granted <= now && now < self.ends
+        let term = std::time::Duration::from_nanos(self.ends - self.granted);
+        self.granted <= now && now < self.ends && self.taken.elapsed() < term
     }
 
     fn spendable(&self, algorithm: &Algorithm, now: Nanos) -> bool {
@@ -342,6 +350,8 @@ struct Want {
 pub(super) struct Asking<'a> {
     leases: &'a Leases,
     ask: u64,
+    /// The monotonic clock before the call was sent.
+    started: std::time::Instant,
     /// Parallel to the checks.
     wants: Vec<Option<Want>>,
 }
@@ -392,6 +402,7 @@ impl Asking<'_> {
                 spent: 0,
                 granted: sent,
                 ends: sent.saturating_add(lease::ends_after(c.algorithm, o.at)),
+                taken: self.started,
                 quota: o.quota,
                 at: o.at,
             };
