@@ -343,6 +343,8 @@ impl Store {
 
     /// Counts SQLite write failures and given-up keys into the app's registry.
     pub fn bind_metrics(&self, metrics: &crate::metrics::Metrics) {
+        // Every backend shows the lease families (at zero where nothing leases).
+        self::redis::lease_metrics_at_zero(metrics);
         on_backend!(self, b => Backend::bind_metrics(b, metrics))
     }
 

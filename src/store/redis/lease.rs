@@ -92,6 +92,28 @@ struct Counters {
     full: Counter,
 }
 
+impl Counters {
+    /// The lease counters of `metrics`, created at zero.
+    fn of(metrics: &Metrics) -> Counters {
+        let units =
+            |outcome| metrics.counter("tollgate_lease_units_total", &[("outcome", outcome)]);
+        Counters {
+            saved: metrics.counter("tollgate_lease_calls_saved_total", &[]),
+            taken: metrics.counter("tollgate_leases_taken_total", &[]),
+            granted: units("granted"),
+            spent: units("spent"),
+            returned: units("returned"),
+            lost: units("lost"),
+            full: metrics.counter("tollgate_lease_table_full_total", &[]),
+        }
+    }
+}
+
+/// Creates the lease families at zero, whatever the store (only Redis leases).
+pub fn metrics_at_zero(metrics: &Metrics) {
+    Counters::of(metrics);
+}
+
 impl Leases {
     pub(super) fn new() -> Leases {
         Leases {
@@ -103,19 +125,9 @@ impl Leases {
         }
     }
 
-    /// Registers the lease counters (all at zero until something happens).
+    /// Counts into the lease counters of `metrics`.
     pub(super) fn bind_metrics(&self, metrics: &Metrics) {
-        let units =
-            |outcome| metrics.counter("tollgate_lease_units_total", &[("outcome", outcome)]);
-        let _ = self.metrics.set(Counters {
-            saved: metrics.counter("tollgate_lease_calls_saved_total", &[]),
-            taken: metrics.counter("tollgate_leases_taken_total", &[]),
-            granted: units("granted"),
-            spent: units("spent"),
-            returned: units("returned"),
-            lost: units("lost"),
-            full: metrics.counter("tollgate_lease_table_full_total", &[]),
-        });
+        let _ = self.metrics.set(Counters::of(metrics));
     }
 
     fn count(&self, pick: impl Fn(&Counters) -> &Counter, n: u64) {

@@ -26,6 +26,8 @@ mod backend;
 pub mod ban;
 mod lease;
 
+pub use lease::metrics_at_zero as lease_metrics_at_zero;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
