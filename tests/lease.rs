@@ -404,3 +404,69 @@ fn a_tollgate_spends_its_lease_while_redis_is_down_then_on_error_local_takes_ove
     );
     assert_eq!(errors(&p), 1.0, "{}", p.output());
 }
+
+/// One command's whole reply as text (read until Redis stops sending).
+fn redis_reply(redis: &RedisServer, args: &[&str]) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", redis.port)).expect("redis");
+    s.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The count of the fixed-window key whose name ends with `suffix`.
+fn window_count(redis: &RedisServer, suffix: &str) -> Option<u64> {
+    let keys = redis_reply(redis, &["KEYS", &format!("*{suffix}")]);
+    let key = keys.lines().find(|l| l.ends_with(suffix))?;
+    let reply = redis_reply(redis, &["HGET", key, "n"]);
+    reply.lines().nth(1)?.parse().ok()
+}
+
+#[test]
+fn a_reload_that_changes_a_leased_limiter_gives_its_unspent_units_back() {
+    let redis = RedisServer::start();
+    // No prune round in this test: only the reload can end the lease.
+    let yaml = fleet_yaml(&redis).replace("prune_interval: 1s", "prune_interval: 1h");
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::serve(&yaml, dir.path());
+    wait_for_window_room(Duration::from_secs(60), Duration::from_secs(20));
+    let r = http_with(p.addr, "GET", "/fw", &[("X-Key", "reloaded")]).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        window_count(&redis, "reloaded"),
+        Some(51),
+        "the request and its lease of 50"
+    );
+    let changed = yaml.replace(
+        "fw: { algorithm: fixed_window, limit: 1000, window: 60s, key: header:X-Key, lease: { max: 50 } }",
+        "fw: { algorithm: fixed_window, limit: 900, window: 60s, key: header:X-Key, lease: { max: 50 } }",
+    );
+    assert_ne!(changed, yaml);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        window_count(&redis, "reloaded"),
+        Some(51),
+        "past its term, an idle lease waits for a prune round or the key's next ask"
+    );
+    std::fs::write(
+        dir.path().join("tollgate.yaml"),
+        common::pin_yaml(&changed, p.addr, p.admin, dir.path()),
+    )
+    .unwrap();
+    p.signal("HUP");
+    let given_back = common::eventually_blocking(Duration::from_secs(10), || {
+        window_count(&redis, "reloaded") == Some(1)
+    });
+    assert!(
+        given_back,
+        "the 50 unspent units went back: {:?}\n{}",
+        window_count(&redis, "reloaded"),
+        p.output()
+    );
+}
