@@ -68,6 +68,7 @@ fn open(backend: Backend) -> Store {
             reject: None,
             count: None,
             ban: None,
+            lease: None,
         })
         .collect();
     let config = StoreConfig {

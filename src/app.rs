@@ -84,6 +84,7 @@ impl App {
     ) -> App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
+        store.configure(&config.limiters);
         let access = AccessLog::default();
         if let Some(path) = &config.log.access_file {
             access.to_file(path.clone());

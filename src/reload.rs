@@ -204,6 +204,7 @@ impl Reloader {
         }
         drop(listeners);
         let new = app.snapshot();
+        app.shared.store.configure(&new.config.limiters);
         let removed: Vec<_> = was
             .limiters
             .iter()

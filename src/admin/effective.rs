@@ -393,6 +393,7 @@ fn limiter(l: &LimiterConfig) -> Value {
         reject,
         count,
         ban,
+        lease,
     } = l;
     let mut out = json!({
         "name": name,
@@ -403,6 +404,7 @@ fn limiter(l: &LimiterConfig) -> Value {
         "count": count.as_ref().map(|c| json!({"status": c.status, "header": c.header.as_ref().map(|h| h.as_str())})),
         "ban": ban.as_ref().map(|b| json!({"after": b.after, "for": nanos(b.duration), "status": b.status.as_u16()})),
         "reject": reject.as_ref().map(reject_shape),
+        "lease": lease.as_ref().map(|l| json!({"max": l.max})),
     });
     // Every algorithm's parameter is shown, `null` where this one takes none.
     for k in Kind::ALL.into_iter().flat_map(Kind::params) {

@@ -43,6 +43,7 @@ mod scan;
 mod admin_token;
 /// `identity.pass` and `routes[].challenge`.
 pub mod challenge;
+mod lease;
 mod observe;
 mod protect;
 /// "Did you mean …?" over the names a config defines.
@@ -404,6 +405,8 @@ pub struct LimiterConfig {
     pub count: Option<crate::limiter::count::CountRule>,
     /// `ban:` — refuse a key outright after repeated rejections.
     pub ban: Option<crate::limiter::ban::BanRule>,
+    /// `lease:` — reserve units from the Redis store (see `limiter/lease.rs`).
+    pub lease: Option<crate::limiter::lease::Lease>,
 }
 
 #[derive(Debug, Clone)]

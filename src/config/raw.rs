@@ -491,6 +491,8 @@ pub struct RawLimiter {
     pub count: Option<protect::RawCount>,
     /// Refuse a key outright after repeated rejections.
     pub ban: Option<protect::RawBan>,
+    /// Reserve units from the Redis store and spend them without a call.
+    pub lease: Option<super::lease::RawLease>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

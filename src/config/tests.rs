@@ -329,7 +329,7 @@ const MISTAKES: &[(&str, &str)] = &[
     ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: [per-ip]\n",
      "line 6 column 16: routes[0].limiters[0]: no limiter named \"per-ip\"; did you mean `per_ip`?"),
     ("limiters:\n  a:\n    limt: 5\n    window: 60s\n",
-     "line 3 column 5: limiters.a.limt: unknown key `limt`; did you mean `limit`? (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban)"),
+     "line 3 column 5: limiters.a.limt: unknown key `limt`; did you mean `limit`? (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban, lease)"),
     // A duration without a unit, pointed at `window`, not at the limiter.
     ("limiters:\n  a:\n    limit: 5\n    window: 15\n",
      "line 4 column 13: limiters.a.window: `15` has no unit, write e.g. `15s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),

@@ -19,6 +19,7 @@ pub mod concurrency;
 pub mod count;
 pub mod fixed_window;
 pub mod leaky_bucket;
+pub mod lease;
 pub mod sliding_window;
 pub mod token_bucket;
 

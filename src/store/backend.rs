@@ -154,6 +154,9 @@ pub trait Backend {
 
     fn bind_metrics(&self, _metrics: &crate::metrics::Metrics) {}
 
+    /// The limiters of the config in force, at start and after every reload.
+    fn configure(&self, _limiters: &[LimiterConfig]) {}
+
     /// What waits for a retry and the last write error, for a persisting backend.
     fn durability(&self) -> Option<durability::Status> {
         None

@@ -343,7 +343,15 @@ impl Store {
 
     /// Counts SQLite write failures and given-up keys into the app's registry.
     pub fn bind_metrics(&self, metrics: &crate::metrics::Metrics) {
+        // Every backend shows the lease families (at zero where nothing leases).
+        self::redis::lease_metrics_at_zero(metrics);
         on_backend!(self, b => Backend::bind_metrics(b, metrics))
+    }
+
+    /// The limiters of the config in force (at start and after every
+    /// reload): the Redis store takes their `lease:` rules from it.
+    pub fn configure(&self, limiters: &[LimiterConfig]) {
+        on_backend!(self, b => Backend::configure(b, limiters))
     }
 
     /// For SQLite: what waits for a retry, and the last write error.

@@ -302,6 +302,7 @@ pub fn limiter(
         reject: None,
         count: None,
         ban: None,
+        lease: None,
     }
 }
 

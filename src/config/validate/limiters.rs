@@ -63,6 +63,10 @@ impl Validator<'_> {
             .ban
             .as_ref()
             .and_then(|b| self.ban_rule(name, b, &algorithm, shadow));
+        let lease = raw
+            .lease
+            .as_ref()
+            .and_then(|l| self.lease_rule(name, l, &algorithm, raw.count.is_some()));
         if self.problems.len() > before {
             return None;
         }
@@ -74,6 +78,7 @@ impl Validator<'_> {
             shadow,
             count,
             ban,
+            lease,
             overrides: raw
                 .overrides
                 .iter()

@@ -108,6 +108,13 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("limiters: { a: { algorithm: token_bucket, capacity: 1, refill_per_second: -1 } }", "limiters.a.refill_per_second", "must be a number greater than 0 and at most 1e9"),
     ("limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 2e9 } }", "limiters.a.leak_per_second", "at most 1e9"),
     ("limiters: { a: { algorithm: concurrency, max_in_flight: 0 } }", "limiters.a.max_in_flight", "must be at least 1"),
+    // lease
+    ("limiters: { a: { algorithm: concurrency, max_in_flight: 2, lease: { max: 10 } } }", "limiters.a.lease", "`lease` applies to fixed_window, sliding_window and token_bucket; concurrency counts requests in flight"),
+    ("limiters: { a: { algorithm: leaky_bucket, capacity: 2, leak_per_second: 1, lease: { max: 10 } } }", "limiters.a.lease", "leaky_bucket spaces requests out"),
+    ("limiters: { a: { limit: 5, window: 1m, lease: {} } }", "limiters.a.lease", "`lease` needs `max`"),
+    ("limiters: { a: { limit: 5, window: 1m, lease: { max: 0 } } }", "limiters.a.lease.max", "must be between 1 and 1000"),
+    ("limiters: { a: { limit: 5, window: 1m, lease: { max: 1001 } } }", "limiters.a.lease.max", "must be between 1 and 1000"),
+    ("limiters: { a: { limit: 5, window: 1m, count: { status: 401 }, lease: { max: 10 } } }", "limiters.a.lease", "`lease` and `count` do not go together"),
     ("limiters: { a: { algorithm: token_bucket, capacity: 5, refill_per_second: 1e-10 } }", "limiters.a.refill_per_second", "1e-10 per second is too slow to limit: with capacity 5, a full bucket's tokens must come back within 36500d (100 years), the longest time tollgate counts; the smallest value here is 1.59e-9"),
     ("limiters: { a: { algorithm: leaky_bucket, capacity: 1, leak_per_second: 1e-300 } }", "limiters.a.leak_per_second", "1e-300 per second is too slow to limit: with capacity 1, a full queue must drain within 36500d (100 years), the longest time tollgate counts; the smallest value here is 3.18e-10"),
     ("limiters: { a: { algorithm: leaky_bucket, capacity: 0, leak_per_second: 1e-10 } }", "limiters.a.leak_per_second", "the smallest value here is 3.18e-10"),
@@ -374,4 +381,21 @@ fn acme_names_default_to_the_exact_hosts_the_routes_match() {
     assert_eq!(acme.domains, ["shop.example"]);
     assert_eq!(acme.directory, crate::config::acme::LETS_ENCRYPT);
     assert_eq!(acme.challenge, crate::config::acme::Challenge::TlsAlpn01);
+}
+
+#[test]
+fn a_lease_on_a_window_or_a_bucket_is_accepted_with_its_max() {
+    for algorithm in [
+        "{ limit: 100, window: 1m",
+        "{ algorithm: sliding_window, limit: 100, window: 1m",
+        "{ algorithm: token_bucket, capacity: 100, refill_per_second: 10",
+    ] {
+        let yaml = format!("limiters: {{ a: {algorithm}, lease: {{ max: 50 }} }} }}\n");
+        let config = validated(&yaml).unwrap_or_else(|p| panic!("{yaml}: {p:?}"));
+        assert_eq!(
+            config.limiters[0].lease,
+            Some(crate::limiter::lease::Lease { max: 50 }),
+            "{yaml}"
+        );
+    }
 }

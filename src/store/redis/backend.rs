@@ -110,9 +110,19 @@ impl Backend for Redis {
         Ok(())
     }
 
-    /// Forgets leaky-bucket tickets whose turn has passed.
+    /// Forgets leaky-bucket tickets whose turn has passed; ends the leases past their end.
     fn prune(&self, now: Nanos, _limiters: &[LimiterConfig], _retention: Option<Duration>) {
-        self.sweep(now)
+        self.sweep(now);
+        self.sweep_leases(now);
+    }
+
+    /// Takes the limiters' `lease:` rules (a changed limiter's leases end).
+    fn configure(&self, limiters: &[LimiterConfig]) {
+        self.configure_leases(limiters)
+    }
+
+    fn bind_metrics(&self, metrics: &crate::metrics::Metrics) {
+        self.bind_lease_metrics(metrics)
     }
 
     /// False while the circuit breaker is open.

@@ -24,6 +24,9 @@
 mod args;
 mod backend;
 pub mod ban;
+mod lease;
+
+pub use lease::metrics_at_zero as lease_metrics_at_zero;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +43,8 @@ use super::memory::Table;
 use super::{Check, Outcome, StoreError};
 use crate::limiter::{Algorithm, Hold, Nanos, Quota, Verdict, NANOS_PER_SEC};
 
-const SCRIPT: &str = include_str!("redis.lua");
+/// `lease.lua` continues `redis.lua`'s chunk (it reads the request's state).
+const SCRIPT: &str = concat!(include_str!("redis.lua"), include_str!("lease.lua"));
 
 /// Consecutive failures that open the breaker.
 pub const BREAKER_THRESHOLD: u32 = 3;
@@ -71,6 +75,8 @@ struct Inner {
     /// Makes concurrency slot ids unique across the fleet.
     instance: String,
     next_member: AtomicU64,
+    /// Leased quotas this tollgate holds (`lease:`).
+    leases: lease::Leases,
 }
 
 /// What admitted requests hold, by (store key, ticket in the proxy's clock).
@@ -110,6 +116,7 @@ impl Redis {
             runtime: runtime.clone(),
             instance: instance_id(),
             next_member: AtomicU64::new(0),
+            leases: lease::Leases::new(),
         });
         runtime.spawn(probe_loop(Arc::downgrade(&inner)));
         Ok(Redis { inner })
@@ -127,12 +134,19 @@ impl Redis {
         now: Nanos,
     ) -> Result<Vec<Outcome>, StoreError> {
         let inner = &self.inner;
+        // Leased units are counted in Redis already: spending them needs no
+        // call, and stays exact while Redis is unreachable.
+        if let Some(outcomes) = inner.leases.spend(checks, now) {
+            return Ok(outcomes);
+        }
         if !inner.breaker.allows() {
             return Err(StoreError::CircuitOpen);
         }
+        let asking = inner.leases.ask(checks, now);
+        self.give_back(inner.leases.take_ended());
         let mut members = Vec::new();
         let mut call = inner.script.prepare_invoke();
-        call.arg("check");
+        call.arg(if asking.any() { "lease" } else { "check" });
         for c in checks {
             let member = match c.algorithm.holds() {
                 Hold::Slot => {
@@ -145,11 +159,21 @@ impl Redis {
             args::push_check(&mut call, c.algorithm, c.shadow, &member)?;
             members.push(member);
         }
+        if asking.any() {
+            asking.push_args(&mut call);
+        }
         let call = &call;
         let reply: Vec<i64> = self
             .call(|mut con| async move { call.invoke_async(&mut con).await })
             .await?;
-        let (at, outcomes) = parse(&reply, checks)?;
+        let (at, outcomes) = if asking.any() {
+            let (head, grants) = lease::split_reply(&reply, checks.len())?;
+            let (at, outcomes) = parse(head, checks)?;
+            asking.settle(checks, grants, &outcomes, now);
+            (at, outcomes)
+        } else {
+            parse(&reply, checks)?
+        };
 
         let admitted = !checks
             .iter()

@@ -10,6 +10,9 @@
 --             tb the instant the bucket was full again right after the
 --             request (decimal Unix ns). Gives back what one `count:`
 --             request took, as far as it still weighs (see count.rs).
+--             ARGV[5], optional: how many units (default 1; a lease's
+--             unspent units go back this way, see lease.lua).
+--   'lease'   'check', then leases (see lease.lua, appended to this script).
 --   'release' KEYS[1]; ARGV[2] kind: 'cc' then the member to remove, or
 --             'lb' then the interval and the ticket (Unix ns) to give back.
 --
@@ -98,11 +101,12 @@ end
 
 if mode == 'refund' then
   local k, kind = KEYS[1], ARGV[2]
+  local units = tonumber(ARGV[5] or '1')
   local shape = kind .. ':' .. ARGV[3]
   local ty = redis.call('TYPE', k)['ok']
   if kind == 'sw' then
     if ty == 'list' and redis.call('LINDEX', k, 0) == shape then
-      return redis.call('LREM', k, 1, ARGV[4])
+      return redis.call('LREM', k, units, ARGV[4])
     end
     return 0
   end
@@ -112,7 +116,7 @@ if mode == 'refund' then
   if kind == 'fw' then
     local n = tonumber(redis.call('HGET', k, 'n') or '0')
     if redis.call('HGET', k, 'w') == ARGV[4] and n > 0 then
-      redis.call('HSET', k, 'n', int(n - 1))
+      redis.call('HSET', k, 'n', int(math.max(0, n - units)))
       return 1
     end
   elseif kind == 'tb' then
@@ -374,4 +378,7 @@ for i = 1, n do
   out[#out + 1] = remaining
   out[#out + 1] = reset
 end
-return out
+if mode ~= 'lease' then
+  return out
+end
+

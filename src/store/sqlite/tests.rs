@@ -22,6 +22,7 @@ fn limiter(name: &str, algorithm: Algorithm) -> LimiterConfig {
         reject: None,
         count: None,
         ban: None,
+        lease: None,
     }
 }
 

@@ -1,0 +1,678 @@
+//! The leases this tollgate holds on Redis keys: spent without a call, asked for with the request that needs one, given back when they end.
+//!
+//! The arithmetic (size, term, what happens to unspent units) is
+//! `limiter/lease.rs`'s; the script side is `lease.lua`. Here: the bounded
+//! local table and its rules.
+//!
+//! - A request is decided here, without Redis, only when **every** limiter
+//!   it meets holds an open lease with a unit left on its key; each of them
+//!   then spends one. Otherwise the request goes to Redis as usual, and each
+//!   leased limiter without an open lease asks for one in the same call.
+//! - One ask per key at a time: while a request asks for a key's lease,
+//!   other requests on that key go to Redis without asking (no two leases
+//!   of one key in one tollgate).
+//! - The table holds at most [`MAX_LEASES`] keys. When it is full, a key
+//!   without a lease is checked per request, as without leases, and
+//!   `tollgate_lease_table_full_total` counts it.
+//! - A lease ends at its term (or a fixed window's end), when the
+//!   proxy's clock steps back past its start, or when a reload changes its
+//!   limiter; its unspent units then go back ([`GiveBack`]: fixed and sliding
+//!   window) or are lost (token bucket), in the next prune round or when the
+//!   key next asks, whichever comes first.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+use ::redis::ScriptInvocation;
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+
+use crate::config::LimiterConfig;
+use crate::limiter::lease::{self, Lease, Unspent};
+use crate::limiter::{Algorithm, Nanos, Quota, Verdict};
+use crate::metrics::{Counter, Metrics};
+use crate::store::{Check, Outcome, StoreError};
+
+/// The most keys this tollgate holds leases on (or is asking for).
+pub const MAX_LEASES: usize = 65_536;
+
+pub(super) struct Leases {
+    /// `lease:` of each limiter that has one, by limiter name, with the
+    /// algorithm it was configured with (a reload that changes either drops
+    /// the limiter's leases).
+    rules: ArcSwap<HashMap<String, (Lease, Algorithm)>>,
+    table: Mutex<HashMap<Box<str>, Entry>>,
+    /// Unspent units of ended leases, to give back by the next sweep.
+    ended: Mutex<Vec<GiveBack>>,
+    next_ask: AtomicU64,
+    metrics: OnceLock<Counters>,
+}
+
+enum Entry {
+    /// A request is asking Redis for this key's lease (its ask number).
+    Asking(u64),
+    Open(Held),
+}
+
+/// An open lease.
+struct Held {
+    /// The policy it was granted under: a key whose policy changed (a reload,
+    /// an override) no longer spends it.
+    algorithm: Algorithm,
+    units: u64,
+    spent: u64,
+    /// The proxy's clock when the request that took it was decided.
+    granted: Nanos,
+    /// The proxy's clock when it can no longer be spent.
+    ends: Nanos,
+    /// The monotonic clock when it was taken: a wall clock stepped back
+    /// by less than the lease's age must not stretch it (see [`Held::live`]).
+    taken: std::time::Instant,
+    /// The quota and Redis' instant reported with the grant.
+    quota: Quota,
+    at: Nanos,
+}
+
+/// Unspent units to take out of the shared state again, as a `refund` of
+/// `units` (see `redis.lua`).
+pub(super) struct GiveBack {
+    pub store_key: Box<str>,
+    pub units: u64,
+    pub args: [String; 4],
+}
+
+struct Counters {
+    saved: Counter,
+    taken: Counter,
+    granted: Counter,
+    spent: Counter,
+    returned: Counter,
+    lost: Counter,
+    full: Counter,
+}
+
+impl Counters {
+    /// The lease counters of `metrics`, created at zero.
+    fn of(metrics: &Metrics) -> Counters {
+        let units =
+            |outcome| metrics.counter("tollgate_lease_units_total", &[("outcome", outcome)]);
+        Counters {
+            saved: metrics.counter("tollgate_lease_calls_saved_total", &[]),
+            taken: metrics.counter("tollgate_leases_taken_total", &[]),
+            granted: units("granted"),
+            spent: units("spent"),
+            returned: units("returned"),
+            lost: units("lost"),
+            full: metrics.counter("tollgate_lease_table_full_total", &[]),
+        }
+    }
+}
+
+/// Creates the lease families at zero, whatever the store (only Redis leases).
+pub fn metrics_at_zero(metrics: &Metrics) {
+    Counters::of(metrics);
+}
+
+impl Leases {
+    pub(super) fn new() -> Leases {
+        Leases {
+            rules: ArcSwap::from_pointee(HashMap::new()),
+            table: Mutex::new(HashMap::new()),
+            ended: Mutex::new(Vec::new()),
+            next_ask: AtomicU64::new(1),
+            metrics: OnceLock::new(),
+        }
+    }
+
+    /// Counts into the lease counters of `metrics`.
+    pub(super) fn bind_metrics(&self, metrics: &Metrics) {
+        let _ = self.metrics.set(Counters::of(metrics));
+    }
+
+    fn count(&self, pick: impl Fn(&Counters) -> &Counter, n: u64) {
+        if let Some(c) = self.metrics.get() {
+            pick(c).fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the limiters' `lease:` rules; the leases of a limiter whose
+    /// rule or algorithm changed, or that is gone, end now.
+    pub(super) fn configure(&self, limiters: &[LimiterConfig]) {
+        let rules: HashMap<String, (Lease, Algorithm)> = limiters
+            .iter()
+            .filter_map(|l| Some((l.name.clone(), (l.lease?, l.algorithm.clone()))))
+            .collect();
+        let was = self.rules.swap(std::sync::Arc::new(rules));
+        let now = self.rules.load();
+        let changed: Vec<&String> = was
+            .iter()
+            .filter(|(name, rule)| now.get(*name) != Some(*rule))
+            .map(|(name, _)| name)
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        let mut table = self.table.lock();
+        let gone: Vec<Box<str>> = table
+            .keys()
+            .filter(|k| changed.iter().any(|n| limiter_of(k) == n.as_str()))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(Entry::Open(held)) = table.remove(&key) {
+                self.end(key, held);
+            }
+        }
+    }
+
+    /// Whether `store_key`'s limiter leases, and how many units at most.
+    fn rule(rules: &HashMap<String, (Lease, Algorithm)>, store_key: &str) -> Option<Lease> {
+        rules.get(limiter_of(store_key)).map(|(l, _)| *l)
+    }
+
+    /// Decides the request from leases alone, if every check holds an open
+    /// lease with a unit left; each spends one. `None`: ask Redis.
+    pub(super) fn spend(&self, checks: &[Check<'_>], now: Nanos) -> Option<Vec<Outcome>> {
+        let rules = self.rules.load();
+        if checks.is_empty() || !checks.iter().all(|c| Self::rule(&rules, c.key).is_some()) {
+            return None;
+        }
+        let mut table = self.table.lock();
+        let usable = checks.iter().all(|c| match table.get(c.key) {
+            Some(Entry::Open(h)) => h.units > 0 && h.spendable(c.algorithm, now),
+            _ => false,
+        });
+        if !usable {
+            return None;
+        }
+        let outcomes = checks
+            .iter()
+            .map(|c| match table.get_mut(c.key) {
+                Some(Entry::Open(h)) => h.spend(now),
+                _ => unreachable!("checked above under the same lock"),
+            })
+            .collect();
+        drop(table);
+        self.count(|c| &c.saved, 1);
+        self.count(|c| &c.spent, checks.len() as u64);
+        Some(outcomes)
+    }
+
+    /// What each check asks for in the call this request is about to make:
+    /// a lease for every leased key without a usable one (ended leases are
+    /// taken out here, their units given back).
+    pub(super) fn ask<'a>(&'a self, checks: &[Check<'_>], now: Nanos) -> Asking<'a> {
+        let rules = self.rules.load();
+        let mut asking = Asking {
+            leases: self,
+            ask: 0,
+            started: std::time::Instant::now(),
+            wants: vec![None; checks.len()],
+        };
+        if !checks.iter().any(|c| Self::rule(&rules, c.key).is_some()) {
+            return asking;
+        }
+        asking.ask = self.next_ask.fetch_add(1, Ordering::Relaxed);
+        let mut table = self.table.lock();
+        for (want, c) in asking.wants.iter_mut().zip(checks) {
+            let Some(rule) = Self::rule(&rules, c.key) else {
+                continue;
+            };
+            let Some(term) = lease::term(c.algorithm) else {
+                continue;
+            };
+            match table.get(c.key) {
+                Some(Entry::Asking(_)) => continue,
+                Some(Entry::Open(h)) if h.units > 0 && h.spendable(c.algorithm, now) => continue,
+                Some(Entry::Open(_)) => {
+                    if let Some(Entry::Open(held)) = table.remove(c.key) {
+                        self.end(c.key.into(), held);
+                    }
+                }
+                None if table.len() >= MAX_LEASES => {
+                    self.count(|c| &c.full, 1);
+                    continue;
+                }
+                None => {}
+            }
+            table.insert(c.key.into(), Entry::Asking(asking.ask));
+            *want = Some(Want {
+                key: c.key.into(),
+                max: rule.max,
+                term,
+            });
+        }
+        asking
+    }
+
+    /// Ends every lease past its end at `now`; returns the units to give back.
+    pub(super) fn sweep(&self, now: Nanos) -> Vec<GiveBack> {
+        let mut table = self.table.lock();
+        let ended: Vec<Box<str>> = table
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::Open(h) if !h.live(now)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in ended {
+            if let Some(Entry::Open(held)) = table.remove(&key) {
+                self.end(key, held);
+            }
+        }
+        drop(table);
+        self.take_ended()
+    }
+
+    /// The units of leases that ended since the last call, to give back.
+    pub(super) fn take_ended(&self) -> Vec<GiveBack> {
+        std::mem::take(&mut *self.ended.lock())
+    }
+
+    /// Counts the give-backs that went through (`Ok`) or failed.
+    pub(super) fn gave_back(&self, units: u64, result: &Result<(), StoreError>) {
+        match result {
+            Ok(()) => self.count(|c| &c.returned, units),
+            Err(_) => self.count(|c| &c.lost, units),
+        }
+    }
+
+    /// A lease ended with `held.units` unspent: given back or lost, by algorithm.
+    fn end(&self, store_key: Box<str>, held: Held) {
+        if held.units == 0 {
+            return;
+        }
+        match (lease::unspent(&held.algorithm), give_back_args(&held)) {
+            (Unspent::Returned, Some(args)) => self.ended.lock().push(GiveBack {
+                store_key,
+                units: held.units,
+                args,
+            }),
+            _ => self.count(|c| &c.lost, held.units),
+        }
+    }
+}
+
+/// The refund arguments that take `held`'s unspent units out again: the
+/// window it was counted in, or the log entry its units were written as.
+fn give_back_args(held: &Held) -> Option<[String; 4]> {
+    let units = held.units.to_string();
+    match &held.algorithm {
+        Algorithm::FixedWindow(f) => {
+            let window = f.window.max(1);
+            let start = held.at - held.at % window;
+            Some(["fw".into(), f.window.to_string(), start.to_string(), units])
+        }
+        Algorithm::SlidingWindow(s) => {
+            let entry = held.at + lease::term(&held.algorithm)?;
+            Some(["sw".into(), s.window.to_string(), entry.to_string(), units])
+        }
+        _ => None,
+    }
+}
+
+/// The store key's limiter: what comes before the first `:`.
+fn limiter_of(store_key: &str) -> &str {
+    store_key.split_once(':').map_or(store_key, |(l, _)| l)
+}
+
+impl Held {
+    /// Live by both clocks. The injected clock says when the lease ends
+    /// (and a clock that stepped back before the grant cannot tell how long
+    /// it has run: it ends); the monotonic one keeps a wall clock that
+    /// stepped back a little from stretching a fixed window's lease into
+    /// the next window.
+    fn live(&self, now: Nanos) -> bool {
+        let term = std::time::Duration::from_nanos(self.ends - self.granted);
+        self.granted <= now && now < self.ends && self.taken.elapsed() < term
+    }
+
+    fn spendable(&self, algorithm: &Algorithm, now: Nanos) -> bool {
+        self.live(now) && &self.algorithm == algorithm
+    }
+
+    /// Spends one unit: the request is admitted, with the quota this
+    /// tollgate knows (what the grant reported, less what it spent since).
+    fn spend(&mut self, now: Nanos) -> Outcome {
+        self.units -= 1;
+        self.spent += 1;
+        let elapsed = now - self.granted;
+        Outcome {
+            verdict: Verdict::Allow,
+            quota: Quota {
+                remaining: self.quota.remaining.saturating_sub(self.spent),
+                reset_after: self.quota.reset_after.saturating_sub(elapsed),
+                ..self.quota
+            },
+            at: self.at + elapsed,
+            overflowed: false,
+        }
+    }
+}
+
+/// A lease one check asks for.
+#[derive(Debug, Clone)]
+struct Want {
+    key: Box<str>,
+    max: u64,
+    term: Nanos,
+}
+
+/// The leases one request asks for; dropping it (the call failed, or the
+/// request went away mid-call) frees the keys for the next ask.
+pub(super) struct Asking<'a> {
+    leases: &'a Leases,
+    ask: u64,
+    /// The monotonic clock before the call was sent.
+    started: std::time::Instant,
+    /// Parallel to the checks.
+    wants: Vec<Option<Want>>,
+}
+
+impl Asking<'_> {
+    /// Whether the call asks for any lease (mode `lease` rather than `check`).
+    pub(super) fn any(&self) -> bool {
+        self.wants.iter().any(Option::is_some)
+    }
+
+    /// Appends the 3 lease arguments per check (see `lease.lua`).
+    pub(super) fn push_args(&self, call: &mut ScriptInvocation<'_>) {
+        for want in &self.wants {
+            let (max, term) = want.as_ref().map_or((0, 0), |w| (w.max, w.term));
+            call.arg(max).arg(lease::SHARE).arg(term);
+        }
+    }
+
+    /// The units each check was granted (the reply's tail): opens the
+    /// leases. `sent` is the proxy's clock when the call was sent: a lease
+    /// ends no later, on this clock, than Redis said counting from its `at`.
+    pub(super) fn settle(
+        self,
+        checks: &[Check<'_>],
+        grants: &[i64],
+        outcomes: &[Outcome],
+        sent: Nanos,
+    ) {
+        let leases = self.leases;
+        let mut table = leases.table.lock();
+        for (((want, c), o), &g) in self.wants.iter().zip(checks).zip(outcomes).zip(grants) {
+            if want.is_none() {
+                continue;
+            }
+            let units = g.max(0) as u64;
+            let mine = matches!(table.get(c.key), Some(Entry::Asking(a)) if *a == self.ask);
+            if units == 0 {
+                if mine {
+                    table.remove(c.key);
+                }
+                continue;
+            }
+            leases.count(|c| &c.taken, 1);
+            leases.count(|c| &c.granted, units);
+            let held = Held {
+                algorithm: c.algorithm.clone(),
+                units,
+                spent: 0,
+                granted: sent,
+                ends: sent.saturating_add(lease::ends_after(c.algorithm, o.at)),
+                taken: self.started,
+                quota: o.quota,
+                at: o.at,
+            };
+            if mine {
+                table.insert(c.key.into(), Entry::Open(held));
+            } else {
+                // A reload dropped this limiter's leases during the call.
+                leases.end(c.key.into(), held);
+            }
+        }
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        if !self.any() {
+            return;
+        }
+        let mut table = self.leases.table.lock();
+        for want in self.wants.iter().flatten() {
+            if matches!(table.get(&want.key), Some(Entry::Asking(a)) if *a == self.ask) {
+                table.remove(&want.key);
+            }
+        }
+    }
+}
+
+/// Splits a `lease` reply into `check`'s part and the units per check.
+pub(super) fn split_reply(reply: &[i64], checks: usize) -> Result<(&[i64], &[i64]), StoreError> {
+    let head = 2 + 4 * checks;
+    if reply.len() != head + checks {
+        return Err(StoreError::BadReply(reply.len()));
+    }
+    Ok(reply.split_at(head))
+}
+
+impl super::Redis {
+    /// `lease:` rules from the config; a reload that changes a limiter ends its leases.
+    pub fn configure_leases(&self, limiters: &[LimiterConfig]) {
+        self.inner.leases.configure(limiters);
+        self.give_back(self.inner.leases.take_ended());
+    }
+
+    pub fn bind_lease_metrics(&self, metrics: &Metrics) {
+        self.inner.leases.bind_metrics(metrics);
+    }
+
+    /// Ends the leases past their end (a prune round) and gives their units back.
+    pub fn sweep_leases(&self, now: Nanos) {
+        self.give_back(self.inner.leases.sweep(now));
+    }
+
+    /// Sends each give-back from a spawned task: the caller never waits. A
+    /// give-back that fails leaves the units counted (the safe side) and
+    /// counts them as lost.
+    pub(super) fn give_back(&self, ended: Vec<GiveBack>) {
+        for g in ended {
+            let redis = super::Redis {
+                inner: self.inner.clone(),
+            };
+            self.inner.runtime.spawn(async move {
+                let mut call = redis.inner.script.prepare_invoke();
+                call.arg("refund")
+                    .key(redis.key(&g.store_key))
+                    .arg(&g.args[..]);
+                let call = &call;
+                let result = redis
+                    .call(|mut con| async move { call.invoke_async::<i64>(&mut con).await })
+                    .await
+                    .map(|_| ());
+                if let Err(e) = &result {
+                    tracing::debug!(error = %e, "giving back unspent leased units failed; they stay counted");
+                }
+                redis.inner.leases.gave_back(g.units, &result);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KeyPart;
+    use crate::limiter::fixed_window::FixedWindow;
+    use crate::limiter::token_bucket::TokenBucket;
+    use crate::limiter::NANOS_PER_SEC as S;
+
+    const T0: Nanos = 1_000 * 3_600 * S;
+
+    fn window(limit: u64) -> Algorithm {
+        Algorithm::FixedWindow(FixedWindow {
+            limit,
+            window: 60 * S,
+        })
+    }
+
+    fn limiter(name: &str, algorithm: Algorithm, lease: Option<u64>) -> LimiterConfig {
+        LimiterConfig {
+            name: name.into(),
+            algorithm,
+            key: vec![KeyPart::Global],
+            shadow: false,
+            overrides: vec![],
+            reject: None,
+            count: None,
+            ban: None,
+            lease: lease.map(|max| Lease { max }),
+        }
+    }
+
+    fn check<'a>(key: &'a str, algorithm: &'a Algorithm) -> Check<'a> {
+        Check {
+            key,
+            overflow: "overflow",
+            algorithm,
+            shadow: false,
+        }
+    }
+
+    fn outcome(algorithm: &Algorithm, remaining: u64) -> Outcome {
+        let (limit, window) = algorithm.frame();
+        Outcome {
+            verdict: Verdict::Allow,
+            quota: Quota {
+                limit,
+                window,
+                remaining,
+                reset_after: 10 * S,
+            },
+            at: T0,
+            overflowed: false,
+        }
+    }
+
+    /// Asks for `checks` at `now` and settles with `grants` as Redis' reply.
+    fn take(leases: &Leases, checks: &[Check<'_>], grants: &[i64], now: Nanos) {
+        let asking = leases.ask(checks, now);
+        let outcomes: Vec<Outcome> = checks.iter().map(|c| outcome(c.algorithm, 90)).collect();
+        asking.settle(checks, grants, &outcomes, now);
+    }
+
+    #[test]
+    fn a_request_is_decided_here_only_when_every_limiter_holds_a_unit() {
+        let (a, b) = (window(100), window(100));
+        let leases = Leases::new();
+        leases.configure(&[
+            limiter("a", a.clone(), Some(5)),
+            limiter("b", b.clone(), Some(5)),
+        ]);
+        let both = [check("a:global", &a), check("b:global", &b)];
+        take(&leases, &both, &[2, 0], T0);
+        assert!(leases.spend(&both, T0 + 1).is_none(), "b holds no lease");
+        assert!(leases.spend(&both[..1], T0 + 1).is_some());
+        let last = leases.spend(&both[..1], T0 + 2).expect("the second unit");
+        assert_eq!(last[0].verdict, Verdict::Allow);
+        assert_eq!(last[0].quota.remaining, 88, "90 when leased, less 2 spent");
+        assert!(leases.spend(&both[..1], T0 + 3).is_none(), "spent out");
+    }
+
+    #[test]
+    fn a_key_is_asked_for_by_one_request_at_a_time() {
+        let a = window(100);
+        let leases = Leases::new();
+        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let one = [check("a:global", &a)];
+        let first = leases.ask(&one, T0);
+        assert!(first.any());
+        assert!(!leases.ask(&one, T0).any(), "the first is still asking");
+        drop(first);
+        assert!(leases.ask(&one, T0).any(), "a failed ask frees the key");
+    }
+
+    #[test]
+    fn a_limiter_without_lease_never_asks() {
+        let a = window(100);
+        let leases = Leases::new();
+        leases.configure(&[limiter("a", a.clone(), None)]);
+        let one = [check("a:global", &a)];
+        assert!(!leases.ask(&one, T0).any());
+        assert!(leases.spend(&one, T0).is_none());
+    }
+
+    #[test]
+    fn a_reload_that_changes_the_limiter_ends_its_leases_and_gives_their_units_back() {
+        let a = window(100);
+        let leases = Leases::new();
+        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let one = [check("a:global", &a)];
+        take(&leases, &one, &[5], T0);
+        leases.spend(&one, T0 + 1).expect("a unit");
+        leases.configure(&[limiter("a", window(200), Some(5))]);
+        let back = leases.take_ended();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].units, 4);
+        let start = T0 - T0 % (60 * S);
+        assert_eq!(
+            back[0].args,
+            [
+                "fw".to_string(),
+                (60 * S).to_string(),
+                start.to_string(),
+                "4".into()
+            ]
+        );
+        assert!(leases.spend(&one, T0 + 2).is_none(), "the lease ended");
+    }
+
+    #[test]
+    fn a_lease_ends_at_its_term_and_a_token_buckets_units_stay_taken() {
+        let bucket = Algorithm::TokenBucket(TokenBucket {
+            capacity: 1000,
+            interval: 10_000_000,
+        });
+        let a = window(100);
+        let leases = Leases::new();
+        leases.configure(&[
+            limiter("a", a.clone(), Some(5)),
+            limiter("t", bucket.clone(), Some(5)),
+        ]);
+        take(&leases, &[check("a:global", &a)], &[5], T0);
+        take(&leases, &[check("t:global", &bucket)], &[5], T0);
+        // Terms: 600 ms for the window, 100 ms for the bucket.
+        assert!(leases.sweep(T0 + 99_000_000).is_empty());
+        assert!(
+            leases.sweep(T0 + 100_000_000).is_empty(),
+            "the bucket's units are lost"
+        );
+        assert!(leases
+            .spend(&[check("t:global", &bucket)], T0 + 100_000_000)
+            .is_none());
+        let back = leases.sweep(T0 + 600_000_000);
+        assert_eq!(back.len(), 1, "the window's units go back");
+        assert_eq!(back[0].units, 5);
+    }
+
+    #[test]
+    fn a_clock_that_steps_back_ends_the_lease() {
+        let a = window(100);
+        let leases = Leases::new();
+        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let one = [check("a:global", &a)];
+        take(&leases, &one, &[5], T0);
+        assert!(leases.spend(&one, T0 - 1).is_none());
+    }
+
+    #[test]
+    fn a_full_table_asks_for_no_new_lease() {
+        let a = window(100);
+        let leases = Leases::new();
+        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let keys: Vec<String> = (0..=MAX_LEASES).map(|i| format!("a:{i}")).collect();
+        let held: Vec<Asking<'_>> = keys[..MAX_LEASES]
+            .iter()
+            .map(|k| leases.ask(&[check(k, &a)], T0))
+            .collect();
+        assert!(held.iter().all(Asking::any));
+        assert!(!leases.ask(&[check(&keys[MAX_LEASES], &a)], T0).any());
+        drop(held);
+        assert!(leases.ask(&[check(&keys[MAX_LEASES], &a)], T0).any());
+    }
+}
