@@ -653,6 +653,10 @@ mod tests {
             detail: "connection refused".into(),
         };
         assert_eq!(failure_delay(&validation, 1, 1.0), RETRY_FIRST_VALIDATION);
+        // What a CA answers the order's poll with when the challenge failed.
+        let refused = problem("connection");
+        assert!(refused.is_validation());
+        assert_eq!(failure_delay(&refused, 1, 1.0), RETRY_FIRST_VALIDATION);
     }
 
     #[test]

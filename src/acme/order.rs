@@ -53,8 +53,33 @@ impl OrderError {
 
     /// A failed validation: retried slowly (CAs limit failed validations per name and hour).
     pub fn is_validation(&self) -> bool {
-        matches!(self, OrderError::Validation { .. })
+        match self {
+            OrderError::Validation { .. } => true,
+            OrderError::Ca(e) => is_validation_problem(e),
+            _ => false,
+        }
     }
+}
+
+/// RFC 8555 §6.7 problem types by which the CA says it tried the challenge
+/// and it failed; pebble and Let's Encrypt answer the order's poll with one.
+const VALIDATION_PROBLEMS: [&str; 6] = [
+    "caa",
+    "connection",
+    "dns",
+    "incorrectResponse",
+    "tls",
+    "unauthorized",
+];
+
+fn is_validation_problem(e: &instant_acme::Error) -> bool {
+    let instant_acme::Error::Api(p) = e else {
+        return false;
+    };
+    p.r#type
+        .as_deref()
+        .and_then(|t| t.strip_prefix("urn:ietf:params:acme:error:"))
+        .is_some_and(|t| VALIDATION_PROBLEMS.contains(&t))
 }
 
 impl From<instant_acme::Error> for OrderError {
@@ -253,7 +278,16 @@ pub async fn obtain(
         .initial_delay(Duration::from_millis(250))
         .backoff(1.5)
         .timeout(VALIDATION_BUDGET);
-    let status = order.poll_ready(&retries).await?;
+    let status = order.poll_ready(&retries).await.map_err(|e| {
+        if is_validation_problem(&e) {
+            OrderError::Validation {
+                domain: domain.to_string(),
+                detail: e.to_string(),
+            }
+        } else {
+            OrderError::Ca(e)
+        }
+    })?;
     if status != OrderStatus::Ready {
         return Err(OrderError::Validation {
             domain: domain.to_string(),
