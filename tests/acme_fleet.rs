@@ -99,6 +99,9 @@ async fn two_tollgates_on_one_redis_with_their_own_storage_order_once_and_serve_
         names[0].starts_with("tollgate:acme:{m.test}:") && names[0].ends_with(":cert"),
         "{names:?}"
     );
+    let ttl = redis.command(&["PTTL", names[0]]).unwrap();
+    let ttl: i64 = ttl.trim_start_matches(':').parse().unwrap();
+    assert!(ttl > 0, "the record expires with the certificate: {ttl}");
     let sealed = &records[0].1;
     assert!(sealed.starts_with(b"tg1"));
     for clear in [&b"PRIVATE KEY"[..], b"BEGIN CERTIFICATE"] {
@@ -137,6 +140,43 @@ async fn the_instance_the_ca_validates_on_answers_another_instances_tls_alpn_01_
     assert!(
         one_status["last_error"].is_null(),
         "picking the certificate up clears the earlier failure: {one_status}"
+    );
+}
+
+#[tokio::test]
+async fn an_instance_restarted_while_redis_is_down_serves_its_local_copy_and_orders_nothing() {
+    let mut redis = RedisServer::start();
+    let scene = Scene::new().await;
+    let ca = scene.directory_ca();
+    let yaml = fleet_yaml(&scene, &redis, "one", &ca, "o.test", "tls-alpn-01");
+    let one = start(&yaml, tempfile::tempdir().unwrap()).await;
+    let pebble = scene.pebble(&validation(&one, 0));
+    let serial = wait_certificate(&one, "o.test", &pebble).await;
+    one.stop().await;
+    redis.stop();
+    let again = start(&yaml, tempfile::tempdir().unwrap()).await;
+    let client = pebble.client().await;
+    let mut served = None;
+    for _ in 0..50 {
+        served = verified_serial(again.tls_addr.unwrap(), "o.test", client.clone())
+            .await
+            .ok();
+        if served.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        served.as_deref(),
+        Some(serial.as_str()),
+        "the local copy is served"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(pebble.orders(), 1, "{}", pebble.output());
+    let status = status_of(&again, "o.test").await;
+    assert!(
+        status["last_attempt"].is_null() && status["last_error"].is_null(),
+        "{status}"
     );
 }
 
