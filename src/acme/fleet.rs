@@ -170,7 +170,11 @@ impl Fleet {
     pub fn clear_challenge(self: &Arc<Self>, domain: &str) {
         let key = self.key_of(domain, "challenge");
         let redis = self.redis.clone();
-        tokio::spawn(async move {
+        // Outside a runtime (a process ending) the record expires on its own.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
             if let Err(e) = redis.acme_delete(&key).await {
                 tracing::debug!(error = %e, "ACME: shared challenge not withdrawn; it expires on its own");
             }
@@ -198,7 +202,11 @@ impl Drop for FleetLock {
     fn drop(&mut self) {
         self.stop.cancel();
         let (redis, key, token) = (self.redis.clone(), self.key.clone(), self.token.clone());
-        tokio::spawn(async move {
+        // Outside a runtime (a process ending) the lock expires on its own.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
             // A release that fails leaves the lock to expire (LOCK_TTL).
             let _ = redis.acme_unlock(&key, &token).await;
         });
