@@ -92,7 +92,10 @@ pub async fn handle(
             asset(crate::dashboard::STYLE, "text/css; charset=utf-8")
         }
         (&Method::GET, "/dashboard.json") => {
-            let mut resp = json_response(StatusCode::OK, crate::dashboard::data(app));
+            let mut resp = json_response(
+                StatusCode::OK,
+                crate::dashboard::data(app, reloader.certificates()),
+            );
             resp.headers_mut().insert(
                 http::header::CACHE_CONTROL,
                 HeaderValue::from_static("no-store"),

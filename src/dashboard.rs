@@ -14,6 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::acme::state::{Attention, Managed};
 use crate::activity::{RouteCounts, SAMPLE_EVERY};
 use crate::app::App;
 use crate::metrics::Decision;
@@ -57,8 +58,27 @@ pub async fn sample_loop(app: App, stop: CancellationToken) {
     }
 }
 
-/// Everything the page shows but the bans, as `GET /dashboard.json` answers it.
-pub fn data(app: &App) -> Value {
+/// Every managed (ACME) name with its expiry and why it needs attention, if it does.
+fn certificates(managed: &Managed, now_secs: u64) -> Value {
+    let list: Vec<Value> = managed
+        .statuses()
+        .into_iter()
+        .map(|(domain, s)| {
+            json!({
+                "domain": domain,
+                "not_after": s.not_after.map(crate::clock::iso8601),
+                "days_left": s.not_after.map(|t| round1(t.saturating_sub(now_secs) as f64 / 86_400.0)),
+                "attention": s.attention(now_secs).map(Attention::as_str),
+                "last_error": s.last_error,
+            })
+        })
+        .collect();
+    json!(list)
+}
+
+/// Everything the page shows but the bans, as `GET /dashboard.json` answers it;
+/// `managed`: the names `server.tls.acme` orders.
+pub fn data(app: &App, managed: &Managed) -> Value {
     let snap = app.snapshot();
     let shared = &app.shared;
     let now = shared.clock.now();
@@ -94,6 +114,7 @@ pub fn data(app: &App) -> Value {
         "times": times,
         "routes": routes,
         "limited": limited,
+        "certificates": certificates(managed, now / 1_000_000_000),
     })
 }
 

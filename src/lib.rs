@@ -349,6 +349,7 @@ fn acme_context(app: &app::App) -> acme::Context {
             snap.config.server.tls.as_ref().and_then(|t| t.acme.clone())
         }),
         clock: app.shared.clock.clone(),
+        redis: app.shared.store.redis(),
         count_order: Arc::new(move |result| {
             let counter = metrics
                 .shared

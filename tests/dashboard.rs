@@ -343,3 +343,54 @@ async fn a_rejected_reload_shows_its_time_and_its_banner_clears_once_the_file_is
         "{dom}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_flags_a_certificate_whose_order_fails_in_a_real_browser() {
+    let storage = tempfile::tempdir().unwrap();
+    // An ACME CA where nothing listens: every order of shop.test fails.
+    let proxy = Proxy::start(&format!(
+        "
+admin: {{ token: {TOKEN} }}
+server:
+  tls:
+    listen: [\"127.0.0.1:0\"]
+    acme: {{ directory: \"https://{}/dir\", domains: [shop.test], storage: \"{}\" }}
+routes:
+  - {{ name: hello, match: {{ path_prefix: / }}, respond: {{ status: 200, body: hello }} }}
+",
+        free_addr(),
+        storage.path().display()
+    ))
+    .await;
+    let c = client();
+    let mut last = serde_json::Value::Null;
+    for _ in 0..50 {
+        last = dashboard_json(&c, &proxy).await["certificates"][0].clone();
+        if last["attention"] == "renewal_failing" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(last["attention"], "renewal_failing", "{last}");
+    assert_eq!(last["domain"], "shop.test");
+    assert!(
+        last["last_error"].as_str().unwrap().contains("ACME CA"),
+        "{last}"
+    );
+
+    let dom = dom_of(&proxy, 3_000).await;
+    let row = row_with(
+        &dom,
+        "certificate\" data-attention=\"renewal_failing",
+        "shop.test",
+    );
+    assert!(
+        row.contains("<td class=\"state bad\">renewal failing</td>"),
+        "{row}"
+    );
+    assert!(row.contains("<td>none yet</td>"), "no certificate: {row}");
+    assert!(
+        dom.contains(">certificate needs attention<"),
+        "status pill: {dom}"
+    );
+}

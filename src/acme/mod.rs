@@ -5,41 +5,54 @@
 //! 1. its stored certificate, if any, is served at once (restart: no order);
 //! 2. when none is stored or it is due (two thirds of its lifetime, or
 //!    `renew_before` before expiry), the name's lock is taken without
-//!    waiting; an instance that finds it held waits a moment and reads the
-//!    storage again: the holder's certificate is what it will serve;
+//!    waiting — a file lock in the storage, or with the Redis store a lock
+//!    in Redis ([`fleet`]); an instance that finds it held waits a second and
+//!    reads the storage (and the fleet's record) again: the holder's
+//!    certificate is what it will serve, and meanwhile it answers the
+//!    holder's challenge too;
 //! 3. under the lock the storage is read once more (another instance may
 //!    just have finished), then the order runs ([`order::obtain`]);
-//! 4. success: saved (0600), served from the next handshake on; failure:
+//! 4. success: served from the next handshake on, saved (0600) and, in a
+//!    fleet, shared sealed through Redis; a certificate that cannot be saved
+//!    is served from memory all the same (and reported); failure:
 //!    retried after a jittered, doubling delay — from 2 s for a CA that
 //!    cannot be reached, from 1 min for a failed validation, and at least
 //!    1 h when the CA says `rateLimited` — capped at 1 h.
+//!
+//! A stored certificate that cannot be used (damaged, its key not the
+//! certificate's, expired) is logged, never served, and ordered again.
 //!
 //! Until a name has its first certificate its handshakes fail (see
 //! [`state::Managed::lookup`]); every other name is served as before. A
 //! reload that adds a name starts its task, one that removes it stops it.
 
+pub mod fleet;
 pub mod order;
 pub mod state;
 pub mod storage;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use instant_acme::Account;
+use parking_lot::Mutex;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::acme::AcmeConfig;
+use fleet::{Fleet, FleetLock, SharedChallenge};
 use order::OrderError;
 use state::Managed;
 use storage::{Storage, Stored};
 
 /// How often the set of names is compared with the config in force.
 const CONFIG_POLL: Duration = Duration::from_secs(1);
-/// How long an instance that found a name's lock held waits before reading the storage again.
-const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// How long an instance that found a name's lock held waits before reading
+/// the storage (and the fleet's published challenge) again.
+const LOCK_WAIT: Duration = Duration::from_secs(1);
 /// The longest sleep between two looks at a name (clocks move; files change).
 const LONGEST_SLEEP: Duration = Duration::from_secs(3600);
 /// First retry after a CA that could not be reached or answered an error.
@@ -54,7 +67,7 @@ pub const ORDERS: &str = "tollgate_acme_orders_total";
 
 /// Creates the order counters at zero so they are scraped before the first order.
 pub fn start_at_zero(metrics: &crate::metrics::Metrics) {
-    for result in ["ok", "error", "rate_limited"] {
+    for result in ["ok", "error", "rate_limited", "lock_lost"] {
         metrics.counter(ORDERS, &[("result", result)]);
     }
 }
@@ -70,6 +83,8 @@ pub struct Context {
     pub acme: Arc<dyn Fn() -> Option<AcmeConfig> + Send + Sync>,
     pub clock: SharedClock,
     pub count_order: Arc<dyn Fn(&str) + Send + Sync>,
+    /// The store's Redis, when it is the store: the fleet shares through it.
+    pub redis: Option<crate::store::redis::Redis>,
 }
 
 /// Runs until `stop`: keeps one task per name of the `server.tls.acme` in force.
@@ -105,6 +120,10 @@ pub async fn manage(app: Context, managed: Arc<Managed>, stop: CancellationToken
                 config: config.clone(),
                 domain: domain.clone(),
                 accounts: accounts.clone(),
+                fleet: fleet_of(&app, &config),
+                held: Mutex::default(),
+                followed: Mutex::default(),
+                wanting: AtomicBool::new(true),
             };
             tokio::spawn(task.run(token.clone()));
             tasks.insert(domain.clone(), (config, token));
@@ -114,6 +133,13 @@ pub async fn manage(app: Context, managed: Arc<Managed>, stop: CancellationToken
             _ = tokio::time::sleep(CONFIG_POLL) => {}
         }
     }
+}
+
+/// The fleet's shared state when the store is Redis (validation made the key required then).
+fn fleet_of(app: &Context, config: &AcmeConfig) -> Option<Arc<Fleet>> {
+    let (redis, key) = (app.redis.clone()?, config.shared_key.clone()?);
+    let ca = storage::ca_tag(&config.directory);
+    Some(Arc::new(Fleet::new(redis, key, ca)))
 }
 
 fn same_except_domains(a: &AcmeConfig, b: &AcmeConfig) -> bool {
@@ -133,6 +159,14 @@ struct DomainTask {
     config: AcmeConfig,
     domain: String,
     accounts: Accounts,
+    /// The fleet's shared state, with the Redis store.
+    fleet: Option<Arc<Fleet>>,
+    /// A certificate in force that could not be saved (so it is not ordered again).
+    held: Mutex<Option<Stored>>,
+    /// The challenge this instance answers for another instance's order.
+    followed: Mutex<Option<SharedChallenge>>,
+    /// No certificate in force, or a due one: a fleet member then watches Redis.
+    wanting: AtomicBool,
 }
 
 /// A certificate's facts, read from its leaf.
@@ -152,11 +186,51 @@ impl DomainTask {
             let next = self.now_secs() + wait.as_secs();
             self.managed
                 .update(&self.domain, |s| s.next_attempt = Some(next));
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
+            if !self.sleep(wait, &stop).await {
+                break;
             }
         }
+        self.follow(None);
+    }
+
+    /// Sleeps `wait`; false when stopped. A fleet member whose name has no
+    /// certificate in force (or one that is due) looks at Redis every
+    /// [`LOCK_WAIT`] meanwhile, even while it backs off from its own failure:
+    /// it answers the challenge of whichever instance orders, and wakes as
+    /// soon as a certificate that is not due is shared.
+    async fn sleep(&self, wait: Duration, stop: &CancellationToken) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let watching = self.fleet.is_some() && self.wanting.load(Ordering::Relaxed);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            let nap = if watching { left.min(LOCK_WAIT) } else { left };
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                _ = tokio::time::sleep(nap) => {}
+            }
+            if watching {
+                self.follow_challenge().await;
+                if self.shared_and_not_due().await {
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// Whether the fleet shares a certificate for the name that is not yet due.
+    async fn shared_and_not_due(&self) -> bool {
+        let Some(fleet) = &self.fleet else {
+            return false;
+        };
+        let Ok(Some(stored)) = fleet.certificate(&self.domain).await else {
+            return false;
+        };
+        order::matching_key(&stored.chain_pem, &stored.key_pem)
+            .and_then(|k| facts(k.cert[0].as_ref()))
+            .is_ok_and(|f| f.not_after > self.now_secs() && !self.until_renewal(&f).is_zero())
     }
 
     fn now_secs(&self) -> u64 {
@@ -176,71 +250,206 @@ impl DomainTask {
             Err(e) => return self.failed(failures, OrderError::Storage(e)),
         };
         if let Some(wait) = self.serve_stored(&storage).await {
+            self.wanting.store(false, Ordering::Relaxed);
+            self.follow(None);
             return wait;
         }
-        let lock = {
-            let (st, d) = (storage.clone(), self.domain.clone());
-            self.blocking(move || st.try_lock(&d)).await
-        };
-        let _lock = match lock {
+        self.wanting.store(true, Ordering::Relaxed);
+        let lock = match self.try_lock(&storage).await {
             Ok(Some(l)) => l,
-            // Another instance orders it: its certificate will be in the storage.
-            Ok(None) => return LOCK_WAIT,
-            Err(e) => return self.failed(failures, OrderError::Storage(e)),
+            Ok(None) => {
+                // Another instance orders it: its certificate will be shared,
+                // and its challenge is answered here too meanwhile.
+                self.follow_challenge().await;
+                return LOCK_WAIT;
+            }
+            Err(e) => return self.failed(failures, e),
         };
+        self.follow(None);
         // It may have finished between our read and our lock.
         if let Some(wait) = self.serve_stored(&storage).await {
+            self.wanting.store(false, Ordering::Relaxed);
             return wait;
         }
+        self.order_under(lock, &storage, failures).await
+    }
+
+    /// The name's lock: in Redis for a fleet, else a file lock in the storage.
+    async fn try_lock(&self, storage: &Storage) -> Result<Option<Held>, OrderError> {
+        if let Some(fleet) = &self.fleet {
+            return Ok(fleet.try_lock(&self.domain).await?.map(Held::Fleet));
+        }
+        let (st, d) = (storage.clone(), self.domain.clone());
+        let lock = self.blocking(move || st.try_lock(&d)).await;
+        Ok(lock
+            .map_err(OrderError::Storage)?
+            .map(|l| Held::File { _lock: l }))
+    }
+
+    /// Orders, puts the certificate in force, saves and shares it; holds `lock` throughout.
+    async fn order_under(&self, lock: Held, storage: &Storage, failures: &mut u32) -> Duration {
         let now = self.now_secs();
         self.managed
             .update(&self.domain, |s| s.last_attempt = Some(now));
         tracing::info!(domain = %self.domain, challenge = self.config.challenge.as_str(), "ACME: ordering a certificate");
-        match self.order(&storage).await {
-            Ok(stored) => {
-                let st = storage.clone();
-                let (d, s) = (self.domain.clone(), stored.clone());
-                if let Err(e) = self.blocking(move || st.save_certificate(&d, &s)).await {
-                    return self.failed(failures, OrderError::Storage(e));
-                }
-                *failures = 0;
-                self.count("ok");
+        let ordered = match lock.lost() {
+            Some(lost) => tokio::select! {
+                r = self.order(storage) => r,
+                _ = lost.cancelled() => Err(OrderError::LockLost),
+            },
+            None => self.order(storage).await,
+        };
+        let stored = match ordered {
+            Ok(s) => s,
+            Err(e) => return self.failed(failures, e),
+        };
+        *failures = 0;
+        self.count("ok");
+        self.managed.update(&self.domain, |s| {
+            s.renewals += 1;
+            s.last_error = None;
+        });
+        let facts = match self.install(&stored) {
+            Ok(f) => f,
+            Err(e) => return self.failed(failures, e),
+        };
+        tracing::info!(domain = %self.domain, serial = %facts.serial, not_after = facts.not_after, "ACME: certificate in force");
+        self.wanting.store(false, Ordering::Relaxed);
+        let saved = self.save(storage, &stored, &facts).await;
+        *self.held.lock() = match saved {
+            Ok(()) => None,
+            Err(e) => {
+                // Served from memory all the same: an order is never thrown away.
+                let message = format!("{e} (the certificate is served from memory)");
+                tracing::error!(domain = %self.domain, error = %message, "ACME: certificate not saved");
                 self.managed.update(&self.domain, |s| {
-                    s.renewals += 1;
-                    s.last_error = None;
+                    s.failures += 1;
+                    s.last_error = Some(message);
                 });
-                match self.install(&stored) {
-                    Ok(facts) => {
-                        tracing::info!(domain = %self.domain, serial = %facts.serial, not_after = facts.not_after, "ACME: certificate in force");
-                        self.until_renewal(&facts)
-                    }
-                    Err(e) => self.failed(failures, e),
-                }
+                Some(stored)
             }
-            Err(e) => self.failed(failures, e),
+        };
+        drop(lock);
+        self.until_renewal(&facts)
+    }
+
+    /// Writes the certificate to the storage and, in a fleet, to Redis (until it expires).
+    async fn save(
+        &self,
+        storage: &Storage,
+        stored: &Stored,
+        facts: &Facts,
+    ) -> Result<(), OrderError> {
+        let mut result = Ok(());
+        if let Some(fleet) = &self.fleet {
+            let ttl = Duration::from_secs(facts.not_after.saturating_sub(self.now_secs()).max(1));
+            if let Err(e) = fleet.save_certificate(&self.domain, stored, ttl).await {
+                result = Err(OrderError::Fleet(e));
+            }
         }
+        let (st, d, s) = (storage.clone(), self.domain.clone(), stored.clone());
+        if let Err(e) = self.blocking(move || st.save_certificate(&d, &s)).await {
+            result = Err(OrderError::Storage(e));
+        }
+        result
     }
 
     /// Serves the stored certificate, if any; `Some(wait)` when it is not yet due.
+    /// One that cannot be used (damaged, a key that does not match, expired)
+    /// is logged and never served; the next candidate is tried.
     async fn serve_stored(&self, storage: &Storage) -> Option<Duration> {
-        let st = storage.clone();
-        let d = self.domain.clone();
-        let stored = self.blocking(move || st.certificate(&d)).await.ok()??;
-        match self.install(&stored) {
-            Ok(facts) => {
-                let wait = self.until_renewal(&facts);
-                (!wait.is_zero()).then_some(wait)
-            }
-            Err(e) => {
-                tracing::warn!(domain = %self.domain, error = %e, "ACME: stored certificate unusable; ordering a new one");
-                None
+        for (source, stored) in self.candidates(storage).await {
+            match self.install(&stored) {
+                Ok(facts) => {
+                    let wait = self.until_renewal(&facts);
+                    if source != "memory" && !wait.is_zero() {
+                        // A good certificate is in force and saved: nothing failing to report.
+                        self.managed.update(&self.domain, |s| s.last_error = None);
+                    }
+                    return (!wait.is_zero()).then_some(wait);
+                }
+                Err(e) => {
+                    tracing::warn!(domain = %self.domain, source, error = %e, "ACME: stored certificate unusable; never served, ordering a new one")
+                }
             }
         }
+        None
+    }
+
+    /// The certificates this name may have, newest source first: the
+    /// fleet's (Redis), the storage's, and one held in memory because it
+    /// could not be saved.
+    async fn candidates(&self, storage: &Storage) -> Vec<(&'static str, Stored)> {
+        let mut out = Vec::new();
+        if let Some(fleet) = &self.fleet {
+            match fleet.certificate(&self.domain).await {
+                Ok(Some(s)) => out.push(("redis", s)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(domain = %self.domain, error = %e, "ACME: shared certificate unavailable; using the local copy")
+                }
+            }
+        }
+        let (st, d) = (storage.clone(), self.domain.clone());
+        match self.blocking(move || st.certificate(&d)).await {
+            Ok(Some(s)) => out.push(("file", s)),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(domain = %self.domain, error = %e, "ACME: stored certificate unreadable")
+            }
+        }
+        out.extend(self.held.lock().clone().map(|s| ("memory", s)));
+        out
+    }
+
+    /// Answers the challenge another instance of the fleet published for this name.
+    async fn follow_challenge(&self) {
+        let Some(fleet) = &self.fleet else {
+            return;
+        };
+        match fleet.challenge(&self.domain).await {
+            Ok(found) => self.follow(found),
+            Err(e) => {
+                tracing::debug!(domain = %self.domain, error = %e, "ACME: shared challenge unavailable")
+            }
+        }
+    }
+
+    /// Puts `challenge` in place of the one this instance answered for another.
+    fn follow(&self, challenge: Option<SharedChallenge>) {
+        let mut followed = self.followed.lock();
+        if *followed == challenge {
+            return;
+        }
+        match followed.take() {
+            Some(SharedChallenge::Http { token, .. }) => self.managed.set_http_answer(&token, None),
+            Some(SharedChallenge::Alpn { .. }) => {
+                self.managed.set_alpn_certificate(&self.domain, None)
+            }
+            None => {}
+        }
+        match &challenge {
+            Some(SharedChallenge::Http { token, answer }) => {
+                self.managed.set_http_answer(token, Some(answer.clone()))
+            }
+            Some(SharedChallenge::Alpn { chain_pem, key_pem }) => {
+                match order::certified_key(chain_pem, key_pem) {
+                    Ok(k) => self
+                        .managed
+                        .set_alpn_certificate(&self.domain, Some(Arc::new(k))),
+                    Err(e) => {
+                        tracing::warn!(domain = %self.domain, error = %e, "ACME: shared tls-alpn-01 certificate unusable")
+                    }
+                }
+            }
+            None => {}
+        }
+        *followed = challenge;
     }
 
     /// Puts `stored` in force and records its facts.
     fn install(&self, stored: &Stored) -> Result<Facts, OrderError> {
-        let key = order::certified_key(&stored.chain_pem, &stored.key_pem)?;
+        let key = order::matching_key(&stored.chain_pem, &stored.key_pem)?;
         let facts = facts(key.cert[0].as_ref())?;
         if facts.not_after <= self.now_secs() {
             return Err(OrderError::Certificate(format!(
@@ -280,23 +489,22 @@ impl DomainTask {
                 }
             }
         };
-        order::obtain(&account, &self.domain, self.config.challenge, &self.managed).await
+        let fleet = self.fleet.as_ref();
+        order::obtain(
+            &account,
+            &self.domain,
+            self.config.challenge,
+            &self.managed,
+            fleet,
+        )
+        .await
     }
 
     /// Records a failure; returns the jittered delay before the next attempt.
     fn failed(&self, failures: &mut u32, e: OrderError) -> Duration {
         *failures = failures.saturating_add(1);
-        let limited = e.rate_limited();
-        self.count(if limited { "rate_limited" } else { "error" });
-        let first = if e.is_validation() {
-            RETRY_FIRST_VALIDATION
-        } else {
-            RETRY_FIRST
-        };
-        let mut wait = retry_delay(first, *failures, jitter());
-        if limited {
-            wait = wait.max(RETRY_MOST);
-        }
+        let wait = failure_delay(&e, *failures, jitter());
+        self.count(failure_label(&e));
         tracing::warn!(domain = %self.domain, error = %e, retry_in = ?wait, "ACME: no certificate");
         let message = e.to_string();
         self.managed.update(&self.domain, |s| {
@@ -318,6 +526,53 @@ impl DomainTask {
         tokio::task::spawn_blocking(f)
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+}
+
+/// The lock an order runs under.
+enum Held {
+    /// Released when the file is closed (dropped).
+    File {
+        _lock: storage::OrderLock,
+    },
+    Fleet(FleetLock),
+}
+
+impl Held {
+    /// Cancelled when a fleet lock is lost (a file lock cannot be).
+    fn lost(&self) -> Option<CancellationToken> {
+        match self {
+            Held::File { .. } => None,
+            Held::Fleet(l) => Some(l.lost()),
+        }
+    }
+}
+
+/// The `result` label of a failed order.
+fn failure_label(e: &OrderError) -> &'static str {
+    if e.rate_limited() {
+        "rate_limited"
+    } else if matches!(e, OrderError::LockLost) {
+        "lock_lost"
+    } else {
+        "error"
+    }
+}
+
+/// How long after the `failures`-th failure in a row, `e`, the next attempt
+/// is: doubling from 2 s (1 min after a failed validation), at least 1 h
+/// after `rateLimited`, times `jitter`.
+fn failure_delay(e: &OrderError, failures: u32, jitter: f64) -> Duration {
+    let first = if e.is_validation() {
+        RETRY_FIRST_VALIDATION
+    } else {
+        RETRY_FIRST
+    };
+    let wait = retry_delay(first, failures, jitter);
+    if e.rate_limited() {
+        wait.max(RETRY_MOST)
+    } else {
+        wait
     }
 }
 
@@ -361,6 +616,47 @@ mod tests {
         assert_eq!(s(30), 3600);
         let v = |n| retry_delay(RETRY_FIRST_VALIDATION, n, 1.0).as_secs();
         assert_eq!([v(1), v(2), v(7), v(8)], [60, 120, 3600, 3600]);
+    }
+
+    fn problem(kind: &str) -> OrderError {
+        let json = format!(
+            r#"{{"type": "urn:ietf:params:acme:error:{kind}", "detail": "d", "status": 429}}"#
+        );
+        OrderError::Ca(instant_acme::Error::Api(
+            serde_json::from_str(&json).unwrap(),
+        ))
+    }
+
+    /// pebble never answers `rateLimited`: the error value instant-acme gives
+    /// for the CA's problem document is built here instead.
+    #[test]
+    fn a_rate_limited_answer_is_counted_as_such_and_waits_at_least_an_hour() {
+        let limited = problem("rateLimited");
+        assert!(limited.rate_limited());
+        assert_eq!(failure_label(&limited), "rate_limited");
+        for failures in [1, 2, 5, 30] {
+            for jitter in [0.8, 1.0, 1.2] {
+                let wait = failure_delay(&limited, failures, jitter);
+                assert!(
+                    wait >= RETRY_MOST,
+                    "{failures} failures, ×{jitter}: {wait:?}"
+                );
+            }
+        }
+        let other = problem("malformed");
+        assert!(!other.rate_limited());
+        assert_eq!(failure_label(&other), "error");
+        assert_eq!(failure_delay(&other, 1, 1.0), RETRY_FIRST);
+        assert_eq!(failure_label(&OrderError::LockLost), "lock_lost");
+        let validation = OrderError::Validation {
+            domain: "a.test".into(),
+            detail: "connection refused".into(),
+        };
+        assert_eq!(failure_delay(&validation, 1, 1.0), RETRY_FIRST_VALIDATION);
+        // What a CA answers the order's poll with when the challenge failed.
+        let refused = problem("connection");
+        assert!(refused.is_validation());
+        assert_eq!(failure_delay(&refused, 1, 1.0), RETRY_FIRST_VALIDATION);
     }
 
     #[test]

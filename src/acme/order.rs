@@ -11,6 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 
+use super::fleet::{Fleet, FleetError, SharedChallenge};
 use super::state::Managed;
 use super::storage::{Storage, Stored};
 use crate::config::acme::{AcmeConfig, Challenge};
@@ -36,6 +37,12 @@ pub enum OrderError {
     /// The CA's certificate or our key could not be used.
     #[error("certificate: {0}")]
     Certificate(String),
+    /// The fleet's shared state in Redis could not be read or written.
+    #[error("fleet: {0}")]
+    Fleet(#[from] FleetError),
+    /// The Redis lock on the name could not be kept: another instance may be ordering it.
+    #[error("the fleet's lock on the name was lost (Redis unreachable, or it expired); the order was abandoned")]
+    LockLost,
 }
 
 impl OrderError {
@@ -46,8 +53,33 @@ impl OrderError {
 
     /// A failed validation: retried slowly (CAs limit failed validations per name and hour).
     pub fn is_validation(&self) -> bool {
-        matches!(self, OrderError::Validation { .. })
+        match self {
+            OrderError::Validation { .. } => true,
+            OrderError::Ca(e) => is_validation_problem(e),
+            _ => false,
+        }
     }
+}
+
+/// RFC 8555 §6.7 problem types by which the CA says it tried the challenge
+/// and it failed; pebble and Let's Encrypt answer the order's poll with one.
+const VALIDATION_PROBLEMS: [&str; 6] = [
+    "caa",
+    "connection",
+    "dns",
+    "incorrectResponse",
+    "tls",
+    "unauthorized",
+];
+
+fn is_validation_problem(e: &instant_acme::Error) -> bool {
+    let instant_acme::Error::Api(p) = e else {
+        return false;
+    };
+    p.r#type
+        .as_deref()
+        .and_then(|t| t.strip_prefix("urn:ietf:params:acme:error:"))
+        .is_some_and(|t| VALIDATION_PROBLEMS.contains(&t))
 }
 
 impl From<instant_acme::Error> for OrderError {
@@ -146,10 +178,15 @@ struct Answer<'a> {
     managed: &'a Managed,
     domain: String,
     token: Option<String>,
+    /// Set once the answer is published to the fleet.
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl Drop for Answer<'_> {
     fn drop(&mut self) {
+        if let Some(fleet) = &self.fleet {
+            fleet.clear_challenge(&self.domain);
+        }
         self.managed.set_alpn_certificate(&self.domain, None);
         if let Some(t) = &self.token {
             self.managed.set_http_answer(t, None);
@@ -178,12 +215,14 @@ async fn share_http_answer(managed: &Managed, token: &str, answer: &str) -> Resu
     .map_err(OrderError::Storage)
 }
 
-/// Orders a certificate for `domain`, answering `challenge` through `managed`.
+/// Orders a certificate for `domain`, answering `challenge` through
+/// `managed` and, in a fleet, through Redis for the other instances.
 pub async fn obtain(
     account: &Account,
     domain: &str,
     challenge: Challenge,
     managed: &Managed,
+    fleet: Option<&Arc<Fleet>>,
 ) -> Result<Stored, OrderError> {
     let ids = [Identifier::Dns(domain.to_string())];
     let mut order = account.new_order(&NewOrder::new(&ids)).await?;
@@ -191,6 +230,7 @@ pub async fn obtain(
         managed,
         domain: domain.to_string(),
         token: None,
+        fleet: None,
     };
     let kind = match challenge {
         Challenge::Http01 => ChallengeType::Http01,
@@ -209,16 +249,28 @@ pub async fn obtain(
                 detail: format!("the CA offers no {} challenge", challenge.as_str()),
             })?;
         let key_auth = ch.key_authorization();
-        match challenge {
+        let shared = match challenge {
             Challenge::Http01 => {
                 managed.set_http_answer(&ch.token, Some(key_auth.as_str().to_string()));
                 answer.token = Some(ch.token.clone());
                 share_http_answer(managed, &ch.token, key_auth.as_str()).await?;
+                SharedChallenge::Http {
+                    token: ch.token.clone(),
+                    answer: key_auth.as_str().to_string(),
+                }
             }
             Challenge::TlsAlpn01 => {
-                let cert = alpn_certificate(domain, key_auth.digest().as_ref())?;
+                let (chain_pem, key_pem) = alpn_certificate(domain, key_auth.digest().as_ref())?;
+                let cert = certified_key(&chain_pem, &key_pem)?;
                 managed.set_alpn_certificate(domain, Some(Arc::new(cert)));
+                SharedChallenge::Alpn { chain_pem, key_pem }
             }
+        };
+        if let Some(fleet) = fleet {
+            fleet.publish_challenge(domain, &shared).await?;
+            answer.fleet = Some(fleet.clone());
+            // The others read it within a second: the CA may ask any of them.
+            tokio::time::sleep(super::fleet::CHALLENGE_SPREAD).await;
         }
         ch.set_ready().await?;
     }
@@ -226,7 +278,16 @@ pub async fn obtain(
         .initial_delay(Duration::from_millis(250))
         .backoff(1.5)
         .timeout(VALIDATION_BUDGET);
-    let status = order.poll_ready(&retries).await?;
+    let status = order.poll_ready(&retries).await.map_err(|e| {
+        if is_validation_problem(&e) {
+            OrderError::Validation {
+                domain: domain.to_string(),
+                detail: e.to_string(),
+            }
+        } else {
+            OrderError::Ca(e)
+        }
+    })?;
     if status != OrderStatus::Ready {
         return Err(OrderError::Validation {
             domain: domain.to_string(),
@@ -265,13 +326,14 @@ async fn validation_detail(order: &mut instant_acme::Order) -> String {
 
 /// The tls-alpn-01 certificate (RFC 8737): self-signed for `domain`, with
 /// the critical acmeIdentifier extension holding the key authorization's SHA-256.
-fn alpn_certificate(domain: &str, digest: &[u8]) -> Result<CertifiedKey, OrderError> {
+/// Returns its chain and key in PEM (what a fleet shares).
+fn alpn_certificate(domain: &str, digest: &[u8]) -> Result<(String, String), OrderError> {
     let err = |e: rcgen::Error| OrderError::Certificate(e.to_string());
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(err)?;
     let mut params = rcgen::CertificateParams::new(vec![domain.to_string()]).map_err(err)?;
     params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(digest)];
     let cert = params.self_signed(&key).map_err(err)?;
-    certified_key(&cert.pem(), &key.serialize_pem())
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 /// A chain and key in PEM as rustls serves them.
@@ -291,4 +353,18 @@ pub fn certified_key(chain_pem: &str, key_pem: &str) -> Result<CertifiedKey, Ord
         .load_private_key(key)
         .map_err(|e| OrderError::Certificate(e.to_string()))?;
     Ok(CertifiedKey::new(chain, signing))
+}
+
+/// [`certified_key`] for a certificate to serve (not a tls-alpn-01 one,
+/// whose critical acmeIdentifier extension webpki refuses to parse): the key
+/// must be the certificate's — a key file swapped or damaged beside its
+/// chain would fail every handshake.
+pub fn matching_key(chain_pem: &str, key_pem: &str) -> Result<CertifiedKey, OrderError> {
+    let certified = certified_key(chain_pem, key_pem)?;
+    certified.keys_match().map_err(|e| {
+        OrderError::Certificate(format!(
+            "the private key does not match the certificate: {e}"
+        ))
+    })?;
+    Ok(certified)
 }

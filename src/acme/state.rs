@@ -51,6 +51,40 @@ pub struct DomainStatus {
     pub failures: u64,
 }
 
+/// Under this much validity left, a certificate is flagged on the dashboard
+/// (renewal normally happens at a third of the lifetime left: 30 days of 90).
+pub const EXPIRING_WITHIN_SECS: u64 = 14 * 86_400;
+
+/// Why a managed name needs an operator's eye.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attention {
+    /// The last order or renewal failed (`last_error` says why).
+    RenewalFailing,
+    /// The certificate in force expires in under [`EXPIRING_WITHIN_SECS`].
+    Expiring,
+}
+
+impl Attention {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Attention::RenewalFailing => "renewal_failing",
+            Attention::Expiring => "expiring",
+        }
+    }
+}
+
+impl DomainStatus {
+    /// What the dashboard flags at `now` (Unix seconds): a failing renewal
+    /// first, else a certificate with under 14 days left.
+    pub fn attention(&self, now: u64) -> Option<Attention> {
+        if self.last_error.is_some() {
+            return Some(Attention::RenewalFailing);
+        }
+        let left = self.not_after?.saturating_sub(now);
+        (left < EXPIRING_WITHIN_SECS).then_some(Attention::Expiring)
+    }
+}
+
 /// The shared table (one per process, created by `run`).
 #[derive(Default)]
 pub struct Managed {
@@ -210,5 +244,49 @@ impl Managed {
             .iter()
             .map(|(d, s)| (d.clone(), s.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: u64 = 86_400;
+
+    fn status(not_after: Option<u64>, error: Option<&str>) -> DomainStatus {
+        DomainStatus {
+            not_after,
+            last_error: error.map(str::to_string),
+            ..DomainStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_certificate_is_flagged_under_fourteen_days_or_when_its_renewal_failed() {
+        let now = 1_800_000_000;
+        assert_eq!(status(Some(now + 60 * DAY), None).attention(now), None);
+        assert_eq!(status(Some(now + 14 * DAY), None).attention(now), None);
+        assert_eq!(
+            status(Some(now + 14 * DAY - 1), None).attention(now),
+            Some(Attention::Expiring)
+        );
+        assert_eq!(
+            status(Some(now - 1), None).attention(now),
+            Some(Attention::Expiring)
+        );
+        assert_eq!(
+            status(Some(now + 60 * DAY), Some("validation failed")).attention(now),
+            Some(Attention::RenewalFailing)
+        );
+        assert_eq!(
+            status(None, Some("CA down")).attention(now),
+            Some(Attention::RenewalFailing),
+            "a first order that fails"
+        );
+        assert_eq!(
+            status(None, None).attention(now),
+            None,
+            "a first order under way"
+        );
     }
 }

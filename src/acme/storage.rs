@@ -30,16 +30,17 @@ pub struct Stored {
 impl Storage {
     /// Opens (creating, 0700) `root/<hash of directory>`: certificates of a
     /// staging CA are never served once the directory says production.
+    /// An error names the path it is about (an operator fixes a path, not "permission denied").
     pub fn open(root: &Path, directory: &str) -> io::Result<Storage> {
-        let hash = Sha256::digest(directory.as_bytes());
-        let tag: String = hash[..6].iter().map(|b| format!("{b:02x}")).collect();
-        let dir = root.join(tag);
+        let dir = root.join(ca_tag(directory));
         for d in [root, dir.as_path()] {
-            fs::create_dir_all(d)?;
-            fs::set_permissions(d, fs::Permissions::from_mode(0o700))?;
+            fs::create_dir_all(d)
+                .and_then(|()| fs::set_permissions(d, fs::Permissions::from_mode(0o700)))
+                .map_err(|e| at(d, e))?;
         }
         // Which CA this is, for an operator reading the directory.
-        write_private(&dir.join("directory.txt"), directory.as_bytes())?;
+        let about = dir.join("directory.txt");
+        write_private(&about, directory.as_bytes()).map_err(|e| at(&about, e))?;
         Ok(Storage { dir })
     }
 
@@ -66,14 +67,10 @@ impl Storage {
     /// Writes the key first, then the chain: a reader that sees the new
     /// chain also sees its key (each file is replaced by a rename).
     pub fn save_certificate(&self, domain: &str, stored: &Stored) -> io::Result<()> {
-        write_private(
-            &self.dir.join(format!("{domain}.key")),
-            stored.key_pem.as_bytes(),
-        )?;
-        write_private(
-            &self.dir.join(format!("{domain}.crt")),
-            stored.chain_pem.as_bytes(),
-        )
+        let key = self.dir.join(format!("{domain}.key"));
+        write_private(&key, stored.key_pem.as_bytes()).map_err(|e| at(&key, e))?;
+        let chain = self.dir.join(format!("{domain}.crt"));
+        write_private(&chain, stored.chain_pem.as_bytes()).map_err(|e| at(&chain, e))
     }
 
     /// Takes `domain`'s order lock without waiting: `None` when another
@@ -98,6 +95,18 @@ impl Storage {
             Err(e)
         }
     }
+}
+
+/// 12 hex digits of the CA directory URL's SHA-256: one CA's corner of the
+/// storage, and of the keys a fleet shares in Redis.
+pub fn ca_tag(directory: &str) -> String {
+    let hash = Sha256::digest(directory.as_bytes());
+    hash[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `e` with the path it happened at.
+fn at(path: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
 
 /// An order in progress for one name; the lock is the open file.

@@ -161,6 +161,8 @@ fn acme_section(a: &AcmeConfig) -> Value {
         challenge,
         storage,
         renew_before,
+        shared_key_file,
+        shared_key: _, // key material, never shown
     } = a;
     json!({
         "directory": directory,
@@ -170,6 +172,7 @@ fn acme_section(a: &AcmeConfig) -> Value {
         "challenge": challenge.as_str(),
         "storage": storage.display().to_string(),
         "renew_before": renew_before.map(dur),
+        "shared_key_file": shared_key_file.as_ref().map(|p| p.display().to_string()),
     })
 }
 

@@ -45,6 +45,41 @@ pub struct AcmeConfig {
     pub storage: PathBuf,
     /// Renew when this much validity is left; `None`: at two thirds of the lifetime.
     pub renew_before: Option<Duration>,
+    /// `shared_key_file`: its key is filled in when the config is loaded (the file is read there).
+    pub shared_key_file: Option<PathBuf>,
+    pub shared_key: Option<SharedKey>,
+}
+
+/// The fewest characters of the secret in `shared_key_file`.
+pub const MIN_SHARED_SECRET: usize = 32;
+
+/// The 256-bit key that seals what instances share through Redis (see
+/// `acme::fleet`): SHA-256 of a label and the file's secret, so the file
+/// holds text an operator can generate (`openssl rand -hex 32`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SharedKey(pub [u8; 32]);
+
+impl std::fmt::Debug for SharedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedKey(<secret>)")
+    }
+}
+
+impl SharedKey {
+    /// The key of the secret in `text` (surrounding whitespace is not part of it).
+    pub fn parse(text: &str) -> Result<SharedKey, String> {
+        use sha2::{Digest, Sha256};
+        let secret = text.trim();
+        if secret.chars().count() < MIN_SHARED_SECRET {
+            return Err(format!(
+                "the secret needs at least {MIN_SHARED_SECRET} characters (e.g. `openssl rand -hex 32`)"
+            ));
+        }
+        let mut h = Sha256::new();
+        h.update(b"tollgate-acme-shared-key\0");
+        h.update(secret.as_bytes());
+        Ok(SharedKey(h.finalize().into()))
+    }
 }
 
 /// `server.tls.hsts`, validated.
@@ -172,6 +207,19 @@ impl Validator<'_> {
                 .as_ref()
                 .map_or(PathBuf::from(DEFAULT_STORAGE), |t| PathBuf::from(&t.0)),
             renew_before: raw.renew_before.map(|d| d.0),
+            shared_key_file: raw.shared_key_file.as_ref().map(|t| PathBuf::from(&t.0)),
+            shared_key: None,
+        }
+    }
+
+    /// With the Redis store, instances share certificates and private keys
+    /// through Redis, sealed with `shared_key_file`'s key: it is required.
+    pub(super) fn acme_fleet(&mut self, acme: &AcmeConfig, redis_store: bool) {
+        if redis_store && acme.shared_key_file.is_none() {
+            self.err(
+                "server.tls.acme.shared_key_file",
+                "required with store.backend: redis: the fleet shares certificates and their private keys through Redis, encrypted with this secret (write one with `openssl rand -hex 32 > /etc/tollgate/acme.key`)",
+            );
         }
     }
 
@@ -213,6 +261,18 @@ impl Validator<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_key_needs_a_long_secret_and_ignores_surrounding_whitespace() {
+        assert!(SharedKey::parse("short")
+            .unwrap_err()
+            .contains("at least 32"));
+        let secret = "0123456789abcdef0123456789abcdef";
+        let key = SharedKey::parse(secret).unwrap();
+        assert_eq!(SharedKey::parse(&format!("  {secret}\n")).unwrap(), key);
+        assert_ne!(SharedKey::parse(&format!("{secret}x")).unwrap(), key);
+        assert_eq!(format!("{key:?}"), "SharedKey(<secret>)", "never printed");
+    }
 
     #[test]
     fn orderable_names_are_dns_names_of_two_labels_or_more() {

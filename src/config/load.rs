@@ -21,6 +21,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::acme::SharedKey;
 use super::certs::{self, TlsError};
 use super::error::locate_all;
 use super::raw::RawConfig;
@@ -171,6 +172,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
     if problems.is_empty() {
         problems.extend(read_error_pages(&mut config));
         problems.extend(read_pass_file(&mut config.identity));
+        problems.extend(read_shared_key_file(&mut config));
     }
     if problems.is_empty() {
         warn_missing_fastcgi_files(&mut config);
@@ -353,6 +355,31 @@ fn read_pass_file(identity: &mut IdentityConfig) -> Option<ConfigProblem> {
     };
     match PassKeys::parse(&text) {
         Ok(keys) => pass.keys = Arc::new(keys),
+        Err(e) => return at(format!("{}: {e}", path.display())),
+    }
+    None
+}
+
+/// Reads `server.tls.acme.shared_key_file` (see [`SharedKey::parse`]);
+/// read on every load and reload, like every secret file.
+fn read_shared_key_file(config: &mut Config) -> Option<ConfigProblem> {
+    let acme = config.server.tls.as_mut()?.acme.as_mut()?;
+    let path = acme.shared_key_file.clone()?;
+    let at = |message: String| {
+        Some(ConfigProblem::at(
+            "server.tls.acme.shared_key_file",
+            message,
+        ))
+    };
+    let text = match read_named_file(&path, SMALL_FILE_LIMIT) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => text,
+            Err(_) => return at(format!("{} is not UTF-8 text", path.display())),
+        },
+        Err(e) => return at(format!("cannot read {}: {e}", path.display())),
+    };
+    match SharedKey::parse(&text) {
+        Ok(key) => acme.shared_key = Some(key),
         Err(e) => return at(format!("{}: {e}", path.display())),
     }
     None

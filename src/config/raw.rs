@@ -366,6 +366,8 @@ pub struct RawAcme {
     pub storage: Option<Text>,
     /// Renew when this little validity is left (default: a third of the lifetime).
     pub renew_before: Option<Dur>,
+    /// The secret that encrypts what a fleet shares through Redis (needed with `store.backend: redis`).
+    pub shared_key_file: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -69,7 +69,9 @@ function render(d, bans) {
   $("login").hidden = true;
   $("main").hidden = false;
   const down = d.upstreams.some((u) => u.servers.some((s) => s.state !== "up"));
-  const trouble = !d.store.healthy ? "store failing" : down ? "upstream down" : d.last_reload_error ? "reload rejected" : null;
+  const flagged = d.certificates.filter((c) => c.attention);
+  const trouble = !d.store.healthy ? "store failing" : down ? "upstream down" : d.last_reload_error ? "reload rejected"
+    : flagged.length ? "certificate needs attention" : null;
   setStatus(trouble || "serving", !trouble);
   $("version").textContent = d.version;
   $("uptime").textContent = duration(d.uptime_seconds);
@@ -91,6 +93,7 @@ function render(d, bans) {
   chart(d);
   routes(d);
   upstreams(d);
+  certificates(d);
   banList(bans);
   limited(d);
 }
@@ -170,6 +173,24 @@ function upstreams(d) {
   }
   $("upstreams").hidden = d.upstreams.length === 0;
   $("no-upstreams").hidden = d.upstreams.length > 0;
+}
+
+const ATTENTION = { renewal_failing: "renewal failing", expiring: "expires soon" };
+
+function certificates(d) {
+  const body = $("certificates").tBodies[0];
+  body.replaceChildren();
+  for (const c of d.certificates) {
+    const tr = row(body, "certificate", [
+      [c.domain],
+      [c.not_after ? new Date(c.not_after).toLocaleString() : "none yet"],
+      [c.days_left === null ? "–" : c.days_left, "num"],
+      [c.attention ? ATTENTION[c.attention] : "ok", "state " + (c.attention ? "bad" : "ok")],
+      [c.last_error || ""],
+    ]);
+    tr.dataset.attention = c.attention || "";
+  }
+  $("certificates-section").hidden = d.certificates.length === 0;
 }
 
 // Bans with a countdown; the lift button asks first, then sends DELETE /bans/{key}.

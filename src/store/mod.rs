@@ -376,4 +376,13 @@ impl Store {
     pub fn table(&self) -> &memory::Table {
         &self.local.table
     }
+
+    /// The Redis connection when the store is Redis: ACME shares its locks
+    /// and certificates through it (one client, one breaker).
+    pub fn redis(&self) -> Option<self::redis::Redis> {
+        match &self.backend {
+            Backends::Redis(r) => Some(r.clone()),
+            Backends::Memory(_) | Backends::Sqlite(_) => None,
+        }
+    }
 }

@@ -15,6 +15,7 @@ pub const WINDOW_START: u64 = 1_767_225_600 * 1_000_000_000;
 /// starts: a 60 s window ends 40 s later, so windows never roll over mid-test.
 pub const T0: u64 = WINDOW_START + 20 * 1_000_000_000;
 
+pub mod acme;
 pub mod app;
 pub mod browser;
 pub mod cdp;

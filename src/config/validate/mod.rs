@@ -166,6 +166,8 @@ impl Validator<'_> {
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
             let hosts = routes.iter().filter_map(|r| r.host.clone());
             self.acme_domains_from_routes(acme, hosts);
+            let redis_store = matches!(store.backend, crate::config::Backend::Redis { .. });
+            self.acme_fleet(acme, redis_store);
         }
         let log = self.log(&raw.log);
         Config {

@@ -47,6 +47,7 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("server: { tls: { acme: { domains: [a.test], challenge: dns-01 } } }", "server.tls.acme.challenge", "unknown challenge \"dns-01\""),
     ("server: { tls: { acme: { domains: [a.test], challenge: http-01 } } }", "server.tls.acme.challenge", "http-01 needs a plain listener"),
     ("server: { tls: { acme: { domains: [a.test], renew_before: 10s } } }", "server.tls.acme.renew_before", "must be at least 1m"),
+    ("server: { tls: { acme: { domains: [a.test] } } }\nstore: { backend: redis, url: \"redis://127.0.0.1:6379\" }", "server.tls.acme.shared_key_file", "required with store.backend: redis"),
     ("server: { tls: { cert: a.pem, key: a.key, listen: [] } }", "server.tls.listen", "an empty list would serve no TLS"),
     ("server: { listen: \"127.0.0.1:8443\", tls: { cert: a.pem, key: a.key, listen: [\"127.0.0.1:8443\"] } }", "server.tls.listen[0]", "127.0.0.1:8443 is also in server.listen"),
     ("server: { tls: { cert: a.pem, key: a.key, listen: bad } }", "server.tls.listen", "invalid listen address"),

@@ -21,6 +21,7 @@
 //! Releases (a concurrency slot, a leaky-bucket place) never wait on Redis:
 //! they are sent from a spawned task.
 
+pub mod acme;
 mod args;
 mod backend;
 pub mod ban;
@@ -58,6 +59,8 @@ const MAX_EXACT: u64 = 1 << 53;
 /// Past this many remembered tickets, those whose turn has passed are swept.
 const SWEEP_AT: usize = 4096;
 
+/// A handle: clones share one connection, breaker and ticket table.
+#[derive(Clone)]
 pub struct Redis {
     inner: Arc<Inner>,
 }
@@ -68,6 +71,8 @@ struct Inner {
     script: ::redis::Script,
     /// `<prefix>{<tag>}`, put in front of every store key.
     key_prefix: String,
+    /// `store.prefix` as written (ACME keys carry a tag of their own, see `acme.rs`).
+    prefix: String,
     timeout: Duration,
     breaker: Breaker,
     tickets: Mutex<Tickets>,
@@ -110,6 +115,7 @@ impl Redis {
             manager: ArcSwap::from_pointee(manager),
             script: ::redis::Script::new(SCRIPT),
             key_prefix: format!("{prefix}{{{tag}}}"),
+            prefix: prefix.to_string(),
             timeout,
             breaker: Breaker::new(BREAKER_THRESHOLD, BREAKER_COOL_DOWN),
             tickets: Mutex::new(HashMap::new()),
