@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tollgate's static files + compression against nginx `gzip on`, serving the
 # SAME files, measured in the same run in interleaved rounds (tollgate gzip,
-# tollgate br, nginx gzip on, nginx gzip_comp_level 5, …), so load from
+# tollgate br, nginx gzip on, nginx gzip_comp_level 5, …; tollgate at the
+# levels of its source, src/compression/stream.rs), so load from
 # elsewhere on the machine hits all alike; the table shows medians.
 #
 # The files: the dashboard's HTML, JS and CSS and a 2000-record JSON
@@ -34,6 +35,8 @@ cleanup() {
 trap cleanup EXIT
 
 mkdir -p "$work/www" "$work/nginx"
+# nginx workers run as an unprivileged user: mktemp -d is 0700.
+chmod 755 "$work"
 # Realistic files where Debian has them (python3's policy manual, Bootstrap
 # 4's stylesheet, jQuery), else the dashboard's: the same as
 # benches/compression.rs uses.
@@ -120,7 +123,9 @@ ticks() { # ticks <pid>
 hz=$(getconf CLK_TCK)
 
 declare -A rps cpu
-names=("tollgate gzip 5" "tollgate br 4" "nginx gzip on (level 1)" "nginx gzip level 5")
+gz=$(sed -n 's/^pub const GZIP_LEVEL: u32 = \([0-9]*\);/\1/p' src/compression/stream.rs)
+br=$(sed -n 's/^pub const BROTLI_QUALITY: u32 = \([0-9]*\);/\1/p' src/compression/stream.rs)
+names=("tollgate gzip $gz" "tollgate br $br" "nginx gzip on (level 1)" "nginx gzip level 5")
 ports=(18181 18181 18182 18183)
 accept=("gzip" "gzip, br" "gzip" "gzip")
 servers=("$tg" "$tg" "${pids[1]}" "${pids[2]}")
