@@ -669,8 +669,18 @@ async fn a_crawler_the_dns_refutes_is_challenged_or_refused_as_the_route_says() 
     };
 
     // The real crawler, confirmed by its DNS, is let through on both routes.
-    assert_eq!(claiming_googlebot(&proxy, "GET", "/", "203.0.113.9").await.status, 200);
-    assert_eq!(claiming_googlebot(&proxy, "GET", "/feed", "203.0.113.9").await.status, 200);
+    assert_eq!(
+        claiming_googlebot(&proxy, "GET", "/", "203.0.113.9")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        claiming_googlebot(&proxy, "GET", "/feed", "203.0.113.9")
+            .await
+            .status,
+        200
+    );
     assert_eq!(forwarded(), 2);
 
     // A scraper dressed as Googlebot gets the page at once, though it is
@@ -686,12 +696,25 @@ async fn a_crawler_the_dns_refutes_is_challenged_or_refused_as_the_route_says() 
     // Where the route says `refuse`: 403 problem+json, no page.
     let refused = claiming_googlebot(&proxy, "GET", "/feed", "198.51.100.8").await;
     assert_eq!(refused.status, 403);
-    assert!(refused.body.contains("unverified-crawler"), "{}", refused.body);
-    assert_eq!(forwarded(), 2, "nothing of the fake crawler reached the upstream");
+    assert!(
+        refused.body.contains("unverified-crawler"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        forwarded(),
+        2,
+        "nothing of the fake crawler reached the upstream"
+    );
 
     // The same address without the crawler's name is any other client:
     // under the limit, forwarded.
-    let plain = send(client().get(proxy.url("/")).header("x-forwarded-for", "198.51.100.8")).await;
+    let plain = send(
+        client()
+            .get(proxy.url("/"))
+            .header("x-forwarded-for", "198.51.100.8"),
+    )
+    .await;
     assert_eq!(plain.status, 200);
     assert_eq!(forwarded(), 3);
     let records = proxy.access.wait_records(6).await;
@@ -703,8 +726,8 @@ async fn a_crawler_the_dns_refutes_is_challenged_or_refused_as_the_route_says() 
 // ---- methods other than GET ----------------------------------------------
 
 #[tokio::test]
-async fn a_browser_without_a_pass_gets_no_form_through_an_always_route_and_head_gets_the_page_head(
-) {
+async fn a_browser_without_a_pass_gets_no_form_through_an_always_route_and_head_gets_the_page_head()
+{
     let dir = tempfile::tempdir().unwrap();
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[NEW]);
@@ -729,8 +752,15 @@ async fn a_browser_without_a_pass_gets_no_form_through_an_always_route_and_head_
         .to_str()
         .unwrap()
         .starts_with("text/html"));
-    assert!(refused.body.contains("Load the page again"), "{}", refused.body);
-    assert!(!refused.body.contains("new Worker("), "not the solving page: its redirect would lose the form");
+    assert!(
+        refused.body.contains("Load the page again"),
+        "{}",
+        refused.body
+    );
+    assert!(
+        !refused.body.contains("new Worker("),
+        "not the solving page: its redirect would lose the form"
+    );
     // HEAD: the page's status and headers.
     let head = send(
         client()

@@ -361,10 +361,21 @@ async fn a_route_with_compression_off_sends_the_file_itself_even_beside_a_siblin
     let proxy = Proxy::start(&yaml).await;
     let r = get(&proxy, "/site.css", &[("accept-encoding", "gzip, br")]).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("content-encoding"), None, "no sibling, no on-the-fly coding");
+    assert_eq!(
+        r.header("content-encoding"),
+        None,
+        "no sibling, no on-the-fly coding"
+    );
     assert_eq!(r.body, css().as_bytes());
-    assert_eq!(r.header("vary"), None, "the answer does not vary by Accept-Encoding");
-    assert!(!r.header("etag").unwrap().starts_with("W/"), "the file's own strong tag");
+    assert_eq!(
+        r.header("vary"),
+        None,
+        "the answer does not vary by Accept-Encoding"
+    );
+    assert!(
+        !r.header("etag").unwrap().starts_with("W/"),
+        "the file's own strong tag"
+    );
     assert_eq!(r.header("accept-ranges"), Some("bytes"));
 }
 

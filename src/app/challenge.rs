@@ -17,8 +17,8 @@ use http_body_util::BodyExt;
 
 use super::{Admitted, App, Exchange};
 use crate::body::Body;
-use crate::challenge::{page, prefers_html, safe_return, Solution, FORM_LIMIT, PASS_PATH};
 use crate::challenge::crawler::Crawler;
+use crate::challenge::{page, prefers_html, safe_return, Solution, FORM_LIMIT, PASS_PATH};
 use crate::config::{ChallengeWhen, UnverifiedCrawlers};
 use crate::identity::Client;
 use crate::metrics::Decision;
@@ -141,7 +141,9 @@ impl App {
             Crawler::Verified => return None,
             Crawler::Unverified => match config.unverified_crawlers {
                 UnverifiedCrawlers::Challenge => return Some(Due::page_for(req.method())),
-                UnverifiedCrawlers::Refuse => return Some(Due::Refused(Problem::UnverifiedCrawler)),
+                UnverifiedCrawlers::Refuse => {
+                    return Some(Due::Refused(Problem::UnverifiedCrawler))
+                }
                 UnverifiedCrawlers::AsOthers => {}
             },
             Crawler::NotClaimed | Crawler::Unknown => {}

@@ -105,7 +105,12 @@ impl Crawlers {
             return Crawler::NotClaimed;
         };
         let ua = ua.to_ascii_lowercase();
-        let Some(rule) = self.config.verify.iter().find(|r| ua.contains(&r.user_agent)) else {
+        let Some(rule) = self
+            .config
+            .verify
+            .iter()
+            .find(|r| ua.contains(&r.user_agent))
+        else {
             return Crawler::NotClaimed;
         };
         if let Some(&(ok, until)) = self.cache.lock().get(&ip) {
