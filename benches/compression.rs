@@ -17,7 +17,8 @@
 //!     cargo bench --bench compression -- quick   # 3 rounds
 //!
 //! Under `cargo test --all-targets` (no `--bench` argument, a debug build)
-//! it runs once over the first 16 KiB of each file: a smoke test, no numbers.
+//! it runs once over the first 16 KiB of each file: a smoke test, whose
+//! numbers mean nothing.
 
 use std::io::Write;
 use std::time::Duration;
