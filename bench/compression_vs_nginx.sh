@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tollgate's static files + compression against nginx `gzip on`, serving the
 # SAME files, measured in the same run in interleaved rounds (tollgate gzip,
-# tollgate br, nginx gzip on, nginx gzip_comp_level 5, …), so load from
+# tollgate br, nginx gzip on, nginx gzip_comp_level 5, …; tollgate at the
+# levels of its source, src/compression/stream.rs), so load from
 # elsewhere on the machine hits all alike; the table shows medians.
 #
 # The files: the dashboard's HTML, JS and CSS and a 2000-record JSON
@@ -34,9 +35,15 @@ cleanup() {
 trap cleanup EXIT
 
 mkdir -p "$work/www" "$work/nginx"
-cp src/dashboard/index.html "$work/www/page.html"
-cp src/dashboard/dashboard.js "$work/www/app.js"
-cp src/dashboard/dashboard.css "$work/www/style.css"
+# nginx workers run as an unprivileged user: mktemp -d is 0700.
+chmod 755 "$work"
+# Realistic files where Debian has them (python3's policy manual, Bootstrap
+# 4's stylesheet, jQuery), else the dashboard's: the same as
+# benches/compression.rs uses.
+first() { for f in "$@"; do [ -r "$f" ] && { echo "$f"; return; }; done; }
+cp "$(first /usr/share/doc/python3/python-policy.html src/dashboard/index.html)" "$work/www/page.html"
+cp "$(first /usr/share/javascript/jquery/jquery.min.js src/dashboard/dashboard.js)" "$work/www/app.js"
+cp "$(first /usr/share/javascript/bootstrap4/css/bootstrap.min.css src/dashboard/dashboard.css)" "$work/www/style.css"
 python3 -c '
 import json
 print(json.dumps([{"id": i, "name": f"user{i}", "email": f"user{i}@example.com",
@@ -82,6 +89,11 @@ events { worker_connections 1024; }
 http {
     include /etc/nginx/mime.types;
     access_log off;
+    client_body_temp_path $work/nginx/body;
+    proxy_temp_path $work/nginx/proxy;
+    fastcgi_temp_path $work/nginx/fastcgi;
+    uwsgi_temp_path $work/nginx/uwsgi;
+    scgi_temp_path $work/nginx/scgi;
     gzip on;
     gzip_comp_level $2;
     gzip_types text/css application/javascript text/javascript application/json;
@@ -111,7 +123,9 @@ ticks() { # ticks <pid>
 hz=$(getconf CLK_TCK)
 
 declare -A rps cpu
-names=("tollgate gzip 5" "tollgate br 4" "nginx gzip on (level 1)" "nginx gzip level 5")
+gz=$(sed -n 's/^pub const GZIP_LEVEL: u32 = \([0-9]*\);/\1/p' src/compression/stream.rs)
+br=$(sed -n 's/^pub const BROTLI_QUALITY: u32 = \([0-9]*\);/\1/p' src/compression/stream.rs)
+names=("tollgate gzip $gz" "tollgate br $br" "nginx gzip on (level 1)" "nginx gzip level 5")
 ports=(18181 18181 18182 18183)
 accept=("gzip" "gzip, br" "gzip" "gzip")
 servers=("$tg" "$tg" "${pids[1]}" "${pids[2]}")
@@ -129,8 +143,12 @@ orig=""
 for f in "${files[@]}"; do orig+="$f $(wc -c < "$work/www/$f")  "; done
 echo "  uncompressed: $orig"
 
+# Interleaved, and the order rotates each round, so no row always runs
+# first (or right after the same neighbour).
+n=${#names[@]}
 for r in $(seq "$rounds"); do
-    for i in "${!names[@]}"; do
+    for k in $(seq 0 $((n - 1))); do
+        i=$(( (k + r - 1) % n ))
         before=$(ticks "${servers[$i]}")
         out=$(wrk -t2 -c"$conns" -d"${secs}s" -s "$work/paths.lua" \
             -H "Accept-Encoding: ${accept[$i]}" "http://127.0.0.1:${ports[$i]}")
@@ -140,7 +158,7 @@ for r in $(seq "$rounds"); do
         us=$(awk -v t=$((after - before)) -v hz="$hz" -v n="$reqs" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')
         rps[$i]+="$r_s "
         cpu[$i]+="$us "
-        echo "round $r ${names[$i]}: $r_s req/s, $us µs CPU/request" >&2
+        echo "round $r ${names[$i]}: $r_s req/s, $us µs CPU/request, load $(cut -d' ' -f1 /proc/loadavg)" >&2
     done
 done
 
@@ -150,4 +168,17 @@ echo "| server | requests/s (median of $rounds × ${secs}s) | CPU µs per reques
 echo "| --- | --- | --- | --- |"
 for i in "${!names[@]}"; do
     echo "| ${names[$i]} | $(echo "${rps[$i]}" | median) | $(echo "${cpu[$i]}" | median) | ${rps[$i]}|"
+done
+
+# Same-round ratios (row / nginx at level 5, the like-for-like gzip row):
+# medians of the per-round ratios, which load from elsewhere hits alike.
+ratio() { # ratio <values a> <values b>
+    paste <(echo "$1" | tr ' ' '\n' | grep -v '^$') <(echo "$2" | tr ' ' '\n' | grep -v '^$') |
+        awk '{print $1 / $2}' | median
+}
+echo
+echo "| server | req/s ÷ nginx level 5 (median of same-round ratios) | CPU per request ÷ nginx level 5 |"
+echo "| --- | --- | --- |"
+for i in "${!names[@]}"; do
+    echo "| ${names[$i]} | $(ratio "${rps[$i]}" "${rps[3]}") | $(ratio "${cpu[$i]}" "${cpu[3]}") |"
 done

@@ -15,6 +15,7 @@ the same load (the kernel's share, which callgrind does not see).
     bench/instructions.py                          # tollgate allow+reject, floor, nginx allow+reject
     bench/instructions.py --only tollgate          # one proxy (repeat runs for an A/B)
     bench/instructions.py --syscalls               # syscalls and context switches per request
+    bench/instructions.py --only tollgate --challenge   # + a challenge flood: unsolved pages, forged solutions
 
 The targets are those of bench/proxybench.py: an nginx upstream (`return
 200`, not measured) on 127.0.0.1:19180; tollgate (SQLite store, 2 workers)
@@ -27,6 +28,7 @@ wrk does. Needs valgrind, nginx and (for --syscalls) perf.
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import re
@@ -48,9 +50,17 @@ def log(msg):
     print(f"[instructions] {msg}", file=sys.stderr, flush=True)
 
 
+def request_bytes(port, path):
+    """The request a scenario sends: a plain GET of `path`, or a prepared
+    request (bytes) as the challenge scenarios send."""
+    if isinstance(path, bytes):
+        return path
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+
+
 def one_connection(port, path, count, failures):
     """`count` keep-alive requests, one at a time, on one connection."""
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    request = request_bytes(port, path)
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=300)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -104,7 +114,60 @@ def wait_port(port, proc, timeout):
     sys.exit(f"port {port} did not open within {timeout}s")
 
 
-def write_configs(d, store, access_log):
+def challenge_requests(port):
+    """The two challenge-flood scenarios: a browser-looking GET of a route
+    with `challenge: { when: always }` (each gets a fresh signed challenge
+    page, 403), and a solution post with a real challenge but a nonce that
+    does not solve it (one MAC, one SHA-256, 400); and, to compare with
+    `allow`, a GET of that route carrying a valid pass (forwarded, 200)."""
+    host = f"Host: 127.0.0.1:{port}\r\n"
+    page = (f"GET /challenged/page HTTP/1.1\r\n{host}"
+            "Accept: text/html,application/xhtml+xml,*/*;q=0.8\r\n\r\n").encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(page)
+    buf = b""
+    m = None
+    while m is None:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        m = re.search(rb'name="c" value="([^"]+)"', buf)
+    s.close()
+    if not m:
+        sys.exit(f"no challenge in the page: {buf[:300]!r}")
+    challenge = m.group(1).decode()
+    quoted = challenge.replace('%', '%25').replace('/', '%2F').replace('+', '%2B').replace('=', '%3D')
+
+    def post(nonce):
+        form = f"c={quoted}&n={nonce}&r=%2F&via=js".encode()
+        return (f"POST /.well-known/tollgate/pass HTTP/1.1\r\n{host}"
+                "Content-Type: application/x-www-form-urlencoded\r\n"
+                f"Content-Length: {len(form)}\r\n\r\n").encode() + form
+
+    # A browser's pass: the challenge solved as the page does it.
+    bits = int(challenge.split("~")[2])
+    nonce = next(n for n in range(1 << 30)
+                 if int.from_bytes(hashlib.sha256(f"{challenge}{n}".encode()).digest()[:4], "big") >> (32 - bits) == 0)
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    s.sendall(post(nonce))
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        head += chunk
+    s.close()
+    m = re.search(rb"\r\nset-cookie:\s*([^;\r]+)", head, re.I)
+    if not m:
+        sys.exit(f"the solution earned no pass: {head[:300]!r}")
+    passed = (f"GET /challenged/page HTTP/1.1\r\n{host}"
+              "Accept: text/html,application/xhtml+xml,*/*;q=0.8\r\n"
+              f"Cookie: {m.group(1).decode()}\r\n\r\n").encode()
+    return page, post(12345), passed
+
+
+def write_configs(d, store, access_log, challenge=False):
     up = PORTS["upstream"]
     common = (f"daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/%s.pid;\nerror_log {d}/%s-error.log warn;\n"
               "events { worker_connections 4096; }\n")
@@ -125,18 +188,25 @@ def write_configs(d, store, access_log):
                 " proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }\n"
                 f"  server {{ listen 127.0.0.1:{PORTS['nginx_reject']} backlog=4096; location / {{ limit_req zone=reject;"
                 " proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection \"\"; } }\n}\n")
+    pass_keys, challenged = "", ""
+    if challenge:
+        with open(f"{d}/pass.keys", "w") as f:
+            f.write("0123456789abcdef0123456789abcdef-instructions\n")
+        pass_keys = f'identity: {{ pass: {{ secret_file: "{d}/pass.keys" }} }}\n'
+        challenged = ("  - { name: challenged, match: { path_prefix: /challenged }, upstream: app,"
+                      " challenge: { when: always }, limiters: [allow] }\n")
     with open(f"{d}/tollgate.yaml", "w") as f:
         f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS['tollgate']}"] }}
 admin: {{ listen: "127.0.0.1:{PORTS['tollgate_admin']}" }}
 store: {{ backend: {store}, path: "{d}/tollgate.db" }}
 log: {{ access: {access_log} }}
-upstreams:
+{pass_keys}upstreams:
   app: {{ url: "http://127.0.0.1:{up}" }}
 limiters:
   allow: {{ algorithm: fixed_window, limit: 1000000000, window: 60s, key: ip }}
   reject: {{ algorithm: fixed_window, limit: 1, window: 1h, key: ip }}
 routes:
-  - {{ name: reject, match: {{ path_prefix: /reject }}, upstream: app, limiters: [reject] }}
+{challenged}  - {{ name: reject, match: {{ path_prefix: /reject }}, upstream: app, limiters: [reject] }}
   - {{ name: allow, match: {{ path_prefix: / }}, upstream: app, limiters: [allow] }}
 """)
 
@@ -234,6 +304,9 @@ def main():
     ap.add_argument("--access-log", choices=["on", "off"], default="on",
                     help="tollgate's access log (on by default; the nginx peer runs with access_log off)")
     ap.add_argument("--keep", help="copy the callgrind dumps here (for callgrind_annotate)")
+    ap.add_argument("--challenge", action="store_true",
+                    help="tollgate also answers a challenge flood: browser GETs of an `always` route"
+                         " (a signed page each) and forged solution posts")
     ap.add_argument("--port-offset", type=int, default=0,
                     help="added to every port, so two runs can share the machine")
     ap.add_argument("--floor-args", default="--workers 2", help="extra arguments for the floor, e.g. '--auto'")
@@ -245,7 +318,7 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing")
     d = tempfile.mkdtemp(prefix="tollgate-instr.")
-    write_configs(d, args.store, "true" if args.access_log == "on" else "false")
+    write_configs(d, args.store, "true" if args.access_log == "on" else "false", args.challenge)
     upstream = subprocess.Popen(["nginx", "-p", d, "-e", f"{d}/up-error.log", "-c", f"{d}/upstream.conf"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     servers = []
@@ -253,8 +326,18 @@ def main():
         wait_port(PORTS["upstream"], upstream, 30)
         plan = []
         if "tollgate" in only:
-            plan.append(("tollgate", [args.tollgate, "--config", f"{d}/tollgate.yaml"],
-                         [("allow", PORTS["tollgate"], "/"), ("reject", PORTS["tollgate"], "/reject")]))
+            tollgate_scenarios = [("allow", PORTS["tollgate"], "/"), ("reject", PORTS["tollgate"], "/reject")]
+            if args.challenge:
+                # Prepared once the server is up (the forged post needs a real challenge).
+                flood = {}
+                def challenge_request(which):
+                    if not flood:
+                        flood["page"], flood["forged"], flood["pass"] = challenge_requests(PORTS["tollgate"])
+                    return flood[which]
+                tollgate_scenarios += [("challenged", PORTS["tollgate"], lambda: challenge_request("page")),
+                                       ("forged", PORTS["tollgate"], lambda: challenge_request("forged")),
+                                       ("pass", PORTS["tollgate"], lambda: challenge_request("pass"))]
+            plan.append(("tollgate", [args.tollgate, "--config", f"{d}/tollgate.yaml"], tollgate_scenarios))
         if "floor" in only:
             floor = args.floor or floor_binary()
             plan.append(("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
@@ -272,6 +355,8 @@ def main():
             wait_port(scenarios[0][1], server.proc, 180)
             server.started()
             for scenario, port, path in scenarios:
+                if callable(path):
+                    path = path()
                 load(port, path, args.warmup, args.conns)
                 value = server.measure(lambda: load(port, path, args.requests, args.conns))
                 rows.append((scenario, name, value))

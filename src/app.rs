@@ -18,7 +18,7 @@ use crate::access::AccessLog;
 use crate::body::Body;
 use crate::buffering::Share;
 use crate::clock::SharedClock;
-use crate::config::{ChallengeWhen, Config};
+use crate::config::Config;
 use crate::decide::{Gate, Pass, RequestFacts, Verdict};
 use crate::identity::{Client, IdentityError};
 use crate::limiter::Nanos;
@@ -31,6 +31,7 @@ use crate::store::Store;
 use crate::tunnel::ClientSide;
 
 pub use crate::connections::ConnInfo;
+use challenge::Due;
 use trail::Trail;
 
 mod challenge;
@@ -193,9 +194,10 @@ impl App {
         let route = self.route(x, &admitted.req)?;
         // Challenge: a browser without a pass proves itself, now (`always`)
         // or instead of a limiter's refusal (`over_limit`).
-        let due = self.challenge_due(x, route, &client, &admitted.req).await;
-        if due == Some(ChallengeWhen::Always) {
-            return Ok(self.challenge(x, route, &client, &admitted.req, None));
+        match self.challenge_due(x, route, &client, &admitted.req).await {
+            Some(Due::Page) => return Ok(self.challenge(x, route, &client, &admitted.req, None)),
+            Some(Due::Refused(problem)) => return Ok(self.challenge_refused(x, route, problem)),
+            Some(Due::OverLimit) | None => {}
         }
         let headers = admitted.req.headers();
         let mut pass = match self.limit(x, route, &client, headers).await? {

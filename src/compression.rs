@@ -2,7 +2,8 @@
 //!
 //! Rules, in the order [`filter`] applies them:
 //! - `server.compression: false` or the route's `compression: false` ends it
-//!   (nothing is changed, not even `Vary`);
+//!   (nothing is changed, not even `Vary`; the request carries [`Off`] so
+//!   a static file's precompressed sibling is not sent either);
 //! - only types that compress ([`compressible_type`]): text, JSON, JS, XML,
 //!   SVG, fonts that are not already compressed; never images, video, audio
 //!   or archives;
@@ -39,6 +40,16 @@ pub use negotiate::{Accepted, Coding};
 /// Caddy's default, and where gzip's 18-byte frame and the headers stop
 /// mattering.
 pub const MIN_LENGTH: u64 = 512;
+
+/// Set on a request (as an extension) whose route has compression off:
+/// its answer carries no `Content-Encoding` made by tollgate, so a static
+/// file's precompressed sibling (`app.js.br`) is not sent either. One
+/// switch for both, because the reasons to turn compression off (BREACH on
+/// a page that mixes secrets with reflected input; a client or cache that
+/// mishandles encodings; debugging) are about what goes on the wire, not
+/// about where the compressed bytes came from.
+#[derive(Debug, Clone, Copy)]
+pub struct Off;
 
 /// What the request says for the filter: its codings, and whether it is a HEAD.
 #[derive(Debug, Clone, Copy)]

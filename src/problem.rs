@@ -100,6 +100,15 @@ pub enum Problem {
     BodyTimeout,
     /// The request body could not be set aside in a temp file (disk full, for instance).
     BodyNotStored,
+    /// A browser without a pass sent a method other than GET or HEAD to a
+    /// route that challenges it: the request cannot be replayed after the
+    /// check, so it is not forwarded, and the page says to reload.
+    PassRequired {
+        method: String,
+    },
+    /// A user-agent names a crawler its address's reverse DNS does not
+    /// confirm, on a route with `unverified_crawlers: refuse`.
+    UnverifiedCrawler,
 }
 
 /// What a 405 lists in `Allow`: the methods any route can forward.
@@ -126,6 +135,7 @@ impl Problem {
             Problem::LengthRequired => StatusCode::LENGTH_REQUIRED,
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyNotStored => StatusCode::INTERNAL_SERVER_ERROR,
+            Problem::PassRequired { .. } | Problem::UnverifiedCrawler => StatusCode::FORBIDDEN,
         }
     }
 
@@ -148,7 +158,9 @@ impl Problem {
             | Problem::FileNotFound
             | Problem::StaticMethodNotAllowed
             | Problem::LengthRequired
-            | Problem::BodyTimeout => Origin::Downstream,
+            | Problem::BodyTimeout
+            | Problem::PassRequired { .. }
+            | Problem::UnverifiedCrawler => Origin::Downstream,
             // The temp file a large body is set aside in is tollgate's own disk.
             Problem::BodyNotStored => Origin::Internal,
         }
@@ -251,6 +263,21 @@ impl Problem {
             Problem::BodyNotStored => fail(
                 "body-not-stored",
                 "The request body could not be stored for forwarding.".into(),
+            ),
+            Problem::PassRequired { method } => fail(
+                "pass-required",
+                format!(
+                    "This site checks browsers first, and this {method} request came without \
+                     the check, so it was not sent on. Load the page again to pass the check, \
+                     then send it again."
+                )
+                .into(),
+            ),
+            Problem::UnverifiedCrawler => fail(
+                "unverified-crawler",
+                "The user-agent names a crawler that this address does not belong to \
+                 (its reverse DNS does not confirm it)."
+                    .into(),
             ),
         }
     }

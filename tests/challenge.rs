@@ -618,3 +618,178 @@ async fn a_crawler_is_let_through_only_where_forward_confirmed_reverse_dns_says_
         1.0
     );
 }
+
+/// A crawler user-agent from `ip` that does not say it accepts HTML, with `method`.
+async fn claiming_googlebot(proxy: &Proxy, method: &str, path: &str, ip: &str) -> common::Answer {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    send(
+        client()
+            .request(method, proxy.url(path))
+            .header("accept", "*/*")
+            .header("user-agent", GOOGLEBOT)
+            .header("x-forwarded-for", ip),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_crawler_the_dns_refutes_is_challenged_or_refused_as_the_route_says() {
+    let dns = common::dnsmasq::Dnsmasq::start(
+        &[
+            ("203.0.113.9", "crawl-203-0-113-9.googlebot.com"),
+            ("198.51.100.8", "crawl-fake.googlebot.com"),
+        ],
+        &[
+            ("crawl-203-0-113-9.googlebot.com", "203.0.113.9"),
+            ("crawl-fake.googlebot.com", "203.0.113.50"),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let keys = secret_file(dir.path(), &[NEW]);
+    let challenge = "{ when: over_limit, unverified_crawlers: challenge }";
+    let text = yaml(&keys, &upstream, challenge, "ip", 100)
+        .replace(
+            "  pass: {",
+            &format!(
+                "  pass: {{ crawlers: {{ resolver: \"{}\", verify: [{{ user_agent: googlebot, domains: [googlebot.com] }}] }}, ",
+                dns.addr
+            ),
+        )
+        .replace(
+            "routes:\n",
+            "routes:\n  - { name: feeds, match: { path_prefix: /feed }, upstream: app, challenge: { unverified_crawlers: refuse }, limiters: [per] }\n",
+        );
+    let proxy = Proxy::start(&text).await;
+    let forwarded = || {
+        upstream
+            .seen
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+
+    // The real crawler, confirmed by its DNS, is let through on both routes.
+    assert_eq!(
+        claiming_googlebot(&proxy, "GET", "/", "203.0.113.9")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        claiming_googlebot(&proxy, "GET", "/feed", "203.0.113.9")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(forwarded(), 2);
+
+    // A scraper dressed as Googlebot gets the page at once, though it is
+    // under the limit and does not ask for HTML.
+    let page = claiming_googlebot(&proxy, "GET", "/", "198.51.100.8").await;
+    assert_eq!(page.status, 403);
+    assert!(page.body.contains("new Worker("), "{}", page.body);
+    // Its form is refused: it could not pass the check.
+    let form = claiming_googlebot(&proxy, "POST", "/", "198.51.100.8").await;
+    assert_eq!(form.status, 403);
+    assert_eq!(form.headers["content-type"], "application/problem+json");
+    assert!(form.body.contains("pass-required"), "{}", form.body);
+    // Where the route says `refuse`: 403 problem+json, no page.
+    let refused = claiming_googlebot(&proxy, "GET", "/feed", "198.51.100.8").await;
+    assert_eq!(refused.status, 403);
+    assert!(
+        refused.body.contains("unverified-crawler"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        forwarded(),
+        2,
+        "nothing of the fake crawler reached the upstream"
+    );
+
+    // The same address without the crawler's name is any other client:
+    // under the limit, forwarded.
+    let plain = send(
+        client()
+            .get(proxy.url("/"))
+            .header("x-forwarded-for", "198.51.100.8"),
+    )
+    .await;
+    assert_eq!(plain.status, 200);
+    assert_eq!(forwarded(), 3);
+    let records = proxy.access.wait_records(6).await;
+    for r in &records[2..5] {
+        assert_eq!(r["decision"], "challenged", "{records:?}");
+    }
+}
+
+// ---- methods other than GET ----------------------------------------------
+
+#[tokio::test]
+async fn a_browser_without_a_pass_gets_no_form_through_an_always_route_and_head_gets_the_page_head()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start().await;
+    let keys = secret_file(dir.path(), &[NEW]);
+    let proxy = Proxy::start(&yaml(&keys, &upstream, "{ when: always }", "ip", 100)).await;
+    let ip = "203.0.113.9";
+    let form = |cookie: Option<String>| {
+        let mut req = client()
+            .post(proxy.url("/wiki/Special:Search"))
+            .header("accept", HTML)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("x-forwarded-for", ip)
+            .body("search=tollgate");
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        send(req)
+    };
+    // A browser's POST without a pass: a page that says to reload, never the upstream.
+    let refused = form(None).await;
+    assert_eq!(refused.status, 403);
+    assert!(refused.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(
+        refused.body.contains("Load the page again"),
+        "{}",
+        refused.body
+    );
+    assert!(
+        !refused.body.contains("new Worker("),
+        "not the solving page: its redirect would lose the form"
+    );
+    // HEAD: the page's status and headers.
+    let head = send(
+        client()
+            .head(proxy.url("/wiki/Main_Page"))
+            .header("accept", HTML)
+            .header("x-forwarded-for", ip),
+    )
+    .await;
+    assert_eq!(head.status, 403);
+    assert!(head.headers.contains_key("content-security-policy"));
+    assert_eq!(head.body, "");
+    let seen = || {
+        upstream
+            .seen
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    assert_eq!(seen(), 0);
+    // With a pass the form goes through; a client that does not ask for
+    // HTML (an API client, curl) was never challenged and is not now.
+    let cookie = pass_for(&proxy, ip).await;
+    assert_eq!(form(Some(cookie)).await.status, 200);
+    let api = send(
+        client()
+            .post(proxy.url("/api/items"))
+            .header("x-forwarded-for", ip)
+            .body("{}"),
+    )
+    .await;
+    assert_eq!(api.status, 200);
+    assert_eq!(seen(), 2);
+}

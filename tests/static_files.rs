@@ -348,6 +348,38 @@ async fn a_fresh_precompressed_sibling_is_sent_to_a_client_that_accepts_it() {
 }
 
 #[tokio::test]
+async fn a_route_with_compression_off_sends_the_file_itself_even_beside_a_sibling() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = site(dir.path());
+    std::fs::write(root.join("site.css.gz"), gzip(css().as_bytes())).unwrap();
+    std::fs::write(root.join("site.css.br"), brotli(css().as_bytes())).unwrap();
+    let yaml = format!(
+        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\" }}\nroutes:\n  - {{ name: plain, match: {{ path_prefix: /site.css }}, upstream: php, compression: false }}\n",
+        common::free_addr(),
+        root.display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let r = get(&proxy, "/site.css", &[("accept-encoding", "gzip, br")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-encoding"),
+        None,
+        "no sibling, no on-the-fly coding"
+    );
+    assert_eq!(r.body, css().as_bytes());
+    assert_eq!(
+        r.header("vary"),
+        None,
+        "the answer does not vary by Accept-Encoding"
+    );
+    assert!(
+        !r.header("etag").unwrap().starts_with("W/"),
+        "the file's own strong tag"
+    );
+    assert_eq!(r.header("accept-ranges"), Some("bytes"));
+}
+
+#[tokio::test]
 async fn a_static_text_file_is_compressed_on_the_fly_and_revalidates_with_its_weak_tag() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = start(dir.path(), "").await;

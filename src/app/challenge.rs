@@ -1,9 +1,14 @@
 //! The challenge phase: the pass a request carries becomes its identity, the pass path turns a solution into a cookie, and a browser without a pass gets the proof-of-work page (`always`, or instead of a limiter's refusal).
 //!
-//! Who is challenged: a `GET` from a client whose `Accept` prefers
-//! `text/html`, on a route with `challenge:`, that has no valid pass, no
-//! verified API key and is not exempt. Everyone else (curl, API clients,
-//! feeds) keeps the usual answers, a refusal included.
+//! Who is challenged: a `GET` or `HEAD` from a client whose `Accept`
+//! prefers `text/html`, on a route with `challenge:`, that has no valid
+//! pass, no verified API key and is not exempt. Such a browser sending
+//! another method (a form's POST) on an `always` route gets `403` with a
+//! page asking to reload: its body could not follow the check's redirect.
+//! A user-agent that names a crawler its reverse DNS refutes is challenged
+//! or refused whatever it accepts, as the route's `unverified_crawlers`
+//! says. Everyone else (curl, API clients, feeds) keeps the usual answers,
+//! a refusal included.
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, LOCATION, SET_COOKIE};
@@ -12,13 +17,46 @@ use http_body_util::BodyExt;
 
 use super::{Admitted, App, Exchange};
 use crate::body::Body;
+use crate::challenge::crawler::Crawler;
 use crate::challenge::{page, prefers_html, safe_return, Solution, FORM_LIMIT, PASS_PATH};
-use crate::config::ChallengeWhen;
+use crate::config::{ChallengeWhen, UnverifiedCrawlers};
 use crate::identity::Client;
 use crate::metrics::Decision;
 use crate::problem::Problem;
 use crate::request_body::RequestBody;
 use crate::router::request_host;
+
+/// What the challenge phase decided before the limiters.
+#[derive(Debug)]
+pub(super) enum Due {
+    /// The proof-of-work page, now.
+    Page,
+    /// Refused now with this problem (`403`).
+    Refused(Problem),
+    /// The page instead of a limiter's refusal, if one comes (`over_limit`).
+    OverLimit,
+}
+
+impl Due {
+    /// The page for GET and HEAD; any other method is refused with a page
+    /// that says to reload, because a form's body cannot follow the
+    /// redirect that ends the check.
+    fn page_for(method: &Method) -> Due {
+        if is_page_method(method) {
+            Due::Page
+        } else {
+            Due::Refused(Problem::PassRequired {
+                method: method.to_string(),
+            })
+        }
+    }
+}
+
+/// GET and HEAD: what a browser can repeat after the check's redirect
+/// (HEAD gets the page's headers without its body).
+fn is_page_method(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
 
 impl App {
     /// The pass the request carries (`Client::pass`, what `key: pass`
@@ -78,29 +116,64 @@ impl App {
         }
     }
 
-    /// Whether this request gets the page, and when: `always` answers it
-    /// now; `over_limit` marks the trail so a refusal is decided `challenged`.
+    /// What the challenge phase does with this request before its
+    /// limiters (None: nothing, it goes on as any other).
     pub(super) async fn challenge_due(
         &self,
         x: &mut Exchange,
         route: usize,
         client: &Client,
         req: &Request<RequestBody>,
-    ) -> Option<ChallengeWhen> {
+    ) -> Option<Due> {
         let snap = x.snap.clone();
         let gate = snap.gate.as_ref()?;
         let config = snap.config.routes[route].challenge?;
-        let browser = req.method() == Method::GET && prefers_html(req.headers());
-        if !browser || client.exempt || client.key_verified || client.pass.is_some() {
+        if client.exempt || client.key_verified || client.pass.is_some() {
             return None;
         }
-        if gate.crawler_allowed(client.ip, req.headers(), x.now).await {
+        let browser = prefers_html(req.headers());
+        let sorts_crawlers = config.unverified_crawlers != UnverifiedCrawlers::AsOthers;
+        if !browser && !sorts_crawlers {
+            // Not a browser, nothing asked of crawlers: no DNS lookup.
             return None;
         }
-        if config.when == ChallengeWhen::OverLimit {
-            x.trail.challenge_refusal = true;
+        match gate.crawler(client.ip, req.headers(), x.now).await {
+            Crawler::Verified => return None,
+            Crawler::Unverified => match config.unverified_crawlers {
+                UnverifiedCrawlers::Challenge => return Some(Due::page_for(req.method())),
+                UnverifiedCrawlers::Refuse => {
+                    return Some(Due::Refused(Problem::UnverifiedCrawler))
+                }
+                UnverifiedCrawlers::AsOthers => {}
+            },
+            Crawler::NotClaimed | Crawler::Unknown => {}
         }
-        Some(config.when)
+        if !browser {
+            return None;
+        }
+        match config.when {
+            ChallengeWhen::Always => Some(Due::page_for(req.method())),
+            // A form over the limit gets the limiter's refusal: it could
+            // not be replayed after the page either.
+            ChallengeWhen::OverLimit if is_page_method(req.method()) => {
+                x.trail.challenge_refusal = true;
+                Some(Due::OverLimit)
+            }
+            ChallengeWhen::OverLimit => None,
+        }
+    }
+
+    /// A refusal by the challenge gate (a form without a pass, a refuted crawler).
+    pub(super) fn challenge_refused(
+        &self,
+        x: &mut Exchange,
+        route: usize,
+        problem: Problem,
+    ) -> Response<Body> {
+        let snap = x.snap.clone();
+        x.trail
+            .decide(&snap.routes[route].metrics, Decision::Challenged);
+        x.trail.answer(problem)
     }
 
     /// The challenge page: with the refusal's status and rate-limit headers

@@ -31,6 +31,10 @@ impl App {
         if !snap.config.server.underscores_in_headers {
             crate::proxy::drop_underscore_names(req.headers_mut(), &self.shared.metrics);
         }
+        if !crate::compression::enabled(&snap.config, Some(index)) {
+            // No precompressed sibling either (the FastCGI static handler reads it).
+            req.extensions_mut().insert(crate::compression::Off);
+        }
         let route = &snap.routes[index];
         let upstream = &snap.upstreams[u];
         let audit = snap

@@ -35,6 +35,31 @@ pub struct Crawlers {
     results: [Counter; 5],
 }
 
+/// What a client is, as a crawler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crawler {
+    /// Its user-agent names no crawler to verify (and its address is in no `cidrs`).
+    NotClaimed,
+    /// In `cidrs`, or its claim confirmed by forward-confirmed reverse DNS.
+    Verified,
+    /// Its user-agent names a crawler its address's reverse DNS does not confirm.
+    Unverified,
+    /// The resolver failed or timed out: no proof either way, so treated as
+    /// a client that claims nothing (a resolver outage must not refuse
+    /// the real Googlebot).
+    Unknown,
+}
+
+impl Crawler {
+    fn confirmed(ok: bool) -> Crawler {
+        if ok {
+            Crawler::Verified
+        } else {
+            Crawler::Unverified
+        }
+    }
+}
+
 /// What the check of one request found (the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Found {
@@ -67,27 +92,31 @@ impl Crawlers {
         inc(&self.results[found as usize]);
     }
 
-    /// Whether the client is a crawler let through: its address is in
+    /// What the client is as a crawler: let through (its address is in
     /// `cidrs`, or its user-agent names a `verify` rule whose domains its
-    /// address's forward-confirmed reverse DNS lies in.
-    pub async fn allowed(&self, ip: IpAddr, user_agent: Option<&str>, now: Nanos) -> bool {
+    /// address's forward-confirmed reverse DNS lies in), a claim the DNS
+    /// refutes, or nothing of the kind.
+    pub async fn check(&self, ip: IpAddr, user_agent: Option<&str>, now: Nanos) -> Crawler {
         if self.config.cidrs.iter().any(|n: &IpNet| n.contains(&ip)) {
             self.count(Found::Cidr);
-            return true;
+            return Crawler::Verified;
         }
-        let Some(ua) = user_agent else { return false };
+        let Some(ua) = user_agent else {
+            return Crawler::NotClaimed;
+        };
+        let ua = ua.to_ascii_lowercase();
         let Some(rule) = self
             .config
             .verify
             .iter()
-            .find(|r| ua.to_ascii_lowercase().contains(&r.user_agent))
+            .find(|r| ua.contains(&r.user_agent))
         else {
-            return false;
+            return Crawler::NotClaimed;
         };
         if let Some(&(ok, until)) = self.cache.lock().get(&ip) {
             if until > now {
                 self.count(Found::Cached);
-                return ok;
+                return Crawler::confirmed(ok);
             }
         }
         let ok = match self.confirm(ip, &rule.domains).await {
@@ -95,7 +124,7 @@ impl Crawlers {
             Err(_) => {
                 // Not cached: the resolver may be back for the next request.
                 self.count(Found::Error);
-                return false;
+                return Crawler::Unknown;
             }
         };
         self.count(if ok { Found::Confirmed } else { Found::Refused });
@@ -108,7 +137,7 @@ impl Crawlers {
         }
         let ttl = self.config.cache_ttl.as_nanos() as Nanos;
         cache.insert(ip, (ok, now.saturating_add(ttl)));
-        ok
+        Crawler::confirmed(ok)
     }
 
     /// Forward-confirmed reverse DNS: a PTR name under one of `domains`

@@ -185,13 +185,14 @@ impl Gate {
         })
     }
 
-    /// Whether the client is a crawler let through without a challenge
-    /// (`crawlers.cidrs`, or a `verify` user-agent its reverse DNS confirms).
-    pub async fn crawler_allowed(&self, ip: IpAddr, headers: &HeaderMap, now: Nanos) -> bool {
+    /// What the client is as a crawler: let through without a challenge
+    /// (`crawlers.cidrs`, or a `verify` user-agent its reverse DNS
+    /// confirms), a refuted claim, or no claim.
+    pub async fn crawler(&self, ip: IpAddr, headers: &HeaderMap, now: Nanos) -> crawler::Crawler {
         let ua = headers
             .get(http::header::USER_AGENT)
             .and_then(|v| v.to_str().ok());
-        self.crawlers.allowed(ip, ua, now).await
+        self.crawlers.check(ip, ua, now).await
     }
 
     /// A fresh CSP nonce for one page (16 random bytes in hex).

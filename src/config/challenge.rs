@@ -65,12 +65,13 @@ pub struct RawVerify {
     pub domains: Vec<Text>,
 }
 
-/// `routes[].challenge: { when: always | over_limit, difficulty: 16 }`.
+/// `routes[].challenge: { when: always | over_limit, difficulty: 16, unverified_crawlers: challenge }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawChallenge {
     pub when: Option<Text>,
     pub difficulty: Option<u8>,
+    pub unverified_crawlers: Option<Text>,
 }
 
 /// Signed passes and challenges: the keys, how long a pass lasts, and the
@@ -143,11 +144,38 @@ impl ChallengeWhen {
     }
 }
 
+/// What a route does with a request whose user-agent names a crawler of
+/// `identity.pass.crawlers.verify` that its address's reverse DNS does not
+/// confirm (a scraper dressed as Googlebot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnverifiedCrawlers {
+    /// Like any other client: a browser-like one is challenged by `when`,
+    /// others get the usual answers.
+    AsOthers,
+    /// The challenge page at once, whatever `when` and its `Accept` say:
+    /// a real browser with an odd user-agent can still pass, a script cannot.
+    Challenge,
+    /// `403` at once (problem+json, or a page for a browser).
+    Refuse,
+}
+
+impl UnverifiedCrawlers {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnverifiedCrawlers::AsOthers => "as_others",
+            UnverifiedCrawlers::Challenge => "challenge",
+            UnverifiedCrawlers::Refuse => "refuse",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChallengeConfig {
     pub when: ChallengeWhen,
     /// Leading zero bits the solution's hash needs.
     pub difficulty: u8,
+    pub unverified_crawlers: UnverifiedCrawlers,
 }
 
 /// One secret of the pass key file, known by an id derived from it.
@@ -322,6 +350,22 @@ impl Validator<'_> {
         ChallengeConfig {
             when,
             difficulty: difficulty.clamp(1, MAX_DIFFICULTY),
+            unverified_crawlers: self.unverified_crawlers(path, raw),
+        }
+    }
+
+    fn unverified_crawlers(&mut self, path: &str, raw: &RawChallenge) -> UnverifiedCrawlers {
+        match raw.unverified_crawlers.as_ref().map(|t| t.0.as_str()) {
+            None | Some("as_others") => UnverifiedCrawlers::AsOthers,
+            Some("challenge") => UnverifiedCrawlers::Challenge,
+            Some("refuse") => UnverifiedCrawlers::Refuse,
+            Some(other) => {
+                self.err(
+                    format!("{path}.unverified_crawlers"),
+                    format!("unknown value {other:?} (as_others, challenge or refuse)"),
+                );
+                UnverifiedCrawlers::AsOthers
+            }
         }
     }
 

@@ -56,7 +56,8 @@ mod fastcgi;
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::BodyConfig;
 pub use challenge::{
-    ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys, VerifyRule,
+    ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys,
+    UnverifiedCrawlers, VerifyRule,
 };
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};

@@ -458,3 +458,31 @@ fn a_missing_fastcgi_root_and_index_are_warnings_at_their_keys() {
     std::fs::write(dir.path().join("index.php"), "<?php").unwrap();
     assert!(parse(&yaml(&root.to_string())).unwrap().warnings.is_empty());
 }
+
+#[test]
+fn a_route_says_what_unverified_crawlers_get_and_a_typo_is_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("pass.keys");
+    std::fs::write(&keys, format!("{}\n", "k".repeat(40))).unwrap();
+    let yaml = |value: &str| {
+        format!(
+            "identity: {{ pass: {{ secret_file: \"{}\" }} }}\nroutes:\n  - {{ name: wiki, match: {{ path_prefix: / }}, respond: {{ status: 200 }}, challenge: {{ unverified_crawlers: {value} }} }}\n",
+            keys.display()
+        )
+    };
+    let c = parse(&yaml("refuse")).unwrap();
+    let challenge = c.routes[0].challenge.unwrap();
+    assert_eq!(challenge.unverified_crawlers, UnverifiedCrawlers::Refuse);
+    assert_eq!(challenge.when, ChallengeWhen::OverLimit);
+    let c = parse(&yaml("challenge")).unwrap();
+    assert_eq!(
+        c.routes[0].challenge.unwrap().unverified_crawlers,
+        UnverifiedCrawlers::Challenge
+    );
+    let p = problems(&yaml("block"));
+    assert!(
+        p.iter()
+            .any(|m| m.contains("routes[0].challenge.unverified_crawlers") && m.contains("refuse")),
+        "{p:?}"
+    );
+}

@@ -149,6 +149,7 @@ impl FastCgi {
         };
         let config = self.config.clone();
         let accepted = crate::compression::Accepted::from_headers(&parts.headers);
+        let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
         // Stats and symlink checks are blocking file-system calls.
         let resolved = tokio::task::spawn_blocking(move || {
             let target = path::resolve(
@@ -158,7 +159,7 @@ impl FastCgi {
                 split,
             );
             let variant = match &target {
-                Target::Static(file) => Some(static_variant(&config, file, accepted)),
+                Target::Static(file) => Some(static_variant(&config, file, accepted, siblings)),
                 _ => None,
             };
             (target, variant)
@@ -362,13 +363,15 @@ fn has_dashed_twin(headers: &http::HeaderMap, name: &str) -> bool {
 }
 
 /// The file to send for a static target: its precompressed sibling when
-/// the type compresses and the client takes one (blocking: stats files).
+/// the type compresses, the route compresses (`siblings`) and the client
+/// takes one (blocking: stats files).
 fn static_variant(
     config: &FastCgiConfig,
     file: &path::StaticFile,
     accepted: crate::compression::Accepted,
+    siblings: bool,
 ) -> file::Variant {
-    let negotiated = crate::compression::compressible_type(file.content_type);
+    let negotiated = siblings && crate::compression::compressible_type(file.content_type);
     let sibling = negotiated
         .then(|| path::precompressed(&config.root, file, accepted.ranked()))
         .flatten();
