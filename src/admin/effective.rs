@@ -15,7 +15,7 @@ use crate::config::acme::{AcmeConfig, HstsConfig};
 use crate::config::{
     Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
     EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets,
-    HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig, Policy,
+    HealthCheck, IdentityConfig, LimiterConfig, RedisTopology, LogConfig, LogFormat, OverrideConfig, Policy,
     RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig, UpstreamConfig,
     UpstreamTls,
 };
@@ -219,25 +219,30 @@ fn store_section(s: &StoreConfig) -> Value {
         flush_interval,
         max_keys,
     } = s;
-    let (name, path, url, prefix, timeout) = match backend {
-        Backend::Memory => ("memory", None, None, None, None),
-        Backend::Sqlite { path } => ("sqlite", Some(path.display().to_string()), None, None, None),
+    let (name, path, prefix, timeout) = match backend {
+        Backend::Memory => ("memory", None, None, None),
+        Backend::Sqlite { path } => ("sqlite", Some(path.display().to_string()), None, None),
         Backend::Redis {
-            url,
-            prefix,
-            timeout,
-        } => (
-            "redis",
-            None,
-            Some(redis_url(url)),
-            Some(prefix.clone()),
-            Some(dur(*timeout)),
-        ),
+            prefix, timeout, ..
+        } => ("redis", None, Some(prefix.clone()), Some(dur(*timeout))),
+    };
+    let redacted = |urls: &[String]| urls.iter().map(|u| redis_url(u)).collect::<Vec<_>>();
+    let (url, cluster, master, nodes) = match backend {
+        Backend::Redis { topology, .. } => match topology {
+            RedisTopology::Node(url) => (Some(redis_url(url)), None, None, None),
+            RedisTopology::Cluster(seeds) => (None, Some(redacted(seeds)), None, None),
+            RedisTopology::Sentinel { master, nodes } => {
+                (None, None, Some(master.clone()), Some(redacted(nodes)))
+            }
+        },
+        Backend::Memory | Backend::Sqlite { .. } => (None, None, None, None),
     };
     json!({
         "backend": name,
         "path": path,
         "url": url,
+        "cluster": cluster,
+        "sentinel": {"master": master, "nodes": nodes},
         "prefix": prefix,
         "timeout": timeout,
         "on_error": on_error.as_str(),
