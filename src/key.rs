@@ -417,7 +417,10 @@ mod tests {
     #[test]
     fn a_clients_limiters_share_their_slot_tag_and_other_keys_keep_their_own() {
         assert_eq!(slot_tag("strict:ip:203.0.113.9"), "ip:203.0.113.9");
-        assert_eq!(slot_tag("login:route:login|ip:203.0.113.9"), "ip:203.0.113.9");
+        assert_eq!(
+            slot_tag("login:route:login|ip:203.0.113.9"),
+            "ip:203.0.113.9"
+        );
         assert_eq!(slot_tag("api:key:3f2a|route:api"), "key:3f2a");
         assert_eq!(slot_tag("browser:pass:00ff"), "pass:00ff");
         assert_eq!(slot_tag("site:global"), "global");

@@ -13,8 +13,7 @@ use tollgate::config::{Backend, LimiterConfig, OnError, RedisTopology, StoreConf
 use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
-    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos,
-    NANOS_PER_SEC as S,
+    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, NANOS_PER_SEC as S,
 };
 use tollgate::store::memory::Table;
 use tollgate::store::{Check, Store};
@@ -36,7 +35,6 @@ fn three_for_an_hour() -> BanRule {
         status: http::StatusCode::TOO_MANY_REQUESTS,
     }
 }
-
 
 const MS: Nanos = 1_000_000;
 
@@ -99,8 +97,15 @@ async fn one_clients_limiters_share_a_slot_and_agree_with_the_rust_arithmetic() 
     let store = open_cluster(&cluster);
     let model = Table::new(false);
     let names = NAMES;
-    let keys: Vec<String> = names.iter().map(|n| format!("{n}:ip:203.0.113.9")).collect();
-    let pairs: Vec<(&str, &str)> = names.iter().copied().zip(keys.iter().map(String::as_str)).collect();
+    let keys: Vec<String> = names
+        .iter()
+        .map(|n| format!("{n}:ip:203.0.113.9"))
+        .collect();
+    let pairs: Vec<(&str, &str)> = names
+        .iter()
+        .copied()
+        .zip(keys.iter().map(String::as_str))
+        .collect();
     let algorithms: Vec<Algorithm> = names.iter().map(|n| fast(n)).collect();
     for _ in 0..4 {
         let got = request(&store, &pairs).await;
@@ -155,7 +160,10 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
         store.peek(shared, &token, T0).await.unwrap().remaining == 2
     })
     .await;
-    assert!(given_back, "the third refused request's token never came back");
+    assert!(
+        given_back,
+        "the third refused request's token never came back"
+    );
     let mut admitted = 0;
     for ip in ["198.51.100.1", "198.51.100.2", "198.51.100.3"] {
         let own = format!("one:ip:{ip}");

@@ -15,9 +15,9 @@ use crate::config::acme::{AcmeConfig, HstsConfig};
 use crate::config::{
     Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
     EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets,
-    HealthCheck, IdentityConfig, LimiterConfig, RedisTopology, LogConfig, LogFormat, OverrideConfig, Policy,
-    RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig, UpstreamConfig,
-    UpstreamTls,
+    HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig, Policy,
+    RedisTopology, RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig,
+    UpstreamConfig, UpstreamTls,
 };
 use crate::identity::ApiKey;
 use crate::limiter::{Kind, Nanos, Param, NANOS_PER_SEC};

@@ -306,7 +306,11 @@ impl Sentinel {
         let primary = data(port(), &[]);
         let replica = data(
             port(),
-            &["--replicaof".into(), "127.0.0.1".into(), primary.port.to_string()],
+            &[
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary.port.to_string(),
+            ],
         );
         let synced = eventually_blocking(Duration::from_secs(10), || {
             replica
@@ -318,7 +322,13 @@ impl Sentinel {
             .map(|i| {
                 let p = port();
                 let conf = sentinel_conf(dir.path(), i, p, primary.port);
-                Node::spawn(&[conf.display().to_string(), "--sentinel".into()], dir.path())
+                let args = [
+                    conf.display().to_string(),
+                    "--sentinel".into(),
+                    "--port".into(),
+                    p.to_string(),
+                ];
+                Node::spawn(&args, dir.path())
             })
             .collect();
         Sentinel {

@@ -41,9 +41,14 @@ impl Redis {
     pub async fn banned(&self, keys: &[&str]) -> Result<Vec<Option<Banned>>, StoreError> {
         let redis_keys: Vec<String> = keys.iter().map(|k| self.ban_key(k)).collect();
         let groups = super::spread::slot_groups(&redis_keys);
-        let reads = groups.iter().map(|group| self.banned_in_slot(&redis_keys, group));
+        let reads = groups
+            .iter()
+            .map(|group| self.banned_in_slot(&redis_keys, group));
         let mut out = vec![None; keys.len()];
-        for (group, found) in groups.iter().zip(futures_util::future::join_all(reads).await) {
+        for (group, found) in groups
+            .iter()
+            .zip(futures_util::future::join_all(reads).await)
+        {
             for (&i, ban) in group.iter().zip(found?) {
                 out[i] = ban;
             }
@@ -191,7 +196,11 @@ impl Redis {
     }
 
     /// The keys matching `pattern` on one node, `SCAN` page by page.
-    async fn scan(&self, pattern: &str, node: Option<&(String, u16)>) -> Result<Vec<String>, StoreError> {
+    async fn scan(
+        &self,
+        pattern: &str,
+        node: Option<&(String, u16)>,
+    ) -> Result<Vec<String>, StoreError> {
         let mut keys = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -210,7 +219,9 @@ impl Redis {
                                 host: host.clone(),
                                 port: *port,
                             };
-                            let reply = c.route_command(cmd.clone(), RoutingInfo::SingleNode(at)).await?;
+                            let reply = c
+                                .route_command(cmd.clone(), RoutingInfo::SingleNode(at))
+                                .await?;
                             Ok(::redis::from_redis_value(reply)?)
                         }
                         (mut con, _) => cmd.query_async(&mut con).await,

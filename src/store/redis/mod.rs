@@ -232,7 +232,12 @@ impl Redis {
         let mut group = Vec::with_capacity(positions.len());
         for &i in positions {
             call.key(&keys[i]);
-            args::push_check(&mut call, checks[i].algorithm, checks[i].shadow, &members[i])?;
+            args::push_check(
+                &mut call,
+                checks[i].algorithm,
+                checks[i].shadow,
+                &members[i],
+            )?;
             group.push(checks[i]);
         }
         let call = &call;
@@ -361,15 +366,17 @@ impl Redis {
 
     /// Deletes these Redis keys (one `DEL` per slot); returns how many existed.
     pub async fn delete(&self, keys: &[String]) -> Result<usize, StoreError> {
-        let deletes = spread::slot_groups(keys).into_iter().map(|group| async move {
-            let mut cmd = ::redis::cmd("DEL");
-            for i in group {
-                cmd.arg(&keys[i]);
-            }
-            let cmd = &cmd;
-            self.call(|mut con| async move { cmd.query_async::<usize>(&mut con).await })
-                .await
-        });
+        let deletes = spread::slot_groups(keys)
+            .into_iter()
+            .map(|group| async move {
+                let mut cmd = ::redis::cmd("DEL");
+                for i in group {
+                    cmd.arg(&keys[i]);
+                }
+                let cmd = &cmd;
+                self.call(|mut con| async move { cmd.query_async::<usize>(&mut con).await })
+                    .await
+            });
         let mut removed = 0;
         for n in futures_util::future::join_all(deletes).await {
             removed += n?;
