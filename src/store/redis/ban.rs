@@ -150,11 +150,14 @@ impl Redis {
 /// A primary to `SCAN`: `host:port` on a cluster, `None` for the one node.
 type ScanTarget = Option<(String, u16)>;
 
+/// How a ban hash's Redis key gives back its store key.
+type Strip = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// Where ban hashes are listed from (private to this file).
 impl Redis {
     /// The `MATCH` pattern of this prefix's ban hashes, and how a found
     /// Redis key gives back its store key.
-    fn ban_pattern(&self) -> (String, Box<dyn Fn(&str) -> Option<String> + Send + Sync>) {
+    fn ban_pattern(&self) -> (String, Strip) {
         if self.inner.spread {
             let prefix = self.inner.prefix.clone();
             let pattern = format!("{}{{*}}!ban:*", glob_escape(&prefix));

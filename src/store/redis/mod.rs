@@ -478,7 +478,8 @@ async fn probe_loop(inner: Weak<Inner>) {
         };
         let watch = inner.link.watched() && last_watch.elapsed() >= PROBE_INTERVAL;
         let healthy = !inner.breaker.is_open();
-        if !first && !inner.breaker.probe_due() && !(healthy && watch) {
+        let due = first || inner.breaker.probe_due() || (healthy && watch);
+        if !due {
             continue;
         }
         last_watch = tokio::time::Instant::now();

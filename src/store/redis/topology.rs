@@ -25,12 +25,13 @@ pub const MAX_REPORTED_NODES: usize = 64;
 
 /// How the store reaches Redis, fixed at start.
 pub(super) enum Link {
-    Node(::redis::Client),
+    // Clients are boxed: each holds whole connection infos (and TLS settings).
+    Node(Box<::redis::Client>),
     Sentinel {
         master: String,
         sentinels: Vec<ConnectionInfo>,
     },
-    Cluster(ClusterClient),
+    Cluster(Box<ClusterClient>),
 }
 
 /// One connection, whatever the topology: cheap to clone, shared by every request.
@@ -53,9 +54,9 @@ pub struct NodeHealth {
 impl Link {
     pub(super) fn open(topology: &RedisTopology, timeout: Duration) -> Result<Link, StoreError> {
         match topology {
-            RedisTopology::Node(url) => Ok(Link::Node(
+            RedisTopology::Node(url) => Ok(Link::Node(Box::new(
                 ::redis::Client::open(url.as_str()).map_err(StoreError::Redis)?,
-            )),
+            ))),
             RedisTopology::Sentinel { master, nodes } => Ok(Link::Sentinel {
                 master: master.clone(),
                 sentinels: nodes
@@ -75,7 +76,7 @@ impl Link {
                     .response_timeout(background(timeout))
                     .build()
                     .map_err(StoreError::Redis)?;
-                Ok(Link::Cluster(client))
+                Ok(Link::Cluster(Box::new(client)))
             }
         }
     }
