@@ -361,9 +361,8 @@ impl Store {
     /// Prometheus series of the Redis nodes: `tollgate_store_node_up{node,role}`.
     pub fn render_node_metrics(&self, out: &mut String) {
         use crate::metrics::text;
-        let Some((_, nodes)) = self.redis_nodes() else {
-            return;
-        };
+        // The family is always there (one series per node, none without Sentinel or a cluster).
+        let nodes = self.redis_nodes().map(|(_, n)| n).unwrap_or_default();
         let name = "tollgate_store_node_up";
         text::family(
             out,
