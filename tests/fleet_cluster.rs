@@ -159,6 +159,11 @@ fn traffic_from_30_clients_leaves_keys_on_all_three_primaries_and_each_client_in
     assert_eq!(ready["store"]["topology"], "cluster", "{ready}");
     let up = ready["store"]["nodes"].as_array().unwrap();
     assert_eq!(up.len(), 6, "{ready}");
+    let dashboard = http(a.admin, "GET", "/dashboard.json").unwrap().json();
+    assert_eq!(
+        dashboard["store"]["nodes"], ready["store"]["nodes"],
+        "{dashboard}"
+    );
     let metrics = http(a.admin, "GET", "/metrics").unwrap().body;
     assert_eq!(
         metrics.matches("tollgate_store_node_up{").count(),
