@@ -561,4 +561,19 @@ mod tests {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
         }
     }
+
+    #[test]
+    fn cluster_seeds_and_sentinels_show_without_their_passwords() {
+        for store in [
+            "{ backend: redis, cluster: [\"redis://:pw1@10.0.0.5:6379\", \"redis://:pw2@10.0.0.6:6379\"] }",
+            "{ backend: redis, sentinel: { master: m, nodes: [\"redis://:pw1@10.0.0.7:26379\"] } }",
+        ] {
+            let c = crate::config::parse(&format!("store: {store}\n")).unwrap();
+            let shown = &effective_config(&c)["store"];
+            let text = shown.to_string();
+            assert!(!text.contains("pw1") && !text.contains("pw2"), "{text}");
+            assert!(text.contains("10.0.0."), "the hosts stay: {text}");
+            assert!(shown["url"].is_null(), "{text}");
+        }
+    }
 }
