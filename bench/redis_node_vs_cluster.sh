@@ -12,6 +12,7 @@
 #
 #   bench/redis_node_vs_cluster.sh           # 3 rounds of 10 s, 64 connections
 #   ROUNDS=5 DURATION=20s bench/redis_node_vs_cluster.sh
+#   TIMEOUT=500ms bench/redis_node_vs_cluster.sh   # store.timeout (default 50ms) on a loaded machine
 #
 # On one machine the cluster's three primaries share its cores with wrk and
 # tollgate: this measures the cost of the cluster client, not the fleet-wide
@@ -23,6 +24,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 CONNECTIONS=${CONNECTIONS:-64}
 THREADS=${THREADS:-2}
+TIMEOUT=${TIMEOUT:-50ms}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 
@@ -71,11 +73,11 @@ limiters:
 routes:
   - { name: ping, match: { path: /ping }, respond: { status: 200, body: "pong\n" }, limiters: [roomy] }
 EOF
-    (cd "$WORK" && TOLLGATE_LOG=warn "$BIN" serve --config "$WORK/$1.yaml" >"$WORK/$1.log" 2>&1) &
+    (cd "$WORK" && TOLLGATE_LOG=warn exec "$BIN" serve --config "$WORK/$1.yaml" >"$WORK/$1.log" 2>&1) &
     PIDS+=($!)
 }
-config node 19310 19311 "{ backend: redis, url: \"redis://127.0.0.1:19300/0\", timeout: 50ms, on_error: deny }"
-config cluster 19320 19321 "{ backend: redis, cluster: [\"redis://127.0.0.1:19301\"], timeout: 50ms, on_error: deny }"
+config node 19310 19311 "{ backend: redis, url: \"redis://127.0.0.1:19300/0\", timeout: $TIMEOUT, on_error: deny }"
+config cluster 19320 19321 "{ backend: redis, cluster: [\"redis://127.0.0.1:19301\"], timeout: $TIMEOUT, on_error: deny }"
 
 for admin in 19311 19321; do
     for _ in $(seq 100); do
@@ -106,7 +108,9 @@ for round in $(seq "$ROUNDS"); do
         port=19310; [ "$store" = cluster ] && port=19320
         out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/clients.lua" "http://127.0.0.1:$port/ping")
         if echo "$out" | grep -q 'Non-2xx'; then
-            echo "$store: non-2xx answers during the run:" >&2; echo "$out" >&2; exit 1
+            echo "$store: non-2xx answers during the run:" >&2; echo "$out" >&2
+            tail -5 "$WORK/$store.log" >&2
+            curl -s "http://127.0.0.1:$((port + 1))/metrics" | grep -E '^tollgate_store_(errors|fallback)_total' >&2; exit 1
         fi
         r=$(echo "$out" | rps); m=$(echo "$out" | pct_ms 50%); p=$(echo "$out" | pct_ms 99%)
         RPS[$store]+="$r "; P50[$store]+="$m "; P99[$store]+="$p "

@@ -485,8 +485,8 @@ async fn probe_loop(inner: Weak<Inner>) {
         last_watch = tokio::time::Instant::now();
         let was_first = std::mem::take(&mut first);
         let wait = inner.timeout.max(Duration::from_secs(1)) * 2;
-        // A healthy store re-reads its topology on the connection it has.
-        let current = inner.conn.load_full().filter(|_| healthy && !was_first);
+        // A cluster is re-read on the connection it has (see `Link::probe`).
+        let current = inner.conn.load_full().filter(|_| !was_first);
         let probe = inner.link.probe(current.as_deref(), inner.timeout);
         let probe = tokio::time::timeout(wait, probe).await;
         let (conn, nodes) = probe.unwrap_or((None, Vec::new()));

@@ -98,8 +98,8 @@ impl Link {
     /// saw of the nodes. Sentinel: asks the sentinels for the primary,
     /// then checks that it says it is one (`ROLE`), so a demoted primary is
     /// never written to.
-    /// A cluster that answers is re-read through `current` (the connection
-    /// requests use), not a fresh one to every node each interval.
+    /// A cluster is re-read through `current` (the connection requests
+    /// use) when it answers, not through a fresh one to every node.
     pub(super) async fn probe(
         &self,
         current: Option<&Conn>,
@@ -118,12 +118,14 @@ impl Link {
                 sentinel_probe(master, sentinels, timeout).await
             }
             Link::Cluster(client) => {
+                // The connection in use reconnects and re-reads the slot map
+                // by itself: a fresh one (connecting to every node again, on
+                // the first requests) only when it does not answer.
                 if let Some(Conn::Cluster(con)) = current {
                     let mut con = con.clone();
-                    return match cluster_nodes(&mut con).await {
-                        Ok(nodes) => (Some(Conn::Cluster(con)), nodes),
-                        Err(_) => (None, Vec::new()),
-                    };
+                    if let Ok(nodes) = cluster_nodes(&mut con).await {
+                        return (Some(Conn::Cluster(con)), nodes);
+                    }
                 }
                 let Ok(mut con) = client
                     .get_async_connection_with_config(cluster_config(timeout))
