@@ -342,6 +342,14 @@ fn upstreams_status(snap: &Snapshot) -> Value {
 fn store_readiness(app: &App, healthy: bool) -> Value {
     let store = &app.shared.store;
     let mut out = json!({"backend": store.backend(), "healthy": healthy});
+    if let Some((topology, nodes)) = store.redis_nodes() {
+        out["topology"] = topology.into();
+        out["nodes"] = nodes
+            .iter()
+            .map(|n| json!({"addr": n.addr, "role": n.role, "healthy": n.healthy}))
+            .collect::<Vec<_>>()
+            .into();
+    }
     if let Some(d) = store.durability() {
         out["unsaved_keys"] = d.unsaved_keys.into();
         out["unsaved_dropped_total"] = d.unsaved_dropped_total.into();

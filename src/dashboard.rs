@@ -93,6 +93,11 @@ pub fn data(app: &App, managed: &Managed) -> Value {
     let limited = shared.activity.limited_now(now);
     let backend = shared.store.backend();
     let healthy = shared.store.healthy();
+    // Sentinel or a cluster: its nodes as the last probe saw them.
+    let (topology, nodes) = match shared.store.redis_nodes() {
+        Some((t, nodes)) => (Some(t), nodes),
+        None => (None, Vec::new()),
+    };
     json!({
         "version": snap.version,
         "uptime_seconds": shared.started.elapsed().as_secs(),
@@ -108,6 +113,8 @@ pub fn data(app: &App, managed: &Managed) -> Value {
             // Only Redis has a circuit breaker; it is open exactly when Redis is unhealthy.
             "breaker": (backend == "redis").then_some(if healthy { "closed" } else { "open" }),
             "tracked_keys": shared.store.tracked_keys(),
+            "topology": topology,
+            "nodes": nodes.iter().map(|n| json!({"addr": n.addr, "role": n.role, "healthy": n.healthy})).collect::<Vec<_>>(),
         },
         "upstreams": snap.upstreams.iter().map(|u| u.status()).collect::<Vec<_>>(),
         "sample_seconds": SAMPLE_EVERY.as_secs(),

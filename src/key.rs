@@ -212,6 +212,23 @@ pub fn values_for_client(parts: &[KeyPart], client: &str, routes: &[&str]) -> Ve
     values
 }
 
+/// The part of a store key that places it in a Redis Cluster (its hash
+/// tag): the request's identity — its first `ip:`, `key:` or `pass:` part —
+/// so one client's limiters share a slot and are decided in one atomic
+/// script, while different clients spread over every master. A key without
+/// an identity part (`route`, `global`, a header) is placed by its whole
+/// value, so such limiters get slots of their own. `{` and `}` are left
+/// out: Redis would end the tag at the first `}`; a tag only places a key,
+/// the full key stays distinct.
+pub fn slot_tag(store_key: &str) -> String {
+    let value = value_of(store_key);
+    let identity = value
+        .split(PART_SEP)
+        .find(|p| p.starts_with("ip:") || p.starts_with("key:") || p.starts_with(PASS));
+    let tag = identity.unwrap_or(value);
+    tag.chars().filter(|c| !matches!(c, '{' | '}')).collect()
+}
+
 fn push_route(out: &mut String, route: &str) {
     out.push_str(ROUTE);
     out.push_str(route);
@@ -395,5 +412,19 @@ mod tests {
             assert!(out.starts_with("h:sha:"), "{odd}: {out}");
             assert_eq!(out.len(), "h:sha:".len() + 32);
         }
+    }
+
+    #[test]
+    fn a_clients_limiters_share_their_slot_tag_and_other_keys_keep_their_own() {
+        assert_eq!(slot_tag("strict:ip:203.0.113.9"), "ip:203.0.113.9");
+        assert_eq!(
+            slot_tag("login:route:login|ip:203.0.113.9"),
+            "ip:203.0.113.9"
+        );
+        assert_eq!(slot_tag("api:key:3f2a|route:api"), "key:3f2a");
+        assert_eq!(slot_tag("browser:pass:00ff"), "pass:00ff");
+        assert_eq!(slot_tag("site:global"), "global");
+        assert_eq!(slot_tag("per_route:route:login"), "route:login");
+        assert_eq!(slot_tag("tenant:h:{acme}"), "h:acme");
     }
 }

@@ -239,7 +239,7 @@ fn needs_restart(was: &Config, config: &Config) -> Option<&'static str> {
         return Some("log.access_file");
     }
     if config.store.backend != was.store.backend {
-        return Some("store.backend / store.path / store.url");
+        return Some("store.backend / store.path / store.url / store.cluster / store.sentinel");
     }
     None
 }

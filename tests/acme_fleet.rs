@@ -181,7 +181,8 @@ async fn an_instance_restarted_while_redis_is_down_serves_its_local_copy_and_ord
 }
 
 fn fleet(redis: &RedisServer) -> Arc<Fleet> {
-    let handle = Redis::open(&redis.url(), "tollgate:", Duration::from_secs(2)).unwrap();
+    let node = tollgate::config::RedisTopology::Node(redis.url());
+    let handle = Redis::open(&node, "tollgate:", Duration::from_secs(2)).unwrap();
     Arc::new(Fleet::new(
         handle,
         SharedKey::parse(SECRET).unwrap(),

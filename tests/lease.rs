@@ -291,7 +291,7 @@ async fn a_lease_shrinks_as_the_key_fills_and_the_last_units_each_call_redis() {
     let redis = RedisServer::start();
     let config = StoreConfig {
         backend: Backend::Redis {
-            url: redis.url(),
+            topology: tollgate::config::RedisTopology::Node(redis.url()),
             prefix: "contract:".into(),
             timeout: Duration::from_secs(5),
         },

@@ -448,7 +448,7 @@ mod redis {
     fn open_redis(server: &RedisServer, timeout: Duration) -> Store {
         let config = StoreConfig {
             backend: Backend::Redis {
-                url: server.url(),
+                topology: tollgate::config::RedisTopology::Node(server.url()),
                 prefix: "contract:".into(),
                 timeout,
             },

@@ -16,8 +16,8 @@ use crate::config::{
     Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
     EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets,
     HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig, Policy,
-    RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig, UpstreamConfig,
-    UpstreamTls,
+    RedisTopology, RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig,
+    UpstreamConfig, UpstreamTls,
 };
 use crate::identity::ApiKey;
 use crate::limiter::{Kind, Nanos, Param, NANOS_PER_SEC};
@@ -222,25 +222,30 @@ fn store_section(s: &StoreConfig) -> Value {
         flush_interval,
         max_keys,
     } = s;
-    let (name, path, url, prefix, timeout) = match backend {
-        Backend::Memory => ("memory", None, None, None, None),
-        Backend::Sqlite { path } => ("sqlite", Some(path.display().to_string()), None, None, None),
+    let (name, path, prefix, timeout) = match backend {
+        Backend::Memory => ("memory", None, None, None),
+        Backend::Sqlite { path } => ("sqlite", Some(path.display().to_string()), None, None),
         Backend::Redis {
-            url,
-            prefix,
-            timeout,
-        } => (
-            "redis",
-            None,
-            Some(redis_url(url)),
-            Some(prefix.clone()),
-            Some(dur(*timeout)),
-        ),
+            prefix, timeout, ..
+        } => ("redis", None, Some(prefix.clone()), Some(dur(*timeout))),
+    };
+    let redacted = |urls: &[String]| urls.iter().map(|u| redis_url(u)).collect::<Vec<_>>();
+    let (url, cluster, master, nodes) = match backend {
+        Backend::Redis { topology, .. } => match topology {
+            RedisTopology::Node(url) => (Some(redis_url(url)), None, None, None),
+            RedisTopology::Cluster(seeds) => (None, Some(redacted(seeds)), None, None),
+            RedisTopology::Sentinel { master, nodes } => {
+                (None, None, Some(master.clone()), Some(redacted(nodes)))
+            }
+        },
+        Backend::Memory | Backend::Sqlite { .. } => (None, None, None, None),
     };
     json!({
         "backend": name,
         "path": path,
         "url": url,
+        "cluster": cluster,
+        "sentinel": {"master": master, "nodes": nodes},
         "prefix": prefix,
         "timeout": timeout,
         "on_error": on_error.as_str(),
@@ -559,6 +564,21 @@ mod tests {
         let text = effective_config(&c).to_string();
         for secret in ["hunter2", ":pw@", "sekrit", "vip-key"] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+    }
+
+    #[test]
+    fn cluster_seeds_and_sentinels_show_without_their_passwords() {
+        for store in [
+            "{ backend: redis, cluster: [\"redis://:pw1@10.0.0.5:6379\", \"redis://:pw2@10.0.0.6:6379\"] }",
+            "{ backend: redis, sentinel: { master: m, nodes: [\"redis://:pw1@10.0.0.7:26379\"] } }",
+        ] {
+            let c = crate::config::parse(&format!("store: {store}\n")).unwrap();
+            let shown = &effective_config(&c)["store"];
+            let text = shown.to_string();
+            assert!(!text.contains("pw1") && !text.contains("pw2"), "{text}");
+            assert!(text.contains("10.0.0."), "the hosts stay: {text}");
+            assert!(shown["url"].is_null(), "{text}");
         }
     }
 }

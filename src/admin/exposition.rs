@@ -30,6 +30,7 @@ pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
     extra.extend(traffic_series(s));
     let mut text = s.metrics.render(&extra, process.as_ref());
     crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
+    s.store.render_node_metrics(&mut text);
     text
 }
 

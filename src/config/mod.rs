@@ -212,10 +212,34 @@ pub enum Backend {
         path: PathBuf,
     },
     Redis {
-        url: String,
+        topology: RedisTopology,
         prefix: String,
         timeout: Duration,
     },
+}
+
+/// Where the Redis store's data lives: `store.url`, `store.sentinel` or `store.cluster` (exactly one).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RedisTopology {
+    /// One node (`store.url`).
+    Node(String),
+    /// A primary found through Sentinel (`store.sentinel`): the master's
+    /// name and the sentinels' URLs; the primary is reached with the
+    /// scheme, credentials and database of the sentinel URL that named it.
+    Sentinel { master: String, nodes: Vec<String> },
+    /// A Redis Cluster (`store.cluster`): seed nodes, any of them will do.
+    Cluster(Vec<String>),
+}
+
+impl RedisTopology {
+    /// The config spelling: `node`, `sentinel` or `cluster` (also a metric label).
+    pub fn label(&self) -> &'static str {
+        match self {
+            RedisTopology::Node(_) => "node",
+            RedisTopology::Sentinel { .. } => "sentinel",
+            RedisTopology::Cluster(_) => "cluster",
+        }
+    }
 }
 
 impl Backend {

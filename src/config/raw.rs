@@ -402,12 +402,25 @@ pub struct RawStore {
     pub backend: Option<Text>,
     pub path: Option<Text>,
     pub url: Option<Text>,
+    /// Seed nodes of a Redis Cluster (instead of `url`).
+    pub cluster: Option<Vec<Text>>,
+    /// A primary found through Sentinel (instead of `url`).
+    pub sentinel: Option<RawSentinel>,
     pub prefix: Option<Text>,
     pub timeout: Option<Dur>,
     pub on_error: Option<Text>,
     pub prune_interval: Option<Dur>,
     pub flush_interval: Option<Dur>,
     pub max_keys: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSentinel {
+    /// The name the sentinels monitor the primary under.
+    pub master: Option<Text>,
+    #[serde(default)]
+    pub nodes: Vec<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

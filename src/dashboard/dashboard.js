@@ -76,8 +76,12 @@ function render(d, bans) {
   $("version").textContent = d.version;
   $("uptime").textContent = duration(d.uptime_seconds);
   const store = $("store");
-  store.textContent = d.store.backend + (d.store.healthy ? " · healthy" : " · failing");
-  store.className = "value" + (d.store.healthy ? "" : " bad");
+  const nodes = d.store.nodes || [];
+  const nodesUp = nodes.filter((n) => n.healthy).length;
+  const topology = nodes.length ? " · " + d.store.topology + " " + nodesUp + "/" + nodes.length + " nodes up" : "";
+  store.textContent = d.store.backend + (d.store.healthy ? " · healthy" : " · failing") + topology;
+  store.title = nodes.map((n) => n.role + " " + n.addr + (n.healthy ? " up" : " down")).join("\n");
+  store.className = "value" + (d.store.healthy && nodesUp === nodes.length ? "" : " bad");
   const breaker = $("breaker");
   breaker.textContent = d.store.breaker || "none (" + d.store.backend + ")";
   breaker.className = "value" + (d.store.breaker === "open" ? " bad" : "");

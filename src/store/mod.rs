@@ -114,6 +114,8 @@ pub enum StoreError {
     BadReply(usize),
     #[error("the Redis store must be opened inside the async runtime")]
     NoRuntime,
+    #[error("no Redis primary yet: no sentinel has named a node that answers as primary")]
+    NoPrimary,
 }
 
 /// The backends under [`Store`], one variant each (see [`backend`]).
@@ -178,14 +180,14 @@ impl Store {
                 })
             }
             config::Backend::Redis {
-                url,
+                topology,
                 prefix,
                 timeout,
             } => Ok(Store {
                 // Only `on_error: local` counts here; the fleet's counters
                 // live in Redis, which expires them by TTL.
                 local: Local::new(false, config.max_keys),
-                backend: Backends::Redis(self::redis::Redis::open(url, prefix, *timeout)?),
+                backend: Backends::Redis(self::redis::Redis::open(topology, prefix, *timeout)?),
             }),
         }
     }
@@ -352,6 +354,34 @@ impl Store {
     /// reload): the Redis store takes their `lease:` rules from it.
     pub fn configure(&self, limiters: &[LimiterConfig]) {
         on_backend!(self, b => Backend::configure(b, limiters))
+    }
+
+    /// For Redis: the topology (`node`, `sentinel`, `cluster`) and the
+    /// nodes its last probe saw (empty for one node, whose health is
+    /// [`Store::healthy`]).
+    pub fn redis_nodes(&self) -> Option<(&'static str, Vec<self::redis::topology::NodeHealth>)> {
+        match &self.backend {
+            Backends::Redis(r) => Some((r.topology(), r.nodes())),
+            Backends::Memory(_) | Backends::Sqlite(_) => None,
+        }
+    }
+
+    /// Prometheus series of the Redis nodes: `tollgate_store_node_up{node,role}`.
+    pub fn render_node_metrics(&self, out: &mut String) {
+        use crate::metrics::text;
+        // The family is always there (one series per node, none without Sentinel or a cluster).
+        let nodes = self.redis_nodes().map(|(_, n)| n).unwrap_or_default();
+        let name = "tollgate_store_node_up";
+        text::family(
+            out,
+            name,
+            "Redis Sentinel or Cluster: 1 when the node answered the last topology probe (sentinels: answered; primary: says ROLE master; cluster: not flagged fail and its link is up).",
+            "gauge",
+        );
+        for n in nodes {
+            let labels = text::labels(&[("node", &n.addr), ("role", n.role)]);
+            text::sample(out, name, &labels, u8::from(n.healthy));
+        }
     }
 
     /// For SQLite: what waits for a retry, and the last write error.

@@ -25,6 +25,7 @@ pub mod pebble;
 pub mod php;
 pub mod php_fpm;
 pub mod process;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod requests;
 pub mod tmpfs;

@@ -30,6 +30,7 @@ use super::{
 use crate::limiter::Nanos;
 
 mod limiters;
+mod redis_store;
 mod routes;
 mod server;
 mod upstreams;
@@ -243,28 +244,15 @@ impl Validator<'_> {
                 ),
             },
             "memory" => Backend::Memory,
-            "redis" => {
-                let url = raw
-                    .url
+            "redis" => Backend::Redis {
+                topology: self.redis_topology(raw),
+                prefix: raw
+                    .prefix
                     .as_ref()
                     .map(|t| t.0.clone())
-                    .unwrap_or_else(|| "redis://127.0.0.1:6379/0".into());
-                if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                    self.err(
-                        "store.url",
-                        format!("{url:?} is not a redis:// or rediss:// URL"),
-                    );
-                }
-                Backend::Redis {
-                    url,
-                    prefix: raw
-                        .prefix
-                        .as_ref()
-                        .map(|t| t.0.clone())
-                        .unwrap_or_else(|| "tollgate:".into()),
-                    timeout: dur(raw.timeout, Duration::from_millis(50)),
-                }
-            }
+                    .unwrap_or_else(|| "tollgate:".into()),
+                timeout: dur(raw.timeout, Duration::from_millis(50)),
+            },
             other => {
                 self.err(
                     "store.backend",
@@ -289,6 +277,8 @@ impl Validator<'_> {
             ("path", "sqlite", raw.path.is_some()),
             ("flush_interval", "sqlite", raw.flush_interval.is_some()),
             ("url", "redis", raw.url.is_some()),
+            ("cluster", "redis", raw.cluster.is_some()),
+            ("sentinel", "redis", raw.sentinel.is_some()),
             ("prefix", "redis", raw.prefix.is_some()),
             ("timeout", "redis", raw.timeout.is_some()),
         ];

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use super::ban;
 use super::Redis;
 use crate::config::LimiterConfig;
 use crate::limiter::ban::BanRule;
@@ -95,9 +94,9 @@ impl Backend for Redis {
     /// Counts the keys that existed in Redis, counters and ban hashes.
     async fn reset(&self, local: &Local, keys: &[String]) -> Result<usize, StoreError> {
         local.forget(keys);
-        let mut all: Vec<String> = keys.to_vec();
-        all.extend(keys.iter().map(|k| ban::redis_key(k)));
-        Redis::reset(self, &all).await
+        let mut all: Vec<String> = keys.iter().map(|k| self.key(k)).collect();
+        all.extend(keys.iter().map(|k| self.ban_key(k)));
+        self.delete(&all).await
     }
 
     async fn ban_list(&self, _local: &Local, _now: Nanos) -> Result<Vec<ActiveBan>, StoreError> {
@@ -106,7 +105,7 @@ impl Backend for Redis {
 
     async fn lift_ban(&self, local: &Local, key: &str) -> Result<(), StoreError> {
         local.bans.lift(&[key.to_string()]);
-        Redis::reset(self, &[ban::redis_key(key)]).await?;
+        self.delete(&[self.ban_key(key)]).await?;
         Ok(())
     }
 

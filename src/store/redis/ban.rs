@@ -3,6 +3,9 @@
 //! The layout of the hash and why it cannot meet a counter key are in
 //! [`crate::store::ban`]; every call is bounded like the counters' (`Redis::call`).
 
+use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::topology::Conn;
 use super::Redis;
 use crate::limiter::ban::BanRule;
 use crate::limiter::{Nanos, NANOS_PER_SEC};
@@ -33,18 +36,41 @@ fn script() -> &'static ::redis::Script {
 
 /// Bans in Redis (see the module docs); every call is bounded like the counters'.
 impl Redis {
-    /// The ban on each store key, if any, on Redis' clock.
+    /// The ban on each store key, if any, on Redis' clock: one script call
+    /// per slot (one in all on one node).
     pub async fn banned(&self, keys: &[&str]) -> Result<Vec<Option<Banned>>, StoreError> {
+        let redis_keys: Vec<String> = keys.iter().map(|k| self.ban_key(k)).collect();
+        let groups = super::spread::slot_groups(&redis_keys);
+        let reads = groups
+            .iter()
+            .map(|group| self.banned_in_slot(&redis_keys, group));
+        let mut out = vec![None; keys.len()];
+        for (group, found) in groups
+            .iter()
+            .zip(futures_util::future::join_all(reads).await)
+        {
+            for (&i, ban) in group.iter().zip(found?) {
+                out[i] = ban;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn banned_in_slot(
+        &self,
+        redis_keys: &[String],
+        positions: &[usize],
+    ) -> Result<Vec<Option<Banned>>, StoreError> {
         let mut call = script().prepare_invoke();
         call.arg("peek");
-        for k in keys {
-            call.key(self.key(&redis_key(k)));
+        for &i in positions {
+            call.key(&redis_keys[i]);
         }
         let call = &call;
         let reply: Vec<i64> = self
             .call(|mut con| async move { call.invoke_async(&mut con).await })
             .await?;
-        if reply.len() != 2 + keys.len() {
+        if reply.len() != 2 + positions.len() {
             return Err(StoreError::BadReply(reply.len()));
         }
         let now = redis_now(reply[0], reply[1]);
@@ -63,33 +89,15 @@ impl Redis {
     }
 
     /// Every ban in force in Redis: a `SCAN` for the ban hashes of this
-    /// prefix, then their time left read on Redis' clock (a hash that holds
-    /// only strikes is not a ban).
+    /// prefix (on every primary of a cluster), then their time left read on
+    /// Redis' clock (a hash that holds only strikes is not a ban).
     pub async fn list_bans(&self) -> Result<Vec<ActiveBan>, StoreError> {
-        let prefix = self.key(&redis_key(""));
-        let pattern = format!("{}*", glob_escape(&prefix));
+        let (pattern, strip) = self.ban_pattern();
         let mut keys: Vec<String> = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut cmd = ::redis::cmd("SCAN");
-            cmd.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let cmd = &cmd;
-            let (next, found): (u64, Vec<String>) = self
-                .call(|mut con| async move { cmd.query_async(&mut con).await })
-                .await?;
-            keys.extend(
-                found
-                    .into_iter()
-                    .filter_map(|k| k.strip_prefix(&prefix).map(str::to_string)),
-            );
-            if next == 0 {
-                break;
+        for node in self.scan_targets().await? {
+            for found in self.scan(&pattern, node.as_ref()).await? {
+                keys.extend(strip(&found));
             }
-            cursor = next;
         }
         // SCAN may return a key twice.
         keys.sort_unstable();
@@ -117,7 +125,7 @@ impl Redis {
     ) -> Result<Option<Banned>, StoreError> {
         let mut call = script().prepare_invoke();
         call.arg("strike")
-            .key(self.key(&redis_key(store_key)))
+            .key(self.ban_key(store_key))
             .arg(rule.after)
             .arg(millis(window))
             .arg(millis(rule.duration));
@@ -136,6 +144,99 @@ impl Redis {
                 remaining,
             }
         }))
+    }
+}
+
+/// A primary to `SCAN`: `host:port` on a cluster, `None` for the one node.
+type ScanTarget = Option<(String, u16)>;
+
+/// How a ban hash's Redis key gives back its store key.
+type Strip = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Where ban hashes are listed from (private to this file).
+impl Redis {
+    /// The `MATCH` pattern of this prefix's ban hashes, and how a found
+    /// Redis key gives back its store key.
+    fn ban_pattern(&self) -> (String, Strip) {
+        if self.inner.spread {
+            let prefix = self.inner.prefix.clone();
+            let pattern = format!("{}{{*}}!ban:*", glob_escape(&prefix));
+            // The tag holds no `}` (see `key::slot_tag`): the first one ends it.
+            let strip = move |k: &str| {
+                let rest = k.strip_prefix(prefix.as_str())?.strip_prefix('{')?;
+                Some(rest.split_once("}!ban:")?.1.to_string())
+            };
+            (pattern, Box::new(strip))
+        } else {
+            let prefix = self.ban_key("");
+            let pattern = format!("{}*", glob_escape(&prefix));
+            let strip = move |k: &str| k.strip_prefix(prefix.as_str()).map(str::to_string);
+            (pattern, Box::new(strip))
+        }
+    }
+
+    /// Every primary of a cluster (as one of its nodes lists them now), or the one node.
+    async fn scan_targets(&self) -> Result<Vec<ScanTarget>, StoreError> {
+        if !self.inner.spread {
+            return Ok(vec![None]);
+        }
+        let nodes = self
+            .call(|con| async move {
+                match con {
+                    Conn::Cluster(mut c) => super::topology::cluster_nodes(&mut c).await,
+                    Conn::Node(_) => Ok(Vec::new()),
+                }
+            })
+            .await?;
+        Ok(nodes
+            .into_iter()
+            .filter(|n| n.role == "primary" && n.healthy)
+            .filter_map(|n| {
+                let (host, port) = n.addr.rsplit_once(':')?;
+                Some(Some((host.to_string(), port.parse().ok()?)))
+            })
+            .collect())
+    }
+
+    /// The keys matching `pattern` on one node, `SCAN` page by page.
+    async fn scan(
+        &self,
+        pattern: &str,
+        node: Option<&(String, u16)>,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut cmd = ::redis::cmd("SCAN");
+            cmd.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let cmd = &cmd;
+            let (next, found): (u64, Vec<String>) = self
+                .call(|con| async move {
+                    match (con, node) {
+                        (Conn::Cluster(mut c), Some((host, port))) => {
+                            let at = SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port: *port,
+                            };
+                            let reply = c
+                                .route_command(cmd.clone(), RoutingInfo::SingleNode(at))
+                                .await?;
+                            Ok(::redis::from_redis_value(reply)?)
+                        }
+                        (mut con, _) => cmd.query_async(&mut con).await,
+                    }
+                })
+                .await?;
+            keys.extend(found);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
     }
 }
 

@@ -8,11 +8,16 @@
 //! `TIME`, so proxies with skewed clocks agree. Keys expire on their own
 //! (`PEXPIRE` = what the algorithm still needs).
 //!
-//! Key names: `<prefix>{<tag>}<limiter>:<key value>` with `tag` = the prefix
-//! without its trailing `:` (default `tollgate:{tollgate}strict:ip:…`). One
-//! script call touches several keys, which Redis Cluster only allows within
-//! one hash slot, so every key of a fleet shares one tag: correct on a
-//! cluster, but all limiter state lives on one shard.
+//! Key names: `<prefix>{<tag>}<limiter>:<key value>`. On one node (`store.url`,
+//! or the primary Sentinel names) `tag` is the prefix without its trailing
+//! `:` (default `tollgate:{tollgate}strict:ip:…`): every key of a request
+//! is in one script. On a Redis Cluster (`store.cluster`) `tag` is the
+//! request's identity ([`crate::key::slot_tag`]), so one client's limiters
+//! share a slot and are decided in one script, and clients spread over every
+//! master; a request whose limiters span slots is decided slot group by slot
+//! group (`spread.rs`), refunding what admitted groups took when another
+//! refuses. Where the connection goes (node, Sentinel, cluster) is
+//! `topology.rs`.
 //!
 //! Failure: every call is bounded by `store.timeout`; after
 //! [`BREAKER_THRESHOLD`] consecutive failures the [`Breaker`] opens and calls
@@ -26,6 +31,8 @@ mod args;
 mod backend;
 pub mod ban;
 mod lease;
+mod spread;
+pub mod topology;
 
 pub use lease::metrics_at_zero as lease_metrics_at_zero;
 
@@ -34,15 +41,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
 use super::breaker::Breaker;
 use super::memory::Table;
 use super::{Check, Outcome, StoreError};
+use crate::config::RedisTopology;
 use crate::limiter::{Algorithm, Hold, Nanos, Quota, Verdict, NANOS_PER_SEC};
+use topology::{Conn, Link, NodeHealth};
 
 /// `lease.lua` continues `redis.lua`'s chunk (it reads the request's state).
 const SCRIPT: &str = concat!(include_str!("redis.lua"), include_str!("lease.lua"));
@@ -58,6 +66,9 @@ pub const CONCURRENCY_LEASE: Duration = Duration::from_secs(600);
 const MAX_EXACT: u64 = 1 << 53;
 /// Past this many remembered tickets, those whose turn has passed are swept.
 const SWEEP_AT: usize = 4096;
+/// How often the probe checks a healthy store's topology (Sentinel's
+/// primary, the cluster's nodes), and how often an open breaker is probed.
+pub const PROBE_INTERVAL: Duration = BREAKER_COOL_DOWN;
 
 /// A handle: clones share one connection, breaker and ticket table.
 #[derive(Clone)]
@@ -66,13 +77,21 @@ pub struct Redis {
 }
 
 struct Inner {
-    client: ::redis::Client,
-    manager: ArcSwap<ConnectionManager>,
+    link: Link,
+    /// `None` only before Sentinel first named a primary.
+    conn: ArcSwapOption<Conn>,
+    /// The nodes as the last probe saw them (Sentinel, cluster).
+    nodes: ArcSwap<Vec<NodeHealth>>,
+    /// The primary requests go to (Sentinel: `host:port`, else empty).
+    primary: ArcSwapOption<String>,
     script: ::redis::Script,
-    /// `<prefix>{<tag>}`, put in front of every store key.
+    /// `<prefix>{<tag>}` on one node, put in front of every store key.
     key_prefix: String,
-    /// `store.prefix` as written (ACME keys carry a tag of their own, see `acme.rs`).
+    /// `store.prefix` as written: on a cluster each key gets its own tag
+    /// after it; ACME keys carry a tag of their own (see `acme.rs`).
     prefix: String,
+    /// Keys spread over a cluster's slots by client (see the module docs).
+    spread: bool,
     timeout: Duration,
     breaker: Breaker,
     tickets: Mutex<Tickets>,
@@ -102,17 +121,24 @@ enum Holder {
 impl Redis {
     /// Never waits for Redis: the connection is made lazily and a background
     /// probe opens the breaker at once if Redis is down at start.
-    pub fn open(url: &str, prefix: &str, timeout: Duration) -> Result<Redis, StoreError> {
+    pub fn open(
+        topology: &RedisTopology,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<Redis, StoreError> {
         let runtime = Handle::try_current().map_err(|_| StoreError::NoRuntime)?;
-        let client = ::redis::Client::open(url).map_err(StoreError::Redis)?;
-        let manager = connect(&client, timeout)?;
+        let link = Link::open(topology, timeout)?;
+        let conn = link.first(timeout)?.map(Arc::new);
         let tag = match prefix.trim_end_matches(':') {
             "" => "tollgate",
             t => t,
         };
         let inner = Arc::new(Inner {
-            client,
-            manager: ArcSwap::from_pointee(manager),
+            spread: matches!(link, Link::Cluster(_)),
+            link,
+            conn: ArcSwapOption::new(conn),
+            nodes: ArcSwap::from_pointee(Vec::new()),
+            primary: ArcSwapOption::empty(),
             script: ::redis::Script::new(SCRIPT),
             key_prefix: format!("{prefix}{{{tag}}}"),
             prefix: prefix.to_string(),
@@ -130,10 +156,38 @@ impl Redis {
 
     /// The Redis key of a store key.
     pub fn key(&self, store_key: &str) -> String {
-        format!("{}{store_key}", self.inner.key_prefix)
+        self.tagged(store_key, store_key)
     }
 
-    /// Checks and records every limiter of one request in one round trip.
+    /// The Redis key of a store key's ban hash: beside the store key's own slot.
+    pub fn ban_key(&self, store_key: &str) -> String {
+        self.tagged(store_key, &ban::redis_key(store_key))
+    }
+
+    /// `name` behind the hash tag `store_key` gets.
+    fn tagged(&self, store_key: &str, name: &str) -> String {
+        let inner = &self.inner;
+        if inner.spread {
+            let tag = crate::key::slot_tag(store_key);
+            format!("{}{{{tag}}}{name}", inner.prefix)
+        } else {
+            format!("{}{name}", inner.key_prefix)
+        }
+    }
+
+    /// `node`, `sentinel` or `cluster`.
+    pub fn topology(&self) -> &'static str {
+        self.inner.link.label()
+    }
+
+    /// The nodes the last probe saw (empty for one node: its health is the breaker's).
+    pub fn nodes(&self) -> Vec<NodeHealth> {
+        self.inner.nodes.load().to_vec()
+    }
+
+    /// Checks and records every limiter of one request: in one round trip
+    /// when its keys share a slot (always on one node), else slot group by
+    /// slot group (`spread.rs`).
     pub async fn check(
         &self,
         checks: &[Check<'_>],
@@ -148,49 +202,23 @@ impl Redis {
         if !inner.breaker.allows() {
             return Err(StoreError::CircuitOpen);
         }
-        let asking = inner.leases.ask(checks, now);
-        self.give_back(inner.leases.take_ended());
-        let mut members = Vec::new();
-        let mut call = inner.script.prepare_invoke();
-        call.arg(if asking.any() { "lease" } else { "check" });
-        for c in checks {
-            let member = match c.algorithm.holds() {
-                Hold::Slot => {
-                    let n = inner.next_member.fetch_add(1, Ordering::Relaxed);
-                    format!("{}:{n}", inner.instance)
-                }
-                Hold::Nothing | Hold::Place => String::new(),
-            };
-            call.key(self.key(c.key));
-            args::push_check(&mut call, c.algorithm, c.shadow, &member)?;
-            members.push(member);
-        }
-        if asking.any() {
-            asking.push_args(&mut call);
-        }
-        let call = &call;
-        let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
-            .await?;
-        let (at, outcomes) = if asking.any() {
-            let (head, grants) = lease::split_reply(&reply, checks.len())?;
-            let (at, outcomes) = parse(head, checks)?;
-            asking.settle(checks, grants, &outcomes, now);
-            (at, outcomes)
-        } else {
-            parse(&reply, checks)?
+        let members: Vec<String> = checks.iter().map(|c| self.member(c.algorithm)).collect();
+        let keys: Vec<String> = checks.iter().map(|c| self.key(c.key)).collect();
+        let groups = spread::slot_groups(&keys);
+        let outcomes = match &groups[..] {
+            // Leases are asked for only where one call sees every limiter.
+            [_] => self.check_whole(checks, &keys, &members, now).await?,
+            _ => {
+                self.give_back(inner.leases.take_ended());
+                spread::check_groups(self, checks, &keys, &members, &groups).await?
+            }
         };
-
-        let admitted = !checks
-            .iter()
-            .zip(&outcomes)
-            .any(|(c, o)| o.verdict.is_deny() && !c.shadow);
-        if admitted {
+        if admits(checks, &outcomes) {
             for ((c, o), member) in checks.iter().zip(&outcomes).zip(members) {
                 match (c.algorithm.holds(), o.verdict) {
                     (Hold::Slot, _) => self.remember(c.key, now, Holder::Slot(member), now),
                     (Hold::Place, Verdict::Delay(d)) => {
-                        self.remember(c.key, now + d, Holder::Place(at + d), now)
+                        self.remember(c.key, now + d, Holder::Place(o.at + d), now)
                     }
                     // Let through at once: no place in the queue to give back.
                     (Hold::Place, Verdict::Allow | Verdict::Deny { .. }) | (Hold::Nothing, _) => {}
@@ -200,13 +228,83 @@ impl Redis {
         Ok(outcomes)
     }
 
+    /// A concurrency slot's member id, unique in the fleet; empty for other algorithms.
+    fn member(&self, algorithm: &Algorithm) -> String {
+        match algorithm.holds() {
+            Hold::Slot => {
+                let n = self.inner.next_member.fetch_add(1, Ordering::Relaxed);
+                format!("{}:{n}", self.inner.instance)
+            }
+            Hold::Nothing | Hold::Place => String::new(),
+        }
+    }
+
+    /// Every limiter of the request in one slot: one atomic call, which also
+    /// asks for leases where the limiters have `lease:`.
+    async fn check_whole(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        members: &[String],
+        now: Nanos,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let inner = &self.inner;
+        let asking = inner.leases.ask(checks, now);
+        self.give_back(inner.leases.take_ended());
+        if !asking.any() {
+            let all: Vec<usize> = (0..checks.len()).collect();
+            return self.check_group(checks, keys, members, &all).await;
+        }
+        let mut call = inner.script.prepare_invoke();
+        call.arg("lease");
+        for ((c, key), member) in checks.iter().zip(keys).zip(members) {
+            call.key(key);
+            args::push_check(&mut call, c.algorithm, c.shadow, member)?;
+        }
+        asking.push_args(&mut call);
+        let call = &call;
+        let reply: Vec<i64> = self
+            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .await?;
+        let (head, grants) = lease::split_reply(&reply, checks.len())?;
+        let (_, outcomes) = parse(head, checks)?;
+        asking.settle(checks, grants, &outcomes, now);
+        Ok(outcomes)
+    }
+
+    /// The checks at `positions` (keys of one slot) in one atomic script
+    /// call; outcomes in the order of `positions`.
+    async fn check_group(
+        &self,
+        checks: &[Check<'_>],
+        keys: &[String],
+        members: &[String],
+        positions: &[usize],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let mut call = self.inner.script.prepare_invoke();
+        call.arg("check");
+        let mut group = Vec::with_capacity(positions.len());
+        for &i in positions {
+            call.key(&keys[i]);
+            args::push_check(
+                &mut call,
+                checks[i].algorithm,
+                checks[i].shadow,
+                &members[i],
+            )?;
+            group.push(checks[i]);
+        }
+        let call = &call;
+        let reply: Vec<i64> = self
+            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .await?;
+        let (_, outcomes) = parse(&reply, &group)?;
+        Ok(outcomes)
+    }
+
     /// Remembers what the local fallback admitted, so its release goes back there.
     pub fn note_local(&self, checks: &[Check<'_>], outcomes: &[Outcome], now: Nanos) {
-        let admitted = !checks
-            .iter()
-            .zip(outcomes)
-            .any(|(c, o)| o.verdict.is_deny() && !c.shadow);
-        if !admitted {
+        if !admits(checks, outcomes) {
             return;
         }
         for (c, o) in checks.iter().zip(outcomes) {
@@ -272,19 +370,29 @@ impl Redis {
         let Some(args) = args::release(algorithm, held) else {
             return;
         };
-        let key = self.key(store_key);
+        self.send_in_background("release", self.key(store_key), args);
+    }
+
+    /// A `release` or `refund` script call nobody waits for: an admitted
+    /// request's finished slot, or what a slot group took for a request
+    /// another group refused. Failing leaves the safe side (the unit stays
+    /// counted until its lease, turn or window ends).
+    fn send_in_background(&self, mode: &'static str, key: String, args: [String; 3]) {
         let inner = self.inner.clone();
         self.inner.runtime.spawn(async move {
-            let mut con = (**inner.manager.load()).clone();
+            let Some(conn) = inner.conn.load_full() else {
+                return;
+            };
+            let mut con = (*conn).clone();
             let mut call = inner.script.prepare_invoke();
-            call.arg("release").key(key).arg(&args[..]);
+            call.arg(mode).key(key).arg(&args[..]);
             let wait = inner.timeout.max(Duration::from_secs(1));
             match tokio::time::timeout(wait, call.invoke_async::<i64>(&mut con)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "Redis release failed; the lease frees it")
+                    tracing::debug!(error = %e, mode, "Redis {mode} failed; the unit stays counted until it expires")
                 }
-                Err(_) => tracing::debug!("Redis release timed out; the lease frees it"),
+                Err(_) => tracing::debug!(mode, "Redis {mode} timed out; the unit stays counted until it expires"),
             }
         });
     }
@@ -310,19 +418,23 @@ impl Redis {
         Ok(())
     }
 
-    /// Deletes these store keys in Redis; returns how many existed.
-    pub async fn reset(&self, keys: &[String]) -> Result<usize, StoreError> {
-        if keys.is_empty() {
-            return Ok(0);
+    /// Deletes these Redis keys (one `DEL` per slot); returns how many existed.
+    pub async fn delete(&self, keys: &[String]) -> Result<usize, StoreError> {
+        let deletes = spread::slot_groups(keys)
+            .into_iter()
+            .map(|group| async move {
+                let mut cmd = ::redis::cmd("DEL");
+                for i in group {
+                    cmd.arg(&keys[i]);
+                }
+                let cmd = &cmd;
+                self.call(|mut con| async move { cmd.query_async::<usize>(&mut con).await })
+                    .await
+            });
+        let mut removed = 0;
+        for n in futures_util::future::join_all(deletes).await {
+            removed += n?;
         }
-        let mut cmd = ::redis::cmd("DEL");
-        for k in keys {
-            cmd.arg(self.key(k));
-        }
-        let cmd = &cmd;
-        let removed: usize = self
-            .call(|mut con| async move { cmd.query_async(&mut con).await })
-            .await?;
         Ok(removed)
     }
 
@@ -347,31 +459,34 @@ impl Redis {
             .push(holder);
     }
 
-    fn connection(&self) -> ConnectionManager {
-        (**self.inner.manager.load()).clone()
+    fn connection(&self) -> Result<Conn, StoreError> {
+        self.inner
+            .conn
+            .load_full()
+            .map(|c| (*c).clone())
+            .ok_or(StoreError::NoPrimary)
     }
 
     /// One call under the timeout, feeding the breaker. A connection found
     /// dead (Redis restarted since the last call) is retried once, within the
     /// same timeout, on the connection the manager re-opens: a proxy that saw
     /// no traffic during an outage must not fail its first request after it.
-    pub(super) async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
         let inner = &self.inner;
         let attempt = async {
-            match f(self.connection()).await {
+            match f(self.connection()?).await {
                 Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                    f(self.connection()).await
+                    f(self.connection()?).await.map_err(StoreError::Redis)
                 }
-                result => result,
+                result => result.map_err(StoreError::Redis),
             }
         };
         let result = match tokio::time::timeout(inner.timeout, attempt).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(inner.timeout)),
         };
         match &result {
@@ -399,23 +514,15 @@ fn sweep(tickets: &mut Tickets, now: Nanos) {
     });
 }
 
-/// A connection manager that connects on first use and reconnects on I/O errors.
-fn connect(client: &::redis::Client, timeout: Duration) -> Result<ConnectionManager, StoreError> {
-    // Our own timeout bounds every request; these only bound the background
-    // (re)connection so it neither gives up on a slow link nor hangs.
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout.max(Duration::from_secs(1))))
-        .set_response_timeout(Some(timeout.max(Duration::from_secs(1))))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(200));
-    ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(StoreError::Redis)
-}
-
-/// Probes Redis in the background: at start (so a Redis that is down opens the
-/// breaker before any request pays the timeout) and while the breaker is open.
-/// A probe uses a fresh connection, which replaces the old one when it answers.
+/// Probes Redis in the background: at start (so a Redis that is down opens
+/// the breaker before any request pays the timeout), while the breaker is
+/// open, and — for Sentinel and a cluster — every [`PROBE_INTERVAL`] while
+/// healthy, so a new primary or a failed node is seen without an error. A
+/// probe's fresh connection replaces the old one when it answers, except a
+/// healthy store's periodic check, which switches only to a new primary.
 async fn probe_loop(inner: Weak<Inner>) {
     let mut first = true;
+    let mut last_watch = tokio::time::Instant::now();
     loop {
         if !first {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -423,36 +530,68 @@ async fn probe_loop(inner: Weak<Inner>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        if !first && !inner.breaker.probe_due() {
+        let watch = inner.link.watched() && last_watch.elapsed() >= PROBE_INTERVAL;
+        let healthy = !inner.breaker.is_open();
+        let due = first || inner.breaker.probe_due() || (healthy && watch);
+        if !due {
             continue;
         }
+        last_watch = tokio::time::Instant::now();
         let was_first = std::mem::take(&mut first);
-        let wait = inner.timeout.max(Duration::from_secs(1));
-        let ping = async {
-            let mut con = connect(&inner.client, inner.timeout).ok()?;
-            let pong: ::redis::RedisResult<String> =
-                ::redis::cmd("PING").query_async(&mut con).await;
-            pong.ok().map(|_| con)
-        };
-        match tokio::time::timeout(wait, ping).await {
-            Ok(Some(con)) => {
-                inner.manager.store(Arc::new(con));
-                if inner.breaker.success() {
+        let wait = inner.timeout.max(Duration::from_secs(1)) * 2;
+        // A cluster is re-read on the connection it has (see `Link::probe`).
+        let current = inner.conn.load_full().filter(|_| !was_first);
+        let probe = inner.link.probe(current.as_deref(), inner.timeout);
+        let probe = tokio::time::timeout(wait, probe).await;
+        let (conn, nodes) = probe.unwrap_or((None, Vec::new()));
+        if inner.link.watched() {
+            inner.nodes.store(Arc::new(nodes.clone()));
+        }
+        match conn {
+            Some(conn) => {
+                let switch = !healthy || was_first || new_primary(&inner, &nodes);
+                if switch {
+                    inner.conn.store(Some(Arc::new(conn)));
+                    inner.primary.store(Some(Arc::new(primary_of(&nodes))));
+                }
+                if !healthy && inner.breaker.success() {
                     tracing::info!("Redis answers again; shared limits resume");
                 }
             }
-            _ if was_first => {
+            None if was_first => {
                 if inner.breaker.trip() {
                     tracing::warn!(
                         "Redis does not answer at start; on_error applies until it does"
                     );
                 }
             }
-            _ => {
+            None if healthy => {} // the periodic check failed; requests' own errors decide
+            None => {
                 inner.breaker.failure();
             }
         }
     }
+}
+
+/// Sentinel named another primary than the one requests use.
+fn new_primary(inner: &Inner, nodes: &[NodeHealth]) -> bool {
+    matches!(inner.link, Link::Sentinel { .. })
+        && inner.primary.load().as_deref().map(String::as_str) != Some(primary_of(nodes).as_str())
+}
+
+fn primary_of(nodes: &[NodeHealth]) -> String {
+    nodes
+        .iter()
+        .find(|n| n.role == "primary" && n.healthy)
+        .map_or_else(String::new, |n| n.addr.clone())
+}
+
+/// Whether no limiter that is not in shadow mode refused.
+fn admits(checks: &[Check<'_>], outcomes: &[Outcome]) -> bool {
+    !checks
+        .iter()
+        .zip(outcomes)
+        .any(|(c, o)| o.verdict.is_deny() && !c.shadow)
 }
 
 /// The reply's Redis time (Unix ns) and one outcome per check.

@@ -1,0 +1,395 @@
+//! Where the Redis store's commands go — one node, the primary Sentinel names, or a Redis Cluster — and what each node's health is.
+//!
+//! The store above sees one [`Conn`] whatever the topology: a connection
+//! manager to one node (`store.url`, or the primary a sentinel named), or
+//! the `redis` crate's cluster connection, which follows `MOVED`/`ASK` and
+//! refreshes its slot map by itself. Finding the primary again after a
+//! Sentinel failover, and reading the cluster's nodes for `/readyz` and
+//! `/metrics`, happen here, from the store's background probe, never on a
+//! request's path.
+
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClient, ClusterConfig};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use ::redis::{Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisFuture, Value};
+
+use crate::config::RedisTopology;
+use crate::store::StoreError;
+
+/// At most this many nodes are reported (status and metrics stay bounded
+/// whatever a cluster announces).
+pub const MAX_REPORTED_NODES: usize = 64;
+
+/// How the store reaches Redis, fixed at start.
+pub(super) enum Link {
+    // Clients are boxed: each holds whole connection infos (and TLS settings).
+    Node(Box<::redis::Client>),
+    Sentinel {
+        master: String,
+        sentinels: Vec<ConnectionInfo>,
+    },
+    Cluster(Box<ClusterClient>),
+}
+
+/// One connection, whatever the topology: cheap to clone, shared by every request.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// One node as the last probe saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeHealth {
+    /// `host:port`.
+    pub addr: String,
+    /// `primary`, `replica` or `sentinel`.
+    pub role: &'static str,
+    pub healthy: bool,
+}
+
+impl Link {
+    pub(super) fn open(topology: &RedisTopology, timeout: Duration) -> Result<Link, StoreError> {
+        match topology {
+            RedisTopology::Node(url) => Ok(Link::Node(Box::new(
+                ::redis::Client::open(url.as_str()).map_err(StoreError::Redis)?,
+            ))),
+            RedisTopology::Sentinel { master, nodes } => Ok(Link::Sentinel {
+                master: master.clone(),
+                sentinels: nodes
+                    .iter()
+                    .map(|u| u.as_str().into_connection_info())
+                    .collect::<Result<_, _>>()
+                    .map_err(StoreError::Redis)?,
+            }),
+            RedisTopology::Cluster(seeds) => {
+                // Retries are quick and few: `store.timeout` bounds each call
+                // anyway, and a slot map being refreshed answers in milliseconds.
+                let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+                    .retries(4)
+                    .min_retry_wait(10)
+                    .max_retry_wait(100)
+                    .connection_timeout(background(timeout))
+                    .response_timeout(background(timeout))
+                    .build()
+                    .map_err(StoreError::Redis)?;
+                Ok(Link::Cluster(Box::new(client)))
+            }
+        }
+    }
+
+    /// The connection requests use until a probe finds a better one: lazy,
+    /// so opening the store never waits for Redis. A Sentinel topology has
+    /// no primary before the first discovery: `None` until then.
+    pub(super) fn first(&self, timeout: Duration) -> Result<Option<Conn>, StoreError> {
+        match self {
+            Link::Node(client) => Ok(Some(Conn::Node(manager(client, timeout)?))),
+            Link::Sentinel { .. } => Ok(None),
+            Link::Cluster(client) => Ok(Some(Conn::Cluster(
+                client.get_pending_async_connection_with_config(cluster_config(timeout)),
+            ))),
+        }
+    }
+
+    /// A fresh connection that has answered (the probe's), with what it
+    /// saw of the nodes. Sentinel: asks the sentinels for the primary,
+    /// then checks that it says it is one (`ROLE`), so a demoted primary is
+    /// never written to.
+    /// A cluster is re-read through `current` (the connection requests
+    /// use) when it answers, not through a fresh one to every node.
+    pub(super) async fn probe(
+        &self,
+        current: Option<&Conn>,
+        timeout: Duration,
+    ) -> (Option<Conn>, Vec<NodeHealth>) {
+        match self {
+            Link::Node(client) => {
+                let Ok(mut con) = manager(client, timeout) else {
+                    return (None, Vec::new());
+                };
+                let pong: ::redis::RedisResult<String> =
+                    ::redis::cmd("PING").query_async(&mut con).await;
+                (pong.ok().map(|_| Conn::Node(con)), Vec::new())
+            }
+            Link::Sentinel { master, sentinels } => {
+                sentinel_probe(master, sentinels, timeout).await
+            }
+            Link::Cluster(client) => {
+                // The connection in use reconnects and re-reads the slot map
+                // by itself: a fresh one (connecting to every node again, on
+                // the first requests) only when it does not answer.
+                if let Some(Conn::Cluster(con)) = current {
+                    let mut con = con.clone();
+                    if let Ok(nodes) = cluster_nodes(&mut con).await {
+                        return (Some(Conn::Cluster(con)), nodes);
+                    }
+                }
+                let Ok(mut con) = client
+                    .get_async_connection_with_config(cluster_config(timeout))
+                    .await
+                else {
+                    return (None, Vec::new());
+                };
+                match cluster_nodes(&mut con).await {
+                    Ok(nodes) => (Some(Conn::Cluster(con)), nodes),
+                    Err(_) => (None, Vec::new()),
+                }
+            }
+        }
+    }
+
+    /// Whether a healthy store still re-checks its topology every probe
+    /// interval (a Sentinel failover may change the primary without any
+    /// error reaching a request; a cluster's node list feeds `/readyz`).
+    pub(super) fn watched(&self) -> bool {
+        !matches!(self, Link::Node(_))
+    }
+
+    /// `node`, `sentinel` or `cluster`.
+    pub(super) fn label(&self) -> &'static str {
+        match self {
+            Link::Node(_) => "node",
+            Link::Sentinel { .. } => "sentinel",
+            Link::Cluster(_) => "cluster",
+        }
+    }
+}
+
+/// Background (re)connections neither give up on a slow link nor hang;
+/// `store.timeout` bounds every request on its own.
+fn background(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_secs(1))
+}
+
+fn cluster_config(timeout: Duration) -> ClusterConfig {
+    ClusterConfig::new()
+        .set_connection_timeout(background(timeout))
+        .set_response_timeout(background(timeout))
+}
+
+/// A connection manager that connects on first use and reconnects on I/O errors.
+fn manager(client: &::redis::Client, timeout: Duration) -> Result<ConnectionManager, StoreError> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(background(timeout)))
+        .set_response_timeout(Some(background(timeout)))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(200));
+    ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(StoreError::Redis)
+}
+
+/// Asks each sentinel in turn for the primary; the first whose answer is a
+/// node that says `ROLE` master wins. Every sentinel is reported healthy
+/// when it answered.
+async fn sentinel_probe(
+    master: &str,
+    sentinels: &[ConnectionInfo],
+    timeout: Duration,
+) -> (Option<Conn>, Vec<NodeHealth>) {
+    let mut nodes = Vec::new();
+    let mut found = None;
+    for info in sentinels {
+        let asked = ask_sentinel(info, master, timeout).await;
+        nodes.push(NodeHealth {
+            addr: addr_text(info.addr()),
+            role: "sentinel",
+            healthy: asked.is_ok(),
+        });
+        let Ok(Some((host, port))) = asked else {
+            continue;
+        };
+        if found.is_some() {
+            continue;
+        }
+        let primary = info.clone().set_addr(with_host(info.addr(), host, port));
+        let addr = addr_text(primary.addr());
+        let verified = match ::redis::Client::open(primary) {
+            Ok(client) => verify_primary(&client, timeout).await,
+            Err(_) => None,
+        };
+        nodes.push(NodeHealth {
+            addr,
+            role: "primary",
+            healthy: verified.is_some(),
+        });
+        found = verified.map(Conn::Node);
+    }
+    (found, nodes)
+}
+
+/// `SENTINEL get-master-addr-by-name`: `Ok(None)` when the sentinel knows no such master.
+async fn ask_sentinel(
+    info: &ConnectionInfo,
+    master: &str,
+    timeout: Duration,
+) -> Result<Option<(String, u16)>, ()> {
+    let ask = async {
+        let client = ::redis::Client::open(info.clone()).ok()?;
+        let mut con = client.get_multiplexed_async_connection().await.ok()?;
+        let reply: Option<(String, u16)> = ::redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(master)
+            .query_async(&mut con)
+            .await
+            .ok()?;
+        Some(reply)
+    };
+    match tokio::time::timeout(background(timeout), ask).await {
+        Ok(Some(reply)) => Ok(reply),
+        _ => Err(()),
+    }
+}
+
+/// A manager to the node once it says it is a primary.
+async fn verify_primary(client: &::redis::Client, timeout: Duration) -> Option<ConnectionManager> {
+    let mut con = manager(client, timeout).ok()?;
+    let check = async {
+        let role: Vec<Value> = ::redis::cmd("ROLE").query_async(&mut con).await.ok()?;
+        match role.first() {
+            Some(Value::BulkString(b)) if b == b"master" => Some(()),
+            Some(Value::SimpleString(s)) if s == "master" => Some(()),
+            _ => None,
+        }
+    };
+    tokio::time::timeout(background(timeout), check)
+        .await
+        .ok()
+        .flatten()?;
+    Some(con)
+}
+
+fn with_host(addr: &ConnectionAddr, host: String, port: u16) -> ConnectionAddr {
+    match addr {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => ConnectionAddr::Tcp(host, port),
+    }
+}
+
+fn addr_text(addr: &ConnectionAddr) -> String {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}")
+        }
+        ConnectionAddr::Unix(path) => path.display().to_string(),
+        _ => "?".to_string(),
+    }
+}
+
+/// The cluster's nodes as one of them sees them (`CLUSTER NODES`).
+pub(super) async fn cluster_nodes(
+    con: &mut ClusterConnection,
+) -> ::redis::RedisResult<Vec<NodeHealth>> {
+    let reply = con
+        .route_command(
+            ::redis::cmd("CLUSTER").arg("NODES").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await?;
+    let text: String = ::redis::from_redis_value(reply)?;
+    Ok(parse_cluster_nodes(&text))
+}
+
+/// `<id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slots…>`:
+/// a node is healthy unless flagged `fail`/`fail?`/`noaddr` or its link is down.
+pub(super) fn parse_cluster_nodes(text: &str) -> Vec<NodeHealth> {
+    let mut nodes: Vec<NodeHealth> = text
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (addr, flags, link) = (*f.get(1)?, *f.get(2)?, *f.get(7)?);
+            let addr = addr.split(['@', ',']).next()?.to_string();
+            let flags: Vec<&str> = flags.split(',').collect();
+            let role = if flags.contains(&"master") {
+                "primary"
+            } else {
+                "replica"
+            };
+            let failing = flags
+                .iter()
+                .any(|f| matches!(*f, "fail" | "fail?" | "noaddr" | "handshake"));
+            Some(NodeHealth {
+                addr,
+                role,
+                healthy: !failing && link == "connected",
+            })
+        })
+        .collect();
+    nodes.sort_by(|a, b| a.addr.cmp(&b.addr));
+    nodes.truncate(MAX_REPORTED_NODES);
+    nodes
+}
+
+/// Every command goes where its topology sends it; a cluster routes by key.
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_nodes_read_role_and_health_from_flags_and_link() {
+        let text = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002 master,fail - 0 0 2 disconnected 5461-10922
+c3 127.0.0.1:7004@17004,host.example slave a1 0 0 1 connected
+";
+        let nodes = parse_cluster_nodes(text);
+        assert_eq!(
+            nodes,
+            vec![
+                NodeHealth {
+                    addr: "127.0.0.1:7001".into(),
+                    role: "primary",
+                    healthy: true
+                },
+                NodeHealth {
+                    addr: "127.0.0.1:7002".into(),
+                    role: "primary",
+                    healthy: false
+                },
+                NodeHealth {
+                    addr: "127.0.0.1:7004".into(),
+                    role: "replica",
+                    healthy: true
+                },
+            ]
+        );
+    }
+}
