@@ -94,7 +94,9 @@ impl App {
         if !browser || client.exempt || client.key_verified || client.pass.is_some() {
             return None;
         }
-        if gate.crawler_allowed(client.ip, req.headers(), x.now).await {
+        // Boxed: a reverse-DNS check's future (its socket, a 1,500-byte
+        // buffer) would otherwise be part of every request's future.
+        if Box::pin(gate.crawler_allowed(client.ip, req.headers(), x.now)).await {
             return None;
         }
         if config.when == ChallengeWhen::OverLimit {
