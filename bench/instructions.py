@@ -16,14 +16,21 @@ the same load (the kernel's share, which callgrind does not see).
     bench/instructions.py --only tollgate          # one proxy (repeat runs for an A/B)
     bench/instructions.py --syscalls               # syscalls and context switches per request
     bench/instructions.py --only tollgate --challenge   # + a challenge flood: unsolved pages, forged solutions
+    bench/instructions.py --budget-allow 40000 --budget-reject 20000   # exit 1 above these (CI)
 
 The targets are those of bench/proxybench.py: an nginx upstream (`return
 200`, not measured) on 127.0.0.1:19180; tollgate (SQLite store, 2 workers)
 with a limit that never triggers on `/` and 1 request per hour per IP on
 `/reject`; nginx with `limit_req` the same way (1 request per minute, its
-slowest rate); the hyper floor (benches/hyper_floor.rs, 2 workers). The
-client keeps `--conns` connections busy with one request at a time each, as
-wrk does. Needs valgrind, nginx and (for --syscalls) perf.
+slowest rate); the hyper floor (benches/hyper_floor.rs, 2 workers) forwarding
+(allow) and answering every request with tollgate's 429 (`--reject`: the
+429 floor). The client keeps `--conns` connections busy with one request at
+a time each, as wrk does. Needs valgrind, nginx and (for --syscalls) perf.
+
+With `--budget-allow` / `--budget-reject`, tollgate's instructions per
+request are checked against those budgets after the run: above either, the
+script says which and exits 1 (CI runs it so, and the hot path cannot
+silently regain what was taken off it).
 """
 
 import argparse
@@ -43,7 +50,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = {"upstream": 19180, "tollgate": 19181, "tollgate_admin": 19182, "nginx": 19183,
-         "nginx_reject": 19184, "floor": 19185}
+         "nginx_reject": 19184, "floor": 19185, "floor_reject": 19186}
 
 
 def log(msg):
@@ -289,6 +296,18 @@ class PerfStat:
         self.proc.wait()
 
 
+def over_budget(rows, budgets):
+    """What exceeds its budget: tollgate's instructions per request, per scenario."""
+    over = []
+    for scenario, name, value in rows:
+        budget = budgets.get(scenario)
+        if name == "tollgate" and budget is not None and value > budget:
+            over.append(f"tollgate {scenario}: {value:.0f} instructions per request > budget {budget}")
+    missing = [s for s, b in budgets.items() if b is not None and not any(r[0] == s and r[1] == "tollgate" for r in rows)]
+    over += [f"tollgate {s}: not measured, but a budget was given" for s in missing]
+    return over
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20000, help="measured requests per scenario")
@@ -310,6 +329,8 @@ def main():
     ap.add_argument("--port-offset", type=int, default=0,
                     help="added to every port, so two runs can share the machine")
     ap.add_argument("--floor-args", default="--workers 2", help="extra arguments for the floor, e.g. '--auto'")
+    ap.add_argument("--budget-allow", type=int, help="exit 1 if tollgate's allow path exceeds this many instructions per request")
+    ap.add_argument("--budget-reject", type=int, help="exit 1 if tollgate's 429 exceeds this many instructions per request")
     args = ap.parse_args()
     for name in PORTS:
         PORTS[name] += args.port_offset
@@ -343,6 +364,9 @@ def main():
             plan.append(("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
                                    *args.floor_args.split()],
                          [("allow", PORTS["floor"], "/")]))
+            plan.append(("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor_reject']}",
+                                   f"127.0.0.1:{PORTS['upstream']}", *args.floor_args.split(), "--reject"],
+                         [("reject", PORTS["floor_reject"], "/reject")]))
         if "nginx" in only:
             plan.append(("nginx", ["nginx", "-p", d, "-e", f"{d}/ng-error.log", "-c", f"{d}/nginx.conf"],
                          [("allow", PORTS["nginx"], "/"), ("reject", PORTS["nginx_reject"], "/")]))
@@ -372,10 +396,17 @@ def main():
                 print(f"{scenario:8} {name:10} {v['syscalls']:12.2f} {v['switches']:10.3f} {v['cpu_us']:10.1f}")
         else:
             ng = {s: v for s, n, v in rows if n == "nginx"}
-            print(f"{'scenario':8} {'target':10} {'instr/req':>10} {'x nginx':>8}")
+            fl = {s: v for s, n, v in rows if n == "floor"}
+            print(f"{'scenario':8} {'target':10} {'instr/req':>10} {'x nginx':>8} {'x floor':>8}")
             for scenario, name, v in rows:
                 ratio = f"{v / ng[scenario]:8.2f}" if scenario in ng else f"{'':8}"
-                print(f"{scenario:8} {name:10} {v:10.0f} {ratio}")
+                floor_ratio = f"{v / fl[scenario]:8.2f}" if scenario in fl else f"{'':8}"
+                print(f"{scenario:8} {name:10} {v:10.0f} {ratio} {floor_ratio}")
+            over = over_budget(rows, {"allow": args.budget_allow, "reject": args.budget_reject})
+            if over:
+                for line in over:
+                    print(f"OVER BUDGET: {line}")
+                sys.exit(1)
     finally:
         for s in servers:
             if s.proc.poll() is None:

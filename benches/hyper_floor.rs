@@ -10,7 +10,7 @@
 //!
 //! ```sh
 //! cargo build --release --bench hyper_floor    # binary: target/release/deps/hyper_floor-<hash>
-//! hyper_floor serve 127.0.0.1:19130 127.0.0.1:19080 [--workers 2] [--auto] [--inline]
+//! hyper_floor serve 127.0.0.1:19130 127.0.0.1:19080 [--workers 2] [--auto] [--inline] [--reject]
 //! ```
 //!
 //! `--auto` serves with hyper-util's HTTP/1-or-2 auto builder (what tollgate
@@ -20,9 +20,15 @@
 //! task polls it, with the exchange until the response head arrives, then
 //! from the response body, to price the connection's own task (two task
 //! wake-ups per request; docs/PERFORMANCE.md: no instructions to speak of).
+//! `--reject` forwards nothing: every request is answered with one prebuilt
+//! 429 carrying the headers and the body size of tollgate's 429 on
+//! `bench/instructions.py`'s config (see [`reject_answer`]), so a hyper server
+//! writing that answer is the floor tollgate's reject path is measured
+//! against. Its headers are handed to hyper as a `HeaderMap` cloned per
+//! response, as any hyper service must.
 //! With no arguments, as `cargo test --all-targets` runs it, it forwards one
-//! request through itself on port 0 and exits, so the floor cannot rot
-//! unnoticed; it serves only when told to.
+//! request through itself on port 0 (and asks the reject mode once) and
+//! exits, so the floor cannot rot unnoticed; it serves only when told to.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -228,43 +234,122 @@ async fn worker(listener: TcpListener, upstream: SocketAddr, mode: Mode) {
         idle: Mutex::new(Vec::new()),
         inline: mode.inline,
     });
+    let answer = Arc::new(reject_answer());
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let pool = pool.clone();
-                async move { Ok::<_, Infallible>(pool.forward(req).await) }
+        if mode.reject {
+            let answer = answer.clone();
+            let service = service_fn(move |_req| {
+                let resp = answer.respond();
+                async move { Ok::<_, Infallible>(resp) }
             });
-            let io = TokioIo::new(stream);
-            let _ = if mode.auto {
-                let mut builder =
-                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10));
-                builder.serve_connection(io, service).await
-            } else {
-                hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
-                    .serve_connection(io, service)
-                    .await
-                    .map_err(Into::into)
-            };
+            tokio::spawn(serve(stream, service, mode));
+            continue;
+        }
+        let pool = pool.clone();
+        let service = service_fn(move |req| {
+            let pool = pool.clone();
+            async move { Ok::<_, Infallible>(pool.forward(req).await) }
         });
+        tokio::spawn(serve(stream, service, mode));
     }
 }
 
-/// How the floor serves: `--auto` and `--inline` (see the module doc).
+/// Serves one client connection with `service`, as tollgate does (or with
+/// hyper's HTTP/1.1 builder, without `--auto`).
+async fn serve<S, B>(stream: TcpStream, service: S, mode: Mode)
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let io = TokioIo::new(stream);
+    let _ = if mode.auto {
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10));
+        builder.serve_connection(io, service).await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .serve_connection(io, service)
+            .await
+            .map_err(Into::into)
+    };
+}
+
+/// The `--reject` answer: tollgate's 429 on `bench/instructions.py`'s
+/// config (limiter `reject`, 1 request per hour per IP), as one was seen on
+/// the wire: the same header fields in the same order — hyper adds
+/// `content-length` and `date` for both — and the same body, with a request
+/// id as long as the bench's (the counter is 4 hex digits by then).
+struct RejectAnswer {
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+/// The header fields of tollgate's 429 (a repeated name is appended).
+const REJECT_HEADERS: [(&str, &str); 11] = [
+    ("content-type", "application/problem+json"),
+    ("vary", "accept"),
+    ("vary", "Accept-Encoding"),
+    ("retry-after", "1241"),
+    ("cache-control", "no-store"),
+    ("x-ratelimit-limit", "1"),
+    ("x-ratelimit-remaining", "0"),
+    ("x-ratelimit-reset", "1796155200"),
+    ("ratelimit-policy", "\"reject\";q=1;w=3600"),
+    ("ratelimit", "\"reject\";r=0;t=1241"),
+    ("x-request-id", "a36f3f0abf3e-a3c1"),
+];
+
+/// tollgate's 429 body (problem+json) on that config, byte for byte.
+const REJECT_BODY: &str = concat!(
+    r#"{"type":"rate-limit-exceeded","title":"Too Many Requests","status":429,"#,
+    r#""detail":"Rate limit of 1 requests per 3600s exceeded for key 'ip:127.0.0.1'.","#,
+    r#""limiter":"reject","limit":1,"window_seconds":3600,"retry_after":1241,"#,
+    r#""violated-policies":["reject"],"request_id":"a36f3f0abf3e-a3c1"}"#
+);
+
+fn reject_answer() -> RejectAnswer {
+    let mut headers = http::HeaderMap::with_capacity(REJECT_HEADERS.len());
+    for (name, value) in REJECT_HEADERS {
+        headers.append(
+            http::HeaderName::from_static(name),
+            http::HeaderValue::from_static(value),
+        );
+    }
+    RejectAnswer {
+        headers,
+        body: Bytes::from_static(REJECT_BODY.as_bytes()),
+    }
+}
+
+impl RejectAnswer {
+    /// One response: the header map cloned (hyper takes it by value) and the body shared.
+    fn respond(&self) -> Response<http_body_util::Full<Bytes>> {
+        let mut resp = Response::new(http_body_util::Full::new(self.body.clone()));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *resp.headers_mut() = self.headers.clone();
+        resp
+    }
+}
+
+/// How the floor serves: `--auto`, `--inline` and `--reject` (see the module doc).
 #[derive(Debug, Clone, Copy)]
 struct Mode {
     auto: bool,
     inline: bool,
+    reject: bool,
 }
 
 /// Starts `workers` threads serving `listener`; they run until the process ends.
@@ -321,7 +406,8 @@ fn start_upstream() -> std::io::Result<SocketAddr> {
 }
 
 /// Two requests on one connection through the floor (the second reuses
-/// the pooled upstream connection); panics unless both come back `ok`.
+/// the pooled upstream connection); panics unless both come back `ok` (or,
+/// with `--reject`, both as the prebuilt 429).
 fn self_check(mode: Mode) -> std::io::Result<()> {
     let upstream = start_upstream()?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -333,6 +419,20 @@ fn self_check(mode: Mode) -> std::io::Result<()> {
         client.write_all(b"GET / HTTP/1.1\r\nHost: floor\r\n\r\n")?;
         let mut answer = Vec::new();
         let mut buf = [0u8; 1024];
+        if mode.reject {
+            let ends = reject_answer().body;
+            while !answer.ends_with(&ends) {
+                let n = client.read(&mut buf)?;
+                assert!(n > 0, "the floor closed the connection: {answer:?}");
+                answer.extend_from_slice(&buf[..n]);
+            }
+            assert!(
+                answer.starts_with(b"HTTP/1.1 429 Too Many Requests\r\n"),
+                "unexpected answer: {}",
+                String::from_utf8_lossy(&answer)
+            );
+            continue;
+        }
         while !answer.ends_with(b"\r\n\r\nok\n") {
             let n = client.read(&mut buf)?;
             assert!(n > 0, "the floor closed the connection: {answer:?}");
@@ -344,7 +444,7 @@ fn self_check(mode: Mode) -> std::io::Result<()> {
             String::from_utf8_lossy(&answer)
         );
     }
-    println!("hyper_floor: forwards ({mode:?})");
+    println!("hyper_floor: answers ({mode:?})");
     Ok(())
 }
 
@@ -353,16 +453,26 @@ fn main() -> std::io::Result<()> {
     let mode = Mode {
         auto: args.iter().any(|a| a == "--auto"),
         inline: args.iter().any(|a| a == "--inline"),
+        reject: args.iter().any(|a| a == "--reject"),
     };
     if args.first().map(String::as_str) != Some("serve") {
         // `cargo test --all-targets` / `cargo bench` without arguments.
-        for (auto, inline) in [(false, false), (true, false), (false, true)] {
-            self_check(Mode { auto, inline })?;
+        for (auto, inline, reject) in [
+            (false, false, false),
+            (true, false, false),
+            (false, true, false),
+            (true, false, true),
+        ] {
+            self_check(Mode {
+                auto,
+                inline,
+                reject,
+            })?;
         }
         return Ok(());
     }
     let usage =
-        "usage: hyper_floor serve LISTEN_ADDR UPSTREAM_ADDR [--workers N] [--auto] [--inline]";
+        "usage: hyper_floor serve LISTEN_ADDR UPSTREAM_ADDR [--workers N] [--auto] [--inline] [--reject]";
     let parse = |i: usize| -> std::io::Result<SocketAddr> {
         args.get(i)
             .and_then(|a| a.parse().ok())

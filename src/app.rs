@@ -207,7 +207,9 @@ impl App {
             }
             Admission::Refused(resp) => return Ok(resp),
         };
-        let resp = self.dispatch(x, route, &client, admitted, &mut pass).await;
+        // Boxed: the upstream phase is most of a request's future, which is
+        // copied whole when the request starts; a refusal never dispatches.
+        let resp = Box::pin(self.dispatch(x, route, &client, admitted, &mut pass)).await;
         Ok(self.settle(x, pass, resp).await)
     }
 

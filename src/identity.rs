@@ -254,7 +254,18 @@ impl Identity {
     /// The `ip` key of an address: itself for IPv4, its prefix for IPv6.
     pub fn ip_key(&self, ip: IpAddr) -> String {
         match ip {
-            IpAddr::V4(v4) => format!("ip:{v4}"),
+            // Written by hand: the formatter was ~1,400 instructions a request.
+            IpAddr::V4(v4) => {
+                let mut key = String::with_capacity(18);
+                key.push_str("ip:");
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        key.push('.');
+                    }
+                    key.push_str(itoa::Buffer::new().format(octet));
+                }
+                key
+            }
             IpAddr::V6(v6) if self.ipv6_prefix >= 128 => format!("ip:{v6}"),
             IpAddr::V6(v6) => {
                 let net = ipnet::Ipv6Net::new(v6, self.ipv6_prefix)
@@ -404,6 +415,14 @@ mod tests {
 
     fn peer(s: &str) -> SocketAddr {
         SocketAddr::new(s.parse().unwrap(), 40000)
+    }
+
+    #[test]
+    fn an_ipv4_key_is_written_by_hand_as_the_formatter_would_write_it() {
+        let id = identity(&[]);
+        for ip in ["203.0.113.9", "0.0.0.0", "255.255.255.255", "10.0.10.100"] {
+            assert_eq!(id.ip_key(ip.parse().unwrap()), format!("ip:{ip}"));
+        }
     }
 
     #[test]

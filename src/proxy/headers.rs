@@ -7,7 +7,9 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use crate::identity::Client as ClientIdentity;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and their common non-standard kin.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// A `static`, not a `const`: a const array of names is built (and dropped)
+/// again wherever it is used, on every message.
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -28,7 +30,7 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 /// says" — the client address, the original URL, the external host or
 /// scheme — and that only a trusted peer may send. From anyone else they are
 /// removed (the `X-Forwarded-*` tollgate vouches for itself are then set anew).
-pub const EDGE_OWNED: [HeaderName; 14] = [
+pub static EDGE_OWNED: [HeaderName; 14] = [
     header::FORWARDED,
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-port"),
@@ -49,7 +51,7 @@ pub const EDGE_OWNED: [HeaderName; 14] = [
 /// `_` they are removed from every peer, whatever
 /// `server.underscores_in_headers` says: a CGI gateway files `X_Real_IP`
 /// under the same `HTTP_X_REAL_IP` as tollgate's own `X-Real-IP`.
-const SET_BY_EDGE: [HeaderName; 4] = [
+static SET_BY_EDGE: [HeaderName; 4] = [
     X_FORWARDED_FOR,
     X_REAL_IP,
     X_FORWARDED_PROTO,
@@ -101,16 +103,28 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present.is_empty() {
         return;
     }
+    // The names `Connection` lists; `close` and the hop-by-hop names
+    // (`keep-alive`, as nearly every upstream sends) go anyway, unparsed.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .map(str::trim)
+        .filter(|name| !goes_anyway(name))
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in named.iter().chain(present.iter()) {
         headers.remove(name);
     }
+}
+
+/// A `Connection` token that names nothing [`strip_hop_by_hop`] would keep.
+fn goes_anyway(token: &str) -> bool {
+    token.eq_ignore_ascii_case("close")
+        || HOP_BY_HOP
+            .iter()
+            .any(|n| n.as_str().eq_ignore_ascii_case(token))
 }
 
 /// The names of `set` that `headers` has.

@@ -162,7 +162,8 @@ impl Upstream {
             }
         }
         if let Some(fastcgi) = &self.fastcgi {
-            return self.send_fastcgi(fastcgi, outbound).await;
+            // Boxed, as the https arm below: only their requests pay for their futures.
+            return Box::pin(self.send_fastcgi(fastcgi, outbound)).await;
         }
         if !self.base_path.is_empty() {
             outbound.target =
@@ -171,7 +172,7 @@ impl Upstream {
         }
         match &self.plain {
             Some(pool) => self.send_plain(pool, outbound).await,
-            None => self.send_pooled(outbound).await,
+            None => Box::pin(self.send_pooled(outbound)).await,
         }
     }
 

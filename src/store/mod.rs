@@ -128,6 +128,17 @@ enum Backends {
 /// One store operation on whichever backend is open: one exhaustive match,
 /// so a new variant of [`Backends`] fails to compile until it is handled.
 macro_rules! on_backend {
+    // A call on the request path: Redis' future (a round trip, its timeout)
+    // is boxed, so it does not make every request's future that much larger
+    // on the other stores, whose calls are ready at once; a request's future
+    // is copied whole when it starts (docs/PERFORMANCE.md, "The request's future").
+    (await $store:expr, $b:ident => $call:expr) => {
+        match &$store.backend {
+            Backends::Memory($b) => $call.await,
+            Backends::Sqlite($b) => $call.await,
+            Backends::Redis($b) => Box::pin($call).await,
+        }
+    };
     ($store:expr, $b:ident => $call:expr) => {
         match &$store.backend {
             Backends::Memory($b) => $call,
@@ -202,7 +213,7 @@ impl Store {
         checks: &[Check<'_>],
         now: Nanos,
     ) -> Result<Vec<Outcome>, StoreError> {
-        on_backend!(self, b => Backend::check(b, &self.local, checks, now).await)
+        on_backend!(await self, b => Backend::check(b, &self.local, checks, now))
     }
 
     /// `on_error: local`: checks against this instance's own table while the
@@ -218,7 +229,7 @@ impl Store {
         algorithm: &Algorithm,
         now: Nanos,
     ) -> Result<Quota, StoreError> {
-        on_backend!(self, b => Backend::peek(b, &self.local, key, algorithm, now).await)
+        on_backend!(await self, b => Backend::peek(b, &self.local, key, algorithm, now))
     }
 
     /// An admitted request finished, or left while it was still queued.
@@ -236,7 +247,7 @@ impl Store {
         ticket: Nanos,
         now: Nanos,
     ) -> Result<(), StoreError> {
-        on_backend!(self, b => Backend::refund(b, &self.local, key, algorithm, ticket, now).await)
+        on_backend!(await self, b => Backend::refund(b, &self.local, key, algorithm, ticket, now))
     }
 
     /// The ban on each of these store keys at `now`, if any.
@@ -245,7 +256,7 @@ impl Store {
         keys: &[&str],
         now: Nanos,
     ) -> Result<Vec<Option<Banned>>, StoreError> {
-        on_backend!(self, b => Backend::banned(b, &self.local, keys, now).await)
+        on_backend!(await self, b => Backend::banned(b, &self.local, keys, now))
     }
 
     /// Counts one rejection of `key` by a limiter with `ban:`; returns the
@@ -257,7 +268,7 @@ impl Store {
         window: Nanos,
         now: Nanos,
     ) -> Result<Option<Banned>, StoreError> {
-        on_backend!(self, b => Backend::strike(b, &self.local, key, rule, window, now).await)
+        on_backend!(await self, b => Backend::strike(b, &self.local, key, rule, window, now))
     }
 
     /// Every ban in force at `now`, sorted by store key (`GET /bans`).
