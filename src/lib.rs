@@ -59,14 +59,18 @@
 //!   upstream trust; [`acme`]: automatic HTTPS (one task per name: storage, order with
 //!   instant-acme, renewal, backoff, the fleet lock), whose `acme/state.rs` table the TLS
 //!   resolver, the plain listener's http-01 answer and `GET /certificates` read;
-//! - [`config`]: raw YAML → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
-//!   and certificate pairs and CA bundles as data in `certs.rs`;
+//! - [`config`]: raw YAML (`raw.rs`; `raw/limiter.rs`: a limiter's keys, its parameters read as
+//!   its algorithm declares them; `raw/store.rs`: `store:` one variant per backend with only its
+//!   keys) → pure validation (`validate/`) → `Config`, with the I/O in `load.rs` and certificate
+//!   pairs and CA bundles as data in `certs.rs`;
 //!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
 //!   [`activity`]: what the dashboard shows besides counters;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected clock, one file each
-//!   implementing `Rule`: its arithmetic and every fact about it (parameters and their bounds,
-//!   policy words, ban window, stored form); `limiter/mod.rs` forwards, one exhaustive `match`
-//!   per question;
+//!   implementing `Rule`: its arithmetic and every fact about it (parameter names, units and
+//!   bounds, policy words, ban window, stored form); `limiter/mod.rs` forwards, one exhaustive
+//!   `match` per question. A new algorithm is its own file, its variants in `limiter/mod.rs`
+//!   and its script arguments in `store/redis/args.rs` (the compiler points at each), the
+//!   Lua script beside them;
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;

@@ -415,7 +415,7 @@ fn limiter(l: &LimiterConfig) -> Value {
         "lease": lease.as_ref().map(|l| json!({"max": l.max})),
     });
     // Every algorithm's parameter is shown, `null` where this one takes none.
-    for k in Kind::ALL.into_iter().flat_map(Kind::params) {
+    for (k, _) in Kind::ALL.into_iter().flat_map(Kind::params) {
         out[*k] = Value::Null;
     }
     let params = algorithm.params().into_iter().map(|(k, p)| {

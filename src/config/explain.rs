@@ -89,7 +89,11 @@ fn last_key(path: &str) -> &str {
 }
 
 /// `limt`, expected one of `algorithm`, `limit`, … → an unknown key at its own path, with the closest allowed one.
+/// A reader that knows whose keys these are says so after `; these are the keys of ` (a limiter: its algorithm's).
 fn unknown_key(parent: &str, rest: &str) -> ConfigProblem {
+    let (rest, owner) = rest
+        .split_once("; these are the keys of ")
+        .map_or((rest, None), |(rest, owner)| (rest, Some(owner)));
     let (field, allowed) = rest.split_once('`').unwrap_or((rest, ""));
     let allowed: Vec<&str> = allowed.split('`').skip(1).step_by(2).collect();
     let at = if parent.is_empty() {
@@ -103,10 +107,8 @@ fn unknown_key(parent: &str, rest: &str) -> ConfigProblem {
         allowed.join(", ")
     };
     let hint = suggest::hint(field, allowed.iter().copied());
-    ConfigProblem::at(
-        at,
-        format!("unknown key `{field}`{hint} (keys here: {list})"),
-    )
+    let whose = owner.map_or("keys here".to_string(), |o| format!("keys of {o}"));
+    ConfigProblem::at(at, format!("unknown key `{field}`{hint} ({whose}: {list})"))
 }
 
 /// What a key expects, in YAML terms, from serde's name of it.

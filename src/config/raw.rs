@@ -10,7 +10,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use super::{balance, observe, protect};
+use super::{balance, observe};
+
+mod limiter;
+mod store;
+
+pub use limiter::{RawLimiter, RawOverride, Written};
+pub use store::{RawBackend, RawRedis, RawSentinel, RawSqlite, RawStore};
 
 /// A string value in which `${ENV_VAR}` is replaced from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -398,33 +404,6 @@ pub struct RawAdmin {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawStore {
-    pub backend: Option<Text>,
-    pub path: Option<Text>,
-    pub url: Option<Text>,
-    /// Seed nodes of a Redis Cluster (instead of `url`).
-    pub cluster: Option<Vec<Text>>,
-    /// A primary found through Sentinel (instead of `url`).
-    pub sentinel: Option<RawSentinel>,
-    pub prefix: Option<Text>,
-    pub timeout: Option<Dur>,
-    pub on_error: Option<Text>,
-    pub prune_interval: Option<Dur>,
-    pub flush_interval: Option<Dur>,
-    pub max_keys: Option<u64>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSentinel {
-    /// The name the sentinels monitor the primary under.
-    pub master: Option<Text>,
-    #[serde(default)]
-    pub nodes: Vec<Text>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawAudit {
     pub enabled: Option<bool>,
     pub retention: Option<Dur>,
@@ -485,38 +464,6 @@ pub struct RawUpstream {
     pub fallback: Option<Text>,
     /// fastcgi:// only: `Cache-Control` of every static file, instead of the default by type.
     pub cache_control: Option<Text>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLimiter {
-    pub algorithm: Option<Text>,
-    pub limit: Option<u64>,
-    pub window: Option<Dur>,
-    pub capacity: Option<u64>,
-    pub refill_per_second: Option<f64>,
-    pub leak_per_second: Option<f64>,
-    pub max_in_flight: Option<u64>,
-    pub key: Option<OneOrMany>,
-    pub mode: Option<Text>,
-    #[serde(default)]
-    pub overrides: Vec<RawOverride>,
-    pub reject: Option<observe::RawReject>,
-    /// Only responses that match are counted (see `limiter/count.rs`).
-    pub count: Option<protect::RawCount>,
-    /// Refuse a key outright after repeated rejections.
-    pub ban: Option<protect::RawBan>,
-    /// Reserve units from the Redis store and spend them without a call.
-    pub lease: Option<super::lease::RawLease>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawOverride {
-    /// The key value this override applies to (an API key, an IP, a header value).
-    pub key: Text,
-    /// The quota for that key: limit, capacity or max_in_flight, by algorithm.
-    pub limit: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -329,7 +329,19 @@ const MISTAKES: &[(&str, &str)] = &[
     ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: [per-ip]\n",
      "line 6 column 16: routes[0].limiters[0]: no limiter named \"per-ip\"; did you mean `per_ip`?"),
     ("limiters:\n  a:\n    limt: 5\n    window: 60s\n",
-     "line 3 column 5: limiters.a.limt: unknown key `limt`; did you mean `limit`? (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban, lease)"),
+     "line 3 column 5: limiters.a.limt: unknown key `limt`; did you mean `limit`? (keys of a fixed_window limiter: algorithm, limit, window, key, mode, overrides, reject, count, ban, lease)"),
+    // The algorithm written after the misspelt key still decides which keys are offered.
+    ("limiters:\n  a:\n    capacity: 5\n    refil_per_second: 1\n    algorithm: token_bucket\n",
+     "line 4 column 5: limiters.a.refil_per_second: unknown key `refil_per_second`; did you mean `refill_per_second`? (keys of a token_bucket limiter: algorithm, capacity, refill_per_second, key, mode, overrides, reject, count, ban, lease)"),
+    // An algorithm no one knows: every key any limiter takes is offered.
+    ("limiters:\n  a:\n    algorithm: gcra\n    burst: 5\n",
+     "line 4 column 5: limiters.a.burst: unknown key `burst` (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban, lease)"),
+    // A key no store takes, with every key `store:` has.
+    ("store:\n  backend: redis\n  urls: \"redis://cache\"\n",
+     "line 3 column 3: store.urls: unknown key `urls`; did you mean `url`? (keys here: backend, path, url, cluster, sentinel, prefix, timeout, on_error, prune_interval, flush_interval, max_keys)"),
+    // A backend key's value is read where it stands, before `backend:` is known.
+    ("store:\n  timeout: 50\n  backend: redis\n",
+     "line 2 column 12: store.timeout: `50` has no unit, write e.g. `50s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),
     // A duration without a unit, pointed at `window`, not at the limiter.
     ("limiters:\n  a:\n    limit: 5\n    window: 15\n",
      "line 4 column 13: limiters.a.window: `15` has no unit, write e.g. `15s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),

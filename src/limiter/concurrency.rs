@@ -7,7 +7,7 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict, NANOS_PER_SEC};
+use super::{Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict, NANOS_PER_SEC};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Concurrency {
@@ -23,7 +23,7 @@ pub struct State {
 impl Rule for Concurrency {
     type State = State;
     const NAME: &'static str = "concurrency";
-    const PARAMS: &'static [&'static str] = &["max_in_flight"];
+    const PARAMS: &'static [(&'static str, Unit)] = &[("max_in_flight", Unit::Count)];
     const COUNT_REFUSAL: Option<&'static str> =
         Some("frees its slot when any response ends, whatever it is");
     const COUNTS_REFUSED: bool = false;

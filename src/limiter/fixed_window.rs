@@ -1,6 +1,6 @@
 //! Fixed windows aligned to Unix-epoch multiples of `window`; every attempt counts.
 
-use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
+use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FixedWindow {
@@ -34,7 +34,8 @@ impl FixedWindow {
 impl Rule for FixedWindow {
     type State = State;
     const NAME: &'static str = "fixed_window";
-    const PARAMS: &'static [&'static str] = &["limit", "window"];
+    const PARAMS: &'static [(&'static str, Unit)] =
+        &[("limit", Unit::Count), ("window", Unit::Span)];
     const COUNT_REFUSAL: Option<&'static str> = None;
     const COUNTS_REFUSED: bool = true;
     const HOLDS: Hold = Hold::Nothing;

@@ -23,7 +23,7 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
+use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeakyBucket {
@@ -55,7 +55,10 @@ impl LeakyBucket {
 impl Rule for LeakyBucket {
     type State = State;
     const NAME: &'static str = "leaky_bucket";
-    const PARAMS: &'static [&'static str] = &["capacity", "leak_per_second"];
+    const PARAMS: &'static [(&'static str, Unit)] = &[
+        ("capacity", Unit::Count),
+        ("leak_per_second", Unit::PerSecond),
+    ];
     const COUNT_REFUSAL: Option<&'static str> = Some("delays requests rather than counting them");
     const COUNTS_REFUSED: bool = false;
     const HOLDS: Hold = Hold::Place;

@@ -66,8 +66,10 @@ pub trait Rule {
 
     /// The name `algorithm:` takes.
     const NAME: &'static str;
-    /// The config keys it takes, all required (see [`Rule::params`]).
-    const PARAMS: &'static [&'static str];
+    /// The config keys it takes, all required, and how each is written
+    /// (see [`Rule::params`]). The raw config reads a key by its unit, so a
+    /// name means one unit in every algorithm that takes it.
+    const PARAMS: &'static [(&'static str, Unit)];
     /// Why `count:` makes no sense for it, or `None` if it records each
     /// request as a unit that can be handed back (see `count.rs`).
     const COUNT_REFUSAL: Option<&'static str>;
@@ -182,6 +184,18 @@ pub trait Given {
     fn rate(&mut self, name: &'static str, units: u64, within: &str) -> Nanos;
     /// Reports a problem with `name`.
     fn refuse(&mut self, name: &'static str, why: String);
+}
+
+/// How a parameter is written in the config, which decides how it is read
+/// (the raw config's `Written` holds one of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// A whole number: `limit: 100` ([`Given::number`]).
+    Count,
+    /// A duration: `window: 60s` ([`Given::span`]).
+    Span,
+    /// A number per second, a fraction allowed: `refill_per_second: 0.5` ([`Given::rate`]).
+    PerSecond,
 }
 
 /// What an admitted request holds until `release`, which a shared store
@@ -371,9 +385,24 @@ impl Kind {
         on_kind!(self, P => P::NAME)
     }
 
-    /// The config keys this algorithm takes, all required.
-    pub fn params(self) -> &'static [&'static str] {
+    /// The config keys this algorithm takes, all required, with how each is written.
+    pub fn params(self) -> &'static [(&'static str, Unit)] {
         on_kind!(self, P => P::PARAMS)
+    }
+
+    /// Whether `name` is one of this algorithm's config keys.
+    pub fn takes(self, name: &str) -> bool {
+        self.params().iter().any(|(p, _)| *p == name)
+    }
+
+    /// The parameter `name` of whichever algorithm takes it, with how it is
+    /// written (one unit per name, see [`Rule::PARAMS`]); `None` if none does.
+    pub fn param(name: &str) -> Option<(&'static str, Unit)> {
+        Kind::ALL
+            .into_iter()
+            .flat_map(|k| k.params())
+            .find(|(p, _)| *p == name)
+            .copied()
     }
 
     /// The smallest quota a per-key override may set.

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
+use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
 
 /// The largest limit: the exact log costs 8 bytes per admitted request and
 /// key, so a larger limit would let one key take megabytes.
@@ -52,7 +52,8 @@ impl SlidingWindow {
 impl Rule for SlidingWindow {
     type State = State;
     const NAME: &'static str = "sliding_window";
-    const PARAMS: &'static [&'static str] = &["limit", "window"];
+    const PARAMS: &'static [(&'static str, Unit)] =
+        &[("limit", Unit::Count), ("window", Unit::Span)];
     const COUNT_REFUSAL: Option<&'static str> = None;
     const COUNTS_REFUSED: bool = false;
     const HOLDS: Hold = Hold::Nothing;

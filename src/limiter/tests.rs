@@ -67,3 +67,53 @@ fn shape_fingerprints_are_stable_and_tell_shapes_apart() {
     assert_eq!(a.fingerprint(), 0x8e4e_208e);
     assert_eq!(Shape::Concurrency.fingerprint(), 0x2279_bd40);
 }
+
+/// Records which reader each parameter was read with, answering the least value.
+#[derive(Default)]
+struct Reads(Vec<(&'static str, Unit)>);
+
+impl Given for Reads {
+    fn number(&mut self, name: &'static str, least: u64) -> u64 {
+        self.0.push((name, Unit::Count));
+        least.max(1)
+    }
+    fn span(&mut self, name: &'static str) -> Nanos {
+        self.0.push((name, Unit::Span));
+        NANOS_PER_SEC
+    }
+    fn rate(&mut self, name: &'static str, _units: u64, _within: &str) -> Nanos {
+        self.0.push((name, Unit::PerSecond));
+        NANOS_PER_SEC
+    }
+    fn refuse(&mut self, _name: &'static str, _why: String) {}
+}
+
+#[test]
+fn each_algorithm_reads_exactly_the_parameters_it_declares_in_their_declared_unit() {
+    for kind in Kind::ALL {
+        let mut reads = Reads::default();
+        kind.build(&mut reads);
+        let mut read = reads.0;
+        let mut declared = kind.params().to_vec();
+        read.sort_by_key(|(name, _)| *name);
+        declared.sort_by_key(|(name, _)| *name);
+        assert_eq!(read, declared, "{}", kind.name());
+    }
+}
+
+#[test]
+fn a_parameter_name_means_one_unit_in_every_algorithm_that_takes_it() {
+    // The raw config reads a parameter before it knows the algorithm.
+    for kind in Kind::ALL {
+        for &(name, unit) in kind.params() {
+            assert_eq!(
+                Kind::param(name),
+                Some((name, unit)),
+                "{} in {}",
+                name,
+                kind.name()
+            );
+        }
+    }
+    assert_eq!(Kind::param("limt"), None);
+}

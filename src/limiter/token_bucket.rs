@@ -22,7 +22,7 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Verdict};
+use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenBucket {
@@ -53,7 +53,10 @@ impl TokenBucket {
 impl Rule for TokenBucket {
     type State = State;
     const NAME: &'static str = "token_bucket";
-    const PARAMS: &'static [&'static str] = &["capacity", "refill_per_second"];
+    const PARAMS: &'static [(&'static str, Unit)] = &[
+        ("capacity", Unit::Count),
+        ("refill_per_second", Unit::PerSecond),
+    ];
     const COUNT_REFUSAL: Option<&'static str> = None;
     const COUNTS_REFUSED: bool = false;
     const HOLDS: Hold = Hold::Nothing;

@@ -3,8 +3,7 @@
 use std::collections::HashSet;
 
 use super::{nanos, valid_name, Validator};
-use crate::config::raw::Dur;
-use crate::config::raw::RawLimiter;
+use crate::config::raw::{RawLimiter, Written};
 use crate::config::{suggest, MAX_DURATION};
 use crate::config::{KeyPart, LimiterConfig, OverrideConfig};
 use crate::limiter::{Algorithm, Given, Kind, Nanos, NANOS_PER_SEC};
@@ -132,21 +131,21 @@ impl Validator<'_> {
         parts
     }
 
-    /// Which fields each algorithm takes, all of them needed; anything else
-    /// set is an error, because a stray `limit` on a token bucket would
-    /// silently do nothing.
+    /// Exactly the parameters `kind` takes, all of them needed; one of
+    /// another algorithm is an error, because a stray `limit` on a token
+    /// bucket would silently do nothing.
     fn algorithm_fields(&mut self, name: &str, kind: Kind, raw: &RawLimiter) {
-        let fields = kind.params();
         let algorithm_name = kind.name();
-        for field in PARAMS {
-            let is_set = param(raw, field).is_some();
-            if is_set && !fields.contains(&field) {
+        for (field, _) in &raw.params {
+            if !kind.takes(field) {
                 self.err(
                     format!("limiters.{name}.{field}"),
                     format!("`{field}` does not apply to {algorithm_name}"),
                 );
             }
-            if !is_set && fields.contains(&field) {
+        }
+        for (field, _) in kind.params() {
+            if raw.param(field).is_none() {
                 self.err(
                     format!("limiters.{name}"),
                     format!("{algorithm_name} needs `{field}`"),
@@ -225,44 +224,6 @@ fn slowest_rate(units: u64) -> String {
     format!("{:.2e}", (exact * scale).ceil() / scale)
 }
 
-/// Every algorithm parameter `RawLimiter` has a field for.
-const PARAMS: [&str; 6] = [
-    "limit",
-    "window",
-    "capacity",
-    "refill_per_second",
-    "leak_per_second",
-    "max_in_flight",
-];
-
-/// One parameter as written.
-#[derive(Clone, Copy)]
-enum Written {
-    Number(u64),
-    Span(Dur),
-    Rate(f64),
-}
-
-/// The field of `raw` named `field`, if it is set: the one place the
-/// parameter names meet the raw fields.
-fn param(raw: &RawLimiter, field: &str) -> Option<Written> {
-    match field {
-        "limit" => raw.limit.map(Written::Number),
-        "window" => raw.window.map(Written::Span),
-        "capacity" => raw.capacity.map(Written::Number),
-        "refill_per_second" => raw.refill_per_second.map(Written::Rate),
-        "leak_per_second" => raw.leak_per_second.map(Written::Rate),
-        "max_in_flight" => raw.max_in_flight.map(Written::Number),
-        other => {
-            debug_assert!(
-                PARAMS.contains(&other),
-                "no `RawLimiter` field for the parameter {other:?}"
-            );
-            None
-        }
-    }
-}
-
 /// An algorithm's parameters as one limiter's YAML gives them. A missing
 /// one was reported already ([`Validator::algorithm_fields`]): it reads as
 /// the smallest value that lets the remaining checks run.
@@ -280,9 +241,9 @@ impl FromRaw<'_, '_, '_> {
 
 impl Given for FromRaw<'_, '_, '_> {
     fn number(&mut self, name: &'static str, least: u64) -> u64 {
-        let n = match param(self.raw, name) {
-            Some(Written::Number(n)) => n,
-            Some(Written::Span(_) | Written::Rate(_)) | None => least,
+        let n = match self.raw.param(name) {
+            Some(Written::Count(n)) => n,
+            Some(Written::Span(_) | Written::PerSecond(_)) | None => least,
         };
         if n < least {
             self.v
@@ -293,9 +254,9 @@ impl Given for FromRaw<'_, '_, '_> {
     }
 
     fn span(&mut self, name: &'static str) -> Nanos {
-        let written = match param(self.raw, name) {
+        let written = match self.raw.param(name) {
             Some(Written::Span(d)) => nanos(d.0),
-            Some(Written::Number(_) | Written::Rate(_)) | None => NANOS_PER_SEC,
+            Some(Written::Count(_) | Written::PerSecond(_)) | None => NANOS_PER_SEC,
         };
         if written == 0 {
             self.v.err(self.at(name), "must be greater than zero");
@@ -304,9 +265,9 @@ impl Given for FromRaw<'_, '_, '_> {
     }
 
     fn rate(&mut self, name: &'static str, units: u64, within: &str) -> Nanos {
-        let written = match param(self.raw, name) {
-            Some(Written::Rate(r)) => Some(r),
-            Some(Written::Number(_) | Written::Span(_)) | None => None,
+        let written = match self.raw.param(name) {
+            Some(Written::PerSecond(r)) => Some(r),
+            Some(Written::Count(_) | Written::Span(_)) | None => None,
         };
         let at = self.at(name);
         self.v.rate(&at, written, units, within)

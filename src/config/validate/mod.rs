@@ -21,7 +21,7 @@ use std::time::Duration;
 use http::HeaderName;
 use ipnet::IpNet;
 
-use super::raw::{Dur, RawConfig, RawIdentity, RawStore, Text};
+use super::raw::{Dur, RawBackend, RawConfig, RawIdentity, RawStore, Text};
 use super::suggest;
 use super::{
     ApiKeyEntry, AuditConfig, Backend, Config, ConfigError, ConfigProblem, IdentityConfig,
@@ -187,7 +187,7 @@ impl Validator<'_> {
     }
 
     fn store(&mut self, raw: &RawStore) -> StoreConfig {
-        let backend = self.store_backend(raw);
+        let backend = self.store_backend(&raw.backend);
         self.foreign_store_keys(raw, &backend);
         let on_error = match raw
             .on_error
@@ -209,7 +209,11 @@ impl Validator<'_> {
                 OnError::Allow
             }
         };
-        let flush_interval = dur(raw.flush_interval, Duration::from_millis(100));
+        let flush = match &raw.backend {
+            RawBackend::Sqlite(s) => s.flush_interval,
+            RawBackend::Memory | RawBackend::Redis(_) | RawBackend::Unknown(_) => None,
+        };
+        let flush_interval = dur(flush, Duration::from_millis(100));
         if flush_interval.is_zero() {
             self.err("store.flush_interval", "must be greater than zero");
         }
@@ -227,33 +231,22 @@ impl Validator<'_> {
         }
     }
 
-    /// `store.backend` and the keys of that backend.
-    fn store_backend(&mut self, raw: &RawStore) -> Backend {
-        match raw
-            .backend
-            .as_ref()
-            .map(|t| t.0.as_str())
-            .unwrap_or("sqlite")
-        {
-            "sqlite" => Backend::Sqlite {
-                path: PathBuf::from(
-                    raw.path
-                        .as_ref()
-                        .map(|t| t.0.as_str())
-                        .unwrap_or("tollgate.db"),
-                ),
+    /// `store.backend` with its own keys, defaults filled in.
+    fn store_backend(&mut self, raw: &RawBackend) -> Backend {
+        match raw {
+            RawBackend::Sqlite(s) => Backend::Sqlite {
+                path: PathBuf::from(s.path.as_ref().map_or("tollgate.db", |t| t.0.as_str())),
             },
-            "memory" => Backend::Memory,
-            "redis" => Backend::Redis {
-                topology: self.redis_topology(raw),
-                prefix: raw
+            RawBackend::Memory => Backend::Memory,
+            RawBackend::Redis(r) => Backend::Redis {
+                topology: self.redis_topology(r),
+                prefix: r
                     .prefix
                     .as_ref()
-                    .map(|t| t.0.clone())
-                    .unwrap_or_else(|| "tollgate:".into()),
-                timeout: dur(raw.timeout, Duration::from_millis(50)),
+                    .map_or_else(|| "tollgate:".into(), |t| t.0.clone()),
+                timeout: dur(r.timeout, Duration::from_millis(50)),
             },
-            other => {
+            RawBackend::Unknown(Text(other)) => {
                 self.err(
                     "store.backend",
                     format!(
@@ -269,29 +262,15 @@ impl Validator<'_> {
     /// A key of another backend is an error, not silently ignored: the
     /// operator meant some other store, or left a key behind when switching.
     fn foreign_store_keys(&mut self, raw: &RawStore, backend: &Backend) {
-        let spelled = raw.backend.as_ref().map_or("sqlite", |t| t.0.as_str());
-        if spelled != backend.label() {
-            return; // An unknown backend: its own error says so.
-        }
-        let given = [
-            ("path", "sqlite", raw.path.is_some()),
-            ("flush_interval", "sqlite", raw.flush_interval.is_some()),
-            ("url", "redis", raw.url.is_some()),
-            ("cluster", "redis", raw.cluster.is_some()),
-            ("sentinel", "redis", raw.sentinel.is_some()),
-            ("prefix", "redis", raw.prefix.is_some()),
-            ("timeout", "redis", raw.timeout.is_some()),
-        ];
-        for (key, owner, present) in given {
-            if present && owner != spelled {
-                self.err(
-                    format!("store.{key}"),
-                    format!(
-                        "`{key}` belongs to `backend: {owner}`, and this store is \
-                         `backend: {spelled}`: remove it, or set `backend: {owner}`"
-                    ),
-                );
-            }
+        let spelled = backend.label();
+        for &(key, owner) in &raw.foreign {
+            self.err(
+                format!("store.{key}"),
+                format!(
+                    "`{key}` belongs to `backend: {owner}`, and this store is \
+                     `backend: {spelled}`: remove it, or set `backend: {owner}`"
+                ),
+            );
         }
     }
 

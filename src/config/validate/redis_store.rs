@@ -1,6 +1,6 @@
 //! `store.url`, `store.sentinel`, `store.cluster`: where the Redis store lives, exactly one of the three.
 
-use super::super::raw::{RawSentinel, RawStore, Text};
+use super::super::raw::{RawRedis, RawSentinel, Text};
 use super::super::RedisTopology;
 use super::Validator;
 
@@ -9,7 +9,7 @@ const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
 impl Validator<'_> {
     /// One topology; a second one named beside it is an error, since the
     /// operator cannot mean both and either silent choice would surprise.
-    pub(super) fn redis_topology(&mut self, raw: &RawStore) -> RedisTopology {
+    pub(super) fn redis_topology(&mut self, raw: &RawRedis) -> RedisTopology {
         let named: Vec<&str> = [
             ("url", raw.url.is_some()),
             ("sentinel", raw.sentinel.is_some()),

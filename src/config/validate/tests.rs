@@ -80,6 +80,9 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("store: { timeout: 1s }", "store.timeout", "`timeout` belongs to `backend: redis`, and this store is `backend: sqlite`"),
     ("store: { backend: memory, path: a.db }", "store.path", "`path` belongs to `backend: sqlite`, and this store is `backend: memory`"),
     ("store: { backend: redis, flush_interval: 1s }", "store.flush_interval", "`flush_interval` belongs to `backend: sqlite`, and this store is `backend: redis`"),
+    // `backend:` written after the keys it decides about.
+    ("store: { url: \"redis://cache:6379/0\", backend: memory }", "store.url", "`url` belongs to `backend: redis`, and this store is `backend: memory`"),
+    ("store: { path: a.db, timeout: 1s, backend: redis }", "store.path", "`path` belongs to `backend: sqlite`, and this store is `backend: redis`"),
     // identity
     ("identity: { api_key_header: \"X Key\" }", "identity.api_key_header", "invalid header name"),
     ("identity: { ipv6_prefix: 0 }", "identity.ipv6_prefix", "must be between 1 and 128"),
