@@ -278,16 +278,10 @@ pub async fn obtain(
         .initial_delay(Duration::from_millis(250))
         .backoff(1.5)
         .timeout(VALIDATION_BUDGET);
-    let status = order.poll_ready(&retries).await.map_err(|e| {
-        if is_validation_problem(&e) {
-            OrderError::Validation {
-                domain: domain.to_string(),
-                detail: e.to_string(),
-            }
-        } else {
-            OrderError::Ca(e)
-        }
-    })?;
+    let status = order
+        .poll_ready(&retries)
+        .await
+        .map_err(|e| poll_error(domain, e))?;
     if status != OrderStatus::Ready {
         return Err(OrderError::Validation {
             domain: domain.to_string(),
@@ -295,20 +289,37 @@ pub async fn obtain(
         });
     }
     drop(answer);
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-        .map_err(|e| OrderError::Certificate(e.to_string()))?;
-    let mut params = rcgen::CertificateParams::new(vec![domain.to_string()])
-        .map_err(|e| OrderError::Certificate(e.to_string()))?;
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    let csr = params
-        .serialize_request(&key)
-        .map_err(|e| OrderError::Certificate(e.to_string()))?;
-    order.finalize_csr(csr.der()).await?;
+    let (key, csr) = key_and_csr(domain)?;
+    order.finalize_csr(&csr).await?;
     let chain_pem = order.poll_certificate(&retries).await?;
     Ok(Stored {
         chain_pem,
         key_pem: key.serialize_pem(),
     })
+}
+
+/// An error while the CA validates: the CA's verdict on our answer (a
+/// validation failure, backed off for longer) or a CA/transport error.
+fn poll_error(domain: &str, e: instant_acme::Error) -> OrderError {
+    if is_validation_problem(&e) {
+        OrderError::Validation {
+            domain: domain.to_string(),
+            detail: e.to_string(),
+        }
+    } else {
+        OrderError::Ca(e)
+    }
+}
+
+/// A fresh ECDSA P-256 key for `domain` and the DER of its CSR.
+fn key_and_csr(domain: &str) -> Result<(rcgen::KeyPair, Vec<u8>), OrderError> {
+    let certificate = |e: rcgen::Error| OrderError::Certificate(e.to_string());
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(certificate)?;
+    let mut params =
+        rcgen::CertificateParams::new(vec![domain.to_string()]).map_err(certificate)?;
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    let csr = params.serialize_request(&key).map_err(certificate)?;
+    Ok((key, csr.der().as_ref().to_vec()))
 }
 
 /// What the CA said about a failed challenge, from the authorizations.
