@@ -3,12 +3,10 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis_server::RedisServer;
-use common::{eventually_blocking, http, wait_for_window_room, Process, Proxy, Reply};
+use common::{concurrent, eventually_blocking, http, wait_for_window_room, Process, Proxy, Reply};
 use tollgate::clock::ManualClock;
 use tollgate::limiter::NANOS_PER_SEC as S;
 
@@ -27,41 +25,6 @@ fn fleet_yaml(redis: &RedisServer, on_error: &str, limiters: &str, routes: &str)
 
 fn get(p: &Process, path: &str) -> Reply {
     http(p.addr, "GET", path).unwrap_or_else(|e| panic!("{path}: {e}\n{}", p.output()))
-}
-
-/// Sends `total` requests from `total` threads at once, alternating between
-/// the proxies; returns how many got 200.
-fn concurrent(fleet: &[&Process], path: &str, total: usize) -> usize {
-    let ok = Arc::new(AtomicUsize::new(0));
-    let addrs: Vec<_> = fleet.iter().map(|p| p.addr).collect();
-    let start = Arc::new(std::sync::Barrier::new(total));
-    let threads: Vec<_> = (0..total)
-        .map(|i| {
-            let (ok, start, addr, path) = (
-                ok.clone(),
-                start.clone(),
-                addrs[i % addrs.len()],
-                path.to_string(),
-            );
-            std::thread::spawn(move || {
-                start.wait();
-                let r = http(addr, "GET", &path).expect("the proxy answers");
-                assert!(
-                    matches!(r.status, 200 | 429),
-                    "unexpected {}: {}",
-                    r.status,
-                    r.body
-                );
-                if r.status == 200 {
-                    ok.fetch_add(1, Ordering::SeqCst);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("request thread");
-    }
-    ok.load(Ordering::SeqCst)
 }
 
 #[test]

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::redis_cluster::{Cluster, Sentinel, MASTER};
-use common::{eventually_blocking, http, http_with, wait_for_window_room, Process, Reply};
+use common::{
+    concurrent, eventually_blocking, http, http_with, wait_for_window_room, Process, Reply,
+};
 
 /// The fleet's Redis timeout in the fault tests; a request may take this
 /// plus the machine's slack (2 shared cores running several builds).
@@ -31,36 +33,6 @@ fn cluster_yaml(seeds: &[String], on_error: &str, timeout: &str, rest: &str) -> 
 fn get_as(p: &Process, path: &str, ip: &str) -> Reply {
     http_with(p.addr, "GET", path, &[("X-Forwarded-For", ip)])
         .unwrap_or_else(|e| panic!("{path}: {e}\n{}", p.output()))
-}
-
-/// `total` requests from `total` threads at once, alternating between the
-/// proxies; how many got 200 (anything but 200/429 fails the test).
-fn concurrent(fleet: &[&Process], path: &str, total: usize) -> usize {
-    let ok = Arc::new(AtomicUsize::new(0));
-    let addrs: Vec<_> = fleet.iter().map(|p| p.addr).collect();
-    let start = Arc::new(std::sync::Barrier::new(total));
-    let threads: Vec<_> = (0..total)
-        .map(|i| {
-            let (ok, start, addr, path) = (
-                ok.clone(),
-                start.clone(),
-                addrs[i % addrs.len()],
-                path.to_string(),
-            );
-            std::thread::spawn(move || {
-                start.wait();
-                let r = http(addr, "GET", &path).expect("the proxy answers");
-                assert!(matches!(r.status, 200 | 429), "{}: {}", r.status, r.body);
-                if r.status == 200 {
-                    ok.fetch_add(1, Ordering::SeqCst);
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("request thread");
-    }
-    ok.load(Ordering::SeqCst)
 }
 
 /// The Redis key tollgate gives a store key on a cluster: the client (or the whole value) as hash tag.

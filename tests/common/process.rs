@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{eventually_blocking, free_addr, http, pin_yaml};
@@ -159,4 +160,39 @@ impl Drop for Process {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Sends `total` requests from `total` threads at once, alternating between
+/// the proxies; returns how many got 200 (anything but 200 or 429 fails the test).
+pub fn concurrent(fleet: &[&Process], path: &str, total: usize) -> usize {
+    let ok = Arc::new(AtomicUsize::new(0));
+    let addrs: Vec<_> = fleet.iter().map(|p| p.addr).collect();
+    let start = Arc::new(std::sync::Barrier::new(total));
+    let threads: Vec<_> = (0..total)
+        .map(|i| {
+            let (ok, start, addr, path) = (
+                ok.clone(),
+                start.clone(),
+                addrs[i % addrs.len()],
+                path.to_string(),
+            );
+            std::thread::spawn(move || {
+                start.wait();
+                let r = super::http(addr, "GET", &path).expect("the proxy answers");
+                assert!(
+                    matches!(r.status, 200 | 429),
+                    "unexpected {}: {}",
+                    r.status,
+                    r.body
+                );
+                if r.status == 200 {
+                    ok.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("request thread");
+    }
+    ok.load(Ordering::SeqCst)
 }

@@ -74,8 +74,17 @@ trait OwnKeys: Default {
     const KEYS: &'static [&'static str];
     /// Reads the value of `key`, one of [`OwnKeys::KEYS`].
     fn read<'de, A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error>;
+    /// For each of [`OwnKeys::KEYS`], in order: was it written?
+    fn given(&self) -> Vec<bool>;
     /// The keys that were written, in [`OwnKeys::KEYS`] order.
-    fn written(&self) -> Vec<&'static str>;
+    fn written(&self) -> Vec<&'static str> {
+        Self::KEYS
+            .iter()
+            .zip(self.given())
+            .filter(|(_, given)| *given)
+            .map(|(k, _)| *k)
+            .collect()
+    }
 }
 
 impl OwnKeys for RawSqlite {
@@ -88,14 +97,8 @@ impl OwnKeys for RawSqlite {
         }
         Ok(())
     }
-    fn written(&self) -> Vec<&'static str> {
-        let set = [self.path.is_some(), self.flush_interval.is_some()];
-        Self::KEYS
-            .iter()
-            .zip(set)
-            .filter(|(_, s)| *s)
-            .map(|(k, _)| *k)
-            .collect()
+    fn given(&self) -> Vec<bool> {
+        vec![self.path.is_some(), self.flush_interval.is_some()]
     }
 }
 
@@ -112,20 +115,14 @@ impl OwnKeys for RawRedis {
         }
         Ok(())
     }
-    fn written(&self) -> Vec<&'static str> {
-        let set = [
+    fn given(&self) -> Vec<bool> {
+        vec![
             self.url.is_some(),
             self.cluster.is_some(),
             self.sentinel.is_some(),
             self.prefix.is_some(),
             self.timeout.is_some(),
-        ];
-        Self::KEYS
-            .iter()
-            .zip(set)
-            .filter(|(_, s)| *s)
-            .map(|(k, _)| *k)
-            .collect()
+        ]
     }
 }
 
