@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::acme::{
     accept_any, acme_block, config, serial, start, status_of, validation, verified_serial,
-    wait_certificate, Scene,
+    wait_certificate, with_static_name, Scene,
 };
 use common::certs::{self, Ca, Session};
 use common::Upstream;
@@ -207,7 +207,6 @@ async fn with_the_ca_down_other_names_are_served_retries_back_off_and_the_error_
     let upstream = Upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("test CA");
-    let (cert, key) = ca.issue(&["static.test"]).write(dir.path(), "static");
     let ca_file = ca.write(dir.path(), "ca.pem");
     let (ca_addr, requests) = broken_ca().await;
     let acme = acme_block(
@@ -218,22 +217,7 @@ async fn with_the_ca_down_other_names_are_served_retries_back_off_and_the_error_
         "tls-alpn-01",
         "",
     );
-    let yaml = format!(
-        r#"
-server:
-  tls:
-    listen: ["127.0.0.1:0"]
-    certs: [{{ cert: "{}", key: "{}" }}]
-    acme: {{ {acme} }}
-upstreams:
-  app: {{ url: "{}" }}
-routes:
-  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}
-"#,
-        cert.display(),
-        key.display(),
-        upstream.url()
-    );
+    let yaml = with_static_name(&acme, &upstream.url(), dir.path(), &ca);
     let proxy = start(&yaml, tempfile::tempdir().unwrap()).await;
     let tls = proxy.tls_addr.unwrap();
     let window = Duration::from_secs(30);

@@ -2,37 +2,16 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::acme::{
-    accept_any, acme_block, config, start, status_of, validation, verified_serial,
-    wait_certificate, Scene,
+    accept_any, acme_block, config, entry_for, start, status_of, validation, verified_serial,
+    wait_certificate, with_static_name, Scene,
 };
 use common::certs::{self, Ca};
 use common::pebble::Validation;
 use common::Proxy;
 use serde_json::Value;
-
-/// `acme` beside a configured pair for `static.test` (the name that must keep working).
-fn with_static_name(acme: &str, upstream: &str, dir: &Path, ca: &Ca) -> String {
-    let (cert, key) = ca.issue(&["static.test"]).write(dir, "static");
-    format!(
-        r#"
-server:
-  tls:
-    listen: ["127.0.0.1:0"]
-    certs: [{{ cert: "{}", key: "{}" }}]
-    acme: {{ {acme} }}
-upstreams:
-  app: {{ url: "{upstream}" }}
-routes:
-  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}
-"#,
-        cert.display(),
-        key.display(),
-    )
-}
 
 async fn static_name_is_served(proxy: &Proxy, ca: &Ca) {
     let answer = certs::get(
@@ -51,13 +30,7 @@ async fn static_name_is_served(proxy: &Proxy, ca: &Ca) {
 
 async fn dashboard_certificate(proxy: &Proxy, domain: &str) -> Value {
     let data = common::get_json(&common::client(), &proxy.admin_url("/dashboard.json")).await;
-    data["certificates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["domain"] == domain)
-        .cloned()
-        .unwrap_or(Value::Null)
+    entry_for(&data, domain)
 }
 
 /// Waits until `domain`'s `last_error` holds `needle`; returns its status.

@@ -65,14 +65,45 @@ pub async fn certificates(proxy: &Proxy) -> Value {
 
 /// The entry of `/certificates` for `domain`.
 pub async fn status_of(proxy: &Proxy, domain: &str) -> Value {
-    let all = certificates(proxy).await;
-    all["certificates"]
+    entry_for(&certificates(proxy).await, domain)
+}
+
+/// The entry for `domain` in a `{"certificates": [...]}` answer (the admin
+/// API's or the dashboard's), or null.
+pub fn entry_for(answer: &Value, domain: &str) -> Value {
+    answer["certificates"]
         .as_array()
         .unwrap()
         .iter()
         .find(|c| c["domain"] == domain)
         .cloned()
         .unwrap_or(Value::Null)
+}
+
+/// `acme` beside a configured pair for `static.test` (the name that must
+/// keep working whatever the CA does).
+pub fn with_static_name(
+    acme: &str,
+    upstream: &str,
+    dir: &std::path::Path,
+    ca: &certs::Ca,
+) -> String {
+    let (cert, key) = ca.issue(&["static.test"]).write(dir, "static");
+    format!(
+        r#"
+server:
+  tls:
+    listen: ["127.0.0.1:0"]
+    certs: [{{ cert: "{}", key: "{}" }}]
+    acme: {{ {acme} }}
+upstreams:
+  app: {{ url: "{upstream}" }}
+routes:
+  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}
+"#,
+        cert.display(),
+        key.display(),
+    )
 }
 
 /// Waits until `domain` has a certificate in force (its serial).
