@@ -142,21 +142,18 @@ pub fn set_rate_limit_headers(
     // One growth of the map at most, not one per insert.
     headers.reserve(LIMIT_HEADERS);
     let q = tightest.quota;
+    let prepared = cache.prepared(views);
     if sets.x_ratelimit() {
         let reset_at = (now + q.reset_after).div_ceil(NANOS_PER_SEC);
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(q.limit));
+        headers.insert(X_RATELIMIT_LIMIT, prepared.limit_value(q.limit));
         headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(q.remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(reset_at));
+        headers.insert(X_RATELIMIT_RESET, reset_value(reset_at));
     }
     if !sets.draft() {
         return;
     }
-
-    if let Some(v) = cache.get(views) {
-        headers.insert(RATELIMIT_POLICY, v);
-    } else if let Some(v) = policy_value(views) {
-        cache.keep(views, &v);
-        headers.insert(RATELIMIT_POLICY, v);
+    if let Some(v) = &prepared.policy {
+        headers.insert(RATELIMIT_POLICY, v.clone());
     }
     let mut current = Vec::with_capacity(tightest.name.len() + 48);
     quoted(&mut current, tightest.name);
@@ -169,41 +166,106 @@ pub fn set_rate_limit_headers(
     }
 }
 
-/// A route's `RateLimit-Policy` value, kept from its first limited response
-/// and reused while the same limiters report the same quotas: the field
-/// changes only with the config (a reload builds a new route, so a new
-/// cache) or with a per-key override (whose quotas differ: it is then
-/// written afresh, and the kept value stays the first one's).
-#[derive(Debug, Default)]
-pub struct PolicyCache(std::sync::OnceLock<(Vec<PolicyItem>, HeaderValue)>);
+thread_local! {
+    /// The last `X-RateLimit-Reset` value this worker wrote: a fixed window's
+    /// requests all reset at its end, so it changes once a window (or once a
+    /// second), not once a request; kept per worker thread, so no lock.
+    static LAST_RESET: std::cell::RefCell<Option<(u64, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
 
-#[derive(Debug)]
+/// `reset_at` (Unix seconds) as a header value, rendered once while it repeats.
+fn reset_value(reset_at: u64) -> HeaderValue {
+    LAST_RESET.with(|last| {
+        let mut last = last.borrow_mut();
+        match &*last {
+            Some((at, v)) if *at == reset_at => v.clone(),
+            _ => {
+                let v = HeaderValue::from(reset_at);
+                *last = Some((reset_at, v.clone()));
+                v
+            }
+        }
+    })
+}
+
+/// A route's rate-limit header values that depend only on its limiters'
+/// quotas, prepared from its first limited response and reused while the
+/// same limiters report the same quotas: `RateLimit-Policy` and each
+/// limiter's `X-RateLimit-Limit`. They change only with the config (a reload
+/// builds a new route, so a new cache) or with a per-key override (whose
+/// quotas differ: they are then written afresh, and the kept ones stay the
+/// first one's). Only the numbers that move per request are written per request.
+#[derive(Debug, Default)]
+pub struct PolicyCache(std::sync::OnceLock<Prepared>);
+
+#[derive(Debug, Clone)]
+struct Prepared {
+    items: Vec<PolicyItem>,
+    /// `None` for a name a header cannot carry (names are the config's,
+    /// validated, so this does not happen in practice): the field is left out.
+    policy: Option<HeaderValue>,
+}
+
+#[derive(Debug, Clone)]
 struct PolicyItem {
     name: Box<str>,
     limit: u64,
     window: Option<Nanos>,
+    /// `limit` as an `X-RateLimit-Limit` value.
+    limit_value: HeaderValue,
 }
 
-impl PolicyCache {
-    fn get(&self, views: &[LimitView<'_>]) -> Option<HeaderValue> {
-        let (items, value) = self.0.get()?;
-        let same = items.len() == views.len()
-            && items.iter().zip(views).all(|(i, v)| {
-                i.limit == v.quota.limit && i.window == v.quota.window && *i.name == *v.name
-            });
-        same.then(|| value.clone())
-    }
-
-    fn keep(&self, views: &[LimitView<'_>], value: &HeaderValue) {
+impl Prepared {
+    fn of(views: &[LimitView<'_>]) -> Prepared {
         let items = views
             .iter()
             .map(|v| PolicyItem {
                 name: v.name.into(),
                 limit: v.quota.limit,
                 window: v.quota.window,
+                limit_value: HeaderValue::from(v.quota.limit),
             })
             .collect();
-        let _ = self.0.set((items, value.clone()));
+        Prepared {
+            items,
+            policy: policy_value(views),
+        }
+    }
+
+    fn same(&self, views: &[LimitView<'_>]) -> bool {
+        self.items.len() == views.len()
+            && self.items.iter().zip(views).all(|(i, v)| {
+                i.limit == v.quota.limit && i.window == v.quota.window && *i.name == *v.name
+            })
+    }
+
+    /// The prepared value of a limiter with this limit (the tightest one's).
+    fn limit_value(&self, limit: u64) -> HeaderValue {
+        match self.items.iter().find(|i| i.limit == limit) {
+            Some(i) => i.limit_value.clone(),
+            None => HeaderValue::from(limit),
+        }
+    }
+}
+
+impl PolicyCache {
+    /// The kept values if `views` are the ones they were prepared for;
+    /// prepared (and kept, the first time) otherwise.
+    fn prepared(&self, views: &[LimitView<'_>]) -> std::borrow::Cow<'_, Prepared> {
+        use std::borrow::Cow;
+        if let Some(kept) = self.0.get() {
+            if kept.same(views) {
+                return Cow::Borrowed(kept);
+            }
+            return Cow::Owned(Prepared::of(views));
+        }
+        let fresh = Prepared::of(views);
+        match self.0.set(fresh.clone()) {
+            Ok(()) => Cow::Owned(fresh),
+            // Another worker kept its own first: ours is still right for us.
+            Err(fresh) => Cow::Owned(fresh),
+        }
     }
 }
 
@@ -421,5 +483,37 @@ mod tests {
         let renamed = [view("c", 5, Some(60 * S)), view("b", 100, None)];
         assert_eq!(policy(&renamed, &cache), "\"c\";q=5;w=60, \"b\";q=100");
         assert_eq!(policy(&route, &cache), "\"a\";q=5;w=60, \"b\";q=100");
+    }
+
+    fn x_headers(views: &[LimitView<'_>], now: Nanos, cache: &PolicyCache) -> [String; 3] {
+        let mut h = HeaderMap::new();
+        set_rate_limit_headers(&mut h, views, now, HeaderSets::Both, cache);
+        [
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ]
+        .map(|n| h[n].to_str().unwrap().to_string())
+    }
+
+    #[test]
+    fn prepared_limit_and_reset_values_follow_the_tightest_limiter_and_the_clock() {
+        let cache = PolicyCache::default();
+        let mut tight = view("a", 5, Some(60 * S));
+        tight.quota.remaining = 0;
+        let route = [tight, view("b", 100, None)];
+        assert_eq!(x_headers(&route, 10 * S, &cache), ["5", "0", "13"]);
+        // The same second again, then the next: the reset moves with the clock.
+        assert_eq!(x_headers(&route, 10 * S, &cache), ["5", "0", "13"]);
+        assert_eq!(x_headers(&route, 11 * S, &cache), ["5", "0", "14"]);
+        // An override's limit is written afresh, not taken from the kept route.
+        let mut overridden = [view("a", 50, Some(60 * S)), view("b", 100, None)];
+        overridden[0].quota.remaining = 0;
+        assert_eq!(x_headers(&overridden, 11 * S, &cache), ["50", "0", "14"]);
+        // The other limiter the tightest: its own prepared limit.
+        let mut loose = [view("a", 5, Some(60 * S)), view("b", 100, None)];
+        loose[0].quota.remaining = 4;
+        loose[1].quota.remaining = 0;
+        assert_eq!(x_headers(&loose, 11 * S, &cache), ["100", "0", "14"]);
     }
 }
