@@ -55,14 +55,16 @@ pub struct AccessRecord {
     pub format: LogFormat,
     /// Unix time (ns) the request head was read.
     pub time: Nanos,
-    pub request_id: String,
+    // The request id, client and path are shared, not copied, with the
+    // request's audit row (`app/upstream.rs`): the same text, written twice.
+    pub request_id: Arc<str>,
     /// The display form (`ip:…`, `key:3f2a9c01…`); `None` before identity ran.
-    pub client: Option<String>,
+    pub client: Option<Arc<str>>,
     /// The resolved client IP (the peer until identity ran).
     pub ip: IpAddr,
     pub method: Method,
     /// The path as sent, without the query.
-    pub path: String,
+    pub path: Arc<str>,
     pub version: Version,
     pub route: Option<Arc<str>>,
     pub status: u16,
@@ -219,6 +221,7 @@ pub const REST: std::time::Duration = std::time::Duration::from_millis(10);
 
 fn write_loop(rx: &Receiver<Msg>, out: &Out) {
     let mut batch = String::with_capacity(64 * 1024);
+    let mut times = ClfTime::default();
     // Whether the last write failed: a failing disk is reported once, not per batch.
     let mut failing = false;
     // Whether a failed write left part of a record behind: the next write ends it first.
@@ -233,7 +236,7 @@ fn write_loop(rx: &Receiver<Msg>, out: &Out) {
         while let Some(msg) = next {
             match msg {
                 Msg::Record(record) => {
-                    record.format_into(&mut batch);
+                    record.format_with(&mut batch, &mut times);
                     lines += 1;
                 }
                 Msg::Flush(ack) => acks.push(ack),
@@ -331,9 +334,15 @@ impl Out {
 impl AccessRecord {
     /// One line, newline included, in the record's format.
     pub fn format_into(&self, out: &mut String) {
+        self.format_with(out, &mut ClfTime::default());
+    }
+
+    /// [`format_into`](Self::format_into) with the writer's per-second time
+    /// text, so a second's records format their time once.
+    fn format_with(&self, out: &mut String, times: &mut ClfTime) {
         match self.format {
             LogFormat::Json => self.json_into(out),
-            LogFormat::Text => self.text_into(out),
+            LogFormat::Text => self.text_into(out, times),
         }
         out.push('\n');
     }
@@ -346,11 +355,11 @@ impl AccessRecord {
         let v = serde_json::json!({
             "ts": rfc3339_millis(self.time),
             "log": "access",
-            "request_id": self.request_id,
-            "client": self.client,
+            "request_id": &*self.request_id,
+            "client": self.client.as_deref(),
             "ip": self.ip.to_string(),
             "method": self.method.as_str(),
-            "path": self.path,
+            "path": &*self.path,
             "route": self.route.as_deref(),
             "status": self.status,
             "decision": self.decision.as_str(),
@@ -373,12 +382,12 @@ impl AccessRecord {
     ///
     /// Written piece by piece rather than with `write!`: the formatter
     /// machinery was most of the writer thread's ~8,000 instructions a record.
-    fn text_into(&self, out: &mut String) {
+    fn text_into(&self, out: &mut String, times: &mut ClfTime) {
         push_ip(out, self.ip);
         out.push_str(" - ");
         out.push_str(self.client.as_deref().unwrap_or("-"));
         out.push_str(" [");
-        push_clf_time(out, self.time);
+        out.push_str(times.of(self.time));
         out.push_str("] \"");
         escaped(out, self.method.as_str());
         out.push(' ');
@@ -482,6 +491,27 @@ pub fn rfc3339_millis(ns: Nanos) -> String {
     s.pop(); // the `Z`
     let _ = write!(s, ".{:03}Z", ns % NANOS_PER_SEC / 1_000_000);
     s
+}
+
+/// The text time of the last second a record was written in: records come
+/// in thousands per second, and rendering the date (through humantime's
+/// formatter) was ~500 instructions a record (callgrind, `bench/instructions.py`).
+#[derive(Default)]
+struct ClfTime {
+    secs: Option<u64>,
+    text: String,
+}
+
+impl ClfTime {
+    fn of(&mut self, ns: Nanos) -> &str {
+        let secs = ns / NANOS_PER_SEC;
+        if self.secs != Some(secs) {
+            self.secs = Some(secs);
+            self.text.clear();
+            push_clf_time(&mut self.text, ns);
+        }
+        &self.text
+    }
 }
 
 /// nginx's `$time_local` in UTC: `30/Nov/2026:10:05:19 +0000`, rearranged
@@ -657,6 +687,38 @@ mod tests {
         let mut out = String::new();
         push_clf_time(&mut out, 1_796_033_119 * NANOS_PER_SEC);
         assert_eq!(out, "30/Nov/2026:10:05:19 +0000");
+    }
+
+    #[test]
+    fn the_writer_reuses_a_seconds_time_text_only_within_that_second() {
+        let mut times = ClfTime::default();
+        let second = 1_796_033_119 * NANOS_PER_SEC;
+        assert_eq!(times.of(second), "30/Nov/2026:10:05:19 +0000");
+        assert_eq!(times.of(second + 999_999_999), "30/Nov/2026:10:05:19 +0000");
+        assert_eq!(
+            times.of(second + NANOS_PER_SEC),
+            "30/Nov/2026:10:05:20 +0000"
+        );
+        assert_eq!(times.of(second), "30/Nov/2026:10:05:19 +0000");
+        let (mut a, mut b) = (record(LogFormat::Text), record(LogFormat::Text));
+        b.time += 86_400 * NANOS_PER_SEC;
+        let mut lines = String::new();
+        a.format_with(&mut lines, &mut times);
+        b.format_with(&mut lines, &mut times);
+        a.time = b.time;
+        a.format_with(&mut lines, &mut times);
+        let stamps: Vec<&str> = lines
+            .lines()
+            .map(|l| &l[l.find('[').unwrap()..][..28])
+            .collect();
+        assert_eq!(
+            stamps,
+            [
+                "[01/Jan/2026:00:00:00 +0000]",
+                "[02/Jan/2026:00:00:00 +0000]",
+                "[02/Jan/2026:00:00:00 +0000]"
+            ]
+        );
     }
 
     #[test]

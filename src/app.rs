@@ -229,19 +229,19 @@ impl App {
     fn identify(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<Client, Problem> {
         match x.snap.identity.resolve(x.conn.peer, req.headers(), x.now) {
             Ok(client) => {
-                x.trail.record.client = Some(client.display().to_string());
+                x.trail.record.client = Some(client.display().into());
                 x.trail.record.ip = client.ip;
                 Ok(client)
             }
             Err(IdentityError::UnknownApiKey(short)) => {
-                x.trail.record.client = Some(short.clone());
+                x.trail.record.client = Some(short.as_str().into());
                 Err(Problem::UnknownApiKey(short))
             }
             Err(IdentityError::TooManyUnknownKeys {
                 ip_key,
                 retry_after,
             }) => {
-                x.trail.record.client = Some(ip_key.clone());
+                x.trail.record.client = Some(ip_key.as_str().into());
                 Err(Problem::TooManyUnknownKeys {
                     ip_key,
                     retry_after,

@@ -45,11 +45,11 @@ impl Trail {
             record: AccessRecord {
                 format: snap.config.log.format,
                 time: now,
-                request_id: id.as_str().to_string(),
+                request_id: id.as_str().into(),
                 client: None,
                 ip: conn.peer.ip().to_canonical(),
                 method: req.method().clone(),
-                path: req.uri().path().to_string(),
+                path: req.uri().path().into(),
                 version: req.version(),
                 route: None,
                 status: 0,

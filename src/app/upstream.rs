@@ -37,11 +37,7 @@ impl App {
         }
         let route = &snap.routes[index];
         let upstream = &snap.upstreams[u];
-        let audit = snap
-            .config
-            .audit
-            .enabled
-            .then(|| (req.method().clone(), req.uri().path().to_string()));
+        let audit = snap.config.audit.enabled.then(|| req.method().clone());
         x.trail.record.upstream = Some(upstream.name.clone());
         // The body is read first, so the upstream's time is its own.
         let metrics = &self.shared.metrics;
@@ -87,16 +83,18 @@ impl App {
             },
             Err(e) => self.forward_failed(x, &route.name, &upstream.name, e),
         };
-        if let Some((method, req_path)) = audit {
+        if let Some(method) = audit {
+            // The access record's text, shared: identity set its client.
+            let record = &x.trail.record;
             self.shared.store.audit(AuditRow {
                 time: x.now,
-                client: client.display().to_string(),
+                client: (record.client.clone()).unwrap_or_else(|| client.display().into()),
                 method,
-                path: req_path,
+                path: record.path.clone(),
                 route: route.name.clone(),
                 status: resp.status().as_u16(),
                 duration: x.started.elapsed(),
-                request_id: x.trail.record.request_id.clone(),
+                request_id: record.request_id.clone(),
             });
         }
         resp

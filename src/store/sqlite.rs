@@ -44,17 +44,20 @@ const AUDIT_QUEUE: usize = 65_536;
 /// busy proxy those wake-ups cost more than the inserts.
 type AuditBuffer = Arc<Mutex<Vec<AuditRow>>>;
 
-/// One forwarded request, for the `api_calls` table.
+/// One forwarded request, for the `api_calls` table. Its text is shared
+/// with the request's access record, not copied: the request path only
+/// bumps reference counts, and the writer thread formats the time and
+/// binds the text when it inserts the row.
 #[derive(Debug, Clone)]
 pub struct AuditRow {
     pub time: Nanos,
-    pub client: String,
+    pub client: Arc<str>,
     pub method: http::Method,
-    pub path: String,
-    pub route: std::sync::Arc<str>,
+    pub path: Arc<str>,
+    pub route: Arc<str>,
     pub status: u16,
     pub duration: Duration,
-    pub request_id: String,
+    pub request_id: Arc<str>,
 }
 
 enum Msg {

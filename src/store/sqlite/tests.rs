@@ -477,17 +477,17 @@ fn a_flush_of_any_size_writes_every_audit_row_with_its_own_fields_in_order() {
     for i in 0..n {
         db.audit(AuditRow {
             time: i * NANOS_PER_SEC,
-            client: format!("ip:203.0.113.{i}"),
+            client: format!("ip:203.0.113.{i}").into(),
             method: if i % 2 == 0 {
                 http::Method::GET
             } else {
                 http::Method::POST
             },
-            path: format!("/p/{i}"),
+            path: format!("/p/{i}").into(),
             route: format!("r{i}").into(),
             status: 200 + i as u16,
             duration: Duration::from_micros(1500 * i),
-            request_id: format!("id-{i}"),
+            request_id: format!("id-{i}").into(),
         });
     }
     db.flush().unwrap();
