@@ -23,13 +23,15 @@ const BUFFER: usize = 16 * 1024;
 /// plus `Upgrade: <protocol>`). `h2c` is never passed on: tollgate speaks
 /// HTTP/2 to clients itself, and an upstream must not switch a shared hop.
 pub fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
+    // `Upgrade` first: nearly every request has none, and this is asked a
+    // few times per request, so one lookup answers it, not two.
+    let upgrade = headers.get(header::UPGRADE)?;
     let asks = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    let upgrade = headers.get(header::UPGRADE)?;
     let h2c = upgrade
         .to_str()
         .map(|v| v.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c")))

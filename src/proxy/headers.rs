@@ -178,7 +178,8 @@ pub fn set_forwarded_headers(
     } else {
         Vec::new()
     };
-    let xff = if existing.is_empty() {
+    let peer_only = existing.is_empty();
+    let xff = if peer_only {
         ip_value(peer)
     } else {
         HeaderValue::from_str(&format!("{}, {peer}", existing.join(", "))).ok()
@@ -198,10 +199,16 @@ pub fn set_forwarded_headers(
     }
     // Sized once for the five headers below.
     headers.reserve(5);
+    // A client that connected itself (the usual case) is both headers'
+    // address: written once, shared (a clone is a reference count).
+    let real_ip = match &xff {
+        Some(v) if peer_only && client.ip == peer => Some(v.clone()),
+        _ => ip_value(client.ip),
+    };
     if let Some(v) = xff {
         headers.insert(X_FORWARDED_FOR, v);
     }
-    if let Some(v) = ip_value(client.ip) {
+    if let Some(v) = real_ip {
         headers.insert(X_REAL_IP, v);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
@@ -343,5 +350,22 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7, 10.0.0.2, 10.0.0.1");
         assert_eq!(h[&X_REAL_IP], "198.51.100.7");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");
+    }
+
+    #[test]
+    fn the_real_ip_is_the_resolved_client_even_when_the_peer_sent_no_chain() {
+        // A trusted peer that named its client some other way (no
+        // X-Forwarded-For): the chain is the peer, the real IP the client.
+        let mut h = HeaderMap::new();
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "http", 80);
+        assert_eq!(h[&X_FORWARDED_FOR], "10.0.0.1");
+        assert_eq!(h[&X_REAL_IP], "198.51.100.7");
+        // A client that connected itself: both are its address.
+        let mut h = HeaderMap::new();
+        let peer: IpAddr = "198.51.100.7".parse().unwrap();
+        set_forwarded_headers(&mut h, &client("198.51.100.7", false), peer, "http", 80);
+        assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7");
+        assert_eq!(h[&X_REAL_IP], "198.51.100.7");
     }
 }
