@@ -123,7 +123,7 @@ async fn measure_refund(store: &Store, algorithm: &Algorithm, key: &str, iters: 
             shadow: false,
         }];
         let out = store.check(&check, now).await.expect("local");
-        let ticket = algorithm.ticket(out[0].at, &out[0].quota);
+        let ticket = out[0].ticket(algorithm);
         store
             .refund(key, algorithm, ticket, now)
             .await

@@ -6,12 +6,15 @@
 --             every limiter, decides admission, records, returns quotas.
 --   'peek'    same arguments; computes the quotas and writes nothing.
 --   'refund'  KEYS[1]; ARGV[2] kind (fw, sw, tb), ARGV[3] window or interval,
---             ARGV[4] ticket: for fw the window start, for sw the entry, for
---             tb the instant the bucket was full again right after the
---             request (decimal Unix ns). Gives back what one `count:`
---             request took, as far as it still weighs (see count.rs).
+--             ARGV[4] the unit's place: for fw the window start, for sw the
+--             entry, for tb the instant the bucket was full again right
+--             after the request plus what refunds had given back by then
+--             (decimal Unix ns; see token_bucket.rs). Gives back what one
+--             `count:` request took, as far as it still weighs (see count.rs).
 --             ARGV[5], optional: how many units (default 1; a lease's
 --             unspent units go back this way, see lease.lua).
+--             ARGV[6], optional: the decision's instant (tb: a token taken
+--             before the bucket was last full gives nothing back).
 --   'lease'   'check', then leases (see lease.lua, appended to this script).
 --   'release' KEYS[1]; ARGV[2] kind: 'cc' then the member to remove, or
 --             'lb' then the interval and the ticket (Unix ns) to give back.
@@ -31,7 +34,11 @@
 -- about 104 days; the Rust side refuses longer windows).
 --
 -- Returns for check/peek: { TIME seconds, TIME microseconds, then per key:
--- verdict (0 allow, 1 delay, 2 deny), verdict ns, remaining, reset_after ns }.
+-- verdict (0 allow, 1 delay, 2 deny), verdict ns, remaining, reset_after ns,
+-- mark (tb: ns given back by refunds since the bucket was last full; else 0) }.
+--
+-- A tb hash: s shape, t when the bucket is full again, e the admission that
+-- found it full last (decimal Unix ns), r ns refunds took off t since then.
 
 local E9 = 1000000000
 local time = redis.call('TIME')
@@ -120,12 +127,22 @@ if mode == 'refund' then
       return 1
     end
   elseif kind == 'tb' then
-    local unpaid = math.min(tonumber(ARGV[3]), math.max(0, rel(ARGV[4])))
     local debt = math.max(0, rel(redis.call('HGET', k, 't')) or 0)
-    if debt > 0 and unpaid > 0 then
-      debt = math.max(0, debt - unpaid)
-      redis.call('HSET', k, 't', at(debt))
-      expire(k, debt)
+    local since = redis.call('HGET', k, 'e')
+    if debt == 0 or (since and ARGV[6] and rel(ARGV[6]) < rel(since)) then
+      return 0
+    end
+    local refunded = tonumber(redis.call('HGET', k, 'r') or '0')
+    local place = rel(ARGV[4])
+    local unpaid = math.min(tonumber(ARGV[3]), math.max(0, place - refunded))
+    if unpaid > 0 then
+      local left = math.max(0, debt - unpaid)
+      -- The newest token moves nobody: its refund is not counted.
+      if place < debt + refunded then
+        refunded = refunded + debt - left
+      end
+      redis.call('HSET', k, 't', at(left), 'r', int(refunded))
+      expire(k, left)
       return 1
     end
   end
@@ -202,6 +219,9 @@ local function load(k, kind, p, shape)
     st.debt = 0
     if ok then
       st.debt = math.max(0, rel(redis.call('HGET', k, 't')) or 0)
+    end
+    if kind == 'tb' and st.debt > 0 then
+      st.refunded = tonumber(redis.call('HGET', k, 'r') or '0')
     end
   elseif kind == 'cc' then
     if ok and writes then
@@ -309,6 +329,11 @@ local function record(k, kind, p, st, admitted, shape, member)
       expire(k, rel(redis.call('LINDEX', k, -1)) + p[2])
     end
   elseif kind == 'tb' or kind == 'lb' then
+    if admitted and kind == 'tb' and st.debt == 0 then
+      -- Full: earlier tokens are paid off, a new debt starts (token_bucket.rs).
+      st.refunded = 0
+      redis.call('HSET', k, 'e', at(0), 'r', '0')
+    end
     if admitted then
       st.debt = st.debt + math.max(p[2], kind == 'lb' and 1 or 0)
       redis.call('HSET', k, 's', shape, 't', at(st.debt))
@@ -377,6 +402,7 @@ for i = 1, n do
   out[#out + 1] = verdicts[i][2]
   out[#out + 1] = remaining
   out[#out + 1] = reset
+  out[#out + 1] = states[i].refunded or 0
 end
 if mode ~= 'lease' then
   return out
