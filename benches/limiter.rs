@@ -38,6 +38,7 @@ fn algorithms() -> Vec<(&'static str, Algorithm)> {
             Algorithm::TokenBucket(TokenBucket {
                 capacity: 1 << 40,
                 interval: 1,
+                refunds: true,
             }),
         ),
         (

@@ -183,6 +183,10 @@ pub trait Rule {
     /// Sets the quota a per-key override changes (limit, capacity, …).
     fn set_limit(&mut self, limit: u64);
 
+    /// The limiter has `count:`: keep in the state what [`Rule::refund`]
+    /// needs. Most algorithms need nothing more.
+    fn keep_refunds(&mut self) {}
+
     /// Its parameters as `GET /config` shows them, named as in [`Rule::PARAMS`].
     fn params(&self) -> Vec<(&'static str, Param)>;
 
@@ -675,6 +679,11 @@ impl Algorithm {
         let mut a = self.clone();
         on_algorithm!(&mut a, r => r.set_limit(limit));
         a
+    }
+
+    /// See [`Rule::keep_refunds`].
+    pub fn keep_refunds(&mut self) {
+        on_algorithm!(self, r => r.keep_refunds())
     }
 }
 

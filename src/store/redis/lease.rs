@@ -629,6 +629,7 @@ mod tests {
         let bucket = Algorithm::TokenBucket(TokenBucket {
             capacity: 1000,
             interval: 10_000_000,
+            refunds: false,
         });
         let a = window(100);
         let leases = Leases::new();

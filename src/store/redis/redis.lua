@@ -38,7 +38,9 @@
 -- mark (tb: ns given back by refunds since the bucket was last full; else 0) }.
 --
 -- A tb hash: s shape, t when the bucket is full again, e the admission that
--- found it full last (decimal Unix ns), r ns refunds took off t since then.
+-- found it full last (decimal Unix ns), r ns refunds took off t since then,
+-- h the refunds' holes not folded yet, "place:size ..." by place (see
+-- src/limiter/token_bucket/refunds.rs, which this follows step by step).
 
 local E9 = 1000000000
 local time = redis.call('TIME')
@@ -106,6 +108,55 @@ local function usable(k, kind, shape)
   return ok
 end
 
+-- Holes kept before the one furthest ahead is folded (refunds.rs MAX_HOLES).
+local MAX_HOLES = 8
+
+-- A tb refund: the part of the token ticketed at `place` still unpaid.
+local function tb_refund(k, place, interval, decided)
+  local f = redis.call('HMGET', k, 't', 'e', 'r', 'h')
+  local debt = math.max(0, rel(f[1]) or 0)
+  if debt == 0 or not f[2] or (decided and rel(decided) < rel(f[2])) then
+    return 0
+  end
+  local total, holes, base = tonumber(f[3] or '0'), {}, tonumber(f[3] or '0')
+  for p, n in string.gmatch(f[4] or '', '(%d+):(%d+)') do
+    holes[#holes + 1] = { p, tonumber(n) }
+    base = base - tonumber(n)
+  end
+  -- Holes whose place has passed: every token still owing is behind them.
+  while #holes > 0 and rel(holes[1][1]) - (base + holes[1][2]) <= 0 do
+    base = base + holes[1][2]
+    table.remove(holes, 1)
+  end
+  local p = rel(place)
+  local newest = p >= debt + total
+  local ahead, at_i = base, #holes + 1
+  for i, h in ipairs(holes) do
+    if rel(h[1]) >= p then
+      at_i = i
+      break
+    end
+    ahead = ahead + h[2]
+  end
+  local unpaid = math.min(interval, math.max(0, p - ahead))
+  local left = math.max(0, debt - unpaid)
+  local given = debt - left
+  if given > 0 and not newest then
+    total = total + given
+    table.insert(holes, at_i, { place, given })
+    if #holes > MAX_HOLES then
+      table.remove(holes, 1)
+    end
+  end
+  local text = {}
+  for i, h in ipairs(holes) do
+    text[i] = h[1] .. ':' .. int(h[2])
+  end
+  redis.call('HSET', k, 't', at(left), 'r', int(total), 'h', table.concat(text, ' '))
+  expire(k, left)
+  return given > 0 and 1 or 0
+end
+
 if mode == 'refund' then
   local k, kind = KEYS[1], ARGV[2]
   local units = tonumber(ARGV[5] or '1')
@@ -127,24 +178,7 @@ if mode == 'refund' then
       return 1
     end
   elseif kind == 'tb' then
-    local debt = math.max(0, rel(redis.call('HGET', k, 't')) or 0)
-    local since = redis.call('HGET', k, 'e')
-    if debt == 0 or (since and ARGV[6] and rel(ARGV[6]) < rel(since)) then
-      return 0
-    end
-    local refunded = tonumber(redis.call('HGET', k, 'r') or '0')
-    local place = rel(ARGV[4])
-    local unpaid = math.min(tonumber(ARGV[3]), math.max(0, place - refunded))
-    if unpaid > 0 then
-      local left = math.max(0, debt - unpaid)
-      -- The newest token moves nobody: its refund is not counted.
-      if place < debt + refunded then
-        refunded = refunded + debt - left
-      end
-      redis.call('HSET', k, 't', at(left), 'r', int(refunded))
-      expire(k, left)
-      return 1
-    end
+    return tb_refund(k, ARGV[4], tonumber(ARGV[3]), ARGV[6])
   end
   return 0
 end
@@ -332,7 +366,7 @@ local function record(k, kind, p, st, admitted, shape, member)
     if admitted and kind == 'tb' and st.debt == 0 then
       -- Full: earlier tokens are paid off, a new debt starts (token_bucket.rs).
       st.refunded = 0
-      redis.call('HSET', k, 'e', at(0), 'r', '0')
+      redis.call('HSET', k, 'e', at(0), 'r', '0', 'h', '')
     end
     if admitted then
       st.debt = st.debt + math.max(p[2], kind == 'lb' and 1 or 0)

@@ -37,6 +37,7 @@ fn counts_survive_a_reopen_in_the_spec_table() {
     let burst = Algorithm::TokenBucket(TokenBucket {
         capacity: 3,
         interval: NANOS_PER_SEC,
+        refunds: false,
     });
     let limiters = [
         limiter("strict", strict.clone()),
@@ -557,6 +558,7 @@ fn rows_in_the_stored_format_restore_the_state_of_every_kept_algorithm() {
     let bucket = Algorithm::TokenBucket(TokenBucket {
         capacity: 3,
         interval: s,
+        refunds: false,
     });
     let queue = Algorithm::LeakyBucket(LeakyBucket {
         capacity: 2,
