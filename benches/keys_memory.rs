@@ -42,6 +42,7 @@ fn algorithm(name: &str) -> Algorithm {
         "token_bucket" => Algorithm::TokenBucket(TokenBucket {
             capacity: 20,
             interval: NANOS_PER_SEC / 2,
+            refunds: false,
         }),
         "sliding_window" => Algorithm::SlidingWindow(SlidingWindow {
             limit: 100,

@@ -38,6 +38,7 @@ fn algorithms() -> Vec<(&'static str, Algorithm)> {
             Algorithm::TokenBucket(TokenBucket {
                 capacity: 1 << 40,
                 interval: 1,
+                refunds: true,
             }),
         ),
         (
@@ -123,7 +124,7 @@ async fn measure_refund(store: &Store, algorithm: &Algorithm, key: &str, iters: 
             shadow: false,
         }];
         let out = store.check(&check, now).await.expect("local");
-        let ticket = algorithm.ticket(out[0].at, &out[0].quota);
+        let ticket = out[0].ticket(algorithm);
         store
             .refund(key, algorithm, ticket, now)
             .await

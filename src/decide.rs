@@ -351,7 +351,7 @@ impl Tally {
                 t.slots.push(gate, snap, a.limiter, counted_on, now);
             }
             if l.count.is_some() && shared && (admitted || c.algorithm.counts_refused()) {
-                let ticket = c.algorithm.ticket(o.at, &o.quota);
+                let ticket = o.ticket(c.algorithm);
                 t.units.push(Unit { position, ticket });
             }
         }

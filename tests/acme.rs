@@ -144,7 +144,19 @@ async fn a_restart_serves_the_stored_certificate_and_orders_nothing() {
         "the stored certificate is served after a restart"
     );
     assert_eq!(served.unwrap(), serial);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The name's first look ends by scheduling its next one: from then on
+    // the decision (serve the stored certificate, order nothing) is made.
+    let decided = common::eventually(Duration::from_secs(10), || async {
+        status_of(&again, "e.test").await["next_attempt"].is_string()
+    })
+    .await;
+    let status = status_of(&again, "e.test").await;
+    assert!(decided, "the first look never scheduled the next: {status}");
+    let next = tollgate::clock::parse_iso8601(status["next_attempt"].as_str().unwrap()).unwrap();
+    assert!(
+        next > unix_now() + 1800,
+        "the next look is the hourly one, not an order soon: {status}"
+    );
     assert_eq!(pebble.orders(), orders, "no new order: {}", pebble.output());
     assert_eq!(
         std::fs::read(&account).unwrap(),
@@ -187,6 +199,13 @@ async fn an_http_01_challenge_succeeds_while_every_limiter_of_the_route_is_exhau
     assert_eq!(common::status_of(&get("/").await), 429, "still limited");
 }
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
 /// A "CA" that accepts connections and closes them at once, counting them.
 async fn broken_ca() -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -218,16 +237,50 @@ async fn with_the_ca_down_other_names_are_served_retries_back_off_and_the_error_
         "",
     );
     let yaml = with_static_name(&acme, &upstream.url(), dir.path(), &ca);
+    let started = std::time::Instant::now();
     let proxy = start(&yaml, tempfile::tempdir().unwrap()).await;
     let tls = proxy.tls_addr.unwrap();
-    let window = Duration::from_secs(30);
-    tokio::time::sleep(window).await;
+    // Delays of 2, 4 and 8 s (±20 %) after failures 1, 2 and 3: each failure's
+    // scheduled wait, read from the status, instead of 30 s of watching.
+    let mut gaps = Vec::new();
+    for failure in 1..=3u64 {
+        let last = std::cell::RefCell::new(Value::Null);
+        let scheduled = common::eventually(Duration::from_secs(30), || async {
+            let status = status_of(&proxy, "g.test").await;
+            let at = |field: &str| {
+                status[field]
+                    .as_str()
+                    .and_then(tollgate::clock::parse_iso8601)
+            };
+            // The new schedule is in once it is later than the attempt it follows.
+            let done = status["failures"].as_u64() == Some(failure)
+                && matches!((at("last_attempt"), at("next_attempt")), (Some(l), Some(n)) if n > l);
+            *last.borrow_mut() = status;
+            done
+        })
+        .await;
+        let status = last.into_inner();
+        assert!(
+            scheduled,
+            "failure {failure} never scheduled a retry: {status}"
+        );
+        let at =
+            |field: &str| tollgate::clock::parse_iso8601(status[field].as_str().unwrap()).unwrap();
+        gaps.push(at("next_attempt") - at("last_attempt"));
+    }
+    let elapsed = started.elapsed();
     let seen = requests.load(Ordering::SeqCst);
-    // Delays of 2, 4, 8, 16 s (±20 %): attempts near 0, 2, 6, 14 and 30 s.
+    // Whole seconds: a wait of 1.6–2.4 s shows as 1–2, plus at most 1 for the
+    // second the failed attempt ended in (the CA closes at once).
     assert!(
-        (3..=6).contains(&seen),
-        "CA connections in {window:?}: {seen} (expected a doubling backoff)"
+        (1..=3).contains(&gaps[0]) && (3..=5).contains(&gaps[1]) && (6..=10).contains(&gaps[2]),
+        "retry gaps after failures 1, 2, 3: {gaps:?} s (expected about 2, 4, 8)"
     );
+    assert!(
+        elapsed >= Duration::from_millis(4_800),
+        "the third failure came after {elapsed:?}, before the 2 s and 4 s waits (less 20 %) had passed"
+    );
+    assert_eq!(seen, 3, "one CA connection per attempt, three attempts");
     let answer = certs::get(tls, "static.test", ca.client(&[b"http/1.1"]), "/").await;
     assert_eq!(answer.status, 200, "other names are served");
     // A managed name without a certificate never gets the default pair,
@@ -251,7 +304,8 @@ async fn with_the_ca_down_other_names_are_served_retries_back_off_and_the_error_
 #[tokio::test]
 async fn a_renewed_certificate_is_swapped_in_while_keep_alive_clients_go_on_without_a_failure() {
     let scene = Scene::new().await;
-    // 90 s certificates renewed 60 s before they expire: 30 s after issuance.
+    // 75 s certificates renewed 60 s (the least `renew_before` takes) before
+    // they expire: 15 s after issuance, time for 20-odd keep-alive requests.
     let acme = scene.acme(&["h.test"], "tls-alpn-01", ", renew_before: 60s");
     let proxy = start(
         &config(&acme, &scene.upstream.url(), "", ""),
@@ -259,7 +313,7 @@ async fn a_renewed_certificate_is_swapped_in_while_keep_alive_clients_go_on_with
     )
     .await;
     let tls = proxy.tls_addr.unwrap();
-    let pebble = scene.pebble(&validation(&proxy, 90));
+    let pebble = scene.pebble(&validation(&proxy, 75));
     let client = pebble.client().await;
     let first = wait_certificate(&proxy, "h.test", &pebble).await;
     let stream = certs::handshake(tls, "h.test", client.clone())
@@ -269,7 +323,7 @@ async fn a_renewed_certificate_is_swapped_in_while_keep_alive_clients_go_on_with
     let mut session = Session::start(stream).await;
     let mut renewed = None;
     let mut requests = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(75);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while tokio::time::Instant::now() < deadline {
         let answer = session.get("h.test", "/keep-alive", &[]).await;
         assert_eq!(answer.status, 200, "request {requests}: {}", answer.body);

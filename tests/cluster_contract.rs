@@ -58,6 +58,7 @@ fn fast(name: &str) -> Algorithm {
         "token" => Algorithm::TokenBucket(TokenBucket {
             capacity: 3,
             interval: 3600 * S,
+            refunds: false,
         }),
         "leaky" => Algorithm::LeakyBucket(LeakyBucket {
             capacity: 2,

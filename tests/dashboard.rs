@@ -5,6 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::redis_cluster::Cluster;
 use common::{browser, client, free_addr, Proxy, Upstream};
 use tollgate::clock::SystemClock;
 
@@ -393,4 +394,61 @@ routes:
         dom.contains(">certificate needs attention<"),
         "status pill: {dom}"
     );
+}
+
+/// A Redis Cluster's nodes on the store tile, and a node that goes down
+/// flagged on the tile and the status pill, in a real browser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_a_clusters_nodes_and_flags_one_that_goes_down_in_a_real_browser() {
+    let mut cluster = tokio::task::spawn_blocking(Cluster::start).await.unwrap();
+    let proxy = Proxy::start(&format!(
+        "
+admin: {{ token: {TOKEN} }}
+store: {{ backend: redis, cluster: [\"{}\"], on_error: local }}
+limiters:
+  per_ip: {{ limit: 100000, window: 60s, key: ip }}
+routes:
+  - {{ name: hello, match: {{ path_prefix: / }}, respond: {{ status: 200, body: hello }}, limiters: [per_ip] }}
+",
+        cluster.nodes[0].url()
+    ))
+    .await;
+    let c = client();
+    let nodes_up = |d: &serde_json::Value| {
+        let nodes = d["store"]["nodes"].as_array().cloned().unwrap_or_default();
+        let up = nodes.iter().filter(|n| n["healthy"] == true).count();
+        (up, nodes.len())
+    };
+    let all_up = common::eventually(Duration::from_secs(10), || async {
+        nodes_up(&dashboard_json(&c, &proxy).await) == (6, 6)
+    })
+    .await;
+    assert!(all_up, "{}", dashboard_json(&c, &proxy).await);
+    let dom = dom_of(&proxy, 3_000).await;
+    assert!(
+        dom.contains(">redis · healthy · cluster 6/6 nodes up</span>"),
+        "{dom}"
+    );
+    assert!(dom.contains(">serving<"), "status pill: {dom}");
+
+    // A replica goes away: no failover, every slot still served.
+    let primary = cluster.primaries()[0];
+    let replica = cluster.replica_of(primary);
+    cluster.node_mut(replica).kill();
+    let seen = common::eventually(Duration::from_secs(30), || async {
+        nodes_up(&dashboard_json(&c, &proxy).await) == (5, 6)
+    })
+    .await;
+    assert!(seen, "{}", dashboard_json(&c, &proxy).await);
+    let dom = dom_of(&proxy, 3_000).await;
+    assert!(
+        dom.contains("<span id=\"store\" class=\"value bad\"")
+            && dom.contains(">redis · healthy · cluster 5/6 nodes up</span>"),
+        "{dom}"
+    );
+    assert!(
+        dom.contains(&format!("replica 127.0.0.1:{replica} down")),
+        "the tile's title names the node: {dom}"
+    );
+    assert!(dom.contains(">store node down<"), "status pill: {dom}");
 }

@@ -12,24 +12,29 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use common::{http, wait_for_window_room, Process};
+use common::{http, Process};
 
-/// A day-long window: a scenario of seconds almost never has to wait for room in it.
-const WINDOW: Duration = Duration::from_secs(86_400);
 const FLUSH: Duration = Duration::from_millis(100);
-/// The flush's own time (take, write, commit) and the writer thread's wake-up
-/// on a loaded machine: a change is saved at most `FLUSH + SLACK` after it was made.
+/// The flush's own time (take, write, commit: under 1 ms, 24 ms at worst in
+/// 870 flushes at a load average of 9 on 2 cores) and the writer thread's
+/// wake-up (68 ms at worst in the same run): a change is saved at most
+/// `FLUSH + SLACK` after it was made. The fsync an empty WAL's first frame
+/// costs is paid when the store opens: paid by the first flush, it had that
+/// flush still uncommitted 374 ms into a round, and the round lost it all.
 const SLACK: Duration = Duration::from_millis(100);
 const ROUNDS: usize = 20;
 const CONNECTIONS: usize = 4;
 
+/// Every admission the file holds for the client, over all its windows: a
+/// UTC midnight during the run starts a new window row (the limiter's day
+/// is the Unix day) and leaves the old one, so no run has to wait for one.
 fn stored(db: &Path) -> usize {
     if !db.exists() {
         return 0;
     }
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.query_row(
-        "SELECT count FROM rate_limit_windows WHERE key = 'many:ip:127.0.0.1'",
+        "SELECT coalesce(sum(count), 0) FROM rate_limit_windows WHERE key = 'many:ip:127.0.0.1'",
         [],
         |r| r.get::<_, i64>(0),
     )
@@ -72,7 +77,6 @@ fn load(p: &Process, load: &Arc<Load>) -> Vec<std::thread::JoinHandle<()>> {
 #[test]
 fn kill_9_under_a_4_connection_load_20_times_never_overcounts_and_loses_at_most_one_flush_interval()
 {
-    wait_for_window_room(WINDOW, Duration::from_secs(180));
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("tollgate.db");
     let yaml = format!(
@@ -120,7 +124,8 @@ fn kill_9_under_a_4_connection_load_20_times_never_overcounts_and_loses_at_most_
         };
         assert!(
             lost <= recent(FLUSH + SLACK),
-            "round {round}: {lost} admitted requests lost, but only {} were admitted in the last {:?}",
+            "round {round}: {lost} of {} admitted requests lost ({saved} saved, {unanswered} unanswered), but only {} were admitted in the last {:?}",
+            admitted.len(),
             recent(FLUSH + SLACK),
             FLUSH + SLACK
         );

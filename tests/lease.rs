@@ -313,6 +313,7 @@ async fn a_lease_shrinks_as_the_key_fills_and_the_last_units_each_call_redis() {
         Algorithm::TokenBucket(TokenBucket {
             capacity: 100,
             interval: 3600 * S,
+            refunds: false,
         }),
     ];
     let limiters: Vec<LimiterConfig> = algorithms

@@ -11,7 +11,7 @@ use tollgate::config::{Backend, LimiterConfig, OnError, StoreConfig};
 use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
-    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, Verdict,
+    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, Ticket, Verdict,
     NANOS_PER_SEC as S,
 };
 use tollgate::store::{Banned, Check, Store};
@@ -40,6 +40,7 @@ fn algorithms() -> Vec<(&'static str, Algorithm)> {
             Algorithm::TokenBucket(TokenBucket {
                 capacity: 3,
                 interval: S,
+                refunds: true,
             }),
         ),
         (
@@ -163,7 +164,7 @@ async fn concurrency_contract(store: &Store) {
 }
 
 /// One request's outcome, and the ticket a `count:` refund gives back with.
-async fn take(store: &Store, name: &str, now: Nanos) -> (Verdict, Nanos) {
+async fn take(store: &Store, name: &str, now: Nanos) -> (Verdict, Ticket) {
     let a = algorithm(name);
     let key = format!("{name}:ip:203.0.113.9");
     let o = store
@@ -178,19 +179,20 @@ async fn take(store: &Store, name: &str, now: Nanos) -> (Verdict, Nanos) {
         )
         .await
         .unwrap()[0];
-    (o.verdict, a.ticket(o.at, &o.quota))
+    (o.verdict, o.ticket(&a))
 }
 
 /// `count:` — every counting algorithm: a full key gets room back when an
 /// admitted request's unit is refunded, and exactly one request's worth.
 async fn refund_contract(store: &Store) {
     for name in ["fixed", "sliding", "token"] {
-        let mut last = 0;
+        let mut last = None;
         for _ in 0..3 {
             let (v, ticket) = take(store, name, T0).await;
             assert_eq!(v, Verdict::Allow, "{name}");
-            last = ticket;
+            last = Some(ticket);
         }
+        let last = last.expect("three tickets");
         let (refused, refused_ticket) = take(store, name, T0).await;
         assert!(refused.is_deny(), "{name} is full");
         let key = format!("{name}:ip:203.0.113.9");
@@ -210,6 +212,85 @@ async fn refund_contract(store: &Store) {
             "{name}: and only one"
         );
     }
+}
+
+/// Token bucket `count:` — a ticket from before the bucket was last full
+/// gives nothing back. Three tokens at once, the first two refunded, so the
+/// third is paid off one interval later; there the bucket is full and a new
+/// request takes a token. The third's late refund must not give that one
+/// back (its place, as taken at admission, is still two intervals ahead).
+/// `later` is the instant of the second half on a store that takes the
+/// caller's clock; Redis keeps its own, so `wait` lets the interval pass.
+async fn stale_ticket_contract(store: &Store, interval: Nanos, later: Nanos, wait: Duration) {
+    let a = Algorithm::TokenBucket(TokenBucket {
+        capacity: 3,
+        interval,
+        refunds: true,
+    });
+    let key = "stale:ip:203.0.113.9";
+    let take = |now| {
+        let a = &a;
+        async move {
+            let checks = [Check {
+                key,
+                overflow: "test:*overflow",
+                algorithm: a,
+                shadow: false,
+            }];
+            store.check(&checks, now).await.unwrap()[0]
+        }
+    };
+    let mut tickets = Vec::new();
+    for _ in 0..3 {
+        let o = take(T0).await;
+        assert_eq!(o.verdict, Verdict::Allow);
+        tickets.push(o.ticket(&a));
+    }
+    for t in &tickets[..2] {
+        store.refund(key, &a, *t, T0).await.unwrap();
+    }
+    tokio::time::sleep(wait).await;
+    assert_eq!(
+        take(later).await.quota.remaining,
+        2,
+        "full again, one taken"
+    );
+    store.refund(key, &a, tickets[2], later).await.unwrap();
+    assert_eq!(
+        take(later).await.quota.remaining,
+        1,
+        "the stale ticket gave nothing back"
+    );
+}
+
+/// Token bucket `count:` — answers in any order give back exactly their
+/// tokens: nine taken at once, seven refunded out of order, and the bucket
+/// reads as if only the two counted ones were taken.
+async fn any_order_contract(store: &Store) {
+    let a = Algorithm::TokenBucket(TokenBucket {
+        capacity: 10,
+        interval: 3600 * S,
+        refunds: true,
+    });
+    let key = "order:ip:203.0.113.9";
+    let checks = [Check {
+        key,
+        overflow: "test:*overflow",
+        algorithm: &a,
+        shadow: false,
+    }];
+    let mut tickets = Vec::new();
+    for _ in 0..9 {
+        let o = store.check(&checks, T0).await.unwrap()[0];
+        assert_eq!(o.verdict, Verdict::Allow);
+        tickets.push(o.ticket(&a));
+    }
+    // 3 and 6 count; the newest (8) comes back in the middle of the others.
+    for i in [4, 1, 7, 0, 8, 2, 5] {
+        store.refund(key, &a, tickets[i], T0 + 1).await.unwrap();
+    }
+    let peek = store.peek(key, &a, T0 + 1).await.unwrap();
+    assert_eq!(peek.remaining, 8, "{peek:?}");
 }
 
 fn three_for_an_hour() -> BanRule {
@@ -298,6 +379,20 @@ macro_rules! contract {
             async fn a_refund_gives_back_exactly_one_unit_for_each_counting_algorithm() {
                 let dir = tempfile::tempdir().unwrap();
                 refund_contract(&open(stringify!($store), dir.path())).await;
+            }
+
+            #[tokio::test]
+            async fn a_token_bucket_ticket_from_before_the_bucket_was_last_full_gives_nothing_back()
+            {
+                let dir = tempfile::tempdir().unwrap();
+                let store = open(stringify!($store), dir.path());
+                stale_ticket_contract(&store, S, T0 + S, Duration::ZERO).await;
+            }
+
+            #[tokio::test]
+            async fn token_bucket_refunds_in_any_order_give_back_exactly_their_tokens() {
+                let dir = tempfile::tempdir().unwrap();
+                any_order_contract(&open(stringify!($store), dir.path())).await;
             }
 
             #[tokio::test]
@@ -432,6 +527,7 @@ mod redis {
             "token" => Algorithm::TokenBucket(TokenBucket {
                 capacity: 3,
                 interval: 300 * MS,
+                refunds: true,
             }),
             "leaky" => Algorithm::LeakyBucket(LeakyBucket {
                 capacity: 2,
@@ -704,6 +800,7 @@ mod redis {
             _ => Algorithm::TokenBucket(TokenBucket {
                 capacity: 3,
                 interval: 3600 * S,
+                refunds: true,
             }),
         };
         wait_for_window_room(Duration::from_secs(3600), Duration::from_secs(5));
@@ -726,12 +823,12 @@ mod redis {
             for _ in 0..3 {
                 let o = once().await;
                 assert_eq!(o.verdict, Verdict::Allow, "{name}");
-                tickets.push((o.at, a.ticket(o.at, &o.quota)));
+                tickets.push((o.at, o.ticket(&a)));
             }
             let refused = once().await;
             assert!(refused.verdict.is_deny(), "{name} is full");
             if a.counts_refused() {
-                let ticket = a.ticket(refused.at, &refused.quota);
+                let ticket = refused.ticket(&a);
                 twin.store.refund(&k, &a, ticket, T0).await.unwrap();
                 twin.model.refund(&k, &a, ticket, refused.at);
             }
@@ -741,8 +838,30 @@ mod redis {
             twin.model.refund(&k, &a, ticket, at);
             let o = once().await;
             assert_eq!(o.verdict, Verdict::Allow, "{name}: one unit came back");
+            // The newest unit back too (a token bucket's moves nobody): the
+            // next check still reads the same in Redis and in the arithmetic.
+            let ticket = o.ticket(&a);
+            twin.store.refund(&k, &a, ticket, T0).await.unwrap();
+            twin.model.refund(&k, &a, ticket, o.at);
+            assert_eq!(
+                once().await.verdict,
+                Verdict::Allow,
+                "{name}: the newest came back"
+            );
             assert!(once().await.verdict.is_deny(), "{name}: only one");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_token_bucket_ticket_from_before_the_bucket_was_last_full_gives_nothing_back() {
+        // A second to spare: the last steps must come before the new token is paid off.
+        let twin = Twin::start();
+        stale_ticket_contract(&twin.store, 2 * S, 0, Duration::from_millis(2_100)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn token_bucket_refunds_in_any_order_give_back_exactly_their_tokens() {
+        any_order_contract(&Twin::start().store).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

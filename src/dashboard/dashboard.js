@@ -70,8 +70,9 @@ function render(d, bans) {
   $("main").hidden = false;
   const down = d.upstreams.some((u) => u.servers.some((s) => s.state !== "up"));
   const flagged = d.certificates.filter((c) => c.attention);
-  const trouble = !d.store.healthy ? "store failing" : down ? "upstream down" : d.last_reload_error ? "reload rejected"
-    : flagged.length ? "certificate needs attention" : null;
+  const nodeDown = (d.store.nodes || []).some((n) => !n.healthy);
+  const trouble = !d.store.healthy ? "store failing" : nodeDown ? "store node down" : down ? "upstream down"
+    : d.last_reload_error ? "reload rejected" : flagged.length ? "certificate needs attention" : null;
   setStatus(trouble || "serving", !trouble);
   $("version").textContent = d.version;
   $("uptime").textContent = duration(d.uptime_seconds);

@@ -5,7 +5,7 @@
 use http::{HeaderMap, StatusCode};
 
 use super::Taken;
-use crate::limiter::Nanos;
+use crate::limiter::{Nanos, Ticket};
 use crate::metrics::inc;
 use crate::snapshot::Snapshot;
 use crate::store::Store;
@@ -16,7 +16,7 @@ pub(super) struct Unit {
     /// Position in `Taken::applied` (its limiter and store key).
     pub(super) position: usize,
     /// See [`crate::limiter::Algorithm::ticket`].
-    pub(super) ticket: Nanos,
+    pub(super) ticket: Ticket,
 }
 
 /// Gives back every unit whose answer does not count. `answer`: the

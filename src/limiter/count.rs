@@ -39,6 +39,8 @@
 //! A unit is given back only while it still weighs on the state (same fixed
 //! window, log entry still there, token not yet refilled), so a refund never
 //! leaves a key with more room than it would have had without the request.
+//! (A token bucket tracks how far refunds moved each token, up to a bound;
+//! past it, it gives back less, never more: see `token_bucket/refunds.rs`.)
 
 use http::{HeaderMap, HeaderName, StatusCode};
 

@@ -1,6 +1,8 @@
 //! Fixed windows aligned to Unix-epoch multiples of `window`; every attempt counts.
 
-use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
+use super::{
+    span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Ticket, Unit, Verdict,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FixedWindow {
@@ -83,8 +85,8 @@ impl Rule for FixedWindow {
     /// `count:` — the ticket is the instant the attempt was recorded; it
     /// is given back only while its window is still the current one (a
     /// finished window's count no longer matters).
-    fn refund(&self, state: &mut State, ticket: Nanos, _now: Nanos) {
-        if state.window_start == self.window_start(ticket) {
+    fn refund(&self, state: &mut State, ticket: Ticket, _now: Nanos) {
+        if state.window_start == self.window_start(ticket.place) {
             state.count = state.count.saturating_sub(1);
         }
     }
@@ -199,11 +201,11 @@ mod tests {
         for _ in 0..5 {
             rule.record(&mut state, now, true);
         }
-        rule.refund(&mut state, now, now + S);
+        rule.refund(&mut state, Ticket::at(now), now + S);
         assert_eq!(state.count, 4);
         assert_eq!(rule.check(&state, now + S), Verdict::Allow);
         // A ticket from the previous window gives back nothing now.
-        rule.refund(&mut state, now - 60 * S, now + S);
+        rule.refund(&mut state, Ticket::at(now - 60 * S), now + S);
         assert_eq!(state.count, 4);
     }
 

@@ -148,6 +148,7 @@ mod tests {
         let bucket = Algorithm::TokenBucket(TokenBucket {
             capacity: 1000,
             interval: 10_000_000,
+            refunds: false,
         });
         assert_eq!(term(&bucket), Some(100_000_000));
         let tiny = Algorithm::FixedWindow(FixedWindow {
@@ -172,6 +173,7 @@ mod tests {
         let bucket = Algorithm::TokenBucket(TokenBucket {
             capacity: 10,
             interval: S,
+            refunds: false,
         });
         assert_eq!(unspent(&bucket), Unspent::Lost);
         let window = Algorithm::FixedWindow(FixedWindow {

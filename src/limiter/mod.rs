@@ -43,6 +43,25 @@ impl Verdict {
     }
 }
 
+/// What identifies the unit a `count:` request took, for [`Rule::refund`]:
+/// the store's decision instant and the algorithm's place for the unit
+/// (see [`Rule::ticket`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    /// The instant (the store's clock) the request was decided at.
+    pub at: Nanos,
+    /// For windows `at` itself (it names the window, or the log entry); for
+    /// token buckets the unit's place in the bucket's debt (token_bucket.rs).
+    pub place: Nanos,
+}
+
+impl Ticket {
+    /// A window's ticket: the decision instant names the unit.
+    pub fn at(at: Nanos) -> Ticket {
+        Ticket { at, place: at }
+    }
+}
+
 /// The quota a limiter reports in the rate-limit headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota {
@@ -119,13 +138,21 @@ pub trait Rule {
     /// got a response that does not count: give back what it took, as far as
     /// it still weighs on the state. Never gives back more than the request
     /// took (see `count.rs`). Only algorithms that accept `count:` override it.
-    fn refund(&self, _state: &mut Self::State, _ticket: Nanos, _now: Nanos) {}
+    fn refund(&self, _state: &mut Self::State, _ticket: Ticket, _now: Nanos) {}
 
     /// What identifies the unit a request took, for [`Rule::refund`], from
-    /// the store's decision instant `at` and the quota after recording: for
-    /// windows the instant itself (it names the window, or the log entry).
-    fn ticket(&self, at: Nanos, _quota: &Quota) -> Nanos {
-        at
+    /// the store's decision instant `at`, the quota after recording and the
+    /// state's [`Rule::mark`] then: for windows the instant itself (it names
+    /// the window, or the log entry).
+    fn ticket(&self, at: Nanos, _quota: &Quota, _mark: Nanos) -> Ticket {
+        Ticket::at(at)
+    }
+
+    /// What a later [`Rule::ticket`] needs from the state right after a
+    /// decision that the quota does not tell; stores report it with each
+    /// outcome. Token buckets: what refunds have given back so far.
+    fn mark(&self, _state: &Self::State) -> Nanos {
+        0
     }
 
     /// The quota an admitted request reported, as it would read without
@@ -155,6 +182,10 @@ pub trait Rule {
 
     /// Sets the quota a per-key override changes (limit, capacity, …).
     fn set_limit(&mut self, limit: u64);
+
+    /// The limiter has `count:`: keep in the state what [`Rule::refund`]
+    /// needs. Most algorithms need nothing more.
+    fn keep_refunds(&mut self) {}
 
     /// Its parameters as `GET /config` shows them, named as in [`Rule::PARAMS`].
     fn params(&self) -> Vec<(&'static str, Param)>;
@@ -604,7 +635,7 @@ impl Algorithm {
     }
 
     /// `count:` — see [`Rule::refund`]; a state of another algorithm is left alone.
-    pub fn refund(&self, state: &mut State, ticket: Nanos, now: Nanos) {
+    pub fn refund(&self, state: &mut State, ticket: Ticket, now: Nanos) {
         dispatch!(self, state, r, s => r.refund(s, ticket, now), ())
     }
 
@@ -624,8 +655,13 @@ impl Algorithm {
     }
 
     /// See [`Rule::ticket`].
-    pub fn ticket(&self, at: Nanos, quota: &Quota) -> Nanos {
-        on_algorithm!(self, r => r.ticket(at, quota))
+    pub fn ticket(&self, at: Nanos, quota: &Quota, mark: Nanos) -> Ticket {
+        on_algorithm!(self, r => r.ticket(at, quota, mark))
+    }
+
+    /// See [`Rule::mark`]; a state of another algorithm has none.
+    pub fn mark(&self, state: &State) -> Nanos {
+        dispatch!(self, state, r, s => r.mark(s), 0)
     }
 
     /// See [`Rule::quota_without_one`].
@@ -643,6 +679,11 @@ impl Algorithm {
         let mut a = self.clone();
         on_algorithm!(&mut a, r => r.set_limit(limit));
         a
+    }
+
+    /// See [`Rule::keep_refunds`].
+    pub fn keep_refunds(&mut self) {
+        on_algorithm!(self, r => r.keep_refunds())
     }
 }
 

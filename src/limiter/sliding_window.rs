@@ -12,7 +12,9 @@
 
 use std::collections::VecDeque;
 
-use super::{span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
+use super::{
+    span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Ticket, Unit, Verdict,
+};
 
 /// The largest limit: the exact log costs 8 bytes per admitted request and
 /// key, so a larger limit would let one key take megabytes.
@@ -138,8 +140,8 @@ impl Rule for SlidingWindow {
     /// removed (one entry, if several share the instant). An entry already
     /// dropped (out of the window, or beyond the newest `limit`) no longer
     /// weighs on any answer, so nothing is given back for it.
-    fn refund(&self, state: &mut State, ticket: Nanos, _now: Nanos) {
-        if let Some(i) = state.admitted.iter().position(|&t| t == ticket) {
+    fn refund(&self, state: &mut State, ticket: Ticket, _now: Nanos) {
+        if let Some(i) = state.admitted.iter().position(|&t| t == ticket.place) {
             state.admitted.remove(i);
         }
     }
@@ -220,11 +222,11 @@ mod tests {
             attempt(&rule, &mut state, T0 + i * S);
         }
         assert!(rule.check(&state, T0 + 5 * S).is_deny());
-        rule.refund(&mut state, T0 + 2 * S, T0 + 5 * S);
+        rule.refund(&mut state, Ticket::at(T0 + 2 * S), T0 + 5 * S);
         assert_eq!(rule.check(&state, T0 + 5 * S), Verdict::Allow);
         assert_eq!(state.admitted.len(), 4);
         // An unknown ticket changes nothing.
-        rule.refund(&mut state, T0 + 2 * S, T0 + 5 * S);
+        rule.refund(&mut state, Ticket::at(T0 + 2 * S), T0 + 5 * S);
         assert_eq!(state.admitted.len(), 4);
     }
 

@@ -7,6 +7,7 @@ fn a_quota_without_one_request_matches_the_state_without_it() {
     let bucket = Algorithm::TokenBucket(token_bucket::TokenBucket {
         capacity: 5,
         interval: NANOS_PER_SEC,
+        refunds: false,
     });
     let window = Algorithm::FixedWindow(fixed_window::FixedWindow {
         limit: 5,

@@ -20,21 +20,36 @@
 //! debt has drained to `(capacity - 1) * interval`. Nothing overflows: debts
 //! and sums saturate.
 //!
-//! Memory: 8 bytes per key.
+//! `count:` refunds give back exactly the part of their token still
+//! unpaid, whatever order answers come back in (see `refunds.rs`). Only a
+//! limiter with `count:` keeps that bookkeeping, boxed beside `tat`.
+//!
+//! Memory: 16 bytes per key (and, with `count:`, a box per debt).
 
-use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
+mod refunds;
+
+pub use refunds::{Refunds, MAX_HOLES};
+
+use super::{
+    rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Ticket, Unit, Verdict,
+};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenBucket {
     pub capacity: u64,
     /// Nanoseconds per token (1e9 / refill per second), > 0.
     pub interval: Nanos,
+    /// `count:` is set: each debt keeps what refunds need ([`Refunds`]).
+    pub refunds: bool,
 }
 
 /// `tat`: when the bucket is full again. `0` (or anything `<= now`) is a full bucket.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct State {
     pub tat: Nanos,
+    /// With `count:`, the current debt's refunds. A debt begun without it
+    /// (a reload added `count:`) has none, and its refunds give nothing back.
+    pub refunds: Option<Box<Refunds>>,
 }
 
 impl TokenBucket {
@@ -71,7 +86,12 @@ impl Rule for TokenBucket {
                 capacity,
                 "a full bucket's tokens must come back",
             ),
+            refunds: false,
         }
+    }
+
+    fn keep_refunds(&mut self) {
+        self.refunds = true;
     }
 
     fn check(&self, state: &State, now: Nanos) -> Verdict {
@@ -93,9 +113,18 @@ impl Rule for TokenBucket {
 
     /// A refused request takes no token, so only an admission moves `tat`.
     fn record(&self, state: &mut State, now: Nanos, admitted: bool) {
-        if admitted {
-            state.tat = state.tat.max(now).saturating_add(self.interval);
+        if !admitted {
+            return;
         }
+        if state.tat <= now {
+            // Full: every earlier token is paid off, a new debt starts.
+            match (&mut state.refunds, self.refunds) {
+                (Some(r), true) => **r = Refunds::starting(now),
+                (r, true) => *r = Some(Box::new(Refunds::starting(now))),
+                (r, false) => *r = None,
+            }
+        }
+        state.tat = state.tat.max(now).saturating_add(self.interval);
     }
 
     fn quota(&self, state: &State, now: Nanos) -> Quota {
@@ -111,16 +140,25 @@ impl Rule for TokenBucket {
         }
     }
 
-    /// `count:` — the ticket is `tat` just after the request took its token.
-    /// Debt is repaid oldest first, so at `now` the part of that token still
-    /// unpaid is `min(interval, ticket - now)` (nothing once `now >= ticket`:
-    /// the bucket refilled it already). Giving back only that part never
-    /// hands out a token the bucket would not have had without the request.
-    fn refund(&self, state: &mut State, ticket: Nanos, now: Nanos) {
-        let unpaid = ticket.saturating_sub(now).min(self.interval);
-        if state.tat > now {
-            state.tat = state.tat.saturating_sub(unpaid).max(now);
+    /// `count:` — gives back the part of the ticket's token still unpaid at
+    /// `now` (`refunds.rs`): nothing for a token taken before the bucket was
+    /// last full, nothing once its place has passed. Giving back only that
+    /// part never hands out a token the bucket would not have had without
+    /// the request.
+    fn refund(&self, state: &mut State, ticket: Ticket, now: Nanos) {
+        let Some(r) = state.refunds.as_deref_mut() else {
+            return;
+        };
+        if state.tat <= now || ticket.at < r.since {
+            return;
         }
+        r.fold(now);
+        let newest = ticket.place >= state.tat.saturating_add(r.total);
+        let place = ticket.place.saturating_sub(r.ahead_of(ticket.place));
+        let unpaid = place.saturating_sub(now).min(self.interval);
+        let tat = state.tat.saturating_sub(unpaid).max(now);
+        r.add(ticket.place, state.tat - tat, newest);
+        state.tat = tat;
     }
 
     /// From `tat` on the bucket is full and the state equals `State::default()`
@@ -129,10 +167,18 @@ impl Rule for TokenBucket {
         state.tat
     }
 
-    /// The theoretical arrival time right after this request (`at + debt`),
-    /// which tells how much of its token is still unpaid when the refund comes.
-    fn ticket(&self, at: Nanos, quota: &Quota) -> Nanos {
-        at.saturating_add(quota.reset_after)
+    /// The theoretical arrival time right after this request (`at + debt`)
+    /// plus what refunds had given back by then (`mark`): at the refund,
+    /// less what they have given back by that time, it is the token's place.
+    fn ticket(&self, at: Nanos, quota: &Quota, mark: Nanos) -> Ticket {
+        Ticket {
+            at,
+            place: at.saturating_add(quota.reset_after).saturating_add(mark),
+        }
+    }
+
+    fn mark(&self, state: &State) -> Nanos {
+        state.refunds.as_ref().map_or(0, |r| r.total)
     }
 
     /// One interval less in debt.
@@ -177,13 +223,20 @@ impl Rule for TokenBucket {
         ]
     }
 
+    /// `tat`, then with `count:` the refunds (`Refunds::words`).
     fn words(state: &State) -> Vec<u64> {
-        vec![state.tat]
+        let mut words = vec![state.tat];
+        if let Some(r) = &state.refunds {
+            r.words(&mut words);
+        }
+        words
     }
 
     fn from_words(words: &[u64]) -> Option<State> {
+        let (tat, rest) = words.split_first()?;
         Some(State {
-            tat: *words.first()?,
+            tat: *tat,
+            refunds: Refunds::from_words(rest).map(Box::new),
         })
     }
 
@@ -205,6 +258,7 @@ mod tests {
         TokenBucket {
             capacity: 5,
             interval: S / 2,
+            refunds: true,
         }
     }
 
@@ -214,6 +268,11 @@ mod tests {
         verdict
     }
 
+    /// The ticket a store hands out for an admission just recorded at `now`.
+    fn ticket_of(rule: &TokenBucket, state: &State, now: Nanos) -> Ticket {
+        rule.ticket(now, &rule.quota(state, now), rule.mark(state))
+    }
+
     #[test]
     fn a_refund_right_away_leaves_the_bucket_as_if_nothing_happened() {
         let rule = five_at_two_per_second();
@@ -221,13 +280,13 @@ mod tests {
         attempt(&rule, &mut state, T0);
         let before = state.clone();
         attempt(&rule, &mut state, T0);
-        let ticket = state.tat;
+        let ticket = ticket_of(&rule, &state, T0);
         rule.refund(&mut state, ticket, T0);
         assert_eq!(state, before);
         // Once refilled, a late refund gives nothing back.
         let mut full = State::default();
         attempt(&rule, &mut full, T0);
-        let ticket = full.tat;
+        let ticket = ticket_of(&rule, &full, T0);
         rule.refund(&mut full, ticket, T0 + S);
         assert_eq!(rule.quota(&full, T0 + S).remaining, 5);
     }
@@ -237,17 +296,7 @@ mod tests {
         /// whose answer did not count, the debt is never below that of a
         /// bucket that saw only the admissions that counted. A refund never
         /// hands out a token the bucket would not have had.
-        ///
-        /// Known defect, open: a refund reads its token's place from the
-        /// ticket taken at admission, but refunds of earlier tokens move that
-        /// place forward, so a token already paid off can still give back up
-        /// to one interval (see the test below for 0.79 of a token). Fixing it
-        /// needs the refunds since admission in the stored state (SQLite,
-        /// Redis and the Lua together). Ignored so that random cases do not
-        /// fail unrelated runs; `cargo test --lib token_bucket -- --ignored`
-        /// reproduces it from the saved seeds.
         #[test]
-        #[ignore = "known defect: a refund after earlier refunds can give back a paid-off token"]
         fn refunds_never_make_the_bucket_more_generous_than_counting_only_matches(
             reqs in proptest::collection::vec((0u64..2_000, any::<bool>(), 0u64..3_000), 1..40)
         ) {
@@ -269,7 +318,7 @@ mod tests {
                 end = now;
                 if kind == 1 {
                     if attempt(&rule, &mut ours, now) == Verdict::Allow {
-                        tickets[i] = Some((now, ours.tat));
+                        tickets[i] = Some((now, ticket_of(&rule, &ours, now)));
                     }
                 } else if let Some((_, ticket)) = tickets[i] {
                     if !reqs[i].1 {
@@ -291,12 +340,12 @@ mod tests {
         }
     }
 
-    /// The known defect above, as one case: three tokens at once, the second
-    /// and the first refunded early, a counted request at 594 ms, then the
-    /// third (paid off by then, its place moved forward by the two refunds)
-    /// refunded at 700 ms gives back a whole interval.
+    /// Three tokens at once, the second and the first refunded early, a
+    /// counted request at 594 ms, then the third (paid off by then: the two
+    /// refunds moved its place forward to 593 ms) refunded at 700 ms. Read
+    /// from its ticket alone, its place was 1.5 s and it gave back a whole
+    /// interval (0.79 of a token more than it had).
     #[test]
-    #[ignore = "known defect: a refund after earlier refunds can give back a paid-off token"]
     fn a_token_paid_off_after_earlier_refunds_gives_nothing_back() {
         let rule = five_at_two_per_second();
         let ms = 1_000_000;
@@ -304,7 +353,7 @@ mod tests {
         let mut tickets = Vec::new();
         for _ in 0..3 {
             attempt(&rule, &mut ours, T0);
-            tickets.push(ours.tat);
+            tickets.push(ticket_of(&rule, &ours, T0));
         }
         rule.refund(&mut ours, tickets[1], T0 + 18 * ms);
         rule.refund(&mut ours, tickets[0], T0 + 93 * ms);
@@ -319,6 +368,108 @@ mod tests {
             TokenBucket::debt(&ours, end),
             TokenBucket::debt(&ideal, end)
         );
+    }
+
+    /// The other side of the bound: refunds that come right away give back
+    /// the whole token however many came before, so a client whose answers
+    /// never count is never limited, even one in debt all along.
+    #[test]
+    fn answers_that_never_count_never_limit_however_many_refunds_came_before() {
+        let rule = five_at_two_per_second();
+        let ms = 1_000_000;
+        let mut state = State::default();
+        // Four counted tokens keep the bucket in debt throughout.
+        for _ in 0..4 {
+            attempt(&rule, &mut state, T0);
+        }
+        for i in 0..1_000 {
+            let now = T0 + i * ms;
+            assert_eq!(
+                attempt(&rule, &mut state, now),
+                Verdict::Allow,
+                "request {i}"
+            );
+            let ticket = ticket_of(&rule, &state, now);
+            rule.refund(&mut state, ticket, now + ms / 2);
+        }
+        assert_eq!(state.refunds.unwrap().since, T0, "the debt never ended");
+    }
+
+    /// Refunds of the newest token move nobody, so answers returned newest
+    /// first give every token back.
+    #[test]
+    fn refunds_newest_first_give_every_token_back() {
+        let rule = five_at_two_per_second();
+        let mut state = State::default();
+        let mut tickets = Vec::new();
+        for _ in 0..4 {
+            attempt(&rule, &mut state, T0);
+            tickets.push(ticket_of(&rule, &state, T0));
+        }
+        for t in tickets.iter().rev() {
+            rule.refund(&mut state, *t, T0 + 1);
+        }
+        assert_eq!(rule.quota(&state, T0 + 1).remaining, 5);
+    }
+
+    /// A bucket of `capacity` tokens, `taken` of them at once, and the
+    /// tickets they were given.
+    fn taken_at_once(capacity: u64, taken: usize) -> (TokenBucket, State, Vec<Ticket>) {
+        let rule = TokenBucket {
+            capacity,
+            interval: S / 2,
+            refunds: true,
+        };
+        let mut state = State::default();
+        let mut tickets = Vec::new();
+        for _ in 0..taken {
+            assert_eq!(attempt(&rule, &mut state, T0), Verdict::Allow);
+            tickets.push(ticket_of(&rule, &state, T0));
+        }
+        (rule, state, tickets)
+    }
+
+    proptest! {
+        /// Answers in any order: each refund gives back its whole token (all
+        /// taken at once, refunded a nanosecond later), so the bucket ends
+        /// exactly as if only the counted ones had been taken — while the
+        /// holes fit in `MAX_HOLES`.
+        #[test]
+        fn refunds_in_any_order_give_back_exactly_their_tokens(
+            order in Just((0..9usize).collect::<Vec<_>>()).prop_shuffle(),
+            counted in proptest::collection::vec(any::<bool>(), 9),
+        ) {
+            let (rule, mut state, tickets) = taken_at_once(10, 9);
+            for &i in &order {
+                if !counted[i] {
+                    rule.refund(&mut state, tickets[i], T0 + 1);
+                }
+            }
+            let kept = counted.iter().filter(|&&c| c).count() as u64;
+            prop_assert_eq!(rule.quota(&state, T0 + 1).remaining, 10 - kept);
+        }
+    }
+
+    /// Past `MAX_HOLES` the hole furthest ahead is folded and counts for
+    /// the tokens ahead of it too: they give back less, never more.
+    #[test]
+    fn past_the_holes_bound_an_older_token_gives_back_less_never_more() {
+        let taken = MAX_HOLES + 3;
+        let (rule, mut state, tickets) = taken_at_once(20, taken);
+        // The tokens between the first and the last (which stays, so none of
+        // them is the newest), youngest first: one hole more than fit, all
+        // behind the first token.
+        for i in (1..taken - 1).rev() {
+            rule.refund(&mut state, tickets[i], T0 + 1);
+        }
+        let before = rule.quota(&state, T0 + 1).remaining;
+        rule.refund(&mut state, tickets[0], T0 + 1);
+        let after = rule.quota(&state, T0 + 1).remaining;
+        assert!(
+            after < before + 1,
+            "the first token read its place as moved: {before} -> {after}"
+        );
+        assert_eq!(state.refunds.as_ref().unwrap().holes.len(), MAX_HOLES);
     }
 
     #[test]
@@ -410,6 +561,7 @@ mod tests {
         let rule = TokenBucket {
             capacity: 1,
             interval: 3,
+            refunds: true,
         };
         let mut state = State::default();
         for now in [10, 13, 16, 19] {
@@ -456,6 +608,7 @@ mod tests {
         let zero = TokenBucket {
             capacity: 0,
             interval: S,
+            refunds: true,
         };
         assert_eq!(
             zero.check(&State::default(), T0),
@@ -465,6 +618,7 @@ mod tests {
         let huge = TokenBucket {
             capacity: u64::MAX,
             interval: u64::MAX,
+            refunds: true,
         };
         let mut state = State::default();
         assert_eq!(attempt(&huge, &mut state, T0), Verdict::Allow);
@@ -495,7 +649,7 @@ mod tests {
             times in arrivals(),
             refused_elsewhere in prop::collection::vec(any::<bool>(), 0..300),
         ) {
-            let rule = TokenBucket { capacity, interval };
+            let rule = TokenBucket { capacity, interval, refunds: true };
             let mut state = State::default();
             let mut admitted = Vec::new();
             for (i, &now) in times.iter().enumerate() {
@@ -523,7 +677,7 @@ mod tests {
             interval in 1u64..20,
             times in arrivals(),
         ) {
-            let rule = TokenBucket { capacity, interval };
+            let rule = TokenBucket { capacity, interval, refunds: true };
             let full = capacity * interval;
             let mut state = State::default();
             let (mut level, mut last) = (full, T0);

@@ -18,7 +18,7 @@ use super::memory::Table;
 use super::{durability, AuditRow, Check, Outcome, StoreError};
 use crate::config::LimiterConfig;
 use crate::limiter::ban::BanRule;
-use crate::limiter::{Algorithm, Nanos, Quota};
+use crate::limiter::{Algorithm, Nanos, Quota, Ticket};
 
 /// The in-process state every backend has: exact counters and bans for the
 /// local backends, the `on_error: local` fallback (and the bans this proxy
@@ -84,7 +84,7 @@ pub trait Backend {
         local: &Local,
         key: &str,
         algorithm: &Algorithm,
-        ticket: Nanos,
+        ticket: Ticket,
         now: Nanos,
     ) -> Result<(), StoreError> {
         local.table.refund(key, algorithm, ticket, now);

@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Check, Outcome};
-use crate::limiter::{Algorithm, Nanos, Quota, State, Verdict, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, Nanos, Quota, State, Ticket, Verdict, NANOS_PER_SEC};
 use key_hash::{KeyHash, KeyHasher};
 use shard::Shard;
 
@@ -253,7 +253,7 @@ impl Table {
         let track = self.track_changes;
         let mut outcomes = Vec::with_capacity(checks.len());
         for (((c, t), verdict), &(h, _)) in checks.iter().zip(targets).zip(verdicts).zip(&located) {
-            let (quota, overflowed) = match t {
+            let ((quota, mark), overflowed) = match t {
                 Target::Held(g) => (
                     guards[g].record(h, c.key, c.algorithm, now, admitted, track),
                     false,
@@ -285,6 +285,7 @@ impl Table {
                 verdict,
                 quota,
                 at: now,
+                mark,
                 overflowed,
             });
         }
@@ -439,7 +440,7 @@ impl Table {
     /// `count:` — gives back the unit a request took (see [`Algorithm::refund`]).
     /// A request counted on an overflow key (the table was full) is not
     /// refunded: the shared count stays the stricter one.
-    pub fn refund(&self, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
+    pub fn refund(&self, key: &str, algorithm: &Algorithm, ticket: Ticket, now: Nanos) {
         let (h, s) = self.locate(key);
         let track = self.track_changes;
         self.shards[s]
@@ -649,6 +650,7 @@ fn untracked(c: &Check<'_>, verdict: Verdict, now: Nanos) -> Outcome {
         verdict,
         quota: c.algorithm.quota(&c.algorithm.fresh_state(), now),
         at: now,
+        mark: 0,
         overflowed: false,
     }
 }
@@ -667,6 +669,7 @@ fn refused(c: &Check<'_>, now: Nanos) -> Outcome {
             ..quota
         },
         at: now,
+        mark: 0,
         overflowed: true,
     }
 }

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 use crate::config::{self, LimiterConfig, StoreConfig};
 use crate::limiter::ban::BanRule;
-use crate::limiter::{Algorithm, Nanos, Quota, Verdict};
+use crate::limiter::{Algorithm, Nanos, Quota, Ticket, Verdict};
 
 use backend::{Backend, Local};
 pub use ban::{ActiveBan, Banned};
@@ -56,9 +56,19 @@ pub struct Outcome {
     /// proxy's for local stores, the Redis server's for Redis. Headers count
     /// from it, so every proxy of a fleet announces the same reset time.
     pub at: Nanos,
+    /// The state's [`Algorithm::mark`] right after the decision (0 where
+    /// nothing was recorded); a `count:` refund's ticket needs it.
+    pub mark: Nanos,
     /// Counted on [`Check::overflow`], not on its own key (the table was
     /// full): a release must name the overflow key.
     pub overflowed: bool,
+}
+
+impl Outcome {
+    /// What a `count:` refund of this decision's unit names (see [`Algorithm::ticket`]).
+    pub fn ticket(&self, algorithm: &Algorithm) -> Ticket {
+        algorithm.ticket(self.at, &self.quota, self.mark)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -244,7 +254,7 @@ impl Store {
         &self,
         key: &str,
         algorithm: &Algorithm,
-        ticket: Nanos,
+        ticket: Ticket,
         now: Nanos,
     ) -> Result<(), StoreError> {
         on_backend!(await self, b => Backend::refund(b, &self.local, key, algorithm, ticket, now))

@@ -92,7 +92,21 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// Starts one; a `redis-cli --cluster create` that has not joined the
+    /// nodes within 30 s (it can wait forever, e.g. when a bus port was
+    /// taken by another test's server between choosing and binding it) is
+    /// abandoned and a fresh cluster started on new ports, up to 3 times.
     pub fn start() -> Cluster {
+        for attempt in 1..=3 {
+            match Cluster::try_start() {
+                Some(cluster) => return cluster,
+                None => eprintln!("redis-cli --cluster create hung (attempt {attempt}); new ports"),
+            }
+        }
+        panic!("a Redis Cluster never formed in 3 attempts");
+    }
+
+    fn try_start() -> Option<Cluster> {
         let dir = tempfile::tempdir().expect("temp dir");
         let nodes: Vec<Node> = (0..6)
             .map(|i| {
@@ -121,13 +135,23 @@ impl Cluster {
             })
             .collect();
         let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
+            .stdout(Stdio::piped())
+            .spawn()
             .expect("redis-cli runs");
+        let done = eventually_blocking(Duration::from_secs(30), || {
+            matches!(create.try_wait(), Ok(Some(_)))
+        });
+        if !done {
+            let _ = create.kill();
+            let _ = create.wait();
+            return None;
+        }
+        let out = create.wait_with_output().expect("redis-cli's output");
         assert!(
             out.status.success(),
             "redis-cli --cluster create failed:\n{}",
@@ -135,7 +159,7 @@ impl Cluster {
         );
         let cluster = Cluster { nodes, _dir: dir };
         cluster.wait_ok();
-        cluster
+        Some(cluster)
     }
 
     /// Every node says `cluster_state:ok` and sees 3 primaries with slots.

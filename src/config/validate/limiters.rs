@@ -33,7 +33,7 @@ impl Validator<'_> {
             );
             return None;
         };
-        let algorithm = self.algorithm(name, kind, raw);
+        let mut algorithm = self.algorithm(name, kind, raw);
         let key = self.key(name, raw);
         let shadow = match raw.mode.as_ref().map(|t| t.0.as_str()).unwrap_or("enforce") {
             "enforce" => false,
@@ -58,6 +58,9 @@ impl Validator<'_> {
             .count
             .as_ref()
             .and_then(|c| self.count_rule(name, c, &algorithm));
+        if count.is_some() {
+            algorithm.keep_refunds();
+        }
         let ban = raw
             .ban
             .as_ref()

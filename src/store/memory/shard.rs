@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::key_hash::{BuildPassThrough, KeyHash};
 use super::{note_rows, Forgotten, Rows};
-use crate::limiter::{Algorithm, Kept, Nanos, Quota, State, Verdict};
+use crate::limiter::{Algorithm, Kept, Nanos, Quota, State, Ticket, Verdict};
 use crate::store::{Check, Outcome};
 
 #[derive(Debug, Default)]
@@ -112,7 +112,7 @@ fn decide_entry(
         c.algorithm.check(&c.algorithm.fresh_state(), now)
     };
     let admitted = !verdict.is_deny() || c.shadow;
-    let quota = record_entry(
+    let (quota, mark) = record_entry(
         e,
         c.key,
         c.algorithm,
@@ -126,6 +126,7 @@ fn decide_entry(
         verdict,
         quota,
         at: now,
+        mark,
         overflowed: false,
     }
 }
@@ -140,7 +141,7 @@ fn record_entry(
     changed: &mut Vec<Box<str>>,
     next_rest: &mut Nanos,
     track: bool,
-) -> Quota {
+) -> (Quota, Nanos) {
     if !usable(e, algorithm) {
         e.state = algorithm.fresh_state();
     }
@@ -151,7 +152,7 @@ fn record_entry(
     mark(e, key, changed, track);
     let quota = algorithm.quota(&e.state, now);
     e.standing = weight(&quota); // unpinned
-    quota
+    (quota, algorithm.mark(&e.state))
 }
 
 /// Notes what the writer may delete for an entry forgotten at rest.
@@ -276,7 +277,7 @@ impl Shard {
         now: Nanos,
         admitted: bool,
         track: bool,
-    ) -> Quota {
+    ) -> (Quota, Nanos) {
         if !self.map.contains_key(&h) {
             // Placed before; only a caller that skipped `place` gets here.
             let e = self.new_entry(key, algorithm, false);
@@ -355,7 +356,7 @@ impl Shard {
         h: KeyHash,
         key: &str,
         algorithm: &Algorithm,
-        ticket: Nanos,
+        ticket: Ticket,
         now: Nanos,
         track: bool,
     ) {

@@ -193,6 +193,7 @@ fn a_full_shard_forgets_a_key_at_rest_and_keeps_the_limited_one() {
     let bucket = Algorithm::TokenBucket(TokenBucket {
         capacity: 2,
         interval: S,
+        refunds: false,
     });
     let limited = "l:ip:203.0.113.9";
     let [resting, newcomer]: [String; 2] = neighbours(&table, limited, 2).try_into().unwrap();
@@ -256,6 +257,7 @@ fn every_algorithm_rests_only_when_forgetting_it_changes_nothing() {
             Algorithm::TokenBucket(TokenBucket {
                 capacity: 2,
                 interval: 2 * S,
+                refunds: false,
             }),
             2 * S,
         ),
@@ -452,4 +454,11 @@ fn a_key_is_light_exactly_while_less_than_half_its_quota_is_used() {
         shard::weight(&quota(10, 9)) < shard::weight(&quota(10, 7)),
         "lighter first"
     );
+}
+
+/// At a million keys every byte of an entry is a megabyte: a state that
+/// grows (a token bucket's refund bookkeeping did once) must be boxed.
+#[test]
+fn a_table_entry_stays_40_bytes() {
+    assert_eq!(std::mem::size_of::<super::shard::Entry>(), 40);
 }

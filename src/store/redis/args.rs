@@ -7,7 +7,7 @@
 use ::redis::ScriptInvocation;
 
 use super::{CONCURRENCY_LEASE, MAX_EXACT};
-use crate::limiter::{Algorithm, Nanos, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, Nanos, Ticket, NANOS_PER_SEC};
 use crate::store::StoreError;
 
 /// Appends one limiter's 7 arguments to a `check` or `peek` call:
@@ -84,23 +84,26 @@ pub(super) fn push_check(
     Ok(())
 }
 
-/// The 3 arguments of a `refund` call for the unit `ticket` (Redis' clock)
-/// took; `None` where `count:` does not apply (validation refuses it there).
-pub(super) fn refund(algorithm: &Algorithm, ticket: Nanos) -> Option<[String; 3]> {
-    match algorithm {
-        Algorithm::FixedWindow(f) => Some([
-            "fw".into(),
-            f.window.to_string(),
-            (ticket - ticket % f.window.max(1)).to_string(),
-        ]),
-        Algorithm::SlidingWindow(s) => {
-            Some(["sw".into(), s.window.to_string(), ticket.to_string()])
+/// The 5 arguments of a `refund` call for the unit `ticket` (Redis' clock)
+/// took: kind, window or interval, place, units (1), decision instant;
+/// `None` where `count:` does not apply (validation refuses it there).
+pub(super) fn refund(algorithm: &Algorithm, ticket: Ticket) -> Option<[String; 5]> {
+    let (kind, span, place) = match algorithm {
+        Algorithm::FixedWindow(f) => {
+            let start = ticket.place - ticket.place % f.window.max(1);
+            ("fw", f.window, start)
         }
-        Algorithm::TokenBucket(t) => {
-            Some(["tb".into(), t.interval.to_string(), ticket.to_string()])
-        }
-        Algorithm::LeakyBucket(_) | Algorithm::Concurrency(_) => None,
-    }
+        Algorithm::SlidingWindow(s) => ("sw", s.window, ticket.place),
+        Algorithm::TokenBucket(t) => ("tb", t.interval, ticket.place),
+        Algorithm::LeakyBucket(_) | Algorithm::Concurrency(_) => return None,
+    };
+    Some([
+        kind.into(),
+        span.to_string(),
+        place.to_string(),
+        "1".into(),
+        ticket.at.to_string(),
+    ])
 }
 
 /// What an admitted request held in Redis, to give back.

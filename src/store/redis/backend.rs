@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::Redis;
 use crate::config::LimiterConfig;
 use crate::limiter::ban::BanRule;
-use crate::limiter::{Algorithm, Nanos, Quota};
+use crate::limiter::{Algorithm, Nanos, Quota, Ticket};
 use crate::store::backend::{Backend, Local};
 use crate::store::ban::{ActiveBan, Banned};
 use crate::store::{Check, Outcome, StoreError};
@@ -55,7 +55,7 @@ impl Backend for Redis {
         _local: &Local,
         key: &str,
         algorithm: &Algorithm,
-        ticket: Nanos,
+        ticket: Ticket,
         _now: Nanos,
     ) -> Result<(), StoreError> {
         Redis::refund(self, key, algorithm, ticket).await

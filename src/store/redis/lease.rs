@@ -344,6 +344,7 @@ impl Held {
                 ..self.quota
             },
             at: self.at + elapsed,
+            mark: 0,
             overflowed: false,
         }
     }
@@ -444,7 +445,7 @@ impl Drop for Asking<'_> {
 
 /// Splits a `lease` reply into `check`'s part and the units per check.
 pub(super) fn split_reply(reply: &[i64], checks: usize) -> Result<(&[i64], &[i64]), StoreError> {
-    let head = 2 + 4 * checks;
+    let head = 2 + super::PER_CHECK * checks;
     if reply.len() != head + checks {
         return Err(StoreError::BadReply(reply.len()));
     }
@@ -545,6 +546,7 @@ mod tests {
                 reset_after: 10 * S,
             },
             at: T0,
+            mark: 0,
             overflowed: false,
         }
     }
@@ -627,6 +629,7 @@ mod tests {
         let bucket = Algorithm::TokenBucket(TokenBucket {
             capacity: 1000,
             interval: 10_000_000,
+            refunds: false,
         });
         let a = window(100);
         let leases = Leases::new();

@@ -49,7 +49,7 @@ use super::breaker::Breaker;
 use super::memory::Table;
 use super::{Check, Outcome, StoreError};
 use crate::config::RedisTopology;
-use crate::limiter::{Algorithm, Hold, Nanos, Quota, Verdict, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, Hold, Nanos, Quota, Ticket, Verdict, NANOS_PER_SEC};
 use topology::{Conn, Link, NodeHealth};
 
 /// `lease.lua` continues `redis.lua`'s chunk (it reads the request's state).
@@ -370,14 +370,14 @@ impl Redis {
         let Some(args) = args::release(algorithm, held) else {
             return;
         };
-        self.send_in_background("release", self.key(store_key), args);
+        self.send_in_background("release", self.key(store_key), args.to_vec());
     }
 
     /// A `release` or `refund` script call nobody waits for: an admitted
     /// request's finished slot, or what a slot group took for a request
     /// another group refused. Failing leaves the safe side (the unit stays
     /// counted until its lease, turn or window ends).
-    fn send_in_background(&self, mode: &'static str, key: String, args: [String; 3]) {
+    fn send_in_background(&self, mode: &'static str, key: String, args: Vec<String>) {
         let inner = self.inner.clone();
         self.inner.runtime.spawn(async move {
             let Some(conn) = inner.conn.load_full() else {
@@ -404,7 +404,7 @@ impl Redis {
         &self,
         store_key: &str,
         algorithm: &Algorithm,
-        ticket: Nanos,
+        ticket: Ticket,
     ) -> Result<(), StoreError> {
         let Some(args) = args::refund(algorithm, ticket) else {
             return Ok(());
@@ -594,16 +594,20 @@ fn admits(checks: &[Check<'_>], outcomes: &[Outcome]) -> bool {
         .any(|(c, o)| o.verdict.is_deny() && !c.shadow)
 }
 
+/// Numbers per check in a check reply: verdict, its nanoseconds,
+/// remaining, reset after, mark (see `redis.lua`).
+pub(super) const PER_CHECK: usize = 5;
+
 /// The reply's Redis time (Unix ns) and one outcome per check.
 fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), StoreError> {
-    if reply.len() != 2 + 4 * checks.len() {
+    if reply.len() != 2 + PER_CHECK * checks.len() {
         return Err(StoreError::BadReply(reply.len()));
     }
     let n = |v: i64| v.max(0) as u64;
     let at = n(reply[0]) * NANOS_PER_SEC + n(reply[1]) * 1_000;
     let outcomes = checks
         .iter()
-        .zip(reply[2..].chunks_exact(4))
+        .zip(reply[2..].chunks_exact(PER_CHECK))
         .map(|(c, r)| {
             let verdict = match r[0] {
                 0 => Verdict::Allow,
@@ -622,6 +626,7 @@ fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), S
                     reset_after: n(r[3]),
                 },
                 at,
+                mark: n(r[4]),
                 overflowed: false,
             }
         })

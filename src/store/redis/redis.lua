@@ -6,12 +6,15 @@
 --             every limiter, decides admission, records, returns quotas.
 --   'peek'    same arguments; computes the quotas and writes nothing.
 --   'refund'  KEYS[1]; ARGV[2] kind (fw, sw, tb), ARGV[3] window or interval,
---             ARGV[4] ticket: for fw the window start, for sw the entry, for
---             tb the instant the bucket was full again right after the
---             request (decimal Unix ns). Gives back what one `count:`
---             request took, as far as it still weighs (see count.rs).
+--             ARGV[4] the unit's place: for fw the window start, for sw the
+--             entry, for tb the instant the bucket was full again right
+--             after the request plus what refunds had given back by then
+--             (decimal Unix ns; see token_bucket.rs). Gives back what one
+--             `count:` request took, as far as it still weighs (see count.rs).
 --             ARGV[5], optional: how many units (default 1; a lease's
 --             unspent units go back this way, see lease.lua).
+--             ARGV[6], optional: the decision's instant (tb: a token taken
+--             before the bucket was last full gives nothing back).
 --   'lease'   'check', then leases (see lease.lua, appended to this script).
 --   'release' KEYS[1]; ARGV[2] kind: 'cc' then the member to remove, or
 --             'lb' then the interval and the ticket (Unix ns) to give back.
@@ -31,7 +34,13 @@
 -- about 104 days; the Rust side refuses longer windows).
 --
 -- Returns for check/peek: { TIME seconds, TIME microseconds, then per key:
--- verdict (0 allow, 1 delay, 2 deny), verdict ns, remaining, reset_after ns }.
+-- verdict (0 allow, 1 delay, 2 deny), verdict ns, remaining, reset_after ns,
+-- mark (tb: ns given back by refunds since the bucket was last full; else 0) }.
+--
+-- A tb hash: s shape, t when the bucket is full again, e the admission that
+-- found it full last (decimal Unix ns), r ns refunds took off t since then,
+-- h the refunds' holes not folded yet, "place:size ..." by place (see
+-- src/limiter/token_bucket/refunds.rs, which this follows step by step).
 
 local E9 = 1000000000
 local time = redis.call('TIME')
@@ -99,6 +108,55 @@ local function usable(k, kind, shape)
   return ok
 end
 
+-- Holes kept before the one furthest ahead is folded (refunds.rs MAX_HOLES).
+local MAX_HOLES = 8
+
+-- A tb refund: the part of the token ticketed at `place` still unpaid.
+local function tb_refund(k, place, interval, decided)
+  local f = redis.call('HMGET', k, 't', 'e', 'r', 'h')
+  local debt = math.max(0, rel(f[1]) or 0)
+  if debt == 0 or not f[2] or (decided and rel(decided) < rel(f[2])) then
+    return 0
+  end
+  local total, holes, base = tonumber(f[3] or '0'), {}, tonumber(f[3] or '0')
+  for p, n in string.gmatch(f[4] or '', '(%d+):(%d+)') do
+    holes[#holes + 1] = { p, tonumber(n) }
+    base = base - tonumber(n)
+  end
+  -- Holes whose place has passed: every token still owing is behind them.
+  while #holes > 0 and rel(holes[1][1]) - (base + holes[1][2]) <= 0 do
+    base = base + holes[1][2]
+    table.remove(holes, 1)
+  end
+  local p = rel(place)
+  local newest = p >= debt + total
+  local ahead, at_i = base, #holes + 1
+  for i, h in ipairs(holes) do
+    if rel(h[1]) >= p then
+      at_i = i
+      break
+    end
+    ahead = ahead + h[2]
+  end
+  local unpaid = math.min(interval, math.max(0, p - ahead))
+  local left = math.max(0, debt - unpaid)
+  local given = debt - left
+  if given > 0 and not newest then
+    total = total + given
+    table.insert(holes, at_i, { place, given })
+    if #holes > MAX_HOLES then
+      table.remove(holes, 1)
+    end
+  end
+  local text = {}
+  for i, h in ipairs(holes) do
+    text[i] = h[1] .. ':' .. int(h[2])
+  end
+  redis.call('HSET', k, 't', at(left), 'r', int(total), 'h', table.concat(text, ' '))
+  expire(k, left)
+  return given > 0 and 1 or 0
+end
+
 if mode == 'refund' then
   local k, kind = KEYS[1], ARGV[2]
   local units = tonumber(ARGV[5] or '1')
@@ -120,14 +178,7 @@ if mode == 'refund' then
       return 1
     end
   elseif kind == 'tb' then
-    local unpaid = math.min(tonumber(ARGV[3]), math.max(0, rel(ARGV[4])))
-    local debt = math.max(0, rel(redis.call('HGET', k, 't')) or 0)
-    if debt > 0 and unpaid > 0 then
-      debt = math.max(0, debt - unpaid)
-      redis.call('HSET', k, 't', at(debt))
-      expire(k, debt)
-      return 1
-    end
+    return tb_refund(k, ARGV[4], tonumber(ARGV[3]), ARGV[6])
   end
   return 0
 end
@@ -202,6 +253,9 @@ local function load(k, kind, p, shape)
     st.debt = 0
     if ok then
       st.debt = math.max(0, rel(redis.call('HGET', k, 't')) or 0)
+    end
+    if kind == 'tb' and st.debt > 0 then
+      st.refunded = tonumber(redis.call('HGET', k, 'r') or '0')
     end
   elseif kind == 'cc' then
     if ok and writes then
@@ -309,6 +363,11 @@ local function record(k, kind, p, st, admitted, shape, member)
       expire(k, rel(redis.call('LINDEX', k, -1)) + p[2])
     end
   elseif kind == 'tb' or kind == 'lb' then
+    if admitted and kind == 'tb' and st.debt == 0 then
+      -- Full: earlier tokens are paid off, a new debt starts (token_bucket.rs).
+      st.refunded = 0
+      redis.call('HSET', k, 'e', at(0), 'r', '0', 'h', '')
+    end
     if admitted then
       st.debt = st.debt + math.max(p[2], kind == 'lb' and 1 or 0)
       redis.call('HSET', k, 's', shape, 't', at(st.debt))
@@ -377,6 +436,7 @@ for i = 1, n do
   out[#out + 1] = verdicts[i][2]
   out[#out + 1] = remaining
   out[#out + 1] = reset
+  out[#out + 1] = states[i].refunded or 0
 end
 if mode ~= 'lease' then
   return out

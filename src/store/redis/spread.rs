@@ -94,17 +94,15 @@ fn give_back(redis: &Redis, check: &Check<'_>, key: &str, member: &str, o: &Outc
         // Only a unit that opened its key's window: later attempts count on one node too.
         Algorithm::FixedWindow(f) if o.quota.remaining.saturating_add(1) != f.limit => None,
         Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_) | Algorithm::TokenBucket(_) => {
-            args::refund(algorithm, algorithm.ticket(o.at, &o.quota)).map(|a| ("refund", a))
+            args::refund(algorithm, o.ticket(algorithm)).map(|a| ("refund", a.to_vec()))
         }
         Algorithm::LeakyBucket(_) => match o.verdict {
-            Verdict::Delay(d) => {
-                args::release(algorithm, args::Held::Place(o.at + d)).map(|a| ("release", a))
-            }
+            Verdict::Delay(d) => args::release(algorithm, args::Held::Place(o.at + d))
+                .map(|a| ("release", a.to_vec())),
             Verdict::Allow | Verdict::Deny { .. } => None,
         },
-        Algorithm::Concurrency(_) => {
-            args::release(algorithm, args::Held::Slot(member.to_string())).map(|a| ("release", a))
-        }
+        Algorithm::Concurrency(_) => args::release(algorithm, args::Held::Slot(member.to_string()))
+            .map(|a| ("release", a.to_vec())),
     };
     if let Some((mode, args)) = undo {
         redis.send_in_background(mode, key.to_string(), args);

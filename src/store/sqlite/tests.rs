@@ -37,6 +37,7 @@ fn counts_survive_a_reopen_in_the_spec_table() {
     let burst = Algorithm::TokenBucket(TokenBucket {
         capacity: 3,
         interval: NANOS_PER_SEC,
+        refunds: false,
     });
     let limiters = [
         limiter("strict", strict.clone()),
@@ -305,6 +306,26 @@ fn file_bytes(path: &Path) -> u64 {
     size(path.to_path_buf()) + size(PathBuf::from(wal))
 }
 
+/// The first frame written to an empty WAL costs an fsync (of the WAL, and of
+/// its directory when the file is new). Paid at open, it never holds up the
+/// first flush of counted traffic, which a `kill -9` would then lose whole.
+#[test]
+fn a_store_opened_on_an_empty_wal_writes_its_header_before_any_flush() {
+    let (dir, path, _a, _table, db) = one_limiter_store("w.db");
+    let wal = dir.path().join("w.db-wal");
+    drop(db);
+    // The last connection closed: SQLite checkpointed and removed the WAL.
+    assert!(!wal.exists(), "a clean close leaves no WAL behind");
+
+    let (l, _) = fixed_limiter("l");
+    let _db = open_quick(&path, &Arc::new(Table::new(true)), &[l], MAX_UNSAVED_KEYS);
+    let bytes = std::fs::metadata(&wal).map_or(0, |m| m.len());
+    assert!(
+        bytes >= 32,
+        "nothing counted, nothing flushed, yet the WAL holds its 32-byte header and a frame: {bytes} bytes"
+    );
+}
+
 #[test]
 fn the_file_shrinks_back_after_a_key_flood_expires_and_is_pruned() {
     let dir = tempfile::tempdir().unwrap();
@@ -557,6 +578,7 @@ fn rows_in_the_stored_format_restore_the_state_of_every_kept_algorithm() {
     let bucket = Algorithm::TokenBucket(TokenBucket {
         capacity: 3,
         interval: s,
+        refunds: false,
     });
     let queue = Algorithm::LeakyBucket(LeakyBucket {
         capacity: 2,
