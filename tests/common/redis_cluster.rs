@@ -85,16 +85,29 @@ fn port() -> u16 {
     }
 }
 
-/// 3 primaries and 3 replicas, every slot covered, `cluster-node-timeout` 1 s.
+/// 3 primaries (and 3 replicas unless started without), every slot covered,
+/// `cluster-node-timeout` 1 s.
 pub struct Cluster {
     pub nodes: Vec<Node>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
+    /// 3 primaries, each with a replica.
     pub fn start() -> Cluster {
+        Cluster::create(1, &[])
+    }
+
+    /// 3 primaries and no replica, serving what slots they can when one is
+    /// lost (`cluster-require-full-coverage no`): a dead primary's slots stay
+    /// unserved and the others keep answering.
+    pub fn without_replicas() -> Cluster {
+        Cluster::create(0, &["--cluster-require-full-coverage", "no"])
+    }
+
+    fn create(replicas: usize, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
-        let nodes: Vec<Node> = (0..6)
+        let nodes: Vec<Node> = (0..3 * (1 + replicas))
             .map(|i| {
                 let (p, bus) = (port(), port());
                 let args: Vec<String> = [
@@ -117,6 +130,10 @@ impl Cluster {
                 ]
                 .map(String::from)
                 .to_vec();
+                let args: Vec<String> = args
+                    .into_iter()
+                    .chain(extra.iter().map(|a| a.to_string()))
+                    .collect();
                 Node::spawn(&args, dir.path())
             })
             .collect();
@@ -125,7 +142,7 @@ impl Cluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli runs");
         assert!(
