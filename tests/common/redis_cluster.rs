@@ -53,6 +53,18 @@ impl Node {
         }
     }
 
+    /// Sends it a signal by name (`STOP` freezes it, `CONT` thaws it).
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill(1) runs")
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
     /// One command through `redis-cli`; its raw output.
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
