@@ -13,7 +13,8 @@ pub struct Node {
 }
 
 impl Node {
-    fn spawn(args: &[String], dir: &Path) -> Node {
+    /// Starts `redis-server` with `args` in `dir`; waits until it answers `PING` on `--port`.
+    pub fn spawn(args: &[String], dir: &Path) -> Node {
         let port = args
             .iter()
             .position(|a| a == "--port")
