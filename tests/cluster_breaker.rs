@@ -106,7 +106,9 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
     let victim = *clients.keys().next().unwrap();
     cluster.node_mut(victim).kill();
     let killed = Instant::now();
-    let (mut rounds, mut refused) = (0, 0);
+    // `waited`: answers to the dead primary's clients that took 50 ms or more
+    // (calls that went to it before its breaker opened).
+    let (mut rounds, mut refused, mut waited) = (0, 0, 0);
     let (mut slowest_other, mut slowest_victim, mut last_round_victim) =
         (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     while killed.elapsed() < AFTER_KILL {
@@ -119,6 +121,7 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
                     assert_eq!(r.status, 503, "{ip} on the dead {port}: {r:?}");
                     assert!(r.body.contains("store-unavailable"), "{r:?}");
                     refused += 1;
+                    waited += usize::from(took >= Duration::from_millis(50));
                     slowest_victim = slowest_victim.max(took);
                     last_round_victim = last_round_victim.max(took);
                 } else {
@@ -134,7 +137,8 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
         }
     }
     eprintln!(
-        "rounds after the kill: {rounds}; slowest answer: {slowest_victim:?} to a client of the dead primary, \
+        "rounds after the kill: {rounds}; {refused} refused, {waited} of them after 50 ms or more; \
+         slowest answer: {slowest_victim:?} to a client of the dead primary, \
          {slowest_other:?} to the others; slowest in the last round on the dead primary: {last_round_victim:?}"
     );
     assert!(

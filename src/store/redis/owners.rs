@@ -37,6 +37,9 @@ struct SlotMap {
     /// Per slot, an index into `owners` (or [`NOBODY`]); empty before the first probe.
     slots: Vec<u16>,
     owners: Vec<Arc<Owner>>,
+    /// Per owner, whether it serves any slot (a failed primary whose
+    /// replica took its slots over is still listed, serving none).
+    serving: Vec<bool>,
 }
 
 /// The slot owners of a cluster and their breakers (see the module docs).
@@ -72,6 +75,7 @@ impl Owners {
             old.owners.iter().map(|o| (o.addr.as_str(), o)).collect();
         let mut slots = vec![NOBODY; SLOTS];
         let mut owners = Vec::with_capacity(served.len());
+        let mut serving = Vec::with_capacity(served.len());
         for (addr, ranges) in served {
             let owner = known.get(addr.as_str()).map_or_else(
                 || {
@@ -84,6 +88,7 @@ impl Owners {
             );
             let index = owners.len() as u16;
             owners.push(owner);
+            serving.push(!ranges.is_empty());
             for &(from, to) in ranges {
                 let (from, to) = (usize::from(from), usize::from(to).min(SLOTS - 1));
                 if from <= to {
@@ -91,7 +96,11 @@ impl Owners {
                 }
             }
         }
-        self.map.store(Arc::new(SlotMap { slots, owners }));
+        self.map.store(Arc::new(SlotMap {
+            slots,
+            owners,
+            serving,
+        }));
     }
 
     /// Every known primary.
@@ -99,9 +108,14 @@ impl Owners {
         self.map.load().owners.clone()
     }
 
-    /// Whether any primary's breaker is open.
+    /// Whether the breaker of any primary that serves slots is open (one
+    /// that serves none decides no request, however dead it is).
     pub fn any_open(&self) -> bool {
-        self.map.load().owners.iter().any(|o| o.breaker.is_open())
+        let map = self.map.load();
+        map.owners
+            .iter()
+            .zip(&map.serving)
+            .any(|(o, &serving)| serving && o.breaker.is_open())
     }
 }
 
@@ -186,6 +200,10 @@ mod tests {
         let now = owners.of("k").expect("b serves k now");
         assert_eq!(now.addr, "b:2");
         assert!(now.breaker.allows());
+        assert!(
+            !owners.any_open(),
+            "a's breaker is open, but a serves no slot any more"
+        );
         assert_ne!(slot(b"another key"), k);
         assert!(owners.of("another key").is_none(), "a slot nobody serves");
     }
