@@ -118,6 +118,12 @@ impl Cluster {
         Cluster::create(0, &["--cluster-require-full-coverage", "no"])
     }
 
+    /// 3 primaries, each with a replica, serving what slots they can while
+    /// one is lost and its replica not yet promoted.
+    pub fn with_replicas_serving_partially() -> Cluster {
+        Cluster::create(1, &["--cluster-require-full-coverage", "no"])
+    }
+
     fn create(replicas: usize, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let nodes: Vec<Node> = (0..3 * (1 + replicas))

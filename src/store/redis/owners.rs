@@ -40,6 +40,8 @@ struct SlotMap {
     /// Per owner, whether it serves any slot (a failed primary whose
     /// replica took its slots over is still listed, serving none).
     serving: Vec<bool>,
+    /// What the probe read, to tell a changed map from the same one.
+    served: Vec<(String, Vec<(u16, u16)>)>,
 }
 
 /// The slot owners of a cluster and their breakers (see the module docs).
@@ -66,11 +68,11 @@ impl Owners {
     /// Takes the slot map a probe read: `(primary, its slot ranges)`. A primary
     /// already known keeps its breaker (and so its open or closed state).
     pub fn update(&self, served: &[(String, Vec<(u16, u16)>)]) {
-        if served.is_empty() {
-            // The probe saw nothing: the last map stays the best knowledge.
+        let old = self.map.load();
+        if served.is_empty() || old.served == served {
+            // The probe saw nothing, or the same: the last map stays.
             return;
         }
-        let old = self.map.load();
         let known: HashMap<&str, &Arc<Owner>> =
             old.owners.iter().map(|o| (o.addr.as_str(), o)).collect();
         let mut slots = vec![NOBODY; SLOTS];
@@ -100,6 +102,7 @@ impl Owners {
             slots,
             owners,
             serving,
+            served: served.to_vec(),
         }));
     }
 
