@@ -110,11 +110,12 @@ pub fn data(app: &App, managed: &Managed) -> Value {
         "store": {
             "backend": backend,
             "healthy": healthy,
-            // Only Redis has a circuit breaker; it is open exactly when Redis is unhealthy.
+            // Only Redis has a circuit breaker; it is open exactly when Redis is
+            // unhealthy (on a cluster: when any primary's is open, see `nodes`).
             "breaker": (backend == "redis").then_some(if healthy { "closed" } else { "open" }),
             "tracked_keys": shared.store.tracked_keys(),
             "topology": topology,
-            "nodes": nodes.iter().map(|n| json!({"addr": n.addr, "role": n.role, "healthy": n.healthy})).collect::<Vec<_>>(),
+            "nodes": nodes.iter().map(|n| json!({"addr": n.addr, "role": n.role, "healthy": n.healthy, "breaker": crate::admin::breaker_state(n.breaker_open)})).collect::<Vec<_>>(),
         },
         "upstreams": snap.upstreams.iter().map(|u| u.status()).collect::<Vec<_>>(),
         "sample_seconds": SAMPLE_EVERY.as_secs(),

@@ -766,6 +766,7 @@ routes:
         "tollgate_certificate_expiry_seconds",
         "tollgate_certificate_renewal_failing",
         "tollgate_store_node_up",
+        "tollgate_store_node_breaker_open",
     ];
     for family in exposed
         .iter()

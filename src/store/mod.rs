@@ -387,7 +387,8 @@ impl Store {
         }
     }
 
-    /// Prometheus series of the Redis nodes: `tollgate_store_node_up{node,role}`.
+    /// Prometheus series of the Redis nodes: `tollgate_store_node_up{node,role}`
+    /// and, for a cluster's primaries, `tollgate_store_node_breaker_open{node}`.
     pub fn render_node_metrics(&self, out: &mut String) {
         use crate::metrics::text;
         // The family is always there (one series per node, none without Sentinel or a cluster).
@@ -399,9 +400,22 @@ impl Store {
             "Redis Sentinel or Cluster: 1 when the node answered the last topology probe (sentinels: answered; primary: says ROLE master; cluster: not flagged fail and its link is up).",
             "gauge",
         );
-        for n in nodes {
+        for n in &nodes {
             let labels = text::labels(&[("node", &n.addr), ("role", n.role)]);
             text::sample(out, name, &labels, u8::from(n.healthy));
+        }
+        let name = "tollgate_store_node_breaker_open";
+        text::family(
+            out,
+            name,
+            "Redis Cluster: 1 while this primary's own circuit breaker is open (requests whose keys it serves apply on_error).",
+            "gauge",
+        );
+        for n in &nodes {
+            if let Some(open) = n.breaker_open {
+                let labels = text::labels(&[("node", &n.addr)]);
+                text::sample(out, name, &labels, u8::from(open));
+            }
         }
     }
 

@@ -13,7 +13,8 @@ pub struct Node {
 }
 
 impl Node {
-    fn spawn(args: &[String], dir: &Path) -> Node {
+    /// Starts `redis-server` with `args` in `dir`; waits until it answers `PING` on `--port`.
+    pub fn spawn(args: &[String], dir: &Path) -> Node {
         let port = args
             .iter()
             .position(|a| a == "--port")
@@ -53,6 +54,18 @@ impl Node {
         }
     }
 
+    /// Sends it a signal by name (`STOP` freezes it, `CONT` thaws it).
+    pub fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let ok = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill(1) runs")
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
     /// One command through `redis-cli`; its raw output.
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args)
@@ -85,20 +98,39 @@ fn port() -> u16 {
     }
 }
 
-/// 3 primaries and 3 replicas, every slot covered, `cluster-node-timeout` 1 s.
+/// 3 primaries (and 3 replicas unless started without), every slot covered,
+/// `cluster-node-timeout` 1 s.
 pub struct Cluster {
     pub nodes: Vec<Node>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
-    /// Starts one; a `redis-cli --cluster create` that has not joined the
-    /// nodes within 30 s (it can wait forever, e.g. when a bus port was
-    /// taken by another test's server between choosing and binding it) is
-    /// abandoned and a fresh cluster started on new ports, up to 3 times.
+    /// 3 primaries, each with a replica.
     pub fn start() -> Cluster {
+        Cluster::create(1, &[])
+    }
+
+    /// 3 primaries and no replica, serving what slots they can when one is
+    /// lost (`cluster-require-full-coverage no`): a dead primary's slots stay
+    /// unserved and the others keep answering.
+    pub fn without_replicas() -> Cluster {
+        Cluster::create(0, &["--cluster-require-full-coverage", "no"])
+    }
+
+    /// 3 primaries, each with a replica, serving what slots they can while
+    /// one is lost and its replica not yet promoted.
+    pub fn with_replicas_serving_partially() -> Cluster {
+        Cluster::create(1, &["--cluster-require-full-coverage", "no"])
+    }
+
+    /// A `redis-cli --cluster create` that has not joined the nodes within
+    /// 30 s (it can wait forever, e.g. when a bus port was taken by another
+    /// test's server between choosing and binding it) is abandoned and a
+    /// fresh cluster started on new ports, up to 3 times.
+    fn create(replicas: usize, extra: &[&str]) -> Cluster {
         for attempt in 1..=3 {
-            match Cluster::try_start() {
+            match Cluster::try_create(replicas, extra) {
                 Some(cluster) => return cluster,
                 None => eprintln!("redis-cli --cluster create hung (attempt {attempt}); new ports"),
             }
@@ -106,9 +138,9 @@ impl Cluster {
         panic!("a Redis Cluster never formed in 3 attempts");
     }
 
-    fn try_start() -> Option<Cluster> {
+    fn try_create(replicas: usize, extra: &[&str]) -> Option<Cluster> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let nodes: Vec<Node> = (0..6)
+        let nodes: Vec<Node> = (0..3 * (1 + replicas))
             .map(|i| {
                 let (p, bus) = (port(), port());
                 let args: Vec<String> = [
@@ -131,6 +163,10 @@ impl Cluster {
                 ]
                 .map(String::from)
                 .to_vec();
+                let args: Vec<String> = args
+                    .into_iter()
+                    .chain(extra.iter().map(|a| a.to_string()))
+                    .collect();
                 Node::spawn(&args, dir.path())
             })
             .collect();
@@ -139,7 +175,7 @@ impl Cluster {
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::piped())
             .spawn()
             .expect("redis-cli runs");

@@ -49,7 +49,10 @@ impl Redis {
         cmd.arg(key).arg(token).arg("NX").arg("PX").arg(millis(ttl));
         let cmd = &cmd;
         let reply: Option<String> = self
-            .call(|mut con| async move { cmd.query_async(&mut con).await })
+            .call_at(
+                key,
+                |mut con| async move { cmd.query_async(&mut con).await },
+            )
             .await?;
         Ok(reply.is_some())
     }
@@ -80,7 +83,10 @@ impl Redis {
         call.key(key).arg(mode).arg(token).arg(millis(ttl));
         let call = &call;
         let done: i64 = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .call_at(
+                key,
+                |mut con| async move { call.invoke_async(&mut con).await },
+            )
             .await?;
         Ok(done == 1)
     }
@@ -89,8 +95,11 @@ impl Redis {
         let mut cmd = ::redis::cmd("GET");
         cmd.arg(key);
         let cmd = &cmd;
-        self.call(|mut con| async move { cmd.query_async(&mut con).await })
-            .await
+        self.call_at(
+            key,
+            |mut con| async move { cmd.query_async(&mut con).await },
+        )
+        .await
     }
 
     /// Writes a record that expires after `ttl`: nothing shared outlives its use.
@@ -98,15 +107,19 @@ impl Redis {
         let mut cmd = ::redis::cmd("SET");
         cmd.arg(key).arg(value).arg("PX").arg(millis(ttl));
         let cmd = &cmd;
-        self.call(|mut con| async move { cmd.query_async::<()>(&mut con).await })
-            .await
+        self.call_at(key, |mut con| async move {
+            cmd.query_async::<()>(&mut con).await
+        })
+        .await
     }
 
     pub async fn acme_delete(&self, key: &str) -> Result<(), StoreError> {
         let mut cmd = ::redis::cmd("DEL");
         cmd.arg(key);
         let cmd = &cmd;
-        self.call(|mut con| async move { cmd.query_async::<()>(&mut con).await })
-            .await
+        self.call_at(key, |mut con| async move {
+            cmd.query_async::<()>(&mut con).await
+        })
+        .await
     }
 }

@@ -68,7 +68,9 @@ impl Redis {
         }
         let call = &call;
         let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .call_at(&redis_keys[positions[0]], |mut con| async move {
+                call.invoke_async(&mut con).await
+            })
             .await?;
         if reply.len() != 2 + positions.len() {
             return Err(StoreError::BadReply(reply.len()));
@@ -124,14 +126,18 @@ impl Redis {
         window: Nanos,
     ) -> Result<Option<Banned>, StoreError> {
         let mut call = script().prepare_invoke();
+        let key = self.ban_key(store_key);
         call.arg("strike")
-            .key(self.ban_key(store_key))
+            .key(&key)
             .arg(rule.after)
             .arg(millis(window))
             .arg(millis(rule.duration));
         let call = &call;
         let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .call_at(
+                &key,
+                |mut con| async move { call.invoke_async(&mut con).await },
+            )
             .await?;
         let [sec, usec, started, ms] = reply[..] else {
             return Err(StoreError::BadReply(reply.len()));
@@ -180,10 +186,12 @@ impl Redis {
         if !self.inner.spread {
             return Ok(vec![None]);
         }
+        let known = self.known_nodes();
+        let known = &known;
         let nodes = self
             .call(|con| async move {
                 match con {
-                    Conn::Cluster(mut c) => super::topology::cluster_nodes(&mut c).await,
+                    Conn::Cluster(mut c) => super::topology::cluster_nodes(&mut c, known).await,
                     Conn::Node(_) => Ok(Vec::new()),
                 }
             })
@@ -214,8 +222,11 @@ impl Redis {
                 .arg("COUNT")
                 .arg(1000);
             let cmd = &cmd;
+            // A primary's failures feed its own breaker, not the whole store's.
+            let owner =
+                node.and_then(|(host, port)| self.inner.owners.at(&format!("{host}:{port}")));
             let (next, found): (u64, Vec<String>) = self
-                .call(|con| async move {
+                .call_via(owner, |con| async move {
                     match (con, node) {
                         (Conn::Cluster(mut c), Some((host, port))) => {
                             let at = SingleNodeRoutingInfo::ByAddress {

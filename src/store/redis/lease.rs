@@ -478,12 +478,13 @@ impl super::Redis {
             };
             self.inner.runtime.spawn(async move {
                 let mut call = redis.inner.script.prepare_invoke();
-                call.arg("refund")
-                    .key(redis.key(&g.store_key))
-                    .arg(&g.args[..]);
+                let key = redis.key(&g.store_key);
+                call.arg("refund").key(&key).arg(&g.args[..]);
                 let call = &call;
                 let result = redis
-                    .call(|mut con| async move { call.invoke_async::<i64>(&mut con).await })
+                    .call_at(&key, |mut con| async move {
+                        call.invoke_async::<i64>(&mut con).await
+                    })
                     .await
                     .map(|_| ());
                 if let Err(e) = &result {

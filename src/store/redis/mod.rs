@@ -22,7 +22,10 @@
 //! Failure: every call is bounded by `store.timeout`; after
 //! [`BREAKER_THRESHOLD`] consecutive failures the [`Breaker`] opens and calls
 //! fail at once (the app applies `on_error`) while a background probe, every
-//! [`BREAKER_COOL_DOWN`], tries a fresh connection and closes it again.
+//! [`BREAKER_COOL_DOWN`], tries a fresh connection and closes it again. On a
+//! cluster each primary has a breaker of its own (`owners.rs`): a call feeds
+//! the breaker of the primary serving its key's slot, so one failed primary
+//! sends only the requests whose keys it serves to `on_error`.
 //! Releases (a concurrency slot, a leaky-bucket place) never wait on Redis:
 //! they are sent from a spawned task.
 
@@ -31,6 +34,8 @@ mod args;
 mod backend;
 pub mod ban;
 mod lease;
+mod owners;
+mod probe;
 mod spread;
 pub mod topology;
 
@@ -38,7 +43,7 @@ pub use lease::metrics_at_zero as lease_metrics_at_zero;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -50,6 +55,7 @@ use super::memory::Table;
 use super::{Check, Outcome, StoreError};
 use crate::config::RedisTopology;
 use crate::limiter::{Algorithm, Hold, Nanos, Quota, Ticket, Verdict, NANOS_PER_SEC};
+use owners::{Owner, Owners};
 use topology::{Conn, Link, NodeHealth};
 
 /// `lease.lua` continues `redis.lua`'s chunk (it reads the request's state).
@@ -93,7 +99,11 @@ struct Inner {
     /// Keys spread over a cluster's slots by client (see the module docs).
     spread: bool,
     timeout: Duration,
+    /// The whole store's breaker: one node, Sentinel, and a cluster before
+    /// its slot map is known (or a cluster that answers nothing at all).
     breaker: Breaker,
+    /// A cluster's slot owners, each with its own breaker (empty otherwise).
+    owners: Owners,
     tickets: Mutex<Tickets>,
     runtime: Handle,
     /// Makes concurrency slot ids unique across the fleet.
@@ -143,14 +153,15 @@ impl Redis {
             key_prefix: format!("{prefix}{{{tag}}}"),
             prefix: prefix.to_string(),
             timeout,
-            breaker: Breaker::new(BREAKER_THRESHOLD, BREAKER_COOL_DOWN),
+            breaker: breaker_for_redis(),
+            owners: Owners::default(),
             tickets: Mutex::new(HashMap::new()),
             runtime: runtime.clone(),
             instance: instance_id(),
             next_member: AtomicU64::new(0),
             leases: lease::Leases::new(),
         });
-        runtime.spawn(probe_loop(Arc::downgrade(&inner)));
+        runtime.spawn(probe::probe_loop(Arc::downgrade(&inner)));
         Ok(Redis { inner })
     }
 
@@ -180,9 +191,21 @@ impl Redis {
         self.inner.link.label()
     }
 
-    /// The nodes the last probe saw (empty for one node: its health is the breaker's).
+    /// The nodes the last probe saw (empty for one node: its health is the
+    /// breaker's), a cluster's primaries with their own breaker's state.
     pub fn nodes(&self) -> Vec<NodeHealth> {
-        self.inner.nodes.load().to_vec()
+        let mut nodes = self.inner.nodes.load().to_vec();
+        if self.inner.spread {
+            for n in nodes.iter_mut().filter(|n| n.role == "primary") {
+                n.breaker_open = self.inner.owners.at(&n.addr).map(|o| o.breaker.is_open());
+            }
+        }
+        nodes
+    }
+
+    /// A cluster's known nodes (`host:port`), for a probe whose random node fails.
+    fn known_nodes(&self) -> Vec<String> {
+        probe::known_nodes(&self.inner)
     }
 
     /// Checks and records every limiter of one request: in one round trip
@@ -202,9 +225,14 @@ impl Redis {
         if !inner.breaker.allows() {
             return Err(StoreError::CircuitOpen);
         }
-        let members: Vec<String> = checks.iter().map(|c| self.member(c.algorithm)).collect();
         let keys: Vec<String> = checks.iter().map(|c| self.key(c.key)).collect();
         let groups = spread::slot_groups(&keys);
+        // A group on a primary known to be failing: the request applies
+        // `on_error` before anything is recorded (nothing to give back).
+        if groups.iter().any(|g| !self.owner_allows(&keys[g[0]])) {
+            return Err(StoreError::CircuitOpen);
+        }
+        let members: Vec<String> = checks.iter().map(|c| self.member(c.algorithm)).collect();
         let outcomes = match &groups[..] {
             // Leases are asked for only where one call sees every limiter.
             [_] => self.check_whole(checks, &keys, &members, now).await?,
@@ -264,7 +292,9 @@ impl Redis {
         asking.push_args(&mut call);
         let call = &call;
         let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .call_at(&keys[0], |mut con| async move {
+                call.invoke_async(&mut con).await
+            })
             .await?;
         let (head, grants) = lease::split_reply(&reply, checks.len())?;
         let (_, outcomes) = parse(head, checks)?;
@@ -296,7 +326,9 @@ impl Redis {
         }
         let call = &call;
         let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .call_at(&keys[positions[0]], |mut con| async move {
+                call.invoke_async(&mut con).await
+            })
             .await?;
         let (_, outcomes) = parse(&reply, &group)?;
         Ok(outcomes)
@@ -323,11 +355,15 @@ impl Redis {
     /// The quota of one key now, without counting (admin `/status`).
     pub async fn peek(&self, store_key: &str, algorithm: &Algorithm) -> Result<Quota, StoreError> {
         let mut call = self.inner.script.prepare_invoke();
-        call.arg("peek").key(self.key(store_key));
+        let key = self.key(store_key);
+        call.arg("peek").key(&key);
         args::push_check(&mut call, algorithm, false, "")?;
         let call = &call;
         let reply: Vec<i64> = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .call_at(
+                &key,
+                |mut con| async move { call.invoke_async(&mut con).await },
+            )
             .await?;
         let check = Check {
             key: store_key,
@@ -410,10 +446,14 @@ impl Redis {
             return Ok(());
         };
         let mut call = self.inner.script.prepare_invoke();
-        call.arg("refund").key(self.key(store_key)).arg(&args[..]);
+        let key = self.key(store_key);
+        call.arg("refund").key(&key).arg(&args[..]);
         let call = &call;
         let _: i64 = self
-            .call(|mut con| async move { call.invoke_async(&mut con).await })
+            .call_at(
+                &key,
+                |mut con| async move { call.invoke_async(&mut con).await },
+            )
             .await?;
         Ok(())
     }
@@ -424,12 +464,14 @@ impl Redis {
             .into_iter()
             .map(|group| async move {
                 let mut cmd = ::redis::cmd("DEL");
-                for i in group {
+                for &i in &group {
                     cmd.arg(&keys[i]);
                 }
                 let cmd = &cmd;
-                self.call(|mut con| async move { cmd.query_async::<usize>(&mut con).await })
-                    .await
+                self.call_at(&keys[group[0]], |mut con| async move {
+                    cmd.query_async::<usize>(&mut con).await
+                })
+                .await
             });
         let mut removed = 0;
         for n in futures_util::future::join_all(deletes).await {
@@ -443,9 +485,24 @@ impl Redis {
         sweep(&mut self.inner.tickets.lock(), now);
     }
 
-    /// False while the breaker is open (Redis failed repeatedly and has not answered a probe since).
+    /// False while a breaker is open (Redis failed repeatedly and has not
+    /// answered a probe since): the store's, or on a cluster any primary's.
     pub fn healthy(&self) -> bool {
-        !self.inner.breaker.is_open()
+        !self.inner.breaker.is_open() && !self.inner.owners.any_open()
+    }
+
+    /// The primary serving `redis_key`'s slot, on a cluster whose slot map the probe has read.
+    fn owner(&self, redis_key: &str) -> Option<Arc<Owner>> {
+        if self.inner.spread {
+            self.inner.owners.of(redis_key)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the breaker a call on `redis_key` would feed lets it through.
+    fn owner_allows(&self, redis_key: &str) -> bool {
+        self.owner(redis_key).is_none_or(|o| o.breaker.allows())
     }
 
     fn remember(&self, store_key: &str, ticket: Nanos, holder: Holder, now: Nanos) {
@@ -467,15 +524,39 @@ impl Redis {
             .ok_or(StoreError::NoPrimary)
     }
 
-    /// One call under the timeout, feeding the breaker. A connection found
-    /// dead (Redis restarted since the last call) is retried once, within the
-    /// same timeout, on the connection the manager re-opens: a proxy that saw
-    /// no traffic during an outage must not fail its first request after it.
+    /// One call that feeds the whole store's breaker.
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
+        self.call_via(None, f).await
+    }
+
+    /// One call on `redis_key`: on a cluster it feeds (and is refused by) the
+    /// breaker of the primary serving that key's slot.
+    async fn call_at<T, F, Fut>(&self, redis_key: &str, f: F) -> Result<T, StoreError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
+    {
+        self.call_via(self.owner(redis_key), f).await
+    }
+
+    /// One call under the timeout, feeding `owner`'s breaker (a cluster
+    /// primary's, which refuses the call at once while open) or else the
+    /// store's. A connection found dead (Redis restarted since the last call)
+    /// is retried once, within the same timeout, on the connection the manager
+    /// re-opens: a proxy that saw no traffic during an outage must not fail
+    /// its first request after it.
+    async fn call_via<T, F, Fut>(&self, owner: Option<Arc<Owner>>, f: F) -> Result<T, StoreError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
+    {
+        if owner.as_ref().is_some_and(|o| !o.breaker.allows()) {
+            return Err(StoreError::CircuitOpen);
+        }
         let inner = &self.inner;
         let attempt = async {
             match f(self.connection()?).await {
@@ -489,15 +570,25 @@ impl Redis {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(inner.timeout)),
         };
-        match &result {
-            Ok(_) => {
+        match (&result, owner) {
+            (Ok(_), None) => {
                 if inner.breaker.success() {
                     tracing::info!("Redis answers again; shared limits resume");
                 }
             }
-            Err(e) => {
+            (Err(e), None) => {
                 if inner.breaker.failure() {
                     tracing::warn!(error = %e, cool_down = ?BREAKER_COOL_DOWN, "Redis failed {BREAKER_THRESHOLD} times in a row; skipping it (on_error applies) until a probe succeeds");
+                }
+            }
+            (Ok(_), Some(o)) => {
+                if o.breaker.success() {
+                    tracing::info!(node = %o.addr, "Redis primary answers again; shared limits resume for its slots");
+                }
+            }
+            (Err(e), Some(o)) => {
+                if o.breaker.failure() {
+                    tracing::warn!(error = %e, node = %o.addr, cool_down = ?BREAKER_COOL_DOWN, "Redis primary failed {BREAKER_THRESHOLD} times in a row; requests whose keys it serves apply on_error until a probe succeeds");
                 }
             }
         }
@@ -514,76 +605,9 @@ fn sweep(tickets: &mut Tickets, now: Nanos) {
     });
 }
 
-/// Probes Redis in the background: at start (so a Redis that is down opens
-/// the breaker before any request pays the timeout), while the breaker is
-/// open, and — for Sentinel and a cluster — every [`PROBE_INTERVAL`] while
-/// healthy, so a new primary or a failed node is seen without an error. A
-/// probe's fresh connection replaces the old one when it answers, except a
-/// healthy store's periodic check, which switches only to a new primary.
-async fn probe_loop(inner: Weak<Inner>) {
-    let mut first = true;
-    let mut last_watch = tokio::time::Instant::now();
-    loop {
-        if !first {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let Some(inner) = inner.upgrade() else {
-            return;
-        };
-        let watch = inner.link.watched() && last_watch.elapsed() >= PROBE_INTERVAL;
-        let healthy = !inner.breaker.is_open();
-        let due = first || inner.breaker.probe_due() || (healthy && watch);
-        if !due {
-            continue;
-        }
-        last_watch = tokio::time::Instant::now();
-        let was_first = std::mem::take(&mut first);
-        let wait = inner.timeout.max(Duration::from_secs(1)) * 2;
-        // A cluster is re-read on the connection it has (see `Link::probe`).
-        let current = inner.conn.load_full().filter(|_| !was_first);
-        let probe = inner.link.probe(current.as_deref(), inner.timeout);
-        let probe = tokio::time::timeout(wait, probe).await;
-        let (conn, nodes) = probe.unwrap_or((None, Vec::new()));
-        if inner.link.watched() {
-            inner.nodes.store(Arc::new(nodes.clone()));
-        }
-        match conn {
-            Some(conn) => {
-                let switch = !healthy || was_first || new_primary(&inner, &nodes);
-                if switch {
-                    inner.conn.store(Some(Arc::new(conn)));
-                    inner.primary.store(Some(Arc::new(primary_of(&nodes))));
-                }
-                if !healthy && inner.breaker.success() {
-                    tracing::info!("Redis answers again; shared limits resume");
-                }
-            }
-            None if was_first => {
-                if inner.breaker.trip() {
-                    tracing::warn!(
-                        "Redis does not answer at start; on_error applies until it does"
-                    );
-                }
-            }
-            None if healthy => {} // the periodic check failed; requests' own errors decide
-            None => {
-                inner.breaker.failure();
-            }
-        }
-    }
-}
-
-/// Sentinel named another primary than the one requests use.
-fn new_primary(inner: &Inner, nodes: &[NodeHealth]) -> bool {
-    matches!(inner.link, Link::Sentinel { .. })
-        && inner.primary.load().as_deref().map(String::as_str) != Some(primary_of(nodes).as_str())
-}
-
-fn primary_of(nodes: &[NodeHealth]) -> String {
-    nodes
-        .iter()
-        .find(|n| n.role == "primary" && n.healthy)
-        .map_or_else(String::new, |n| n.addr.clone())
+/// A breaker with the Redis store's threshold and cool-down.
+fn breaker_for_redis() -> Breaker {
+    Breaker::new(BREAKER_THRESHOLD, BREAKER_COOL_DOWN)
 }
 
 /// Whether no limiter that is not in shadow mode refused.

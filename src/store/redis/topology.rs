@@ -49,6 +49,12 @@ pub struct NodeHealth {
     /// `primary`, `replica` or `sentinel`.
     pub role: &'static str,
     pub healthy: bool,
+    /// A cluster primary's slot ranges, inclusive (empty otherwise).
+    pub slots: Vec<(u16, u16)>,
+    /// A cluster primary's own circuit breaker: `Some(true)` while open;
+    /// `None` for nodes without one (sentinels, replicas, Sentinel's primary,
+    /// which the store-wide breaker covers).
+    pub breaker_open: Option<bool>,
 }
 
 impl Link {
@@ -99,10 +105,12 @@ impl Link {
     /// then checks that it says it is one (`ROLE`), so a demoted primary is
     /// never written to.
     /// A cluster is re-read through `current` (the connection requests
-    /// use) when it answers, not through a fresh one to every node.
+    /// use) when it answers, not through a fresh one to every node; `known`
+    /// are the nodes (`host:port`) to ask when a random one does not answer.
     pub(super) async fn probe(
         &self,
         current: Option<&Conn>,
+        known: &[String],
         timeout: Duration,
     ) -> (Option<Conn>, Vec<NodeHealth>) {
         match self {
@@ -123,7 +131,7 @@ impl Link {
                 // the first requests) only when it does not answer.
                 if let Some(Conn::Cluster(con)) = current {
                     let mut con = con.clone();
-                    if let Ok(nodes) = cluster_nodes(&mut con).await {
+                    if let Ok(nodes) = cluster_nodes(&mut con, known).await {
                         return (Some(Conn::Cluster(con)), nodes);
                     }
                 }
@@ -133,7 +141,7 @@ impl Link {
                 else {
                     return (None, Vec::new());
                 };
-                match cluster_nodes(&mut con).await {
+                match cluster_nodes(&mut con, known).await {
                     Ok(nodes) => (Some(Conn::Cluster(con)), nodes),
                     Err(_) => (None, Vec::new()),
                 }
@@ -196,6 +204,8 @@ async fn sentinel_probe(
             addr: addr_text(info.addr()),
             role: "sentinel",
             healthy: asked.is_ok(),
+            slots: Vec::new(),
+            breaker_open: None,
         });
         let Ok(Some((host, port))) = asked else {
             continue;
@@ -213,6 +223,8 @@ async fn sentinel_probe(
             addr,
             role: "primary",
             healthy: verified.is_some(),
+            slots: Vec::new(),
+            breaker_open: None,
         });
         found = verified.map(Conn::Node);
     }
@@ -286,18 +298,47 @@ fn addr_text(addr: &ConnectionAddr) -> String {
     }
 }
 
-/// The cluster's nodes as one of them sees them (`CLUSTER NODES`).
+/// The cluster's nodes as one of them sees them (`CLUSTER NODES`): a
+/// random node first, then each of `known` (`host:port`) in turn, so that a
+/// dead primary picked at random does not blind the probe.
 pub(super) async fn cluster_nodes(
     con: &mut ClusterConnection,
+    known: &[String],
 ) -> ::redis::RedisResult<Vec<NodeHealth>> {
-    let reply = con
-        .route_command(
-            ::redis::cmd("CLUSTER").arg("NODES").clone(),
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-        )
-        .await?;
-    let text: String = ::redis::from_redis_value(reply)?;
-    Ok(parse_cluster_nodes(&text))
+    let at = known.iter().filter_map(|addr| {
+        let (host, port) = addr.rsplit_once(':')?;
+        let port = port.parse().ok()?;
+        Some(SingleNodeRoutingInfo::ByAddress {
+            host: host.to_string(),
+            port,
+        })
+    });
+    let mut last = None;
+    for route in std::iter::once(SingleNodeRoutingInfo::Random).chain(at) {
+        let cmd = ::redis::cmd("CLUSTER").arg("NODES").clone();
+        match con.route_command(cmd, RoutingInfo::SingleNode(route)).await {
+            Ok(reply) => {
+                let text: String = ::redis::from_redis_value(reply)?;
+                return Ok(parse_cluster_nodes(&text));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("the random node was asked"))
+}
+
+/// `PING` to one node of a cluster, by address (an open breaker's probe).
+pub(super) async fn ping_node(con: &mut ClusterConnection, addr: &str) -> ::redis::RedisResult<()> {
+    let Some((host, Ok(port))) = addr.rsplit_once(':').map(|(h, p)| (h, p.parse())) else {
+        return Err((::redis::ErrorKind::Client, "not host:port").into());
+    };
+    let at = SingleNodeRoutingInfo::ByAddress {
+        host: host.to_string(),
+        port,
+    };
+    con.route_command(::redis::cmd("PING"), RoutingInfo::SingleNode(at))
+        .await
+        .map(|_| ())
 }
 
 /// `<id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slots…>`:
@@ -318,16 +359,32 @@ pub(super) fn parse_cluster_nodes(text: &str) -> Vec<NodeHealth> {
             let failing = flags
                 .iter()
                 .any(|f| matches!(*f, "fail" | "fail?" | "noaddr" | "handshake"));
+            let slots = if role == "primary" {
+                f[8.min(f.len())..]
+                    .iter()
+                    .filter_map(|r| slot_range(r))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             Some(NodeHealth {
                 addr,
                 role,
                 healthy: !failing && link == "connected",
+                slots,
+                breaker_open: None,
             })
         })
         .collect();
     nodes.sort_by(|a, b| a.addr.cmp(&b.addr));
     nodes.truncate(MAX_REPORTED_NODES);
     nodes
+}
+
+/// `5461-10922` or `42`; `None` for a slot being migrated or imported (`[…]`).
+fn slot_range(text: &str) -> Option<(u16, u16)> {
+    let (from, to) = text.split_once('-').unwrap_or((text, text));
+    Some((from.parse().ok()?, to.parse().ok()?))
 }
 
 /// Every command goes where its topology sends it; a cluster routes by key.
@@ -364,10 +421,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cluster_nodes_read_role_and_health_from_flags_and_link() {
+    fn cluster_nodes_read_role_health_and_slots_from_flags_link_and_ranges() {
         let text = "\
-a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
-b2 127.0.0.1:7002@17002 master,fail - 0 0 2 disconnected 5461-10922
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460 [5461->-b2]
+b2 127.0.0.1:7002@17002 master,fail - 0 0 2 disconnected 5461-10921 10922
 c3 127.0.0.1:7004@17004,host.example slave a1 0 0 1 connected
 ";
         let nodes = parse_cluster_nodes(text);
@@ -377,17 +434,23 @@ c3 127.0.0.1:7004@17004,host.example slave a1 0 0 1 connected
                 NodeHealth {
                     addr: "127.0.0.1:7001".into(),
                     role: "primary",
-                    healthy: true
+                    healthy: true,
+                    slots: vec![(0, 5460)],
+                    breaker_open: None,
                 },
                 NodeHealth {
                     addr: "127.0.0.1:7002".into(),
                     role: "primary",
-                    healthy: false
+                    healthy: false,
+                    slots: vec![(5461, 10921), (10922, 10922)],
+                    breaker_open: None,
                 },
                 NodeHealth {
                     addr: "127.0.0.1:7004".into(),
                     role: "replica",
-                    healthy: true
+                    healthy: true,
+                    slots: Vec::new(),
+                    breaker_open: None,
                 },
             ]
         );

@@ -1,0 +1,277 @@
+//! One circuit breaker per Redis Cluster primary: when a primary dies with no replica to take its
+//! slots, only the clients whose keys it served apply `on_error`; every other client keeps
+//! counting in Redis, and no request waits past `store.timeout`. When a replica takes the slots
+//! over, those clients count in Redis again, on the new primary, and `/readyz` is ready again.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::redis_cluster::Cluster;
+use common::{eventually_blocking, http, http_with, Process, Reply};
+
+const PREFIX: &str = "brk:";
+/// The store's bound on a request's wait for Redis.
+const TIMEOUT: Duration = Duration::from_millis(250);
+/// What a loaded 2-core machine (several builds at once) adds to that bound.
+const SLACK: Duration = Duration::from_millis(750);
+/// How long traffic runs after the kill.
+const AFTER_KILL: Duration = Duration::from_secs(4);
+
+fn yaml(seeds: &[String]) -> String {
+    let seeds: Vec<String> = seeds.iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        "store: {{ backend: redis, cluster: [{}], prefix: \"{PREFIX}\", timeout: {}ms, on_error: deny }}\n\
+         identity: {{ trusted_proxies: [127.0.0.1/32] }}\n\
+         limiters:\n  per_ip: {{ algorithm: fixed_window, limit: 100000, window: 3600s, key: ip }}\n\
+         routes:\n  - {{ name: all, match: {{ path_prefix: / }}, respond: {{ status: 200, body: ok }}, limiters: [per_ip] }}\n",
+        seeds.join(", "),
+        TIMEOUT.as_millis()
+    )
+}
+
+/// The Redis key of a client's counter: its address is the hash tag.
+fn redis_key(ip: &str) -> String {
+    format!("{PREFIX}{{ip:{ip}}}per_ip:ip:{ip}")
+}
+
+/// 45 clients, by the primary serving their counter's slot.
+fn clients_by_primary(cluster: &Cluster) -> BTreeMap<u16, Vec<String>> {
+    let mut by: BTreeMap<u16, Vec<String>> = BTreeMap::new();
+    for i in 1..=45 {
+        let ip = format!("198.51.100.{i}");
+        let owner = cluster.owner(cluster.slot(&redis_key(&ip)));
+        by.entry(owner).or_default().push(ip);
+    }
+    by
+}
+
+/// How many requests of this window Redis counted for the client (the fixed window's `n`).
+fn counted(cluster: &Cluster, port: u16, ip: &str) -> u64 {
+    let n = cluster.node(port).cli(&["HGET", &redis_key(ip), "n"]);
+    n.trim().parse().unwrap_or(0)
+}
+
+fn get_as(p: &Process, ip: &str) -> (Reply, Duration) {
+    let started = Instant::now();
+    let r = http_with(p.addr, "GET", "/", &[("X-Forwarded-For", ip)])
+        .unwrap_or_else(|e| panic!("{ip}: {e}\n{}", p.output()));
+    (r, started.elapsed())
+}
+
+/// Each primary's breaker as `/readyz` shows it, by port.
+fn breakers(p: &Process) -> (u16, BTreeMap<u16, String>) {
+    let r = http(p.admin, "GET", "/readyz").unwrap();
+    let ready = r.json();
+    let mut by = BTreeMap::new();
+    for n in ready["store"]["nodes"].as_array().into_iter().flatten() {
+        if n["role"] != "primary" {
+            continue;
+        }
+        let port = n["addr"].as_str().unwrap().rsplit(':').next().unwrap();
+        let state = n["breaker"].as_str().unwrap_or("none").to_string();
+        by.insert(port.parse().unwrap(), state);
+    }
+    (r.status, by)
+}
+
+#[test]
+fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_counting_in_redis() {
+    let mut cluster = Cluster::without_replicas();
+    let seeds: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::serve(&yaml(&seeds), dir.path());
+    let clients = clients_by_primary(&cluster);
+    assert_eq!(
+        clients.len(),
+        3,
+        "45 clients spread over 3 primaries: {clients:?}"
+    );
+    for (&port, ips) in &clients {
+        for ip in ips {
+            assert_eq!(get_as(&p, ip).0.status, 200, "{}", p.output());
+            assert_eq!(counted(&cluster, port, ip), 1, "{ip} counted on {port}");
+        }
+    }
+    let mapped = eventually_blocking(Duration::from_secs(10), || {
+        let (_, by) = breakers(&p);
+        by.len() == 3 && by.values().all(|s| s == "closed")
+    });
+    assert!(
+        mapped,
+        "the probe read every primary's slots: {:?}",
+        breakers(&p)
+    );
+
+    let victim = *clients.keys().next().unwrap();
+    cluster.node_mut(victim).kill();
+    let killed = Instant::now();
+    // `waited`: answers to the dead primary's clients that took 50 ms or more
+    // (calls that went to it before its breaker opened).
+    let (mut rounds, mut refused, mut waited) = (0, 0, 0);
+    let (mut slowest_other, mut slowest_victim, mut last_round_victim) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    while killed.elapsed() < AFTER_KILL {
+        rounds += 1;
+        last_round_victim = Duration::ZERO;
+        for (&port, ips) in &clients {
+            for ip in ips {
+                let (r, took) = get_as(&p, ip);
+                if port == victim {
+                    assert_eq!(r.status, 503, "{ip} on the dead {port}: {r:?}");
+                    assert!(r.body.contains("store-unavailable"), "{r:?}");
+                    refused += 1;
+                    waited += usize::from(took >= Duration::from_millis(50));
+                    slowest_victim = slowest_victim.max(took);
+                    last_round_victim = last_round_victim.max(took);
+                } else {
+                    assert_eq!(
+                        r.status,
+                        200,
+                        "{ip} on the live {port}: {r:?}\n{}",
+                        p.output()
+                    );
+                    slowest_other = slowest_other.max(took);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "rounds after the kill: {rounds}; {refused} refused, {waited} of them after 50 ms or more; \
+         slowest answer: {slowest_victim:?} to a client of the dead primary, \
+         {slowest_other:?} to the others; slowest in the last round on the dead primary: {last_round_victim:?}"
+    );
+    assert!(
+        slowest_victim <= TIMEOUT + SLACK && slowest_other <= TIMEOUT + SLACK,
+        "no request waits past the timeout: {slowest_victim:?}, {slowest_other:?}"
+    );
+    assert!(
+        last_round_victim < TIMEOUT,
+        "the dead primary's breaker is open: its clients are refused without a wait ({last_round_victim:?})"
+    );
+    for (&port, ips) in clients.iter().filter(|(&port, _)| port != victim) {
+        for ip in ips {
+            assert_eq!(
+                counted(&cluster, port, ip),
+                1 + rounds,
+                "{ip}: every request counted in Redis on {port}"
+            );
+        }
+    }
+
+    let (status, by) = breakers(&p);
+    assert_eq!(status, 503, "a primary's breaker is open: not ready");
+    for (port, state) in &by {
+        let want = if *port == victim { "open" } else { "closed" };
+        assert_eq!(state, want, "{port}: {by:?}");
+    }
+    let metrics = http(p.admin, "GET", "/metrics").unwrap().body;
+    for &port in clients.keys() {
+        let series = format!("tollgate_store_node_breaker_open{{node=\"127.0.0.1:{port}\"}}");
+        let want = f64::from(u8::from(port == victim));
+        assert_eq!(common::metric(&metrics, &series), Some(want), "{metrics}");
+    }
+    assert_eq!(
+        common::metric(&metrics, "tollgate_store_fallback_total{policy=\"deny\"}"),
+        Some(refused as f64),
+        "every refusal, and only those, was the fallback's"
+    );
+}
+
+#[test]
+fn when_a_replica_takes_a_dead_primarys_slots_its_clients_count_in_redis_again_and_readyz_recovers()
+{
+    let mut cluster = Cluster::with_replicas_serving_partially();
+    let seeds: Vec<String> = cluster.nodes.iter().map(|n| n.url()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::serve(&yaml(&seeds), dir.path());
+    let clients = clients_by_primary(&cluster);
+    let mapped = eventually_blocking(Duration::from_secs(10), || {
+        let (_, by) = breakers(&p);
+        by.len() == 3 && by.values().all(|s| s == "closed")
+    });
+    assert!(
+        mapped,
+        "the probe read every primary's slots: {:?}",
+        breakers(&p)
+    );
+    let victim = *clients.keys().next().unwrap();
+    let replica = cluster.replica_of(victim);
+    let mine = &clients[&victim];
+    cluster.node_mut(victim).kill();
+    let killed = Instant::now();
+    // Its clients fail until its own breaker opens.
+    let opened = eventually_blocking(Duration::from_secs(10), || {
+        assert_eq!(get_as(&p, &mine[0]).0.status, 503);
+        breakers(&p).1.get(&victim).map(String::as_str) == Some("open")
+    });
+    assert!(
+        opened,
+        "the dead primary's breaker opened: {:?}",
+        breakers(&p)
+    );
+    // In two runs on this machine the replica of a killed primary was not
+    // promoted on its own within 30 s; an operator's forced failover takes the
+    // slots over without the dead primary (what is under test is tollgate following).
+    let forced = cluster.node(replica).cli(&["CLUSTER", "FAILOVER", "FORCE"]);
+    assert_eq!(forced.trim(), "OK", "{forced}");
+    let mut slowest = Duration::ZERO;
+    let mut back = None;
+    // While the client re-reads the slot map, a live primary's client may
+    // get `on_error` too (a live client was refused once in six runs, with both
+    // tests of this file running at once); counted and reported.
+    let mut live_refused = 0;
+    while killed.elapsed() < Duration::from_secs(30) && back.is_none() {
+        for (&port, ips) in &clients {
+            for ip in ips {
+                let (r, took) = get_as(&p, ip);
+                slowest = slowest.max(took);
+                if port != victim {
+                    assert!(
+                        matches!(r.status, 200 | 503),
+                        "{ip} on the live {port}: {r:?}"
+                    );
+                    live_refused += usize::from(r.status == 503);
+                } else if r.status == 200 && back.is_none() {
+                    back = Some(killed.elapsed());
+                }
+            }
+        }
+    }
+    let Some(back) = back else {
+        panic!(
+            "the dead primary's clients never counted in Redis again\n{}\n{:?}\n{}",
+            cluster.nodes_text(),
+            breakers(&p),
+            p.output()
+        );
+    };
+    eprintln!("the dead primary's clients counted in Redis again {back:?} after the kill; slowest answer {slowest:?}; {live_refused} answers to the live primaries' clients were on_error meanwhile");
+    assert!(
+        slowest <= TIMEOUT + SLACK,
+        "no request waits past the timeout: {slowest:?}"
+    );
+    let before = counted(&cluster, replica, &mine[0]);
+    assert_eq!(get_as(&p, &mine[0]).0.status, 200);
+    assert_eq!(
+        counted(&cluster, replica, &mine[0]),
+        before + 1,
+        "{} counted on the promoted replica {replica}",
+        mine[0]
+    );
+    let ready = eventually_blocking(Duration::from_secs(5), || {
+        let (status, by) = breakers(&p);
+        status == 200 && by.get(&replica).map(String::as_str) == Some("closed")
+    });
+    assert!(
+        ready,
+        "ready again, the promoted replica's breaker closed: {:?}",
+        breakers(&p)
+    );
+    assert_eq!(
+        breakers(&p).1.get(&victim).map(String::as_str),
+        Some("open"),
+        "the dead primary's breaker is still open, but it serves no slot"
+    );
+}
