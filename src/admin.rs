@@ -338,22 +338,13 @@ fn upstreams_status(snap: &Snapshot) -> Value {
     Value::Array(snap.upstreams.iter().map(|u| u.status()).collect())
 }
 
-/// A cluster primary's own breaker: `"open"`/`"closed"`; null for nodes without one.
-pub fn breaker_state(open: Option<bool>) -> Option<&'static str> {
-    open.map(|o| if o { "open" } else { "closed" })
-}
-
 /// The store part of `/readyz`: for SQLite, also what waits for a failing disk.
 fn store_readiness(app: &App, healthy: bool) -> Value {
     let store = &app.shared.store;
     let mut out = json!({"backend": store.backend(), "healthy": healthy});
     if let Some((topology, nodes)) = store.redis_nodes() {
         out["topology"] = topology.into();
-        out["nodes"] = nodes
-            .iter()
-            .map(|n| json!({"addr": n.addr, "role": n.role, "healthy": n.healthy, "breaker": breaker_state(n.breaker_open)}))
-            .collect::<Vec<_>>()
-            .into();
+        out["nodes"] = crate::dashboard::nodes_json(&nodes);
     }
     if let Some(d) = store.durability() {
         out["unsaved_keys"] = d.unsaved_keys.into();

@@ -115,7 +115,7 @@ pub fn data(app: &App, managed: &Managed) -> Value {
             "breaker": (backend == "redis").then_some(if healthy { "closed" } else { "open" }),
             "tracked_keys": shared.store.tracked_keys(),
             "topology": topology,
-            "nodes": nodes.iter().map(|n| json!({"addr": n.addr, "role": n.role, "healthy": n.healthy, "breaker": crate::admin::breaker_state(n.breaker_open)})).collect::<Vec<_>>(),
+            "nodes": nodes_json(&nodes),
         },
         "upstreams": snap.upstreams.iter().map(|u| u.status()).collect::<Vec<_>>(),
         "sample_seconds": SAMPLE_EVERY.as_secs(),
@@ -128,4 +128,15 @@ pub fn data(app: &App, managed: &Managed) -> Value {
 
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
+}
+
+/// A Sentinel group's or cluster's nodes as `/readyz` and `/dashboard.json`
+/// show them; `breaker` is a cluster primary's own (`"open"`/`"closed"`),
+/// null for nodes without one.
+pub fn nodes_json(nodes: &[crate::store::redis::topology::NodeHealth]) -> Value {
+    let breaker = |open: Option<bool>| open.map(|o| if o { "open" } else { "closed" });
+    nodes
+        .iter()
+        .map(|n| json!({"addr": n.addr, "role": n.role, "healthy": n.healthy, "breaker": breaker(n.breaker_open)}))
+        .collect()
 }
