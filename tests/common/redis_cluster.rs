@@ -56,14 +56,7 @@ impl Node {
 
     /// Sends it a signal by name (`STOP` freezes it, `CONT` thaws it).
     pub fn signal(&self, name: &str) {
-        let pid = self.child.as_ref().expect("running").id();
-        let ok = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("kill(1) runs")
-            .success();
-        assert!(ok, "kill -{name} failed");
+        super::redis_server::signal(self.child.as_ref().expect("running"), name);
     }
 
     /// One command through `redis-cli`; its raw output.

@@ -75,14 +75,7 @@ impl RedisServer {
     }
 
     fn signal(&self, name: &str) {
-        let pid = self.child.as_ref().expect("running").id();
-        let ok = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("kill(1) runs")
-            .success();
-        assert!(ok, "kill -{name} failed");
+        signal(self.child.as_ref().expect("running"), name);
     }
 
     /// One command over a fresh connection; the first line of the reply.
@@ -108,4 +101,15 @@ impl Drop for RedisServer {
         }
         self.stop();
     }
+}
+
+/// Sends a server a signal by name (`kill -STOP`, `-CONT`, …).
+pub fn signal(child: &std::process::Child, name: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill(1) runs")
+        .success();
+    assert!(ok, "kill -{name} failed");
 }
