@@ -54,13 +54,7 @@ impl Validator<'_> {
             .reject
             .as_ref()
             .map(|r| self.reject(&format!("limiters.{name}.reject"), r));
-        let count = raw
-            .count
-            .as_ref()
-            .and_then(|c| self.count_rule(name, c, &algorithm));
-        if count.is_some() {
-            algorithm.keep_refunds();
-        }
+        let count = self.count_of(name, raw, &mut algorithm);
         let ban = raw
             .ban
             .as_ref()
@@ -90,6 +84,21 @@ impl Validator<'_> {
                 })
                 .collect(),
         })
+    }
+
+    /// `count:`, validated; with it the algorithm keeps what refunds need.
+    fn count_of(
+        &mut self,
+        name: &str,
+        raw: &RawLimiter,
+        algorithm: &mut Algorithm,
+    ) -> Option<crate::limiter::count::CountRule> {
+        let count = raw
+            .count
+            .as_ref()
+            .and_then(|c| self.count_rule(name, c, algorithm))?;
+        algorithm.keep_refunds();
+        Some(count)
     }
 
     /// `overrides:`: each key once, each quota at least what the algorithm's own may be.
