@@ -310,9 +310,40 @@ pub fn limiter(
 
 /// An address on 127.0.0.1 that was free a moment ago (bound, read, released):
 /// for a server a test starts later, or for a port nobody listens on.
+///
+/// The port comes from below the kernel's ephemeral range, never from a
+/// `:0` bind: the kernel hands ports of that range to every `:0` listener and
+/// every outgoing connection of the machine, and one of them once took a
+/// port between this call and the server's start (pebble, in CI: "bind:
+/// address already in use"). Below the range only another `free_addr` can
+/// take it, and within this process a counter never hands a port out twice.
 pub fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const FIRST: u32 = 15_000;
+    let end = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if end <= FIRST + 1_000 {
+        // An unusual machine: fall back to what the kernel picks.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        return l.local_addr().unwrap();
+    }
+    let span = end - FIRST;
+    // Test binaries run one after another, but a process's ports may linger
+    // in TIME_WAIT: each process starts somewhere else in the span.
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (start + n) % span) as u16;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        // Free for TCP and UDP both: a DNS server takes the two.
+        if std::net::TcpListener::bind(addr).is_ok() && std::net::UdpSocket::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free port on 127.0.0.1 between {FIRST} and {end}");
 }
 
 /// The access log of an in-process [`Proxy`], captured instead of printed.

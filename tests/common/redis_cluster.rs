@@ -81,11 +81,11 @@ pub fn cli(port: u16, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// A port that is free now, below 55536 so that nothing else derives from it out of range.
+/// A port that is free now, whose cluster bus port (10000 above) is free too.
 fn port() -> u16 {
     loop {
         let p = super::free_addr().port();
-        if p < 55_536 {
+        if p < 55_536 && std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok() {
             return p;
         }
     }
