@@ -193,10 +193,11 @@ async fn the_page_looks_the_same_compressed_or_not() {
     let dir = tempfile::tempdir().unwrap();
     let root = site(dir.path());
     let fpm = PhpFpm::start(dir.path(), &root, 2, "");
-    let proxy = Proxy::start(&yaml(&fpm, &root, true)).await;
+    let compressing = Proxy::start(&yaml(&fpm, &root, true)).await;
+    let plain = Proxy::start(&yaml(&fpm, &root, false)).await;
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/site");
 
-    let shot = |name: &str| {
+    let shot = |proxy: &Proxy, name: &str| {
         let url = proxy.url("/");
         let path = shots.join(name);
         async move {
@@ -207,19 +208,25 @@ async fn the_page_looks_the_same_compressed_or_not() {
             std::fs::read(path).unwrap()
         }
     };
-    let compressed = shot("compressed.png").await;
-    let sent = proxy
+    // On a loaded machine Chromium has once drawn a page whose last rows had
+    // not arrived yet (34 of 40 rows, no logo): each pair gets three tries.
+    // A page that compression broke differs in every one.
+    let mut same = false;
+    for _ in 0..3 {
+        let a = shot(&compressing, "compressed.png").await;
+        let b = shot(&plain, "plain.png").await;
+        if a == b {
+            same = true;
+            break;
+        }
+    }
+    let sent = compressing
         .metric("tollgate_compressed_responses_total{encoding=\"br\"}")
         .await;
     assert!(sent.is_some_and(|n| n >= 3.0), "brotli responses: {sent:?}");
-
-    proxy.write_config(&yaml(&fpm, &root, false));
-    let (status, body) = proxy.reload().await;
-    assert_eq!(status, 200, "{body}");
-    let plain = shot("plain.png").await;
-    assert!(
-        compressed == plain,
-        "the screenshots differ: see {}",
-        shots.display()
-    );
+    let none = plain
+        .metric("tollgate_compressed_responses_total{encoding=\"br\"}")
+        .await;
+    assert!(none.is_none_or(|n| n == 0.0), "no compression: {none:?}");
+    assert!(same, "the screenshots differ: see {}", shots.display());
 }
