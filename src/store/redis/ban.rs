@@ -3,8 +3,6 @@
 //! The layout of the hash and why it cannot meet a counter key are in
 //! [`crate::store::ban`]; every call is bounded like the counters' (`Redis::call`).
 
-use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-
 use super::topology::Conn;
 use super::Redis;
 use crate::limiter::ban::BanRule;
@@ -229,13 +227,7 @@ impl Redis {
                 .call_via(owner, |con| async move {
                     match (con, node) {
                         (Conn::Cluster(mut c), Some((host, port))) => {
-                            let at = SingleNodeRoutingInfo::ByAddress {
-                                host: host.clone(),
-                                port: *port,
-                            };
-                            let reply = c
-                                .route_command(cmd.clone(), RoutingInfo::SingleNode(at))
-                                .await?;
+                            let reply = super::topology::at_node(&mut c, cmd, host, *port).await?;
                             Ok(::redis::from_redis_value(reply)?)
                         }
                         (mut con, _) => cmd.query_async(&mut con).await,

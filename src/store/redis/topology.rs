@@ -332,13 +332,43 @@ pub(super) async fn ping_node(con: &mut ClusterConnection, addr: &str) -> ::redi
     let Some((host, Ok(port))) = addr.rsplit_once(':').map(|(h, p)| (h, p.parse())) else {
         return Err((::redis::ErrorKind::Client, "not host:port").into());
     };
-    let at = SingleNodeRoutingInfo::ByAddress {
-        host: host.to_string(),
-        port,
-    };
-    con.route_command(::redis::cmd("PING"), RoutingInfo::SingleNode(at))
+    at_node(con, &::redis::cmd("PING"), host, port)
         .await
         .map(|_| ())
+}
+
+/// `cmd` on the cluster node at `host:port`. The client connects to a node
+/// in the background (at first use, after a slot-map change, after a drop),
+/// and until it has, a command for that address fails at once with
+/// `ClusterConnectionNotFound` although the node is up: seen once in a
+/// loaded test run (`GET /bans` on a fresh connection). That error gets a
+/// few short retries, about 0.75 s in all; `store.timeout` still bounds the call.
+pub(super) async fn at_node(
+    con: &mut ClusterConnection,
+    cmd: &::redis::Cmd,
+    host: &str,
+    port: u16,
+) -> ::redis::RedisResult<::redis::Value> {
+    let mut wait = Duration::from_millis(25);
+    loop {
+        let at = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_string(),
+            port,
+        };
+        match con
+            .route_command(cmd.clone(), RoutingInfo::SingleNode(at))
+            .await
+        {
+            Err(e)
+                if e.kind() == ::redis::ErrorKind::ClusterConnectionNotFound
+                    && wait < Duration::from_millis(800) =>
+            {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            reply => return reply,
+        }
+    }
 }
 
 /// `<id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slots…>`:
