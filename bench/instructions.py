@@ -202,10 +202,12 @@ def write_configs(d, store, access_log, challenge=False):
         pass_keys = f'identity: {{ pass: {{ secret_file: "{d}/pass.keys" }} }}\n'
         challenged = ("  - { name: challenged, match: { path_prefix: /challenged }, upstream: app,"
                       " challenge: { when: always }, limiters: [allow] }\n")
+    # `path` belongs to the SQLite store only (tollgate refuses it on another backend).
+    path = f', path: "{d}/tollgate.db"' if store == "sqlite" else ""
     with open(f"{d}/tollgate.yaml", "w") as f:
         f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS['tollgate']}"] }}
 admin: {{ listen: "127.0.0.1:{PORTS['tollgate_admin']}" }}
-store: {{ backend: {store}, path: "{d}/tollgate.db" }}
+store: {{ backend: {store}{path} }}
 log: {{ access: {access_log} }}
 {pass_keys}upstreams:
   app: {{ url: "http://127.0.0.1:{up}" }}

@@ -198,11 +198,13 @@ def write_configs(d, tollgate_bin):
                 "  http-request track-sc0 src\n  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 2000000000 }\n  default_backend app\n"
                 f"frontend reject\n  bind 127.0.0.1:{PORTS['haproxy_reject']}\n  stick-table type ip size 100k expire 60s store http_req_rate(1s)\n"
                 "  http-request track-sc0 src\n  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1 }\n  default_backend app\n")
-    for name, backend in (("tollgate", "sqlite"), ("tollgate_mem", "memory")):
+    # `path` belongs to the SQLite store only (tollgate refuses it on another backend).
+    stores = {"tollgate": f'{{ backend: sqlite, path: "{d}/tollgate.db" }}', "tollgate_mem": "{ backend: memory }"}
+    for name, store in stores.items():
         with open(f"{d}/{name}.yaml", "w") as f:
             f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS[name]}"] }}
 admin: {{ listen: "127.0.0.1:{PORTS[name + '_admin']}" }}
-store: {{ backend: {backend}, path: "{d}/{name}.db" }}
+store: {store}
 upstreams:
   app: {{ url: "http://127.0.0.1:{up}" }}
 limiters:

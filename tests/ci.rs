@@ -84,3 +84,66 @@ fn the_quick_start_leaves_nothing_behind_that_git_would_add() {
         assert!(ignored, "{file} is left behind and not in .gitignore");
     }
 }
+
+/// Writes every config `bench/proxybench.py` and `bench/instructions.py`
+/// start tollgate with into one directory each, through their own functions.
+const WRITE_BENCH_CONFIGS: &str = r#"
+import importlib.util, os, sys
+sys.dont_write_bytecode = True  # nothing written into the checkout
+repo, out = sys.argv[1], sys.argv[2]
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(repo, "bench", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+def fresh(name):
+    d = os.path.join(out, name)
+    os.makedirs(d)
+    return d
+proxybench = load("proxybench")
+d = fresh("proxybench")
+proxybench.write_configs(d, "tollgate")
+proxybench.write_access_log_configs(d)
+instructions = load("instructions")
+for store in ("sqlite", "memory"):
+    instructions.write_configs(fresh("instructions-" + store), store, "true")
+instructions.write_configs(fresh("instructions-challenge"), "sqlite", "true", challenge=True)
+"#;
+
+/// Both scripts once wrote `path:` for the memory store too, which tollgate
+/// has refused since `store:` became one variant per backend: the memory
+/// rows of `proxybench.py` and `instructions.py --store memory` no longer
+/// started, and nothing in CI noticed.
+#[test]
+fn the_benchmark_scripts_start_tollgate_with_configs_it_accepts() {
+    let out = tempfile::tempdir().unwrap();
+    let wrote = Command::new("python3")
+        .args(["-c", WRITE_BENCH_CONFIGS, REPO])
+        .arg(out.path())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        wrote.status.success(),
+        "{}",
+        String::from_utf8_lossy(&wrote.stderr)
+    );
+    let mut checked = Vec::new();
+    for dir in std::fs::read_dir(out.path()).unwrap() {
+        for file in std::fs::read_dir(dir.unwrap().path()).unwrap() {
+            let path = file.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let check = Command::new(common::process::BINARY)
+                    .args(["check", "--config"])
+                    .arg(&path)
+                    .output()
+                    .unwrap();
+                let said = String::from_utf8_lossy(&check.stderr).into_owned()
+                    + &String::from_utf8_lossy(&check.stdout);
+                assert!(check.status.success(), "{}: {said}", path.display());
+                checked.push(path);
+            }
+        }
+    }
+    // proxybench: SQLite, memory and three access-log variants; instructions: three.
+    assert!(checked.len() >= 8, "only {checked:?}");
+}
