@@ -84,20 +84,32 @@ impl App {
             Err(e) => self.forward_failed(x, &route.name, &upstream.name, e),
         };
         if let Some(method) = audit {
-            // The access record's text, shared: identity set its client.
-            let record = &x.trail.record;
-            self.shared.store.audit(AuditRow {
-                time: x.now,
-                client: (record.client.clone()).unwrap_or_else(|| client.display().into()),
-                method,
-                path: record.path.clone(),
-                route: route.name.clone(),
-                status: resp.status().as_u16(),
-                duration: x.started.elapsed(),
-                request_id: record.request_id.clone(),
-            });
+            self.audit(x, method, client, &route.name, resp.status());
         }
         resp
+    }
+
+    /// Queues the forwarded request's audit row, from the access record's
+    /// own text (shared, not copied): identity set its client.
+    fn audit(
+        &self,
+        x: &Exchange,
+        method: http::Method,
+        client: &Client,
+        route: &std::sync::Arc<str>,
+        status: http::StatusCode,
+    ) {
+        let record = &x.trail.record;
+        self.shared.store.audit(AuditRow {
+            time: x.now,
+            client: (record.client.clone()).unwrap_or_else(|| client.display().into()),
+            method,
+            path: record.path.clone(),
+            route: route.clone(),
+            status: status.as_u16(),
+            duration: x.started.elapsed(),
+            request_id: record.request_id.clone(),
+        });
     }
 
     /// A failed forward's answer: the client's own broken body quietly,

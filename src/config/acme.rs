@@ -170,6 +170,31 @@ impl Validator<'_> {
                 "http-01 needs a plain listener (port 80): set server.tls.listen so server.listen stays plain, or use tls-alpn-01",
             );
         }
+        let domains = self.acme_domains(raw);
+        if let Some(r) = raw.renew_before {
+            if r.0 < Duration::from_secs(60) {
+                self.err("server.tls.acme.renew_before", "must be at least 1m");
+            }
+        }
+        AcmeConfig {
+            directory,
+            directory_ca: raw.directory_ca.as_ref().map(|t| PathBuf::from(&t.0)),
+            email,
+            domains,
+            challenge,
+            storage: raw
+                .storage
+                .as_ref()
+                .map_or(PathBuf::from(DEFAULT_STORAGE), |t| PathBuf::from(&t.0)),
+            renew_before: raw.renew_before.map(|d| d.0),
+            shared_key_file: raw.shared_key_file.as_ref().map(|t| PathBuf::from(&t.0)),
+            shared_key: None,
+        }
+    }
+
+    /// `server.tls.acme.domains`: lower-case names a CA can validate, each
+    /// once; wildcards and an empty list are errors.
+    fn acme_domains(&mut self, raw: &RawAcme) -> Vec<String> {
         let mut domains = Vec::new();
         for (i, d) in raw.domains.iter().flatten().enumerate() {
             let name = d.0.trim_end_matches('.').to_ascii_lowercase();
@@ -191,25 +216,7 @@ impl Validator<'_> {
                 "an empty list orders nothing; remove the key to order every host the routes name",
             );
         }
-        if let Some(r) = raw.renew_before {
-            if r.0 < Duration::from_secs(60) {
-                self.err("server.tls.acme.renew_before", "must be at least 1m");
-            }
-        }
-        AcmeConfig {
-            directory,
-            directory_ca: raw.directory_ca.as_ref().map(|t| PathBuf::from(&t.0)),
-            email,
-            domains,
-            challenge,
-            storage: raw
-                .storage
-                .as_ref()
-                .map_or(PathBuf::from(DEFAULT_STORAGE), |t| PathBuf::from(&t.0)),
-            renew_before: raw.renew_before.map(|d| d.0),
-            shared_key_file: raw.shared_key_file.as_ref().map(|t| PathBuf::from(&t.0)),
-            shared_key: None,
-        }
+        domains
     }
 
     /// With the Redis store, instances share certificates and private keys

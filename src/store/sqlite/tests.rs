@@ -559,6 +559,35 @@ fn blob(words: &[Nanos]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
+/// Writes, as earlier versions laid them out, a window row for `f:ip:a` (4
+/// counted, 20 s before `NOW` into its minute) and one `limiter_state` row
+/// per `(key, algorithm name, algorithm, words, expires_at)`.
+fn write_earlier_rows(path: &std::path::Path, rows: &[(&str, &str, &Algorithm, Vec<u64>, Nanos)]) {
+    let s = NANOS_PER_SEC;
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(SCHEMA).unwrap();
+    conn.execute(
+        "INSERT INTO rate_limit_windows (key, window_start, count) VALUES ('f:ip:a', ?1, 4)",
+        [iso8601(NOW / s - 20)],
+    )
+    .unwrap();
+    let mut insert = conn
+        .prepare("INSERT INTO limiter_state (key, algorithm, shape, state, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .unwrap();
+    for (key, name, algorithm, words, expires_at) in rows {
+        let shape = algorithm.shape().fingerprint().to_string();
+        insert
+            .execute(rusqlite::params![
+                key,
+                name,
+                shape,
+                blob(words),
+                *expires_at as i64
+            ])
+            .unwrap();
+    }
+}
+
 /// Files already on disk are a contract: rows laid out byte for byte as
 /// earlier versions wrote them (a window row; a blob of little-endian words
 /// under the algorithm's name and shape) load back into the same state.
@@ -584,19 +613,9 @@ fn rows_in_the_stored_format_restore_the_state_of_every_kept_algorithm() {
         capacity: 2,
         interval: s,
     });
-    {
-        let conn = Connection::open(&path).unwrap();
-        conn.execute_batch(SCHEMA).unwrap();
-        // NOW is 20 s into its minute.
-        conn.execute(
-            "INSERT INTO rate_limit_windows (key, window_start, count) VALUES ('f:ip:a', ?1, 4)",
-            [iso8601(NOW / s - 20)],
-        )
-        .unwrap();
-        let mut insert = conn
-            .prepare("INSERT INTO limiter_state (key, algorithm, shape, state, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)")
-            .unwrap();
-        for (key, name, algorithm, words, expires_at) in [
+    write_earlier_rows(
+        &path,
+        &[
             (
                 "s:ip:a",
                 "sliding_window",
@@ -618,19 +637,8 @@ fn rows_in_the_stored_format_restore_the_state_of_every_kept_algorithm() {
                 vec![NOW + 2 * s],
                 NOW + 2 * s,
             ),
-        ] {
-            let shape = algorithm.shape().fingerprint().to_string();
-            insert
-                .execute(rusqlite::params![
-                    key,
-                    name,
-                    shape,
-                    blob(&words),
-                    expires_at as i64
-                ])
-                .unwrap();
-        }
-    }
+        ],
+    );
     let limiters = [
         limiter("f", fixed.clone()),
         limiter("s", sliding.clone()),
