@@ -69,7 +69,7 @@ pub struct AccessRecord {
     pub route: Option<Arc<str>>,
     pub status: u16,
     pub decision: Decision,
-    pub limiter: Option<String>,
+    pub limiter: Option<std::sync::Arc<str>>,
     /// Seconds, on a rejection.
     pub retry_after: Option<u64>,
     pub upstream: Option<String>,
@@ -363,7 +363,7 @@ impl AccessRecord {
             "route": self.route.as_deref(),
             "status": self.status,
             "decision": self.decision.as_str(),
-            "limiter": self.limiter,
+            "limiter": self.limiter.as_deref(),
             "retry_after": self.retry_after,
             "upstream": self.upstream,
             "upstream_ms": self.upstream_ms.map(round3),

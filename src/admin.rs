@@ -316,7 +316,7 @@ async fn status(app: &App, snap: &Snapshot, raw: &str) -> Result<Value, crate::s
             }
         };
         limiters.push(json!({
-                "limiter": l.name,
+                "limiter": &*l.name,
                 "algorithm": algorithm.name(),
                 "mode": if l.shadow { "shadow" } else { "enforce" },
                 "key": value,

@@ -144,38 +144,42 @@ fn eligible(status: StatusCode, headers: &HeaderMap) -> bool {
 /// event would be flushed on its own, and a stream open for hours would
 /// hold an encoder for hours.
 pub fn compressible_type(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = content_type.split(';').next().unwrap_or("").trim();
     let Some((kind, sub)) = essence.split_once('/') else {
         return false;
     };
-    match kind {
-        "text" => sub != "event-stream",
-        "application" => {
-            matches!(
-                sub,
-                "json"
-                    | "javascript"
-                    | "x-javascript"
-                    | "ecmascript"
-                    | "xml"
-                    | "wasm"
-                    | "x-httpd-php"
-                    | "graphql-response+json"
-                    | "vnd.ms-fontobject"
-                    | "x-font-ttf"
-                    | "x-font-otf"
-                    | "manifest+json"
-            ) || sub.ends_with("+json")
-                || sub.ends_with("+xml")
-        }
-        "image" => sub == "svg+xml",
-        "font" => sub == "ttf" || sub == "otf",
-        _ => false,
+    // Compared without case, as media types are, and without a lowercased
+    // copy: this runs on every answer, our 429s included.
+    let is = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+    let ends = |s: &str, suffix: &str| {
+        let s = s.as_bytes();
+        s.len() >= suffix.len()
+            && s[s.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+    };
+    if is(kind, "text") {
+        !is(sub, "event-stream")
+    } else if is(kind, "application") {
+        const TEXT_LIKE: [&str; 12] = [
+            "json",
+            "javascript",
+            "x-javascript",
+            "ecmascript",
+            "xml",
+            "wasm",
+            "x-httpd-php",
+            "graphql-response+json",
+            "vnd.ms-fontobject",
+            "x-font-ttf",
+            "x-font-otf",
+            "manifest+json",
+        ];
+        TEXT_LIKE.iter().any(|t| is(sub, t)) || ends(sub, "+json") || ends(sub, "+xml")
+    } else if is(kind, "image") {
+        is(sub, "svg+xml")
+    } else if is(kind, "font") {
+        is(sub, "ttf") || is(sub, "otf")
+    } else {
+        false
     }
 }
 
@@ -277,6 +281,10 @@ mod tests {
             "application/rss+xml",
             "image/svg+xml",
             "font/ttf",
+            // Media types compare without case.
+            "Text/HTML; charset=UTF-8",
+            "APPLICATION/LD+JSON",
+            "Image/SVG+XML",
         ] {
             assert!(compressible_type(t), "{t}");
         }
@@ -291,6 +299,8 @@ mod tests {
             "application/octet-stream",
             "font/woff2",
             "text/event-stream",
+            "Text/Event-Stream",
+            "application/json-seq",
             "",
             "garbage",
         ] {

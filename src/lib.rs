@@ -101,6 +101,7 @@ pub mod decide;
 pub mod fastcgi;
 pub mod forward_error;
 pub mod framing;
+pub mod header_value;
 pub mod identity;
 pub mod key;
 pub mod limiter;

@@ -23,7 +23,7 @@ pub use crate::reject::{set_rate_limit_headers, Denial, LimitHeaders, LimitView}
 pub struct BanDenial {
     /// The banning limiter: its index in `Snapshot::limiters` and its name.
     pub index: usize,
-    pub limiter: String,
+    pub limiter: std::sync::Arc<str>,
     /// The client key as shown to humans.
     pub key: String,
     /// When the ban ends (Unix ns).
@@ -375,7 +375,7 @@ impl Refusal {
         let h = resp.headers_mut();
         // Sized once for everything that follows, the app's X-Request-Id included.
         h.reserve(crate::reject::LIMIT_HEADERS);
-        h.insert(RETRY_AFTER, HeaderValue::from(secs));
+        h.insert(RETRY_AFTER, crate::header_value::number(secs));
         // A 429 must not be stored by a cache (RFC 6585 §4), nor may a ban's
         // 403 outlive the ban: said outright, for caches told to keep everything.
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -439,7 +439,7 @@ impl Refusal {
             }
             Refusal::Banned(b) => {
                 let mut v = base("client-banned", title, status, &self.detail());
-                v["limiter"] = json!(b.limiter);
+                v["limiter"] = json!(&*b.limiter);
                 v["banned_until"] = json!(b.until.div_ceil(NANOS_PER_SEC));
                 v["retry_after"] = json!(secs);
                 v
@@ -503,7 +503,7 @@ impl Failure {
         let h = resp.headers_mut();
         with.vary(h);
         if let Some(secs) = self.retry_after {
-            h.insert(RETRY_AFTER, HeaderValue::from(secs));
+            h.insert(RETRY_AFTER, crate::header_value::number(secs));
         }
         if let Some(methods) = self.allow {
             h.insert(http::header::ALLOW, HeaderValue::from_static(methods));
@@ -534,10 +534,7 @@ fn shaped(shape: Option<&RejectShape>, fill: &Fill<'_>) -> Option<Response<Body>
 
 /// Every page tollgate answers with is finished here: status and media type.
 fn html(status: StatusCode, text: String) -> Response<Body> {
-    let mut resp = Response::new(Body::full(text));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, page::CONTENT_TYPE);
-    resp
+    own_answer(status, text.into_bytes(), page::CONTENT_TYPE)
 }
 
 fn base(kind: &str, title: &str, status: StatusCode, detail: &str) -> Value {
@@ -552,18 +549,32 @@ pub fn admin_error(status: StatusCode, detail: &str) -> Response<Body> {
     let title = status.canonical_reason().unwrap_or("Error");
     problem_json(
         status,
-        format!("{}\n", base("admin-error", title, status, detail)),
+        format!("{}\n", base("admin-error", title, status, detail)).into_bytes(),
     )
 }
 
 /// Every problem+json response is finished here: status and media type.
-fn problem_json(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<Body> {
-    let mut resp = Response::new(Body::full(body));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        CONTENT_TYPE,
+fn problem_json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    own_answer(
+        status,
+        body,
         HeaderValue::from_static("application/problem+json"),
-    );
+    )
+}
+
+/// Headers an answer of ours may carry: its type, `Vary` and what
+/// [`Refusal::respond`] adds (the app's `X-Request-Id` included).
+const OWN_HEADERS: usize = 2 + crate::reject::LIMIT_HEADERS;
+
+/// An answer of ours: `body` handed to `Bytes` without a second allocation
+/// (see [`crate::header_value::exact`]), and a header map sized once for
+/// every header a refusal adds, so it is not grown and rehashed on the way.
+fn own_answer(status: StatusCode, body: Vec<u8>, content_type: HeaderValue) -> Response<Body> {
+    let mut resp = Response::new(Body::full(bytes::Bytes::from(body.into_boxed_slice())));
+    *resp.status_mut() = status;
+    let mut headers = http::HeaderMap::with_capacity(OWN_HEADERS);
+    headers.insert(CONTENT_TYPE, content_type);
+    *resp.headers_mut() = headers;
     resp
 }
 

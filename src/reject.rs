@@ -9,11 +9,11 @@
 //! that. The fixed parts are constants; only names, numbers and the client
 //! key are written per request.
 
-use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, StatusCode};
 
 use crate::config::HeaderSets;
+use crate::header_value;
 use crate::limiter::{ceil_secs, Nanos, Quota, NANOS_PER_SEC};
 
 /// One limiter's view for the headers: its name and its quota after this request.
@@ -30,13 +30,13 @@ pub struct Denial {
     /// `Snapshot::limiters` (its `reject` page and its episode log are
     /// found by it) and its name.
     pub index: usize,
-    pub limiter: String,
+    pub limiter: std::sync::Arc<str>,
     pub quota: Quota,
     /// A human description of the policy, e.g. `5 requests per 60s`.
     pub policy: std::sync::Arc<str>,
     pub retry_after: Nanos,
     /// Every limiter that rejected.
-    pub violated: Vec<String>,
+    pub violated: Vec<std::sync::Arc<str>>,
     /// The client key as shown to humans (API keys shortened).
     pub key: String,
 }
@@ -146,7 +146,7 @@ pub fn set_rate_limit_headers(
     if sets.x_ratelimit() {
         let reset_at = (now + q.reset_after).div_ceil(NANOS_PER_SEC);
         headers.insert(X_RATELIMIT_LIMIT, prepared.limit_value(q.limit));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(q.remaining));
+        headers.insert(X_RATELIMIT_REMAINING, header_value::number(q.remaining));
         headers.insert(X_RATELIMIT_RESET, reset_value(reset_at));
     }
     if !sets.draft() {
@@ -155,13 +155,16 @@ pub fn set_rate_limit_headers(
     if let Some(v) = &prepared.policy {
         headers.insert(RATELIMIT_POLICY, v.clone());
     }
-    let mut current = Vec::with_capacity(tightest.name.len() + 48);
-    quoted(&mut current, tightest.name);
-    current.extend_from_slice(b";r=");
-    push_u64(&mut current, q.remaining);
-    current.extend_from_slice(b";t=");
-    push_u64(&mut current, ceil_secs(q.reset_after));
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(current)) {
+    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let current = header_value::joined(&[
+        b"\"",
+        tightest.name.as_bytes(),
+        b"\";r=",
+        r.format(q.remaining).as_bytes(),
+        b";t=",
+        t.format(ceil_secs(q.reset_after)).as_bytes(),
+    ]);
+    if let Some(v) = current {
         headers.insert(RATELIMIT, v);
     }
 }
@@ -181,7 +184,7 @@ fn reset_value(reset_at: u64) -> HeaderValue {
         match &*last {
             Some((at, v)) if *at == reset_at => v.clone(),
             _ => {
-                let v = HeaderValue::from(reset_at);
+                let v = header_value::number(reset_at);
                 *last = Some((reset_at, v.clone()));
                 v
             }
@@ -224,7 +227,7 @@ impl Prepared {
                 name: v.name.into(),
                 limit: v.quota.limit,
                 window: v.quota.window,
-                limit_value: HeaderValue::from(v.quota.limit),
+                limit_value: header_value::number(v.quota.limit),
             })
             .collect();
         Prepared {
@@ -244,7 +247,7 @@ impl Prepared {
     fn limit_value(&self, limit: u64) -> HeaderValue {
         match self.items.iter().find(|i| i.limit == limit) {
             Some(i) => i.limit_value.clone(),
-            None => HeaderValue::from(limit),
+            None => header_value::number(limit),
         }
     }
 }
@@ -287,7 +290,7 @@ fn policy_value(views: &[LimitView<'_>]) -> Option<HeaderValue> {
     }
     // A name a header cannot carry leaves the field out (as before: names are
     // the config's, validated, so this does not happen in practice).
-    HeaderValue::from_maybe_shared(Bytes::from(policy)).ok()
+    header_value::exact(policy)
 }
 
 fn quoted(out: &mut Vec<u8>, name: &str) {

@@ -90,7 +90,7 @@ pub struct LimiterMetrics {
 }
 
 pub struct Limiter {
-    pub name: String,
+    pub name: Arc<str>,
     pub algorithm: Algorithm,
     pub key: Vec<KeyPart>,
     pub shadow: bool,
@@ -240,7 +240,7 @@ impl Limiter {
             )
         };
         Limiter {
-            name: config.name.clone(),
+            name: config.name.as_str().into(),
             algorithm: config.algorithm.clone(),
             key: config.key.clone(),
             shadow: config.shadow,
@@ -410,7 +410,7 @@ mod tests {
     #[test]
     fn policies_are_described_in_operator_words() {
         let s = snapshot(include_str!("../config.example.yaml"));
-        let by_name = |n: &str| s.limiters.iter().find(|l| l.name == n).unwrap();
+        let by_name = |n: &str| s.limiters.iter().find(|l| *l.name == *n).unwrap();
         assert_eq!(
             Limiter::describe_policy(&by_name("strict").algorithm),
             "5 requests per 60s"

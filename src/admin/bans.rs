@@ -95,7 +95,7 @@ fn describe(snap: &Snapshot, b: &ActiveBan) -> Value {
     let duration: Option<Nanos> = snap
         .limiters
         .iter()
-        .find(|l| l.name == limiter)
+        .find(|l| *l.name == *limiter)
         .and_then(|l| l.ban.as_ref())
         .map(|(rule, _)| rule.duration);
     let until = b.ban.until.div_ceil(NANOS_PER_SEC);

@@ -46,7 +46,7 @@ impl Fixture {
     }
 
     fn limiter(&self, name: &str) -> usize {
-        let found = self.snap.limiters.iter().position(|l| l.name == name);
+        let found = self.snap.limiters.iter().position(|l| *l.name == *name);
         found.expect("limiter")
     }
 
@@ -108,7 +108,7 @@ async fn a_refusal_names_its_route_and_the_limiter_with_the_longest_wait() {
     let Reason::Limited { denial, .. } = &refused.reason else {
         panic!("a ban");
     };
-    assert_eq!(denial.violated, ["minute", "hour"]);
+    assert_eq!(denial.violated, [Arc::from("minute"), Arc::from("hour")]);
     // The headers follow every limiter the request was counted on.
     let views = refused.views(&f.snap);
     let names: Vec<&str> = views.iter().map(|v| v.name).collect();

@@ -101,7 +101,7 @@ pub async fn serve(
             return bare(StatusCode::RANGE_NOT_SATISFIABLE, h);
         }
     };
-    head.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+    head.insert(header::CONTENT_LENGTH, crate::header_value::number(count));
     let body = if method == Method::HEAD {
         empty()
     } else {

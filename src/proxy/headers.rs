@@ -148,7 +148,7 @@ fn ip_value(ip: IpAddr) -> Option<HeaderValue> {
         }
         crate::reject::push_u64(&mut out, u64::from(octet));
     }
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(out)).ok()
+    crate::header_value::exact(out)
 }
 
 /// What tollgate tells the upstream about the client and the edge.
@@ -218,7 +218,7 @@ pub fn set_forwarded_headers(
         }
     }
     if !headers.contains_key(&X_FORWARDED_PORT) {
-        headers.insert(X_FORWARDED_PORT, HeaderValue::from(port));
+        headers.insert(X_FORWARDED_PORT, crate::header_value::number(port.into()));
     }
 }
 

@@ -384,7 +384,27 @@ impl Sentinel {
                 ];
                 Node::spawn(&args, dir.path())
             })
-            .collect();
+            .collect::<Vec<Node>>();
+        // A sentinel promotes only a replica it has learned of (from the
+        // primary's INFO) and only with the votes of sentinels it has heard
+        // (their hellos, every 2 s): a primary killed before that is never
+        // replaced. Seen once on a loaded machine; wait for both.
+        let replica_name = format!("127.0.0.1:{}", replica.port);
+        let ready = eventually_blocking(Duration::from_secs(30), || {
+            sentinels.iter().all(|s| {
+                s.cli(&["SENTINEL", "replicas", MASTER])
+                    .contains(&replica_name)
+                    && s.cli(&["SENTINEL", "sentinels", MASTER])
+                        .lines()
+                        .filter(|l| *l == "runid")
+                        .count()
+                        == 2
+            })
+        });
+        assert!(
+            ready,
+            "the sentinels never learned of the replica and of each other"
+        );
         Sentinel {
             primary,
             replica,

@@ -1,0 +1,111 @@
+//! Header values tollgate writes on every response (numbers, addresses, `RateLimit`), made with one allocation or none.
+//!
+//! `HeaderValue::from(u64)` and `HeaderValue::from_maybe_shared(Bytes::from(vec))`
+//! each allocate twice: the digits' buffer, then the block `Bytes` shares it
+//! through (its length differs from its capacity). Callgrind counted ~38
+//! allocations per 429 (`bench/instructions.py`), each ~100 instructions
+//! with its free; these values were eight of them. Here a number under
+//! [`SMALL`] is a slice of one static table (no allocation: `Retry-After`,
+//! `X-RateLimit-Remaining`, a limit), and a value built from parts is
+//! written once into a buffer of its exact length (one allocation).
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+/// Numbers below this are slices of [`DIGITS`].
+pub const SMALL: u64 = 10_000;
+
+/// Every number from 0 to `SMALL - 1`, written one after the other
+/// ("0123…9101112…9999"): 38,890 bytes of the binary's read-only data.
+static DIGITS: &str = match std::str::from_utf8(&TABLE) {
+    Ok(s) => s,
+    Err(_) => panic!("the digits are ASCII"),
+};
+
+const TABLE_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+
+static TABLE: [u8; TABLE_LEN] = {
+    let mut out = [0u8; TABLE_LEN];
+    let mut n = 0u64;
+    let mut at = 0;
+    while n < SMALL {
+        let (_, len) = place(n);
+        let mut i = len;
+        let mut rest = n;
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += len;
+        n += 1;
+    }
+    out
+};
+
+/// Where `n` (< [`SMALL`]) starts in [`DIGITS`], and its length.
+const fn place(n: u64) -> (usize, usize) {
+    let n = n as usize;
+    match n {
+        0..=9 => (n, 1),
+        10..=99 => (10 + (n - 10) * 2, 2),
+        100..=999 => (190 + (n - 100) * 3, 3),
+        _ => (2_890 + (n - 1_000) * 4, 4),
+    }
+}
+
+/// `n` in decimal: without an allocation below [`SMALL`], with one above.
+pub fn number(n: u64) -> HeaderValue {
+    if n < SMALL {
+        let (start, len) = place(n);
+        return HeaderValue::from_static(&DIGITS[start..start + len]);
+    }
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(n).as_bytes();
+    joined(&[digits]).expect("digits are a valid header value")
+}
+
+/// `parts` one after the other as one value, in one allocation of exactly
+/// their length; `None` if the bytes cannot be a header value.
+pub fn joined(parts: &[&[u8]]) -> Option<HeaderValue> {
+    let len = parts.iter().map(|p| p.len()).sum();
+    let mut out = Vec::with_capacity(len);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    exact(out)
+}
+
+/// `bytes` as a header value without a second allocation: `Bytes` takes a
+/// buffer whose length is its capacity as it is (shrinking in place when a
+/// caller's estimate was generous, which the allocator does without a copy
+/// when it keeps at least half). `None` if the bytes cannot be a header value.
+pub fn exact(bytes: Vec<u8>) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(Bytes::from(bytes.into_boxed_slice())).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_number_reads_as_display_writes_it() {
+        for n in (0..SMALL + 20).chain([65_535, 1_733_000_000, u64::MAX]) {
+            assert_eq!(number(n).to_str().unwrap(), n.to_string(), "{n}");
+        }
+    }
+
+    #[test]
+    fn the_table_ends_with_the_last_small_number() {
+        assert!(DIGITS.ends_with("99989999"));
+        assert_eq!(DIGITS.len(), TABLE_LEN);
+    }
+
+    #[test]
+    fn parts_are_joined_in_order_and_a_control_byte_is_refused() {
+        let v = joined(&[b"\"api\"", b";r=", b"4"]).unwrap();
+        assert_eq!(v, "\"api\";r=4");
+        assert!(joined(&[b"a\nb"]).is_none());
+        assert_eq!(exact(b"12.0.0.1".to_vec()).unwrap(), "12.0.0.1");
+    }
+}
