@@ -14,8 +14,8 @@ const TOKEN: &str = "dash-token";
 const YAML: &str = "
 admin: { token: dash-token }
 limiters:
-  strict: { limit: 3, window: 60s }
-  global: { limit: 100000, window: 60s }
+  strict: { limit: 3, window: 1d }
+  global: { limit: 100000, window: 1d }
 routes:
   - name: ping
     match: { path: /ping }
@@ -198,9 +198,9 @@ admin: {{ token: {TOKEN} }}
 upstreams:
   app: {{ servers: [\"{}\", \"{dead}\"], fail_timeout: 1h }}
 limiters:
-  strict: {{ limit: 3, window: 60s }}
-  global: {{ limit: 100000, window: 60s }}
-  guard: {{ limit: 1, window: 60s, ban: {{ after: 1, for: 1h }} }}
+  strict: {{ limit: 3, window: 1d }}
+  global: {{ limit: 100000, window: 1d }}
+  guard: {{ limit: 1, window: 1d, ban: {{ after: 1, for: 1h }} }}
 routes:
   - {{ name: login, match: {{ path: /login }}, respond: {{ status: 200, body: welcome }}, limiters: [guard] }}
   - {{ name: app, match: {{ path_prefix: /app }}, upstream: app }}
@@ -406,7 +406,7 @@ async fn the_dashboard_shows_a_clusters_nodes_and_flags_one_that_goes_down_in_a_
 admin: {{ token: {TOKEN} }}
 store: {{ backend: redis, cluster: [\"{}\"], on_error: local }}
 limiters:
-  per_ip: {{ limit: 100000, window: 60s, key: ip }}
+  per_ip: {{ limit: 100000, window: 1d, key: ip }}
 routes:
   - {{ name: hello, match: {{ path_prefix: / }}, respond: {{ status: 200, body: hello }}, limiters: [per_ip] }}
 ",

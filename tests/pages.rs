@@ -7,17 +7,18 @@ use common::{browser, client, free_addr, send, Answer, Proxy};
 /// A browser's navigation `Accept` (Chromium's).
 const BROWSER: &str = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,*/*;q=0.8,application/signed-exchange;v=b3;q=0.7";
 
-/// `/limited` allows one request a minute (`again` is for a test's own
-/// route); `/down/…` goes to an upstream
-/// nobody listens on; `/api/…` keeps to JSON; nothing else has a route.
+/// `/limited` allows one request a day (a minute's window could roll over
+/// while a loaded machine starts Chromium; `again` is for a test's own
+/// route); `/down/…` goes to an upstream nobody listens on; `/api/…` keeps
+/// to JSON; nothing else has a route.
 fn site(server: &str, limited: &str, routes: &str) -> String {
     format!(
         r#"server: {{ {server} }}
 upstreams:
   down: {{ url: "http://{down}", connect_timeout: 2s }}
 limiters:
-  once: {{ limit: 1, window: 60s }}
-  again: {{ limit: 1, window: 60s }}
+  once: {{ limit: 1, window: 1d }}
+  again: {{ limit: 1, window: 1d }}
 routes:
   - {{ name: limited, match: {{ path: /limited }}, respond: {{ status: 200, body: ok }}, limiters: [once] {limited} }}
   - {{ name: down, match: {{ path_prefix: /down }}, upstream: down }}
@@ -44,7 +45,7 @@ async fn dom(url: String) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_sees_html_pages_for_a_missing_page_a_rate_limited_page_and_a_down_upstream() {
     let proxy = Proxy::start(&site("", "", "")).await;
-    // The one request the minute allows: the browser's is the second.
+    // The one request the day allows: the browser's is the second.
     assert_eq!(get(&proxy, "/limited", None).await.status, 200);
 
     let cases = [

@@ -74,10 +74,11 @@ fn runs(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
-/// `/wp-login.php` behind a strict limit, everything else unlimited, on `upstream`.
+/// `/wp-login.php` behind a strict limit (a day: a minute could roll over
+/// while a loaded machine answers the spellings), everything else unlimited, on `upstream`.
 fn yaml(upstream: &str, server: &str) -> String {
     format!(
-        "server: {{ {server} }}\nlimiters:\n  login: {{ limit: {LIMIT}, window: 60s }}\nupstreams:\n  site: {upstream}\nroutes:\n  - {{ name: login, match: {{ path: /wp-login.php }}, upstream: site, limiters: [login] }}\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: site }}\n"
+        "server: {{ {server} }}\nlimiters:\n  login: {{ limit: {LIMIT}, window: 1d }}\nupstreams:\n  site: {upstream}\nroutes:\n  - {{ name: login, match: {{ path: /wp-login.php }}, upstream: site, limiters: [login] }}\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: site }}\n"
     )
 }
 

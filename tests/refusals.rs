@@ -12,13 +12,13 @@ fn config(upstream: &Upstream) -> String {
     format!(
         r#"identity:
   api_keys: [alpha]
-  unknown_keys: {{ limit: 1, window: 60s }}
+  unknown_keys: {{ limit: 1, window: 1d }}
 upstreams:
   app: {{ url: "{}", timeout: 60s }}
 limiters:
-  strict: {{ limit: 1, window: 60s }}
-  paged: {{ limit: 1, window: 60s, reject: {{ body: html }} }}
-  guard: {{ limit: 1, window: 60s, ban: {{ after: 1, for: 1h }} }}
+  strict: {{ limit: 1, window: 1d }}
+  paged: {{ limit: 1, window: 1d, reject: {{ body: html }} }}
+  guard: {{ limit: 1, window: 1d, ban: {{ after: 1, for: 1h }} }}
   pool: {{ algorithm: concurrency, max_in_flight: 1, key: global }}
   queue: {{ algorithm: leaky_bucket, capacity: 1, leak_per_second: 0.05, key: global }}
 routes:
