@@ -74,6 +74,7 @@
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
+//!   [`header_value`]: numbers and built values as header values, with one allocation or none;
 //!   [`compression`]: the response filter phase (gzip/brotli by `Accept-Encoding`, streamed);
 //!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core;
 //! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
