@@ -4,7 +4,7 @@
 //! each allocate twice: the digits' buffer, then the block `Bytes` shares it
 //! through (its length differs from its capacity). Callgrind counted ~38
 //! allocations per 429 (`bench/instructions.py`), each ~100 instructions
-//! with its free; these values were eight of them. Here a number under
+//! with its free; these values took six of them. Here a number under
 //! [`SMALL`] is a slice of one static table (no allocation: `Retry-After`,
 //! `X-RateLimit-Remaining`, a limit), and a value built from parts is
 //! written once into a buffer of its exact length (one allocation).
