@@ -84,6 +84,36 @@ pub fn exact(bytes: Vec<u8>) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(bytes.into_boxed_slice())).ok()
 }
 
+/// A number that repeats request after request (a listener's port, a fixed
+/// window's reset time), rendered once while it repeats: one entry, kept
+/// per worker thread in a `thread_local!`, so no lock.
+pub struct Repeated(std::cell::RefCell<Option<(u64, HeaderValue)>>);
+
+impl Repeated {
+    pub const fn new() -> Repeated {
+        Repeated(std::cell::RefCell::new(None))
+    }
+
+    /// `n` as a header value: the kept one while `n` repeats.
+    pub fn value(&self, n: u64) -> HeaderValue {
+        let mut last = self.0.borrow_mut();
+        match &*last {
+            Some((kept, v)) if *kept == n => v.clone(),
+            _ => {
+                let v = number(n);
+                *last = Some((n, v.clone()));
+                v
+            }
+        }
+    }
+}
+
+impl Default for Repeated {
+    fn default() -> Repeated {
+        Repeated::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +137,13 @@ mod tests {
         assert_eq!(v, "\"api\";r=4");
         assert!(joined(&[b"a\nb"]).is_none());
         assert_eq!(exact(b"12.0.0.1".to_vec()).unwrap(), "12.0.0.1");
+    }
+
+    #[test]
+    fn a_repeated_number_is_rendered_again_only_when_it_changes() {
+        let r = Repeated::new();
+        assert_eq!(r.value(19_180), "19180");
+        assert_eq!(r.value(19_180), "19180");
+        assert_eq!(r.value(443), "443");
     }
 }

@@ -172,24 +172,13 @@ pub fn set_rate_limit_headers(
 thread_local! {
     /// The last `X-RateLimit-Reset` value this worker wrote: a fixed window's
     /// requests all reset at its end, so it changes once a window (or once a
-    /// second), not once a request; kept per worker thread, so no lock.
-    static LAST_RESET: std::cell::RefCell<Option<(u64, HeaderValue)>> =
-        const { std::cell::RefCell::new(None) };
+    /// second), not once a request.
+    static LAST_RESET: header_value::Repeated = const { header_value::Repeated::new() };
 }
 
 /// `reset_at` (Unix seconds) as a header value, rendered once while it repeats.
 fn reset_value(reset_at: u64) -> HeaderValue {
-    LAST_RESET.with(|last| {
-        let mut last = last.borrow_mut();
-        match &*last {
-            Some((at, v)) if *at == reset_at => v.clone(),
-            _ => {
-                let v = header_value::number(reset_at);
-                *last = Some((reset_at, v.clone()));
-                v
-            }
-        }
-    })
+    LAST_RESET.with(|last| last.value(reset_at))
 }
 
 /// A route's rate-limit header values that depend only on its limiters'

@@ -218,8 +218,20 @@ pub fn set_forwarded_headers(
         }
     }
     if !headers.contains_key(&X_FORWARDED_PORT) {
-        headers.insert(X_FORWARDED_PORT, crate::header_value::number(port.into()));
+        headers.insert(X_FORWARDED_PORT, port_value(port));
     }
+}
+
+thread_local! {
+    /// The listener's port this worker last wrote: the same on every request
+    /// of a listener.
+    static LAST_PORT: crate::header_value::Repeated =
+        const { crate::header_value::Repeated::new() };
+}
+
+/// `port` as a header value, rendered once while it repeats.
+fn port_value(port: u16) -> HeaderValue {
+    LAST_PORT.with(|last| last.value(port.into()))
 }
 
 #[cfg(test)]
