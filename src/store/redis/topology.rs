@@ -340,9 +340,12 @@ pub(super) async fn ping_node(con: &mut ClusterConnection, addr: &str) -> ::redi
 /// `cmd` on the cluster node at `host:port`. The client connects to a node
 /// in the background (at first use, after a slot-map change, after a drop),
 /// and until it has, a command for that address fails at once with
-/// `ClusterConnectionNotFound` although the node is up: seen once in a
-/// loaded test run (`GET /bans` on a fresh connection). That error gets a
-/// few short retries, about 0.75 s in all; `store.timeout` still bounds the call.
+/// `ClusterConnectionNotFound` although the node is up (`GET /bans` on a
+/// fresh connection, in loaded test runs). That error is retried, every 25
+/// ms at first and every 200 ms at most, until the caller's bound ends it:
+/// every caller runs under `store.timeout` (the ban list's `SCAN` in
+/// `call_via`, the breaker's probe in its own timeout). A fixed 0.75 s of
+/// retries was once not enough on a loaded machine.
 pub(super) async fn at_node(
     con: &mut ClusterConnection,
     cmd: &::redis::Cmd,
@@ -359,12 +362,9 @@ pub(super) async fn at_node(
             .route_command(cmd.clone(), RoutingInfo::SingleNode(at))
             .await
         {
-            Err(e)
-                if e.kind() == ::redis::ErrorKind::ClusterConnectionNotFound
-                    && wait < Duration::from_millis(800) =>
-            {
+            Err(e) if e.kind() == ::redis::ErrorKind::ClusterConnectionNotFound => {
                 tokio::time::sleep(wait).await;
-                wait *= 2;
+                wait = (wait * 2).min(Duration::from_millis(200));
             }
             reply => return reply,
         }
