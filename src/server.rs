@@ -144,20 +144,10 @@ fn public_acceptor(
         .unwrap_or(Serve::Http);
     move |stream, peer| {
         let snap = app.snapshot();
-        let server = &snap.config.server;
-        let max_total = server
-            .max_connections
-            .unwrap_or_else(crate::connections::default_max_connections);
-        let per_ip =
-            (!snap.identity.is_trusted(peer.ip())).then_some(server.max_connections_per_ip);
-        let permit = match app.shared.connections.admit(peer.ip(), max_total, per_ip) {
-            Ok(p) => p,
-            Err(refusal) => {
-                // Closed at once: an answer would cost the writes a flood wants.
-                tracing::debug!(%peer, ?refusal, "connection refused");
-                return;
-            }
+        let Some(permit) = admit_connection(&app, &snap, peer) else {
+            return;
         };
+        let server = &snap.config.server;
         let _ = stream.set_nodelay(true);
         // A listener a reload is removing keeps what it served until it stops.
         serve = server.serve_at(addr).unwrap_or(serve);
@@ -203,6 +193,28 @@ fn public_acceptor(
                         .await;
                 });
             }
+        }
+    }
+}
+
+/// The connection caps (`max_connections`, `max_connections_per_ip` for an
+/// untrusted peer): a place, or `None` and the socket is closed at once (an
+/// answer would cost the writes a flood wants).
+fn admit_connection(
+    app: &App,
+    snap: &crate::snapshot::Snapshot,
+    peer: SocketAddr,
+) -> Option<Permit> {
+    let server = &snap.config.server;
+    let max_total = server
+        .max_connections
+        .unwrap_or_else(crate::connections::default_max_connections);
+    let per_ip = (!snap.identity.is_trusted(peer.ip())).then_some(server.max_connections_per_ip);
+    match app.shared.connections.admit(peer.ip(), max_total, per_ip) {
+        Ok(permit) => Some(permit),
+        Err(refusal) => {
+            tracing::debug!(%peer, ?refusal, "connection refused");
+            None
         }
     }
 }
