@@ -217,7 +217,30 @@ async fn share_http_answer(managed: &Managed, token: &str, answer: &str) -> Resu
 
 /// Orders a certificate for `domain`, answering `challenge` through
 /// `managed` and, in a fleet, through Redis for the other instances.
+///
+/// The CA's verdict that the challenge failed is reported as a validation
+/// of `domain` whichever call brought it: usually the order's poll, but a
+/// CA that validates at once answers the challenge's own call with it (a
+/// loaded CI run once saw pebble do so), and the operator's report and the
+/// retry schedule must not depend on that race.
 pub async fn obtain(
+    account: &Account,
+    domain: &str,
+    challenge: Challenge,
+    managed: &Managed,
+    fleet: Option<&Arc<Fleet>>,
+) -> Result<Stored, OrderError> {
+    place(account, domain, challenge, managed, fleet)
+        .await
+        .map_err(|e| match e {
+            OrderError::Ca(e) => ca_error(domain, e),
+            other => other,
+        })
+}
+
+/// [`obtain`]'s steps: the order, its challenge answered, the CA's
+/// validation awaited, the certificate finalized and fetched.
+async fn place(
     account: &Account,
     domain: &str,
     challenge: Challenge,
@@ -278,10 +301,7 @@ pub async fn obtain(
         .initial_delay(Duration::from_millis(250))
         .backoff(1.5)
         .timeout(VALIDATION_BUDGET);
-    let status = order
-        .poll_ready(&retries)
-        .await
-        .map_err(|e| poll_error(domain, e))?;
+    let status = order.poll_ready(&retries).await?;
     if status != OrderStatus::Ready {
         return Err(OrderError::Validation {
             domain: domain.to_string(),
@@ -298,9 +318,9 @@ pub async fn obtain(
     })
 }
 
-/// An error while the CA validates: the CA's verdict on our answer (a
-/// validation failure, backed off for longer) or a CA/transport error.
-fn poll_error(domain: &str, e: instant_acme::Error) -> OrderError {
+/// An error from the CA: its verdict on our answer (a validation failure,
+/// backed off for longer) or a CA/transport error.
+fn ca_error(domain: &str, e: instant_acme::Error) -> OrderError {
     if is_validation_problem(&e) {
         OrderError::Validation {
             domain: domain.to_string(),
@@ -378,4 +398,33 @@ pub fn matching_key(chain_pem: &str, key_pem: &str) -> Result<CertifiedKey, Orde
         ))
     })?;
     Ok(certified)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(kind: &str) -> instant_acme::Error {
+        let json = format!(
+            r#"{{"type": "urn:ietf:params:acme:error:{kind}", "detail": "refused", "status": 400}}"#
+        );
+        instant_acme::Error::Api(serde_json::from_str(&json).unwrap())
+    }
+
+    #[test]
+    fn the_cas_verdict_on_a_challenge_names_the_domain_whichever_call_brought_it() {
+        let e = ca_error("a.test", problem("connection"));
+        assert!(
+            matches!(&e, OrderError::Validation { domain, .. } if domain == "a.test"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with("validation of a.test failed: "),
+            "{e}"
+        );
+        assert!(e.is_validation());
+        let other = ca_error("a.test", problem("malformed"));
+        assert!(matches!(other, OrderError::Ca(_)), "{other:?}");
+        assert!(other.to_string().starts_with("ACME CA: "), "{other}");
+    }
 }
