@@ -17,6 +17,7 @@ the same load (the kernel's share, which callgrind does not see).
     bench/instructions.py --syscalls               # syscalls and context switches per request
     bench/instructions.py --only tollgate --challenge   # + a challenge flood: unsolved pages, forged solutions
     bench/instructions.py --budget-allow 40000 --budget-reject 20000   # exit 1 above these (CI)
+    bench/instructions.py --only tollgate --accept-encoding 'gzip, deflate, br'   # as a browser asks
 
 The targets are those of bench/proxybench.py: an nginx upstream (`return
 200`, not measured) on 127.0.0.1:19180; tollgate (SQLite store, 2 workers)
@@ -57,12 +58,17 @@ def log(msg):
     print(f"[instructions] {msg}", file=sys.stderr, flush=True)
 
 
+# `--accept-encoding`: sent with every plain GET (a browser sends one).
+ACCEPT_ENCODING = None
+
+
 def request_bytes(port, path):
     """The request a scenario sends: a plain GET of `path`, or a prepared
     request (bytes) as the challenge scenarios send."""
     if isinstance(path, bytes):
         return path
-    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    extra = f"Accept-Encoding: {ACCEPT_ENCODING}\r\n" if ACCEPT_ENCODING else ""
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
 
 
 def one_connection(port, path, count, failures):
@@ -331,9 +337,13 @@ def main():
     ap.add_argument("--port-offset", type=int, default=0,
                     help="added to every port, so two runs can share the machine")
     ap.add_argument("--floor-args", default="--workers 2", help="extra arguments for the floor, e.g. '--auto'")
+    ap.add_argument("--accept-encoding", help="send this Accept-Encoding with every request, as a browser does "
+                    "(e.g. 'gzip, deflate, br')")
     ap.add_argument("--budget-allow", type=int, help="exit 1 if tollgate's allow path exceeds this many instructions per request")
     ap.add_argument("--budget-reject", type=int, help="exit 1 if tollgate's 429 exceeds this many instructions per request")
     args = ap.parse_args()
+    global ACCEPT_ENCODING
+    ACCEPT_ENCODING = args.accept_encoding
     for name in PORTS:
         PORTS[name] += args.port_offset
     only = args.only or ["tollgate", "floor", "nginx"]

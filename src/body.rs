@@ -87,6 +87,15 @@ impl Body {
         Body::Full(None)
     }
 
+    /// The length of a body held whole in memory (our own answers); `None`
+    /// for one that streams, whose size only its headers may tell.
+    pub fn held_len(&self) -> Option<u64> {
+        match self {
+            Body::Full(b) => Some(b.as_ref().map_or(0, |b| b.len() as u64)),
+            _ => None,
+        }
+    }
+
     /// Wraps `inner` so that `done` learns the bytes sent when it ends or is dropped.
     pub fn tracked(inner: Body, done: Box<dyn Done>) -> Body {
         Body::Tracked(Box::new(Tracked {

@@ -13,9 +13,10 @@
 //! - from here the answer depends on `Accept-Encoding`, so it gets
 //!   `Vary: Accept-Encoding` whether or not it is compressed this time;
 //! - the best coding the client accepts (q-values, `*`), brotli on a tie;
-//! - not when the declared length is under [`MIN_LENGTH`] (the headers of a
-//!   compressed answer would eat the gain), unless the client refused
-//!   `identity`;
+//! - not when the length known ahead (`Content-Length`, or the size of a
+//!   body held whole, as our own answers are) is under [`MIN_LENGTH`] (the
+//!   headers of a compressed answer would eat the gain), unless the client
+//!   refused `identity`;
 //! - then `Content-Length` goes (the length is not known ahead),
 //!   `Accept-Ranges` goes (ranges of the compressed bytes are not offered),
 //!   a strong `ETag` becomes weak (the bytes differ from the identity
@@ -36,7 +37,7 @@ use crate::body::{Body, Forwarded};
 use crate::metrics::{Counter, Metrics};
 pub use negotiate::{Accepted, Coding};
 
-/// Responses shorter than this (by `Content-Length`) go out as they are:
+/// Responses shorter than this (by [`known_length`]) go out as they are:
 /// Caddy's default, and where gzip's 18-byte frame and the headers stop
 /// mattering.
 pub const MIN_LENGTH: u64 = 512;
@@ -83,15 +84,15 @@ pub fn filter(
     if !enabled || !eligible(resp.status(), resp.headers()) {
         return resp;
     }
-    let headers = resp.headers_mut();
-    add_vary(headers);
+    add_vary(resp.headers_mut());
     let Some(coding) = asked.accepted.best() else {
         return resp;
     };
-    let short = declared_length(headers).is_some_and(|l| l < MIN_LENGTH);
+    let short = known_length(&resp).is_some_and(|l| l < MIN_LENGTH);
     if short && !asked.accepted.identity_refused {
         return resp;
     }
+    let headers = resp.headers_mut();
     headers.remove(CONTENT_LENGTH);
     headers.remove(ACCEPT_RANGES);
     headers.insert(CONTENT_ENCODING, HeaderValue::from_static(coding.token()));
@@ -183,14 +184,19 @@ pub fn compressible_type(content_type: &str) -> bool {
     }
 }
 
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(CONTENT_LENGTH)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+/// The answer's length when it is known before its body is sent: its
+/// `Content-Length`, or else the size of a body held whole. Our own answers
+/// (a 429's problem+json, a page) carry no `Content-Length` header (hyper
+/// writes it from the body), and were once compressed however short: every
+/// refused browser paid for an encoder and got a chunked 429. A streamed
+/// body's own size hint is not asked: an upstream's answer to HEAD has an
+/// empty body and must get the headers its GET would.
+fn known_length(resp: &Response<Body>) -> Option<u64> {
+    let declared = resp
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    declared.or_else(|| resp.body().held_len())
 }
 
 /// Adds `Accept-Encoding` to `Vary` unless it is there (or `Vary: *`).

@@ -322,3 +322,46 @@ async fn php_fpm_output_is_compressed_as_it_streams_not_when_it_ends() {
     let whole = decode(Some("gzip"), &common::dechunk(&raw[at + 4..]));
     assert!(String::from_utf8_lossy(&whole).ends_with("<p>the end</p>"));
 }
+
+#[tokio::test]
+async fn our_own_answers_follow_the_length_rule_so_a_short_429_stays_plain_and_sized() {
+    let long = "tollgate answers this itself. ".repeat(40);
+    let yaml = format!(
+        "{}  - {{ name: long, match: {{ path: /long }}, respond: {{ status: 200, body: \"{long}\" }} }}\n",
+        common::ping_yaml(1)
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let first = get(&proxy, "/ping", Some("gzip, br")).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("content-encoding"), None, "4 bytes stay plain");
+    let refused = get(&proxy, "/ping", Some("gzip, br")).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("content-encoding"),
+        None,
+        "a {}-byte problem is under the minimum",
+        refused.body.len()
+    );
+    assert_eq!(
+        refused.header("content-length"),
+        Some(refused.body.len().to_string().as_str()),
+        "sent with its length, not chunked"
+    );
+    assert!(
+        refused
+            .headers
+            .get_all("vary")
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"accept-encoding")),
+        "it still varies by Accept-Encoding: {:?}",
+        refused.headers
+    );
+    let r = get(&proxy, "/long", Some("gzip, br")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("content-encoding"),
+        Some("br"),
+        "1,200 bytes of ours are compressed"
+    );
+    assert_eq!(r.decoded(), long.as_bytes());
+}
