@@ -219,10 +219,9 @@ async fn share_http_answer(managed: &Managed, token: &str, answer: &str) -> Resu
 /// `managed` and, in a fleet, through Redis for the other instances.
 ///
 /// The CA's verdict that the challenge failed is reported as a validation
-/// of `domain` whichever call brought it: usually the order's poll, but a
-/// CA that validates at once answers the challenge's own call with it (a
-/// loaded CI run once saw pebble do so), and the operator's report and the
-/// retry schedule must not depend on that race.
+/// of `domain` whichever call of the order brought it: usually the order's
+/// poll, but a loaded CI run once got pebble's `connection` problem from
+/// another call, and the operator's report must not depend on that race.
 pub async fn obtain(
     account: &Account,
     domain: &str,
