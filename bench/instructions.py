@@ -71,6 +71,32 @@ def request_bytes(port, path):
     return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
 
 
+def receive(s, buf, until):
+    """`buf` and more from `s` until `until(buf)` holds."""
+    while not until(buf):
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed by the server")
+        buf += chunk
+    return buf
+
+
+def read_exactly(s, buf, length):
+    """Reads a body of `length` bytes; returns what follows it."""
+    return receive(s, buf, lambda b: len(b) >= length)[length:]
+
+
+def read_chunked(s, buf):
+    """Reads a chunked body (a compressed answer's); returns what follows it."""
+    while True:
+        buf = receive(s, buf, lambda b: b"\r\n" in b)
+        line, _, buf = buf.partition(b"\r\n")
+        size = int(line.split(b";")[0], 16)
+        buf = read_exactly(s, buf, size + 2)  # the chunk and its CRLF
+        if size == 0:
+            return buf
+
+
 def one_connection(port, path, count, failures):
     """`count` keep-alive requests, one at a time, on one connection."""
     request = request_bytes(port, path)
@@ -80,22 +106,15 @@ def one_connection(port, path, count, failures):
         buf = b""
         for _ in range(count):
             s.sendall(request)
-            while b"\r\n\r\n" not in buf:
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise ConnectionError("closed by the server")
-                buf += chunk
+            buf = receive(s, buf, lambda b: b"\r\n\r\n" in b)
             head, _, buf = buf.partition(b"\r\n\r\n")
             m = re.search(rb"\r\ncontent-length:\s*(\d+)", head, re.I)
-            if not m:
+            if m:
+                buf = read_exactly(s, buf, int(m.group(1)))
+            elif re.search(rb"\r\ntransfer-encoding:\s*chunked", head, re.I):
+                buf = read_chunked(s, buf)
+            else:
                 raise ValueError(f"no Content-Length in {head[:200]!r}")
-            length = int(m.group(1))
-            while len(buf) < length:
-                chunk = s.recv(65536)
-                if not chunk:
-                    raise ConnectionError("closed by the server")
-                buf += chunk
-            buf = buf[length:]
         s.close()
     except Exception as e:  # reported once the load is over
         failures.append(repr(e))
