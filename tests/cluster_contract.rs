@@ -43,7 +43,10 @@ fn open_cluster(cluster: &Cluster) -> Store {
         backend: Backend::Redis {
             topology: RedisTopology::Cluster(vec![cluster.nodes[0].url()]),
             prefix: "contract:".into(),
-            timeout: Duration::from_secs(2),
+            // No test here measures latency. 2 s was once not enough for
+            // `GET /bans`' SCAN of one primary in a loaded suite run (1 of 13;
+            // the cause is not known: see issue 22's note).
+            timeout: Duration::from_secs(5),
         },
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
