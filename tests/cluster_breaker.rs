@@ -148,10 +148,10 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
     );
     // Timing alone cannot tell a call that waited on the dead primary from a
     // loaded machine pausing the test (CI once saw one 0.37 s answer in the
-    // last round and nothing in the log): the log can. Every call that reached
-    // Redis and failed logs "store failed"; one refused by the open breaker
-    // does not. Requests go one at a time, so exactly the threshold's calls
-    // fail before it opens, and none after.
+    // last round): the log can. Every call that reached Redis and failed
+    // logs "store failed"; one refused by the open breaker does not.
+    // Requests go one at a time, so exactly the threshold's calls fail
+    // before it opens, and none after.
     let log = p.output();
     let reached = log.matches("store failed; applying on_error").count();
     assert_eq!(

@@ -44,8 +44,8 @@ fn open_cluster(cluster: &Cluster) -> Store {
             topology: RedisTopology::Cluster(vec![cluster.nodes[0].url()]),
             prefix: "contract:".into(),
             // No test here measures latency. 2 s was once not enough for
-            // `GET /bans`' SCAN of one primary in a loaded suite run (1 of 13;
-            // the cause is not known: see issue 22's note).
+            // the ban list's SCAN of one primary in a loaded suite run (1 of
+            // 13; a slow reconnect or a stalled Redis, the log did not say).
             timeout: Duration::from_secs(5),
         },
         on_error: OnError::Deny,
