@@ -314,8 +314,9 @@ mod tests {
         assert_eq!(static_type(Path::new("/a/README")), None);
     }
 
-    #[test]
-    fn resolving_checks_the_script_and_keeps_files_inside_root() {
+    /// A docroot with a script, an upload, a stylesheet and three symlinks
+    /// (out of root, `.php` to a `.jpg`, `.txt` to PHP source).
+    fn site() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("www");
         std::fs::create_dir_all(root.join("uploads")).unwrap();
@@ -326,7 +327,12 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("outside.css"), root.join("link.css")).unwrap();
         std::os::unix::fs::symlink(root.join("uploads/evil.jpg"), root.join("evil.php")).unwrap();
         std::os::unix::fs::symlink(root.join("index.php"), root.join("source.txt")).unwrap();
+        (dir, root)
+    }
 
+    #[test]
+    fn resolving_checks_the_script_and_keeps_files_inside_root() {
+        let (_dir, root) = site();
         let r = |p: &str| resolve(&root, "index.php", None, split(p).unwrap());
         assert_eq!(
             r("/index.php/a"),
@@ -374,7 +380,11 @@ mod tests {
             "a directory without its slash"
         );
         assert_eq!(r("/uploads/"), Target::NotFound, "no index.php in uploads/");
+    }
 
+    #[test]
+    fn a_front_controller_answers_what_no_file_does_and_nothing_else() {
+        let (_dir, root) = site();
         let front = |p: &str| resolve(&root, "index.php", Some("/index.php"), split(p).unwrap());
         let index = Target::Script {
             script: "/index.php".into(),
