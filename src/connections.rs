@@ -340,7 +340,6 @@ pub struct Activity {
     /// Milliseconds after `started` of the first byte read since the last
     /// request began ([`NO_HEAD`] when none): a request head in progress.
     head_since: AtomicU64,
-    head_started: tokio::sync::Notify,
     /// HTTP/2: bytes between requests are frames (PING, WINDOW_UPDATE), not
     /// the start of a head, so only the idle timer applies.
     multiplexed: AtomicBool,
@@ -372,7 +371,6 @@ impl Activity {
             read_any: AtomicBool::new(false),
             first_byte: tokio::sync::Notify::new(),
             head_since: AtomicU64::new(NO_HEAD),
-            head_started: tokio::sync::Notify::new(),
             multiplexed: AtomicBool::new(false),
             connections,
             filed: AtomicU64::new(0),
@@ -411,21 +409,20 @@ impl Activity {
         self.multiplexed.store(true, Ordering::Relaxed);
     }
 
-    /// Bytes arrived: with no request in progress they start a request head.
+    /// Bytes arrived: with no request in progress they start a request head
+    /// (the timer reads `head_since` when it next wakes; see `timers::watch`).
     fn bytes_read(&self) {
         if self.busy.load(Ordering::Relaxed) == 0
             && !self.multiplexed.load(Ordering::Relaxed)
-            && self
-                .head_since
-                .compare_exchange(
-                    NO_HEAD,
-                    self.elapsed_ms(),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
+            && self.head_since.load(Ordering::Relaxed) == NO_HEAD
         {
-            self.head_started.notify_one();
+            // The clock is read only for a head's first bytes, not for every read.
+            let _ = self.head_since.compare_exchange(
+                NO_HEAD,
+                self.elapsed_ms(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
     }
 

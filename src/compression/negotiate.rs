@@ -47,8 +47,13 @@ impl Accepted {
     /// means identity only: RFC 9110 would allow any coding, but a client
     /// that says nothing (curl, a health check) expects plain bytes.
     pub fn from_headers(headers: &HeaderMap) -> Accepted {
+        let lines = headers.get_all(ACCEPT_ENCODING);
+        if lines.iter().next().is_none() {
+            // Asked of every request: the usual answer without the weighing.
+            return Accepted::default();
+        }
         let mut entries: Vec<(&str, u16)> = Vec::new();
-        for line in headers.get_all(ACCEPT_ENCODING) {
+        for line in lines {
             let Ok(line) = line.to_str() else { continue };
             for element in line.split(',') {
                 let mut parts = element.split(';');
@@ -156,6 +161,8 @@ mod tests {
         assert_eq!(accept("deflate").best(), None);
         assert_eq!(accept("").best(), None);
         assert_eq!(Accepted::from_headers(&HeaderMap::new()).best(), None);
+        // No header at all is read as an empty one would be.
+        assert_eq!(Accepted::from_headers(&HeaderMap::new()), accept(""));
     }
 
     #[test]

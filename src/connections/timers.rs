@@ -17,6 +17,17 @@ use crate::metrics::{inc, Counter};
 /// started arriving `header` ago and is not complete, `Idle` when no request
 /// ran or started for `idle`. Between requests only `idle` applies: a
 /// kept-alive connection may wait that long for its next request.
+///
+/// After the first byte, the timer is lazy: nothing wakes it when a request
+/// starts or ends; it sleeps at most `header` at a time and reads the
+/// connection's state when it wakes. A head that starts at `t` began after
+/// the last wake, so that wake's sleep ends by `t + header`, and from there
+/// the timer sleeps exactly to the head's deadline: a stalled head is still
+/// cut at `header`, idleness at `idle`. A wake-up per request (a `Notify`
+/// when each head started) re-polled the whole connection, a read that
+/// could only say "not yet" included, and reset a timer: ~1,700
+/// instructions per request (callgrind). An idle connection now wakes every
+/// `header` (10 s by default) instead.
 pub async fn watch(activity: &Activity, header: Duration, idle: Duration) -> Closing {
     tokio::select! {
         _ = tokio::time::sleep(header) => {
@@ -38,10 +49,7 @@ pub async fn watch(activity: &Activity, header: Duration, idle: Duration) -> Clo
                 idle - idle_for
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = activity.head_started.notified() => {}
-        }
+        tokio::time::sleep(wait.min(header)).await;
     }
 }
 

@@ -98,9 +98,10 @@ pub fn drop_underscore_names(headers: &mut HeaderMap, metrics: &crate::metrics::
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names a message has: most carry none of these or
     // just `Connection: keep-alive`, and removing an absent name still costs
-    // a hash, eight of them per message.
-    let present = names_among(headers, &HOP_BY_HOP);
-    if present.is_empty() {
+    // a hash, eight of them per message. The names found are bits, not a
+    // vector: no allocation for the `Connection` nearly every message has.
+    let present = hop_by_hop_present(headers);
+    if present == 0 {
         return;
     }
     // The names `Connection` lists; `close` and the hop-by-hop names
@@ -114,8 +115,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter(|name| !goes_anyway(name))
         .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
-    for name in named.iter().chain(present.iter()) {
+    for name in &named {
         headers.remove(name);
+    }
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
 }
 
@@ -127,13 +133,14 @@ fn goes_anyway(token: &str) -> bool {
             .any(|n| n.as_str().eq_ignore_ascii_case(token))
 }
 
-/// The names of `set` that `headers` has.
-fn names_among(headers: &HeaderMap, set: &[HeaderName]) -> Vec<HeaderName> {
-    headers
-        .keys()
-        .filter(|name| set.contains(name))
-        .cloned()
-        .collect()
+/// Which of [`HOP_BY_HOP`] `headers` has: bit `i` for `HOP_BY_HOP[i]`.
+fn hop_by_hop_present(headers: &HeaderMap) -> u8 {
+    headers.keys().fold(0, |present, name| {
+        match HOP_BY_HOP.iter().position(|n| n == name) {
+            Some(i) => present | 1 << i,
+            None => present,
+        }
+    })
 }
 
 /// An address as a header value, without the formatter for the usual IPv4.
