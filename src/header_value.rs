@@ -84,32 +84,45 @@ pub fn exact(bytes: Vec<u8>) -> Option<HeaderValue> {
     HeaderValue::from_maybe_shared(Bytes::from(bytes.into_boxed_slice())).ok()
 }
 
-/// A number that repeats request after request (a listener's port, a fixed
-/// window's reset time), rendered once while it repeats: one entry, kept
-/// per worker thread in a `thread_local!`, so no lock.
-pub struct Repeated(std::cell::RefCell<Option<(u64, HeaderValue)>>);
+/// A value that repeats request after request (a listener's port, a fixed
+/// window's reset time, a kept-alive client's address), rendered once while
+/// it repeats: one entry, kept per worker thread in a `thread_local!`, so no
+/// lock. `K` is what the value is rendered from.
+pub struct Repeated<K = u64>(std::cell::RefCell<Option<(K, HeaderValue)>>);
 
-impl Repeated {
-    pub const fn new() -> Repeated {
+impl<K: Copy + PartialEq> Repeated<K> {
+    pub const fn new() -> Repeated<K> {
         Repeated(std::cell::RefCell::new(None))
     }
 
-    /// `n` as a header value: the kept one while `n` repeats.
-    pub fn value(&self, n: u64) -> HeaderValue {
+    /// `key` rendered by `render`: the kept value while `key` repeats.
+    pub fn rendered(
+        &self,
+        key: K,
+        render: impl FnOnce(K) -> Option<HeaderValue>,
+    ) -> Option<HeaderValue> {
         let mut last = self.0.borrow_mut();
-        match &*last {
-            Some((kept, v)) if *kept == n => v.clone(),
-            _ => {
-                let v = number(n);
-                *last = Some((n, v.clone()));
-                v
+        if let Some((kept, v)) = &*last {
+            if *kept == key {
+                return Some(v.clone());
             }
         }
+        let v = render(key)?;
+        *last = Some((key, v.clone()));
+        Some(v)
     }
 }
 
-impl Default for Repeated {
-    fn default() -> Repeated {
+impl Repeated<u64> {
+    /// `n` as a header value: the kept one while `n` repeats.
+    pub fn value(&self, n: u64) -> HeaderValue {
+        self.rendered(n, |n| Some(number(n)))
+            .unwrap_or_else(|| number(n))
+    }
+}
+
+impl<K: Copy + PartialEq> Default for Repeated<K> {
+    fn default() -> Repeated<K> {
         Repeated::new()
     }
 }
@@ -145,5 +158,26 @@ mod tests {
         assert_eq!(r.value(19_180), "19180");
         assert_eq!(r.value(19_180), "19180");
         assert_eq!(r.value(443), "443");
+        let renders = std::cell::Cell::new(0);
+        let render = |n: u64| {
+            renders.set(renders.get() + 1);
+            Some(number(n * 2))
+        };
+        let r = Repeated::new();
+        assert_eq!(r.rendered(7, render).unwrap(), "14");
+        assert_eq!(r.rendered(7, render).unwrap(), "14");
+        assert_eq!(renders.get(), 1, "a repeat is not rendered again");
+        assert_eq!(r.rendered(8, render).unwrap(), "16");
+        assert_eq!(renders.get(), 2);
+        assert!(
+            r.rendered(9, |_| None).is_none(),
+            "nothing kept for a value that cannot be a header"
+        );
+        assert_eq!(r.rendered(8, render).unwrap(), "16");
+        assert_eq!(
+            renders.get(),
+            2,
+            "a failed render does not displace the kept value"
+        );
     }
 }

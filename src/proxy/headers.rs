@@ -143,11 +143,23 @@ fn hop_by_hop_present(headers: &HeaderMap) -> u8 {
     })
 }
 
-/// An address as a header value, without the formatter for the usual IPv4.
+thread_local! {
+    /// The IPv4 client address this worker last wrote: a kept-alive client
+    /// (or a flood from one address) sends request after request from it.
+    static LAST_V4: crate::header_value::Repeated<std::net::Ipv4Addr> =
+        const { crate::header_value::Repeated::new() };
+}
+
+/// An address as a header value, without the formatter for the usual IPv4,
+/// and rendered once per worker while it repeats.
 fn ip_value(ip: IpAddr) -> Option<HeaderValue> {
     let IpAddr::V4(v4) = ip else {
         return HeaderValue::from_str(&ip.to_string()).ok();
     };
+    LAST_V4.with(|last| last.rendered(v4, v4_value))
+}
+
+fn v4_value(v4: std::net::Ipv4Addr) -> Option<HeaderValue> {
     let mut out = Vec::with_capacity(15);
     for (i, octet) in v4.octets().into_iter().enumerate() {
         if i > 0 {
@@ -219,12 +231,16 @@ pub fn set_forwarded_headers(
         headers.insert(X_REAL_IP, v);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
-    if !headers.contains_key(&X_FORWARDED_HOST) {
+    // An untrusted peer's were removed above with the rest of EDGE_OWNED:
+    // only a trusted peer's can be there to keep, so only then is it asked.
+    let kept_host = client.peer_trusted && headers.contains_key(&X_FORWARDED_HOST);
+    let kept_port = client.peer_trusted && headers.contains_key(&X_FORWARDED_PORT);
+    if !kept_host {
         if let Some(host) = headers.get(header::HOST).cloned() {
             headers.insert(X_FORWARDED_HOST, host);
         }
     }
-    if !headers.contains_key(&X_FORWARDED_PORT) {
+    if !kept_port {
         headers.insert(X_FORWARDED_PORT, port_value(port));
     }
 }
