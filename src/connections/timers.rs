@@ -27,7 +27,9 @@ use crate::metrics::{inc, Counter};
 /// when each head started) re-polled the whole connection, a read that
 /// could only say "not yet" included, and reset a timer: ~1,700
 /// instructions per request (callgrind). An idle connection now wakes every
-/// `header` (10 s by default) instead.
+/// `header` (10 s by default) instead, and never more often than every
+/// [`LAZY_STEP_MIN`]: with a header timeout below it (0 included, which
+/// would otherwise spin) a stalled head is cut up to that much late.
 pub async fn watch(activity: &Activity, header: Duration, idle: Duration) -> Closing {
     tokio::select! {
         _ = tokio::time::sleep(header) => {
@@ -49,9 +51,12 @@ pub async fn watch(activity: &Activity, header: Duration, idle: Duration) -> Clo
                 idle - idle_for
             }
         };
-        tokio::time::sleep(wait.min(header)).await;
+        tokio::time::sleep(wait.min(header.max(LAZY_STEP_MIN))).await;
     }
 }
+
+/// The shortest sleep of [`watch`]'s lazy timer.
+const LAZY_STEP_MIN: Duration = Duration::from_millis(100);
 
 /// Why [`watch`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
