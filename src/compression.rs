@@ -34,6 +34,7 @@ use http::header::{
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::body::{Body, Forwarded};
+use crate::header_value::lists;
 use crate::metrics::{Counter, Metrics};
 pub use negotiate::{Accepted, Coding};
 
@@ -155,13 +156,6 @@ fn eligible(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
         .and_then(|t| t.to_str().ok())
         .is_some_and(compressible_type);
     compressible.then_some(varied)
-}
-
-/// Whether a comma-separated header value lists an element that is `wanted`.
-fn lists(value: &HeaderValue, wanted: impl Fn(&str) -> bool) -> bool {
-    value
-        .to_str()
-        .is_ok_and(|v| v.split(',').any(|e| wanted(e.trim())))
 }
 
 /// Whether a `Content-Type` is worth compressing: text and the text-like

@@ -87,44 +87,48 @@ pub fn exact(bytes: Vec<u8>) -> Option<HeaderValue> {
 /// A value that repeats request after request (a listener's port, a fixed
 /// window's reset time, a kept-alive client's address), rendered once while
 /// it repeats: one entry, kept per worker thread in a `thread_local!`, so no
-/// lock. `K` is what the value is rendered from.
-pub struct Repeated<K = u64>(std::cell::RefCell<Option<(K, HeaderValue)>>);
+/// lock. `K` is what the value `V` is rendered from.
+pub struct Repeated<K = u64, V = HeaderValue>(std::cell::RefCell<Option<(K, V)>>);
 
-impl<K: Copy + PartialEq> Repeated<K> {
-    pub const fn new() -> Repeated<K> {
+impl<K: Copy + PartialEq, V: Clone> Repeated<K, V> {
+    pub const fn new() -> Repeated<K, V> {
         Repeated(std::cell::RefCell::new(None))
     }
 
     /// `key` rendered by `render`: the kept value while `key` repeats.
-    pub fn rendered(
-        &self,
-        key: K,
-        render: impl FnOnce(K) -> Option<HeaderValue>,
-    ) -> Option<HeaderValue> {
+    pub fn rendered(&self, key: K, render: impl FnOnce(K) -> V) -> V {
         let mut last = self.0.borrow_mut();
         if let Some((kept, v)) = &*last {
             if *kept == key {
-                return Some(v.clone());
+                return v.clone();
             }
         }
-        let v = render(key)?;
+        let v = render(key);
         *last = Some((key, v.clone()));
-        Some(v)
+        v
     }
 }
 
-impl Repeated<u64> {
+impl Repeated {
     /// `n` as a header value: the kept one while `n` repeats.
     pub fn value(&self, n: u64) -> HeaderValue {
-        self.rendered(n, |n| Some(number(n)))
-            .unwrap_or_else(|| number(n))
+        self.rendered(n, number)
     }
 }
 
-impl<K: Copy + PartialEq> Default for Repeated<K> {
-    fn default() -> Repeated<K> {
+impl<K: Copy + PartialEq, V: Clone> Default for Repeated<K, V> {
+    fn default() -> Repeated<K, V> {
         Repeated::new()
     }
+}
+
+/// Whether a comma-separated header value (`Connection`, `Vary`,
+/// `Cache-Control`, …) lists an element that is `wanted`, each element
+/// trimmed; a value that is not visible ASCII lists nothing.
+pub fn lists(value: &HeaderValue, wanted: impl Fn(&str) -> bool) -> bool {
+    value
+        .to_str()
+        .is_ok_and(|v| v.split(',').any(|e| wanted(e.trim())))
 }
 
 #[cfg(test)]
@@ -153,6 +157,18 @@ mod tests {
     }
 
     #[test]
+    fn a_list_is_read_element_by_element_without_case_or_spaces() {
+        let v = HeaderValue::from_static("public,  No-Transform ,max-age=60");
+        assert!(lists(&v, |e| e.eq_ignore_ascii_case("no-transform")));
+        assert!(!lists(&v, |e| e == "max-age"));
+        let opaque = HeaderValue::from_bytes(b"no-transform, \xff").unwrap();
+        assert!(
+            !lists(&opaque, |e| e == "no-transform"),
+            "not visible ASCII"
+        );
+    }
+
+    #[test]
     fn a_repeated_number_is_rendered_again_only_when_it_changes() {
         let r = Repeated::new();
         assert_eq!(r.value(19_180), "19180");
@@ -161,23 +177,13 @@ mod tests {
         let renders = std::cell::Cell::new(0);
         let render = |n: u64| {
             renders.set(renders.get() + 1);
-            Some(number(n * 2))
+            number(n * 2)
         };
         let r = Repeated::new();
-        assert_eq!(r.rendered(7, render).unwrap(), "14");
-        assert_eq!(r.rendered(7, render).unwrap(), "14");
+        assert_eq!(r.rendered(7, render), "14");
+        assert_eq!(r.rendered(7, render), "14");
         assert_eq!(renders.get(), 1, "a repeat is not rendered again");
-        assert_eq!(r.rendered(8, render).unwrap(), "16");
+        assert_eq!(r.rendered(8, render), "16");
         assert_eq!(renders.get(), 2);
-        assert!(
-            r.rendered(9, |_| None).is_none(),
-            "nothing kept for a value that cannot be a header"
-        );
-        assert_eq!(r.rendered(8, render).unwrap(), "16");
-        assert_eq!(
-            renders.get(),
-            2,
-            "a failed render does not displace the kept value"
-        );
     }
 }

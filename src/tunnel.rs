@@ -16,6 +16,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::header_value::lists;
+
 /// Bytes read from one side before they are written to the other.
 const BUFFER: usize = 16 * 1024;
 
@@ -29,13 +31,9 @@ pub fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
     let asks = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    let h2c = upgrade
-        .to_str()
-        .map(|v| v.split(',').any(|p| p.trim().eq_ignore_ascii_case("h2c")))
-        .unwrap_or(true);
+        .any(|v| lists(v, |token| token.eq_ignore_ascii_case("upgrade")));
+    // An `Upgrade` that is not visible ASCII is refused as h2c would be.
+    let h2c = upgrade.to_str().is_err() || lists(upgrade, |p| p.eq_ignore_ascii_case("h2c"));
     (asks && !h2c).then(|| upgrade.clone())
 }
 

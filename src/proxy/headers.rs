@@ -146,7 +146,7 @@ fn hop_by_hop_present(headers: &HeaderMap) -> u8 {
 thread_local! {
     /// The IPv4 client address this worker last wrote: a kept-alive client
     /// (or a flood from one address) sends request after request from it.
-    static LAST_V4: crate::header_value::Repeated<std::net::Ipv4Addr> =
+    static LAST_V4: crate::header_value::Repeated<std::net::Ipv4Addr, Option<HeaderValue>> =
         const { crate::header_value::Repeated::new() };
 }
 
