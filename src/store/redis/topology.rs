@@ -51,6 +51,9 @@ pub struct NodeHealth {
     pub healthy: bool,
     /// A cluster primary's slot ranges, inclusive (empty otherwise).
     pub slots: Vec<(u16, u16)>,
+    /// A cluster primary taking slots over in a migration (`[slot-<-id]`):
+    /// some of their keys are here already, before it serves them.
+    pub importing: bool,
     /// A cluster primary's own circuit breaker: `Some(true)` while open;
     /// `None` for nodes without one (sentinels, replicas, Sentinel's primary,
     /// which the store-wide breaker covers).
@@ -205,6 +208,7 @@ async fn sentinel_probe(
             role: "sentinel",
             healthy: asked.is_ok(),
             slots: Vec::new(),
+            importing: false,
             breaker_open: None,
         });
         let Ok(Some((host, port))) = asked else {
@@ -224,6 +228,7 @@ async fn sentinel_probe(
             role: "primary",
             healthy: verified.is_some(),
             slots: Vec::new(),
+            importing: false,
             breaker_open: None,
         });
         found = verified.map(Conn::Node);
@@ -337,15 +342,15 @@ pub(super) async fn ping_node(con: &mut ClusterConnection, addr: &str) -> ::redi
         .map(|_| ())
 }
 
-/// `cmd` on the cluster node at `host:port`. The client connects to a node
-/// in the background (at first use, after a slot-map change, after a drop),
-/// and until it has, a command for that address fails at once with
-/// `ClusterConnectionNotFound` although the node is up (`GET /bans` on a
-/// fresh connection, in loaded test runs). That error is retried, every 25
-/// ms at first and every 200 ms at most, until the caller's bound ends it:
-/// every caller runs under `store.timeout` (the ban list's `SCAN` in
-/// `call_via`, the breaker's probe in its own timeout). A fixed 0.75 s of
-/// retries was once not enough on a loaded machine.
+/// `cmd` on the cluster node at `host:port`. The client connects to the
+/// nodes its slot map names, in the background (at first use, after a
+/// slot-map change, after a drop), and until it has, a command for that
+/// address fails at once with `ClusterConnectionNotFound` although the node
+/// is up. That error is retried, every 25 ms at first and every 200 ms at
+/// most, until the caller's bound ends it: every caller runs under
+/// `store.timeout` (the ban list's `SCAN` in `call_via`, the breaker's probe
+/// in its own timeout). A node the slot map does not name (a primary without
+/// slots) never gets a connection: callers do not ask one (`ban::holders`).
 pub(super) async fn at_node(
     con: &mut ClusterConnection,
     cmd: &::redis::Cmd,
@@ -389,19 +394,17 @@ pub(super) fn parse_cluster_nodes(text: &str) -> Vec<NodeHealth> {
             let failing = flags
                 .iter()
                 .any(|f| matches!(*f, "fail" | "fail?" | "noaddr" | "handshake"));
-            let slots = if role == "primary" {
-                f[8.min(f.len())..]
-                    .iter()
-                    .filter_map(|r| slot_range(r))
-                    .collect()
+            let ranges = if role == "primary" {
+                &f[8.min(f.len())..]
             } else {
-                Vec::new()
+                &[]
             };
             Some(NodeHealth {
                 addr,
                 role,
                 healthy: !failing && link == "connected",
-                slots,
+                slots: ranges.iter().filter_map(|r| slot_range(r)).collect(),
+                importing: ranges.iter().any(|r| r.contains("-<-")),
                 breaker_open: None,
             })
         })
@@ -451,11 +454,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cluster_nodes_read_role_health_and_slots_from_flags_link_and_ranges() {
+    fn cluster_nodes_read_role_health_slots_and_imports_from_flags_link_and_ranges() {
         let text = "\
 a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460 [5461->-b2]
 b2 127.0.0.1:7002@17002 master,fail - 0 0 2 disconnected 5461-10921 10922
 c3 127.0.0.1:7004@17004,host.example slave a1 0 0 1 connected
+d4 127.0.0.1:7005@17005 master - 0 0 4 connected [5461-<-b2]
 ";
         let nodes = parse_cluster_nodes(text);
         assert_eq!(
@@ -466,6 +470,7 @@ c3 127.0.0.1:7004@17004,host.example slave a1 0 0 1 connected
                     role: "primary",
                     healthy: true,
                     slots: vec![(0, 5460)],
+                    importing: false,
                     breaker_open: None,
                 },
                 NodeHealth {
@@ -473,6 +478,7 @@ c3 127.0.0.1:7004@17004,host.example slave a1 0 0 1 connected
                     role: "primary",
                     healthy: false,
                     slots: vec![(5461, 10921), (10922, 10922)],
+                    importing: false,
                     breaker_open: None,
                 },
                 NodeHealth {
@@ -480,6 +486,15 @@ c3 127.0.0.1:7004@17004,host.example slave a1 0 0 1 connected
                     role: "replica",
                     healthy: true,
                     slots: Vec::new(),
+                    importing: false,
+                    breaker_open: None,
+                },
+                NodeHealth {
+                    addr: "127.0.0.1:7005".into(),
+                    role: "primary",
+                    healthy: true,
+                    slots: Vec::new(),
+                    importing: true,
                     breaker_open: None,
                 },
             ]
