@@ -53,6 +53,17 @@ fn counted(cluster: &Cluster, port: u16, ip: &str) -> u64 {
     n.trim().parse().unwrap_or(0)
 }
 
+/// The connections a node has accepted since it started (`INFO stats`),
+/// the one this question is asked on included.
+fn connections_accepted(cluster: &Cluster, port: u16) -> u64 {
+    let stats = cluster.node(port).cli(&["INFO", "stats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats counts connections")
+}
+
 fn get_as(p: &Process, ip: &str) -> (Reply, Duration) {
     let started = Instant::now();
     let r = http_with(p.addr, "GET", "/", &[("X-Forwarded-For", ip)])
@@ -105,6 +116,11 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
     );
 
     let victim = *clients.keys().next().unwrap();
+    let live: Vec<u16> = clients.keys().copied().filter(|&p| p != victim).collect();
+    let accepted: Vec<u64> = live
+        .iter()
+        .map(|&p| connections_accepted(&cluster, p))
+        .collect();
     cluster.node_mut(victim).kill();
     let killed = Instant::now();
     // `waited`: answers to the dead primary's clients that took 50 ms or more
@@ -160,6 +176,20 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
          without a call ({waited} answers took 50 ms or more; slowest in the last round: \
          {last_round_victim:?})\n{log}"
     );
+    // Every second the probe pings the dead primary on a connection of its
+    // own, and the live primaries' connections are left alone. (Pinged
+    // through the cluster connection, each ping made the client drop and
+    // reopen every connection: about 10 new ones a second on each live
+    // primary.) The one new connection expected is the one `accepted` was
+    // read on; one more is slack for a reconnect of the client's own.
+    for (&port, before) in live.iter().zip(&accepted) {
+        let new = connections_accepted(&cluster, port) - before;
+        assert!(
+            new <= 2,
+            "{port} accepted {new} connections while {victim} was down ({:?})",
+            killed.elapsed()
+        );
+    }
     for (&port, ips) in clients.iter().filter(|(&port, _)| port != victim) {
         for ip in ips {
             assert_eq!(

@@ -95,7 +95,7 @@ impl Redis {
         let (pattern, strip) = self.ban_pattern();
         let mut keys: Vec<String> = Vec::new();
         for node in self.scan_targets().await? {
-            for found in self.scan(&pattern, node.as_ref()).await? {
+            for found in self.scan(&pattern, node.as_deref()).await? {
                 keys.extend(strip(&found));
             }
         }
@@ -152,7 +152,7 @@ impl Redis {
 }
 
 /// A primary to `SCAN`: `host:port` on a cluster, `None` for the one node.
-type ScanTarget = Option<(String, u16)>;
+type ScanTarget = Option<String>;
 
 /// How a ban hash's Redis key gives back its store key.
 type Strip = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
@@ -185,11 +185,11 @@ impl Redis {
             return Ok(vec![None]);
         }
         let known = self.known_nodes();
-        let known = &known;
+        let (known, link, timeout) = (&known, &self.inner.link, self.inner.timeout);
         let nodes = self
             .call(|con| async move {
                 match con {
-                    Conn::Cluster(mut c) => super::topology::cluster_nodes(&mut c, known).await,
+                    Conn::Cluster(mut c) => link.cluster_nodes(&mut c, known, timeout).await,
                     Conn::Node(_) => Ok(Vec::new()),
                 }
             })
@@ -197,12 +197,21 @@ impl Redis {
         Ok(holders(&nodes))
     }
 
-    /// The keys matching `pattern` on one node, `SCAN` page by page.
-    async fn scan(
-        &self,
-        pattern: &str,
-        node: Option<&(String, u16)>,
-    ) -> Result<Vec<String>, StoreError> {
+    /// The keys matching `pattern`, `SCAN` page by page: on the one node, or
+    /// on one cluster primary (`host:port`) over a connection of its own
+    /// (`Link::dial` says why not through the cluster connection).
+    async fn scan(&self, pattern: &str, node: Option<&str>) -> Result<Vec<String>, StoreError> {
+        // A primary's failures feed its own breaker, not the whole store's.
+        let owner = node.and_then(|addr| self.inner.owners.at(addr));
+        let (link, timeout) = (&self.inner.link, self.inner.timeout);
+        let direct = match node {
+            Some(addr) => Some(
+                self.call_via(owner.clone(), |_| link.dial(addr, timeout))
+                    .await?,
+            ),
+            None => None,
+        };
+        let direct = &direct;
         let mut keys = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -213,17 +222,11 @@ impl Redis {
                 .arg("COUNT")
                 .arg(1000);
             let cmd = &cmd;
-            // A primary's failures feed its own breaker, not the whole store's.
-            let owner =
-                node.and_then(|(host, port)| self.inner.owners.at(&format!("{host}:{port}")));
             let (next, found): (u64, Vec<String>) = self
-                .call_via(owner, |con| async move {
-                    match (con, node) {
-                        (Conn::Cluster(mut c), Some((host, port))) => {
-                            let reply = super::topology::at_node(&mut c, cmd, host, *port).await?;
-                            Ok(::redis::from_redis_value(reply)?)
-                        }
-                        (mut con, _) => cmd.query_async(&mut con).await,
+                .call_via(owner.clone(), |mut con| async move {
+                    match direct.clone() {
+                        Some(mut node) => cmd.query_async(&mut node).await,
+                        None => cmd.query_async(&mut con).await,
                     }
                 })
                 .await?;
@@ -247,10 +250,7 @@ fn holders(nodes: &[NodeHealth]) -> Vec<ScanTarget> {
     nodes
         .iter()
         .filter(|n| n.role == "primary" && n.healthy && (!n.slots.is_empty() || n.importing))
-        .filter_map(|n| {
-            let (host, port) = n.addr.rsplit_once(':')?;
-            Some(Some((host.to_string(), port.parse().ok()?)))
-        })
+        .map(|n| Some(n.addr.clone()))
         .collect()
 }
 
@@ -286,7 +286,8 @@ e7e0 127.0.0.1:16088@16089 master - 0 1796275243603 2 connected 5461-10922
 ",
         );
         let ports = |targets: Vec<ScanTarget>| -> Vec<u16> {
-            targets.into_iter().flatten().map(|(_, p)| p).collect()
+            let port = |a: String| a.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
+            targets.into_iter().flatten().filter_map(port).collect()
         };
         assert_eq!(ports(holders(&fresh)), vec![16086, 16088, 16092]);
         // A primary that only imports a slot already holds some of its keys;

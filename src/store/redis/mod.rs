@@ -144,7 +144,7 @@ impl Redis {
             t => t,
         };
         let inner = Arc::new(Inner {
-            spread: matches!(link, Link::Cluster(_)),
+            spread: matches!(link, Link::Cluster { .. }),
             link,
             conn: ArcSwapOption::new(conn),
             nodes: ArcSwap::from_pointee(Vec::new()),

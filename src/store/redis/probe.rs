@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::owners::Owner;
-use super::topology::{self, Conn, Link, NodeHealth};
+use super::topology::{Link, NodeHealth};
 use super::{Inner, PROBE_INTERVAL};
 
 /// Probes Redis in the background: at start (so a Redis that is down opens
@@ -76,8 +76,9 @@ pub(super) async fn probe_loop(inner: Weak<Inner>) {
 }
 
 /// A cluster: takes the slot map the probe read, then pings each primary
-/// whose breaker is open and due, on the connection requests use; the first
-/// answer closes it. All at once, each bounded like a request's call.
+/// whose breaker is open and due, on a connection of its own
+/// ([`Link::dial`]); the first answer closes it. All at once, each bounded
+/// like a request's call.
 async fn probe_primaries(inner: &Inner, nodes: &[NodeHealth]) {
     let served: Vec<(String, Vec<(u16, u16)>)> = nodes
         .iter()
@@ -85,28 +86,22 @@ async fn probe_primaries(inner: &Inner, nodes: &[NodeHealth]) {
         .map(|n| (n.addr.clone(), n.slots.clone()))
         .collect();
     inner.owners.update(&served);
-    let Some(conn) = inner.conn.load_full() else {
-        return;
-    };
-    let Conn::Cluster(con) = &*conn else {
-        return;
-    };
     let due: Vec<Arc<Owner>> = inner
         .owners
         .all()
         .into_iter()
         .filter(|o| o.breaker.probe_due())
         .collect();
-    let pings = due.iter().map(|o| {
-        let mut con = con.clone();
-        async move {
-            let ping = topology::ping_node(&mut con, &o.addr);
-            let answered = matches!(tokio::time::timeout(inner.timeout, ping).await, Ok(Ok(())));
-            if !answered {
-                o.breaker.failure();
-            } else if o.breaker.success() {
-                tracing::info!(node = %o.addr, "Redis primary answers again; shared limits resume for its slots");
-            }
+    let pings = due.iter().map(|o| async move {
+        let ping = async {
+            let mut con = inner.link.dial(&o.addr, inner.timeout).await?;
+            ::redis::cmd("PING").query_async::<()>(&mut con).await
+        };
+        let answered = matches!(tokio::time::timeout(inner.timeout, ping).await, Ok(Ok(())));
+        if !answered {
+            o.breaker.failure();
+        } else if o.breaker.success() {
+            tracing::info!(node = %o.addr, "Redis primary answers again; shared limits resume for its slots");
         }
     });
     futures_util::future::join_all(pings).await;

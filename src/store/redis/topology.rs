@@ -10,7 +10,9 @@
 
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use ::redis::cluster::{ClusterClient, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -31,7 +33,12 @@ pub(super) enum Link {
         master: String,
         sentinels: Vec<ConnectionInfo>,
     },
-    Cluster(Box<ClusterClient>),
+    Cluster {
+        client: Box<ClusterClient>,
+        /// The first seed's settings (TLS, credentials): what a connection
+        /// of its own to one node is made with (see [`Link::dial`]).
+        seed: Box<ConnectionInfo>,
+    },
 }
 
 /// One connection, whatever the topology: cheap to clone, shared by every request.
@@ -75,6 +82,12 @@ impl Link {
                     .map_err(StoreError::Redis)?,
             }),
             RedisTopology::Cluster(seeds) => {
+                let seed = seeds
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or_default()
+                    .into_connection_info()
+                    .map_err(StoreError::Redis)?;
                 // Retries are quick and few: `store.timeout` bounds each call
                 // anyway, and a slot map being refreshed answers in milliseconds.
                 let client = ClusterClient::builder(seeds.iter().map(String::as_str))
@@ -85,7 +98,10 @@ impl Link {
                     .response_timeout(background(timeout))
                     .build()
                     .map_err(StoreError::Redis)?;
-                Ok(Link::Cluster(Box::new(client)))
+                Ok(Link::Cluster {
+                    client: Box::new(client),
+                    seed: Box::new(seed),
+                })
             }
         }
     }
@@ -97,7 +113,7 @@ impl Link {
         match self {
             Link::Node(client) => Ok(Some(Conn::Node(manager(client, timeout)?))),
             Link::Sentinel { .. } => Ok(None),
-            Link::Cluster(client) => Ok(Some(Conn::Cluster(
+            Link::Cluster { client, .. } => Ok(Some(Conn::Cluster(
                 client.get_pending_async_connection_with_config(cluster_config(timeout)),
             ))),
         }
@@ -128,13 +144,13 @@ impl Link {
             Link::Sentinel { master, sentinels } => {
                 sentinel_probe(master, sentinels, timeout).await
             }
-            Link::Cluster(client) => {
+            Link::Cluster { client, .. } => {
                 // The connection in use reconnects and re-reads the slot map
                 // by itself: a fresh one (connecting to every node again, on
                 // the first requests) only when it does not answer.
                 if let Some(Conn::Cluster(con)) = current {
                     let mut con = con.clone();
-                    if let Ok(nodes) = cluster_nodes(&mut con, known).await {
+                    if let Ok(nodes) = self.cluster_nodes(&mut con, known, timeout).await {
                         return (Some(Conn::Cluster(con)), nodes);
                     }
                 }
@@ -144,7 +160,7 @@ impl Link {
                 else {
                     return (None, Vec::new());
                 };
-                match cluster_nodes(&mut con, known).await {
+                match self.cluster_nodes(&mut con, known, timeout).await {
                     Ok(nodes) => (Some(Conn::Cluster(con)), nodes),
                     Err(_) => (None, Vec::new()),
                 }
@@ -164,7 +180,7 @@ impl Link {
         match self {
             Link::Node(_) => "node",
             Link::Sentinel { .. } => "sentinel",
-            Link::Cluster(_) => "cluster",
+            Link::Cluster { .. } => "cluster",
         }
     }
 }
@@ -303,77 +319,70 @@ fn addr_text(addr: &ConnectionAddr) -> String {
     }
 }
 
-/// The cluster's nodes as one of them sees them (`CLUSTER NODES`): a
-/// random node first, then each of `known` (`host:port`) in turn, so that a
-/// dead primary picked at random does not blind the probe.
-pub(super) async fn cluster_nodes(
-    con: &mut ClusterConnection,
-    known: &[String],
-) -> ::redis::RedisResult<Vec<NodeHealth>> {
-    let at = known.iter().filter_map(|addr| {
-        let (host, port) = addr.rsplit_once(':')?;
-        let port = port.parse().ok()?;
-        Some(SingleNodeRoutingInfo::ByAddress {
-            host: host.to_string(),
-            port,
-        })
-    });
-    let mut last = None;
-    for route in std::iter::once(SingleNodeRoutingInfo::Random).chain(at) {
+impl Link {
+    /// The cluster's nodes as one of them sees them (`CLUSTER NODES`): a
+    /// random node first, on the connection requests use, then each of
+    /// `known` (`host:port`) in turn on a connection of its own, so that a
+    /// dead primary picked at random does not blind the probe.
+    pub(super) async fn cluster_nodes(
+        &self,
+        con: &mut ClusterConnection,
+        known: &[String],
+        timeout: Duration,
+    ) -> ::redis::RedisResult<Vec<NodeHealth>> {
         let cmd = ::redis::cmd("CLUSTER").arg("NODES").clone();
-        match con.route_command(cmd, RoutingInfo::SingleNode(route)).await {
-            Ok(reply) => {
-                let text: String = ::redis::from_redis_value(reply)?;
-                return Ok(parse_cluster_nodes(&text));
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.expect("the random node was asked"))
-}
-
-/// `PING` to one node of a cluster, by address (an open breaker's probe).
-pub(super) async fn ping_node(con: &mut ClusterConnection, addr: &str) -> ::redis::RedisResult<()> {
-    let Some((host, Ok(port))) = addr.rsplit_once(':').map(|(h, p)| (h, p.parse())) else {
-        return Err((::redis::ErrorKind::Client, "not host:port").into());
-    };
-    at_node(con, &::redis::cmd("PING"), host, port)
-        .await
-        .map(|_| ())
-}
-
-/// `cmd` on the cluster node at `host:port`. The client connects to the
-/// nodes its slot map names, in the background (at first use, after a
-/// slot-map change, after a drop), and until it has, a command for that
-/// address fails at once with `ClusterConnectionNotFound` although the node
-/// is up. That error is retried, every 25 ms at first and every 200 ms at
-/// most, until the caller's bound ends it: every caller runs under
-/// `store.timeout` (the ban list's `SCAN` in `call_via`, the breaker's probe
-/// in its own timeout). A node the slot map does not name (a primary without
-/// slots) never gets a connection: callers do not ask one (`ban::holders`).
-pub(super) async fn at_node(
-    con: &mut ClusterConnection,
-    cmd: &::redis::Cmd,
-    host: &str,
-    port: u16,
-) -> ::redis::RedisResult<::redis::Value> {
-    let mut wait = Duration::from_millis(25);
-    loop {
-        let at = SingleNodeRoutingInfo::ByAddress {
-            host: host.to_string(),
-            port,
+        let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+        let mut last = match con.route_command(cmd.clone(), random).await {
+            Ok(reply) => return read_nodes(reply),
+            Err(e) => e,
         };
-        match con
-            .route_command(cmd.clone(), RoutingInfo::SingleNode(at))
-            .await
-        {
-            Err(e) if e.kind() == ::redis::ErrorKind::ClusterConnectionNotFound => {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_millis(200));
+        for addr in known {
+            let asked = async { cmd.query_async(&mut self.dial(addr, timeout).await?).await };
+            match asked.await {
+                Ok(reply) => return read_nodes(reply),
+                Err(e) => last = e,
             }
-            reply => return reply,
         }
+        Err(last)
     }
+
+    /// A connection of its own to one cluster node (`host:port`), made with
+    /// the first seed's settings, for a command that must reach that node
+    /// (a breaker's `PING`, the ban list's `SCAN`, `CLUSTER NODES` when a
+    /// random node does not answer). Not through the cluster connection: for
+    /// an address it holds no live connection to (a dead primary, one it is
+    /// still connecting to, one its slot map does not name), it fails with
+    /// `ClusterConnectionNotFound`, and redis-rs answers that error by
+    /// dropping every connection and reconnecting from the seeds, holding
+    /// every request meanwhile. A breaker probe that pinged a dead primary
+    /// through it made each live primary accept about ten new connections a
+    /// second (`tests/cluster_breaker.rs` counts them now).
+    pub(super) async fn dial(
+        &self,
+        addr: &str,
+        timeout: Duration,
+    ) -> ::redis::RedisResult<MultiplexedConnection> {
+        let Link::Cluster { seed, .. } = self else {
+            return Err((::redis::ErrorKind::Client, "not a cluster").into());
+        };
+        let Some((host, Ok(port))) = addr.rsplit_once(':').map(|(h, p)| (h, p.parse())) else {
+            return Err((::redis::ErrorKind::Client, "not host:port").into());
+        };
+        let info = (**seed)
+            .clone()
+            .set_addr(with_host(seed.addr(), host.to_string(), port));
+        let config = ::redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(background(timeout)))
+            .set_response_timeout(Some(background(timeout)));
+        ::redis::Client::open(info)?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+}
+
+fn read_nodes(reply: Value) -> ::redis::RedisResult<Vec<NodeHealth>> {
+    let text: String = ::redis::from_redis_value(reply)?;
+    Ok(parse_cluster_nodes(&text))
 }
 
 /// `<id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slots…>`:
