@@ -240,12 +240,12 @@ impl Redis {
 }
 
 /// The primaries a ban can live on: healthy, and serving slots or taking
-/// some over (a key lives in its slot). A primary with neither holds no key,
-/// and asking it could cost the whole `store.timeout`: in a fresh cluster a
-/// node that has not yet heard that another was made a replica lists it as a
-/// primary without slots, and the client, which connects to the nodes its
-/// slot map names, holds no connection to it (`ClusterConnectionNotFound`
-/// until the bound; seen once in 40 loaded test runs).
+/// some over (a key lives in its slot). A primary with neither holds no key
+/// of its own. In a fresh cluster a node that has not yet heard that another
+/// was made a replica lists it as such a primary: asked, that replica would
+/// answer with copies of its primary's bans (and, through the cluster
+/// connection, which held no connection to it, it cost the whole
+/// `store.timeout`: seen once in 40 loaded test runs).
 fn holders(nodes: &[NodeHealth]) -> Vec<ScanTarget> {
     nodes
         .iter()
