@@ -127,13 +127,7 @@ pub async fn read(
         let frame = match next {
             Err(_) => return Err(body_timeout()),
             Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                return Err(ForwardError::new(
-                    Kind::ClientBody,
-                    format!("the client's request body is malformed or cut short: {e}"),
-                )
-                .because(e))
-            }
+            Ok(Some(Err(e))) => return Err(ForwardError::client_body(&e).because(e)),
             Ok(Some(Ok(frame))) => frame,
         };
         // Trailers of a request are dropped, as nginx drops them.

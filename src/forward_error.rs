@@ -113,6 +113,16 @@ impl ForwardError {
         )
     }
 
+    /// The client's own request body broke: malformed, or cut short when its
+    /// connection closed. Whichever upstream it was going to, the answer is
+    /// the same 400.
+    pub fn client_body(reason: impl fmt::Display) -> ForwardError {
+        ForwardError::new(
+            Kind::ClientBody,
+            format!("the client's request body is malformed or cut short: {reason}"),
+        )
+    }
+
     /// The failure happened on the way to `upstream`.
     pub fn on(mut self, upstream: &str) -> ForwardError {
         self.upstream = Some(upstream.to_string());

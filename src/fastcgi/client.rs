@@ -337,8 +337,12 @@ async fn send_body(
         let frame = frame.map_err(|e| {
             if e.is::<LengthLimitError>() {
                 FastCgiError::BodyTooLarge
-            } else {
+            } else if e.is::<hyper::Error>() {
+                // Only a streamed body (an upgrade request) reads the
+                // client's connection here; a buffered one was read whole.
                 FastCgiError::ClientBody(e)
+            } else {
+                FastCgiError::BodyFile(e)
             }
         })?;
         let Ok(data) = frame.into_data() else {

@@ -61,8 +61,12 @@ pub enum FastCgiError {
     Closed,
     #[error("php-fpm refused the request (FastCGI protocol status {0}: 1 = no multiplexing, 2 = overloaded)")]
     Refused(u8),
+    /// The client's connection broke (or framed its body wrongly) mid-body.
     #[error("reading the client's request body failed: {0}")]
     ClientBody(#[source] BoxError),
+    /// The temp file a buffered body was set aside in could not be read back.
+    #[error("reading the request body back from its temp file failed: {0}")]
+    BodyFile(#[source] BoxError),
     #[error("the request body exceeds the limit")]
     BodyTooLarge,
 }
@@ -73,18 +77,21 @@ impl FastCgiError {
     pub fn into_forward(self, upstream: &str, max_body: u64) -> ForwardError {
         let kind = match self {
             FastCgiError::BodyTooLarge => return ForwardError::body_too_large(max_body),
+            // The same answer as over HTTP: the client's 400, not a 502.
+            FastCgiError::ClientBody(e) => {
+                return ForwardError::client_body(&e).on(upstream).because(e)
+            }
             FastCgiError::Connect { .. } | FastCgiError::ConnectTimeout { .. } => Kind::Connect,
             FastCgiError::Timeout(_) => Kind::Timeout,
             FastCgiError::Refused(_) => Kind::Refused,
-            // A client body that broke on the way to php-fpm has always
-            // answered 502 here (unlike over HTTP, where it is a 400).
+            // A temp file that fails is ours, a 502 as over HTTP.
             FastCgiError::Io(_)
             | FastCgiError::Protocol(_)
             | FastCgiError::BadHead(_)
             | FastCgiError::HeadTooLarge
             | FastCgiError::NoHead
             | FastCgiError::Closed
-            | FastCgiError::ClientBody(_) => Kind::Exchange,
+            | FastCgiError::BodyFile(_) => Kind::Exchange,
         };
         ForwardError::new(
             kind,
@@ -386,5 +393,22 @@ fn static_variant(
             coding: None,
             negotiated,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_body_that_broke_is_the_clients_400_and_a_temp_file_that_failed_is_ours() {
+        let broke = FastCgiError::ClientBody("connection closed before message completed".into())
+            .into_forward("php", 1024);
+        assert_eq!(broke.kind, Kind::ClientBody);
+        assert!(broke.is_client_fault());
+        let file = FastCgiError::BodyFile("the file ended before its announced length".into())
+            .into_forward("php", 1024);
+        assert_eq!(file.kind, Kind::Exchange);
+        assert!(!file.is_client_fault());
     }
 }

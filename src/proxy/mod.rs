@@ -348,12 +348,7 @@ fn client_side(e: &(dyn StdError + 'static), max_body: u64) -> Option<ForwardErr
     if caused_by_body_limit(e) {
         return Some(ForwardError::body_too_large(max_body));
     }
-    client_body_error(e).map(|reason| {
-        ForwardError::new(
-            Kind::ClientBody,
-            format!("the client's request body is malformed or cut short: {reason}"),
-        )
-    })
+    client_body_error(e).map(ForwardError::client_body)
 }
 
 /// A request with its headers rewritten for the upstream, not yet bound to a server.
