@@ -36,6 +36,7 @@ fn gate() -> Gate {
         ttl: Duration::from_secs(7 * 86_400),
         ipv4_prefix: 24,
         ipv6_prefix: 64,
+        issue_limit: 2,
         crawlers: Default::default(),
     };
     Gate::new(&config, &Metrics::default()).expect("keys")

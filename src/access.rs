@@ -103,13 +103,39 @@ struct Out {
 
 /// Opens the access log file to append to, creating it (mode 0640, as
 /// logrotate's `create 0640` would) when it is missing.
+///
+/// Only a regular file: a symbolic link at the path is not followed
+/// (`O_NOFOLLOW`), and a FIFO or a device is refused (opened without
+/// blocking, so a FIFO nobody reads cannot hang the writer). Whoever may
+/// write to the log's directory could otherwise plant a link there between
+/// logrotate's move and the SIGUSR1, and have tollgate append to any file it
+/// may write.
 pub fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::io::{Error, ErrorKind};
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
+    let opened = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
         .mode(0o640)
-        .open(path)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("{} is a symbolic link; the access log is opened only as a regular file, never through a link", path.display()),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
+    if !file.metadata()?.file_type().is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} is not a regular file (a FIFO, a socket or a device); the access log is written only to a regular file", path.display()),
+        ));
+    }
+    Ok(file)
 }
 
 impl Default for AccessLog {

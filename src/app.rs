@@ -187,11 +187,12 @@ impl App {
         let admitted = self.admit(x, req)?;
         let mut client = self.identify(x, &admitted.req)?;
         // Challenge: the pass a request carries; the pass path answers itself.
-        let admitted = match self.pass_gate(x, &mut client, admitted).await {
-            Ok(admitted) => admitted,
+        let (admitted, pass_bits) = match self.pass_gate(x, &mut client, admitted).await {
+            Ok(passed) => passed,
             Err(resp) => return Ok(resp),
         };
         let route = self.route(x, &admitted.req)?;
+        self.pass_for_route(x, route, &mut client, pass_bits);
         // Challenge: a browser without a pass proves itself, now (`always`)
         // or instead of a limiter's refusal (`over_limit`).
         match self.challenge_due(x, route, &client, &admitted.req).await {

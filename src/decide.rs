@@ -196,10 +196,14 @@ impl Gate<'_> {
         facts: &RequestFacts<'_>,
         mut taken: Taken,
         mut tally: Tally,
-        denial: Denial,
+        mut denial: Denial,
     ) -> Verdict {
         if tally.shared {
-            ban::strike(self.store, snap, &taken.applied, &tally.refused, facts.now).await;
+            let banned = ban::strike(self.store, snap, &taken.applied, &tally.refused, facts.now);
+            if let Some(remaining) = banned.await {
+                // The answer that starts a ban says how long it lasts.
+                denial.retry_after = denial.retry_after.max(remaining);
+            }
         }
         let at = self.clock.now();
         refund::refund(self.store, snap, &mut tally.units, &mut taken, None, at).await;

@@ -31,6 +31,8 @@ const GLOBAL: &str = "global";
 const HEADER: &str = "h:";
 /// The key value of a verified pass: `pass:` + 32 hex digits of its id.
 pub const PASS: &str = "pass:";
+/// The key value of an address block ([`for_pass_issue`]).
+const NET: &str = "net:";
 /// A header value longer than this, or not plain ASCII, is kept as a hash.
 const HEADER_READABLE_MAX: usize = 64;
 
@@ -121,6 +123,14 @@ pub fn for_request(
         }
     }
     Some(out)
+}
+
+/// The key of the limit on issuing passes to the address block `block`
+/// (`203.0.113.0/24`): under [`crate::config::ISSUE_LIMITER`], a name no
+/// configured limiter can have, so no request's key is ever this one.
+pub fn for_pass_issue(block: &str) -> String {
+    let value = format!("{NET}{block}");
+    StoreKey::new(crate::config::ISSUE_LIMITER, &value).to_key()
 }
 
 /// An override's key value written the way requests build theirs, so a

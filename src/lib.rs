@@ -186,6 +186,10 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         managed.manage(domain);
     }
     acme::start_at_zero(&app.shared.metrics);
+    // The stored certificates are in force before the first handshake.
+    if let Some(acme) = acme_config {
+        acme::load_stored(acme, &managed, &app.shared.clock).await;
+    }
     let tls = Arc::new(tls::Terminator::new(certs, managed.clone()));
     // Names under `server.tls.acme`: ordered, renewed and swapped in the background.
     tokio::spawn(acme::manage(

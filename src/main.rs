@@ -202,7 +202,7 @@ fn serve(path: &Path) -> anyhow::Result<ExitCode> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let store = Store::open(&config.store, &config.limiters, clock.now())
+        let store = Store::open(&config.store, &config.stored_limiters(), clock.now())
             .context("cannot open the store")?;
         let listeners = Listeners::bind(&config).await?;
         // Bound: connections queue from now on, so a `Type=notify` unit is ready.

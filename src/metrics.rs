@@ -208,6 +208,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_passes_verified_total", "Requests that carried a valid pass cookie."),
     ("tollgate_passes_rejected_total", "Pass cookies treated as no pass, by reason (malformed, unknown_key, forged, expired, other_site, other_prefix)."),
     ("tollgate_challenge_solve_seconds", "Time the challenge page reported it took to solve (the browser's own measure, capped at the challenge's lifetime)."),
+    ("tollgate_pass_issue_refused_total", "Solved challenges whose address block had used its allowance of new passes (identity.pass.issue_limit per ttl): the pass given counts as the client's address."),
     ("tollgate_crawler_checks_total", "Crawler checks of requests that would be challenged, by result (cidr, confirmed and refused by forward-confirmed reverse DNS, cached, error)."),
     ("tollgate_acme_orders_total", "ACME certificate orders by result (ok, error, rate_limited: the CA said rateLimited)."),
     ("tollgate_upstream_busy_total", "Requests answered 503 because every server was at max_conns and the queue was full or timed out."),

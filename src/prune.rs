@@ -106,7 +106,7 @@ pub async fn prune_loop(
 async fn prune_once(app: &App, trigger: &Trigger) -> usize {
     let snap = app.snapshot();
     let now = app.shared.clock.now();
-    let mut limiters = snap.config.limiters.clone();
+    let mut limiters = snap.config.stored_limiters();
     limiters.extend(trigger.in_grace(now, &limiters));
     let retention = snap
         .config

@@ -2,7 +2,8 @@
 //!
 //! The lifecycle of a name (`domain_loop`):
 //!
-//! 1. its stored certificate, if any, is served at once (restart: no order);
+//! 1. its stored certificate, if any, is served at once (restart: no order;
+//!    [`load_stored`] has put it in force before the TLS listeners accept);
 //! 2. when none is stored or it is due (two thirds of its lifetime, or
 //!    `renew_before` before expiry), the name's lock is taken without
 //!    waiting — a file lock in the storage, or with the Redis store a lock
@@ -133,6 +134,78 @@ pub async fn manage(app: Context, managed: Arc<Managed>, stop: CancellationToken
             _ = tokio::time::sleep(CONFIG_POLL) => {}
         }
     }
+}
+
+/// Puts in force, before the TLS listeners accept, the stored certificate
+/// of every name `config` manages that has a usable one. A (re)start then
+/// serves them from its first handshake, not from when each name's task
+/// first looks; the tasks still look (the fleet's copy in Redis included)
+/// and order what is missing, unusable or due. What cannot be read here is
+/// left to them.
+pub async fn load_stored(config: &AcmeConfig, managed: &Managed, clock: &SharedClock) {
+    let (root, directory) = (config.storage.clone(), config.directory.clone());
+    let domains = config.domains.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let storage = Storage::open(&root, &directory)?;
+        let mut found = Vec::new();
+        for domain in domains {
+            if let Some(stored) = storage.certificate(&domain)? {
+                found.push((domain, stored));
+            }
+        }
+        std::io::Result::Ok(found)
+    })
+    .await;
+    let found = match read {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "ACME: cannot read the stored certificates at start; each name's task tries again");
+            return;
+        }
+        Err(_) => return,
+    };
+    let now = clock.now() / 1_000_000_000;
+    let mut loaded = 0;
+    for (domain, stored) in &found {
+        match install(managed, domain, stored, now) {
+            Ok(_) => loaded += 1,
+            // Its task logs it and orders a new one.
+            Err(e) => {
+                tracing::debug!(%domain, error = %e, "ACME: stored certificate not usable at start")
+            }
+        }
+    }
+    tracing::info!(
+        loaded,
+        names = config.domains.len(),
+        "ACME: stored certificates in force before the TLS listeners accept"
+    );
+}
+
+/// Puts `stored` in force for `domain` and records its facts: refused when
+/// its key is not the certificate's, or it has expired at `now` (Unix s).
+fn install(
+    managed: &Managed,
+    domain: &str,
+    stored: &Stored,
+    now: u64,
+) -> Result<Facts, OrderError> {
+    let key = order::matching_key(&stored.chain_pem, &stored.key_pem)?;
+    let facts = facts(key.cert[0].as_ref())?;
+    if facts.not_after <= now {
+        return Err(OrderError::Certificate(format!(
+            "expired (serial {})",
+            facts.serial
+        )));
+    }
+    managed.install(domain, Arc::new(key));
+    managed.update(domain, |s| {
+        s.not_before = Some(facts.not_before);
+        s.not_after = Some(facts.not_after);
+        s.issuer = Some(facts.issuer.clone());
+        s.serial = Some(facts.serial.clone());
+    });
+    Ok(facts)
 }
 
 /// The fleet's shared state when the store is Redis (validation made the key required then).
@@ -449,22 +522,7 @@ impl DomainTask {
 
     /// Puts `stored` in force and records its facts.
     fn install(&self, stored: &Stored) -> Result<Facts, OrderError> {
-        let key = order::matching_key(&stored.chain_pem, &stored.key_pem)?;
-        let facts = facts(key.cert[0].as_ref())?;
-        if facts.not_after <= self.now_secs() {
-            return Err(OrderError::Certificate(format!(
-                "expired (serial {})",
-                facts.serial
-            )));
-        }
-        self.managed.install(&self.domain, Arc::new(key));
-        self.managed.update(&self.domain, |s| {
-            s.not_before = Some(facts.not_before);
-            s.not_after = Some(facts.not_after);
-            s.issuer = Some(facts.issuer.clone());
-            s.serial = Some(facts.serial.clone());
-        });
-        Ok(facts)
+        install(&self.managed, &self.domain, stored, self.now_secs())
     }
 
     /// How long until `facts`' certificate is due (zero: now), at most [`LONGEST_SLEEP`].

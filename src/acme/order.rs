@@ -205,10 +205,12 @@ async fn share_http_answer(managed: &Managed, token: &str, answer: &str) -> Resu
     };
     let answer = answer.to_string();
     tokio::task::spawn_blocking(move || {
+        // 0700 like the rest of the storage; replaced whole, so an instance
+        // reading it never sees half an answer.
         if let Some(dir) = file.parent() {
-            std::fs::create_dir_all(dir)?;
+            super::storage::private_dir(dir)?;
         }
-        std::fs::write(file, answer)
+        super::storage::write_private(&file, answer.as_bytes())
     })
     .await
     .map_err(|e| OrderError::Storage(std::io::Error::other(e)))?

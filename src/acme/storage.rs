@@ -5,10 +5,16 @@
 //! containers; the SQLite file belongs to the limiter store, which may be
 //! memory or Redis, and a certificate must survive `store.path` changing.
 //! Every call does blocking file I/O: callers run it on a blocking thread.
+//!
+//! Every file is replaced whole: written to a temporary file of its own,
+//! with a name no other writer uses (`tempfile`, created 0600 in the same
+//! directory), synced, then renamed over the old one. Tasks of several
+//! names, and instances sharing the directory, write at once; each rename
+//! is atomic and none can take another's temporary file.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -34,13 +40,14 @@ impl Storage {
     pub fn open(root: &Path, directory: &str) -> io::Result<Storage> {
         let dir = root.join(ca_tag(directory));
         for d in [root, dir.as_path()] {
-            fs::create_dir_all(d)
-                .and_then(|()| fs::set_permissions(d, fs::Permissions::from_mode(0o700)))
-                .map_err(|e| at(d, e))?;
+            private_dir(d)?;
         }
-        // Which CA this is, for an operator reading the directory.
+        // Which CA this is, for an operator reading the directory: written
+        // once, not at every look of every name's task.
         let about = dir.join("directory.txt");
-        write_private(&about, directory.as_bytes()).map_err(|e| at(&about, e))?;
+        if read_optional(&about).ok().flatten().as_deref() != Some(directory.as_bytes()) {
+            write_private(&about, directory.as_bytes()).map_err(|e| at(&about, e))?;
+        }
         Ok(Storage { dir })
     }
 
@@ -122,18 +129,29 @@ fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
     }
 }
 
-/// Writes `path` as 0600 through a temporary file and a rename.
-fn write_private(path: &Path, content: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut f = OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(content)?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
+/// Creates `dir` (and its parents) 0700, or makes an existing one 0700.
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(0o700)))
+        .map_err(|e| at(dir, e))
+}
+
+/// Writes `path` as 0600: a temporary file of its own in the same
+/// directory (a unique name, 0600 from its creation), synced, then renamed
+/// over `path`. A temporary file left by a crash is never read.
+pub fn write_private(path: &Path, content: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .permissions(fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)?;
+    tmp.write_all(content)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -167,5 +185,45 @@ mod tests {
         assert!(s.try_lock("b.test").unwrap().is_some());
         drop(held);
         assert!(s.try_lock("a.test").unwrap().is_some());
+    }
+
+    /// Several names' tasks, and instances sharing the directory, write at
+    /// once: with one temporary name per file, one writer's rename took the
+    /// file another had just made, and the other's failed (ENOENT).
+    #[test]
+    fn writers_of_one_directory_at_once_never_fail_and_leave_no_temporary_file() {
+        let root = tempfile::tempdir().unwrap();
+        let acme = root.path().join("acme");
+        let writers: Vec<_> = (0..8)
+            .map(|n| {
+                let acme = acme.clone();
+                std::thread::spawn(move || {
+                    for i in 0..100 {
+                        let s = Storage::open(&acme, "https://ca.test/dir")?;
+                        let pem = |k: &str| format!("{k} {n} {i}");
+                        let stored = Stored {
+                            chain_pem: pem("C"),
+                            key_pem: pem("K"),
+                        };
+                        s.save_certificate(&format!("{}.test", n % 3), &stored)?;
+                    }
+                    io::Result::Ok(())
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap().unwrap();
+        }
+        let s = Storage::open(&acme, "https://ca.test/dir").unwrap();
+        let left: Vec<_> = fs::read_dir(&s.dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        // Each file holds one whole write.
+        let c = s.certificate("1.test").unwrap().unwrap();
+        assert!(c.chain_pem.starts_with("C ") && c.key_pem.starts_with("K "));
     }
 }

@@ -293,6 +293,7 @@ fn pass_section(p: &crate::config::PassConfig) -> Value {
         ttl,
         ipv4_prefix,
         ipv6_prefix,
+        issue_limit,
         crawlers,
     } = p;
     let crate::config::CrawlerConfig {
@@ -309,6 +310,7 @@ fn pass_section(p: &crate::config::PassConfig) -> Value {
         "ttl": dur(*ttl),
         "ipv4_prefix": ipv4_prefix,
         "ipv6_prefix": ipv6_prefix,
+        "issue_limit": issue_limit,
         "crawlers": {
             "resolver": resolver.to_string(),
             "timeout": dur(*timeout),

@@ -1,5 +1,11 @@
 //! The challenge phase: the pass a request carries becomes its identity, the pass path turns a solution into a cookie, and a browser without a pass gets the proof-of-work page (`always`, or instead of a limiter's refusal).
 //!
+//! The pass cookie is tollgate's: it is taken out of the request before
+//! anything is forwarded. Issuing a pass with an identity of its own is
+//! limited per address block (`identity.pass.issue_limit`, counted in the
+//! limiter store); a pass solved at a lower difficulty than a route's is no
+//! pass on that route.
+//!
 //! Who is challenged: a `GET` or `HEAD` from a client whose `Accept`
 //! prefers `text/html`, on a route with `challenge:`, that has no valid
 //! pass, no verified API key and is not exempt. Such a browser sending
@@ -18,7 +24,9 @@ use http_body_util::BodyExt;
 use super::{Admitted, App, Exchange};
 use crate::body::Body;
 use crate::challenge::crawler::Crawler;
-use crate::challenge::{page, prefers_html, safe_return, Solution, FORM_LIMIT, PASS_PATH};
+use crate::challenge::{
+    page, prefers_html, safe_return, strip_pass_cookies, Gate, Solution, FORM_LIMIT, PASS_PATH,
+};
 use crate::config::{ChallengeWhen, UnverifiedCrawlers};
 use crate::identity::Client;
 use crate::metrics::Decision;
@@ -60,21 +68,26 @@ fn is_page_method(method: &Method) -> bool {
 
 impl App {
     /// The pass the request carries (`Client::pass`, what `key: pass`
-    /// counts on), and the pass path, answered here: `Err` is its answer.
+    /// counts on) and the difficulty it was solved at (0 without one), and
+    /// the pass path, answered here: `Err` is its answer.
     pub(super) async fn pass_gate(
         &self,
         x: &mut Exchange,
         client: &mut Client,
-        admitted: Admitted,
-    ) -> Result<Admitted, Response<Body>> {
+        mut admitted: Admitted,
+    ) -> Result<(Admitted, u8), Response<Body>> {
         let snap = x.snap.clone();
         let Some(gate) = snap.gate.as_ref() else {
-            return Ok(admitted);
+            return Ok((admitted, 0));
         };
         let host = request_host(&admitted.req).unwrap_or_default();
-        client.pass = gate.pass_of(admitted.req.headers(), &host, client.ip, x.now);
+        let held = gate.pass_of(admitted.req.headers(), &host, client.ip, x.now);
+        strip_pass_cookies(admitted.req.headers_mut());
+        let bits = held.as_ref().map_or(0, |h| h.bits);
+        // A pass issued past its block's allowance counts as the address.
+        client.pass = held.map(|h| h.key.unwrap_or_else(|| client.ip_key.clone()));
         if admitted.req.uri().path() != PASS_PATH {
-            return Ok(admitted);
+            return Ok((admitted, bits));
         }
         if admitted.req.method() != Method::POST {
             let method = admitted.req.method().to_string();
@@ -90,8 +103,10 @@ impl App {
         };
         let solution = Solution::from_form(&form);
         let secure = x.conn.proto == "https";
-        match gate.redeem(&solution, &host, client.ip, x.now, secure) {
-            Ok(granted) => {
+        match gate.solve(&solution, &host, client.ip, x.now) {
+            Ok(solved) => {
+                let fresh = self.may_issue(gate, &solved.prefix, x.now).await;
+                let granted = gate.grant(&solved, fresh, x.now, secure);
                 // Not a route: no route counter; the log says the client was let through.
                 x.trail.record.decision = Decision::Allowed;
                 let mut resp = Response::new(Body::full(Bytes::new()));
@@ -113,6 +128,41 @@ impl App {
                 );
                 Err(x.trail.answer(Problem::BadRequest(why)))
             }
+        }
+    }
+
+    /// Counts one new pass for the address block `prefix`: whether its
+    /// allowance had room. A store that cannot answer gives no room (the
+    /// pass then counts as its address, the safe side for quotas, and the
+    /// browser still gets through).
+    async fn may_issue(&self, gate: &Gate, prefix: &str, now: crate::limiter::Nanos) -> bool {
+        let key = crate::key::for_pass_issue(prefix);
+        let overflow = crate::key::StoreKey::overflow(crate::config::ISSUE_LIMITER);
+        let check = crate::store::Check {
+            key: &key,
+            overflow: &overflow,
+            algorithm: gate.issue_limit(),
+            shadow: false,
+        };
+        match self.shared.store.check(&[check], now).await {
+            Ok(outcomes) => outcomes.first().is_some_and(|o| !o.verdict.is_deny()),
+            Err(e) => {
+                tracing::warn!(error = %e, "counting a new pass failed; the pass counts as its address");
+                false
+            }
+        }
+    }
+
+    /// A pass solved at a lower difficulty than the route's challenge asks
+    /// is no pass here: the browser is challenged at the route's difficulty,
+    /// and `key: pass` counts it as its address meanwhile.
+    pub(super) fn pass_for_route(&self, x: &Exchange, route: usize, client: &mut Client, bits: u8) {
+        if client.pass.is_none() {
+            return;
+        }
+        let asked = x.snap.config.routes[route].challenge.map(|c| c.difficulty);
+        if asked.is_some_and(|d| d > bits) {
+            client.pass = None;
         }
     }
 

@@ -8,6 +8,13 @@
 //! same pass id (it is derived from the challenge's random), so replaying a
 //! solution does not mint fresh identities.
 //!
+//! What does keep state is the allowance of new passes per address block
+//! (`identity.pass.issue_limit` per `ttl`, counted by the app in the
+//! limiter store): past it a solution still earns a pass, which lets its
+//! browser through the challenge but identifies no browser — `key: pass`
+//! counts its holder as its address. A pass also names the difficulty it
+//! was solved at, and opens no route that asks for more.
+//!
 //! The request path uses it through `app/challenge.rs`: the pass a request
 //! carries becomes `Client::pass` (what `key: pass` counts on), the pass
 //! path ([`PASS_PATH`]) turns a solution into a cookie, and a route's
@@ -23,7 +30,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use sha2::{Digest, Sha256};
 
 use crate::config::PassConfig;
-use crate::limiter::Nanos;
+use crate::limiter::{Algorithm, Nanos};
 use crate::metrics::{inc, Counter, Histogram, Metrics};
 pub use token::Refusal;
 use token::{hex, Key};
@@ -43,6 +50,10 @@ pub const CHALLENGE_TTL: Duration = Duration::from_secs(600);
 pub const FORM_LIMIT: usize = 2048;
 /// The longest return path a solution may carry.
 const RETURN_MAX: usize = 1024;
+/// The most `tollgate_pass` cookies of one request that are checked (a MAC
+/// each): a browser may hold a stale one beside its good one, or have one
+/// planted, but a client may send any number.
+pub const MAX_PASS_COOKIES: usize = 8;
 
 const NANOS: u64 = 1_000_000_000;
 
@@ -53,6 +64,8 @@ pub struct Gate {
     ttl: Duration,
     ipv4_prefix: u8,
     ipv6_prefix: u8,
+    /// `issue_limit` new passes per address block per `ttl` (see [`Gate::grant`]).
+    issue: Algorithm,
     rng: SystemRandom,
     metrics: GateMetrics,
     crawlers: crawler::Crawlers,
@@ -74,6 +87,8 @@ struct GateMetrics {
     verified: Counter,
     rejected: [Counter; Refusal::ALL.len()],
     solve_time: Arc<Histogram>,
+    /// Solutions whose address block had used its allowance of new passes.
+    issue_refused: Counter,
 }
 
 pub const ISSUED: &str = "tollgate_challenges_issued_total";
@@ -82,6 +97,7 @@ pub const FAILED: &str = "tollgate_challenges_failed_total";
 pub const VERIFIED: &str = "tollgate_passes_verified_total";
 pub const REJECTED: &str = "tollgate_passes_rejected_total";
 pub const SOLVE_TIME: &str = "tollgate_challenge_solve_seconds";
+pub const ISSUE_REFUSED: &str = "tollgate_pass_issue_refused_total";
 
 impl GateMetrics {
     fn new(m: &Metrics) -> GateMetrics {
@@ -97,6 +113,7 @@ impl GateMetrics {
                 r => m.counter(REJECTED, &[("reason", r.as_str())]),
             }),
             solve_time: m.histogram(SOLVE_TIME, &[]),
+            issue_refused: m.counter(ISSUE_REFUSED, &[]),
         }
     }
 }
@@ -154,6 +171,28 @@ fn form_decode(v: &[u8]) -> String {
         .into_owned()
 }
 
+/// A challenge whose solution holds: what its pass will bind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Solved {
+    random: String,
+    site: String,
+    /// The address block (`203.0.113.0/24`) it was issued to: what the
+    /// allowance of new passes is counted on.
+    pub prefix: String,
+    bits: u8,
+    back: String,
+}
+
+/// The valid pass a request carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// `pass:<id>`, what `key: pass` counts on; `None` for a pass that
+    /// counts as its holder's address (issued past the block's allowance).
+    pub key: Option<String>,
+    /// The difficulty it was solved at: it opens routes asking no more.
+    pub bits: u8,
+}
+
 /// A pass made from a solved challenge: the cookie to set and where to go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Granted {
@@ -179,6 +218,7 @@ impl Gate {
             ttl: config.ttl,
             ipv4_prefix: config.ipv4_prefix,
             ipv6_prefix: config.ipv6_prefix,
+            issue: config.issue_limiter().algorithm,
             rng: SystemRandom::new(),
             metrics: GateMetrics::new(metrics),
             crawlers: crawler::Crawlers::new(&config.crawlers, metrics),
@@ -238,8 +278,7 @@ impl Gate {
         )
     }
 
-    /// Checks a posted solution: one MAC, then the binding, then one hash.
-    /// `secure`: the request came over TLS (the cookie is then `Secure`).
+    /// A solved challenge's pass, with a fresh identity (see [`Gate::grant`]).
     pub fn redeem(
         &self,
         s: &Solution,
@@ -248,8 +287,19 @@ impl Gate {
         now: Nanos,
         secure: bool,
     ) -> Result<Granted, Refusal> {
-        let result = self.check_solution(s, host, ip, now);
-        let c = match result {
+        let solved = self.solve(s, host, ip, now)?;
+        Ok(self.grant(&solved, true, now, secure))
+    }
+
+    /// Checks a posted solution: one MAC, then the binding, then one hash.
+    pub fn solve(
+        &self,
+        s: &Solution,
+        host: &str,
+        ip: IpAddr,
+        now: Nanos,
+    ) -> Result<Solved, Refusal> {
+        let c = match self.check_solution(s, host, ip, now) {
             Ok(c) => c,
             Err(r) => {
                 inc(&self.metrics.failed[r as usize]);
@@ -265,30 +315,59 @@ impl Gate {
             let ms = ms.min(CHALLENGE_TTL.as_millis() as u64);
             self.metrics.solve_time.observe(Duration::from_millis(ms));
         }
+        Ok(Solved {
+            random: c.random.to_string(),
+            site: c.site.to_string(),
+            prefix: c.prefix.to_string(),
+            bits: c.bits,
+            back: safe_return(&s.back).to_string(),
+        })
+    }
+
+    /// The limit on new passes per address block, as the store counts it
+    /// (under [`crate::key::for_pass_issue`] of [`Solved::prefix`]).
+    pub fn issue_limit(&self) -> &Algorithm {
+        &self.issue
+    }
+
+    /// The pass `solved` earns. `fresh`: the address block's allowance of
+    /// new passes had room, and the pass gets an identity of its own; else
+    /// (counted) one that counts as its holder's address, which still lets
+    /// the browser through the challenge — no browser is sent round the
+    /// challenge again and again because its neighbours solved first.
+    /// `secure`: the request came over TLS (the cookie is then `Secure`).
+    pub fn grant(&self, solved: &Solved, fresh: bool, now: Nanos, secure: bool) -> Granted {
         // One solved challenge, one pass id: replaying it mints nothing new.
-        let digest = Sha256::new()
-            .chain_update(b"tollgate-pass-id")
-            .chain_update(c.random.as_bytes())
-            .finalize();
+        let id = if fresh {
+            let digest = Sha256::new()
+                .chain_update(b"tollgate-pass-id")
+                .chain_update(solved.random.as_bytes())
+                .finalize();
+            hex(&digest[..16])
+        } else {
+            inc(&self.metrics.issue_refused);
+            token::COUNTS_AS_ADDRESS.to_string()
+        };
         let key = self.signing_key();
         let max_age = self.ttl.as_secs();
         let pass = token::write_pass(
             key,
             &token::Pass {
                 key_id: &key.id,
-                id: &hex(&digest[..16]),
+                id: &id,
                 expires: now / NANOS + max_age,
-                site: c.site,
-                prefix: c.prefix,
+                bits: solved.bits,
+                site: &solved.site,
+                prefix: &solved.prefix,
             },
         );
         let secure = if secure { "; Secure" } else { "" };
-        Ok(Granted {
+        Granted {
             cookie: format!(
                 "{COOKIE_NAME}={pass}; Path=/; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}"
             ),
-            back: safe_return(&s.back).to_string(),
-        })
+            back: solved.back.clone(),
+        }
     }
 
     fn check_solution<'s>(
@@ -314,22 +393,25 @@ impl Gate {
         Ok(c)
     }
 
-    /// The verified pass the request carries, as the key value `pass:<id>`;
-    /// `None` without a pass cookie or with one that does not hold (counted by reason).
-    pub fn pass_of(
-        &self,
-        headers: &HeaderMap,
-        host: &str,
-        ip: IpAddr,
-        now: Nanos,
-    ) -> Option<String> {
-        let text = pass_cookie(headers)?;
+    /// The first valid pass among the request's `tollgate_pass` cookies
+    /// (at most [`MAX_PASS_COOKIES`] are checked; each that does not hold is
+    /// counted by reason): a bad cookie beside a good one, stale or planted,
+    /// does not hide the good one.
+    pub fn pass_of(&self, headers: &HeaderMap, host: &str, ip: IpAddr, now: Nanos) -> Option<Held> {
+        pass_cookies(headers)
+            .take(MAX_PASS_COOKIES)
+            .find_map(|text| self.check_pass(text, host, ip, now))
+    }
+
+    fn check_pass(&self, text: &str, host: &str, ip: IpAddr, now: Nanos) -> Option<Held> {
         let checked = token::read_pass(text, &self.keys)
             .and_then(|p| bound(p.expires, p.site, p.prefix, self, host, ip, now).map(|()| p));
         match checked {
             Ok(p) => {
                 inc(&self.metrics.verified);
-                Some(format!("{}{}", crate::key::PASS, p.id))
+                let key = (p.id != token::COUNTS_AS_ADDRESS)
+                    .then(|| format!("{}{}", crate::key::PASS, p.id));
+                Some(Held { key, bits: p.bits })
             }
             Err(r) => {
                 inc(&self.metrics.rejected[r as usize]);
@@ -367,17 +449,57 @@ fn site(host: &str) -> String {
     hex(&Sha256::digest(host.as_bytes())[..4])
 }
 
-/// The value of the first `tollgate_pass` cookie.
-fn pass_cookie(headers: &HeaderMap) -> Option<&str> {
+/// The values of the `tollgate_pass` cookies, in the order they came.
+fn pass_cookies(headers: &HeaderMap) -> impl Iterator<Item = &str> {
     headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
-        .find_map(|c| {
+        .filter_map(|c| {
             let (name, value) = c.trim().split_once('=')?;
             (name == COOKIE_NAME).then_some(value)
         })
+}
+
+/// Takes the `tollgate_pass` cookies out of the `Cookie` header(s), and
+/// nothing else: the pass is tollgate's, never the upstream's. A header
+/// left with no cookie goes; the others keep their cookies in their order.
+pub fn strip_pass_cookies(headers: &mut HeaderMap) {
+    let carries = |v: &http::HeaderValue| {
+        v.as_bytes()
+            .windows(COOKIE_NAME.len())
+            .any(|w| w == COOKIE_NAME.as_bytes())
+    };
+    // Most requests carry none: they are not rewritten.
+    if !headers.get_all(COOKIE).iter().any(carries) {
+        return;
+    }
+    let values: Vec<http::HeaderValue> = headers.get_all(COOKIE).iter().cloned().collect();
+    headers.remove(COOKIE);
+    for value in values {
+        if !carries(&value) {
+            headers.append(COOKIE, value);
+            continue;
+        }
+        // Not text: no pass could be read from it either; it stays as it came.
+        let Ok(text) = value.to_str() else {
+            headers.append(COOKIE, value);
+            continue;
+        };
+        let kept: Vec<&str> = text
+            .split(';')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .filter(|c| c.split_once('=').map_or(*c, |(name, _)| name) != COOKIE_NAME)
+            .collect();
+        if kept.is_empty() {
+            continue;
+        }
+        if let Ok(v) = http::HeaderValue::from_str(&kept.join("; ")) {
+            headers.append(COOKIE, v);
+        }
+    }
 }
 
 /// `back` if it is a path on this site, else `/`: one leading `/` (`//x`

@@ -20,6 +20,7 @@ fn gate(secrets: &[&str]) -> (Gate, Metrics) {
         ttl: Duration::from_secs(7 * 86_400),
         ipv4_prefix: 24,
         ipv6_prefix: 64,
+        issue_limit: 2,
         crawlers: Default::default(),
     };
     (Gate::new(&config, &metrics).unwrap(), metrics)
@@ -82,7 +83,9 @@ fn a_solved_challenge_earns_a_pass_for_the_same_site_and_address_block() {
     assert!(!granted.cookie.contains("Secure"));
     let h = cookie_header(&granted);
     let pass = g.pass_of(&h, "wiki.example", ip("203.0.113.200"), NOW + NANOS);
-    assert!(pass.as_deref().unwrap().starts_with("pass:"));
+    let pass = pass.unwrap();
+    assert!(pass.key.unwrap().starts_with("pass:"));
+    assert_eq!(pass.bits, 8, "the difficulty it was solved at");
     assert_eq!(counter(&m, SOLVED, &[("via", "js")]), 1);
     assert_eq!(counter(&m, VERIFIED, &[]), 1);
 }
@@ -201,4 +204,69 @@ fn a_form_is_read_with_its_percent_encoding() {
     assert_eq!(s.back, "/wiki?a=b c");
     assert_eq!(s.solve_ms, Some(812));
     assert_eq!(s.via, "subtle");
+}
+
+#[test]
+fn past_the_allowance_a_pass_still_holds_but_counts_as_its_address() {
+    let (g, m) = gate(&[NEW]);
+    let c = g.issue("wiki.example", ip("203.0.113.9"), 4, NOW);
+    let solved = g
+        .solve(&solve(&c, 4), "wiki.example", ip("203.0.113.9"), NOW)
+        .unwrap();
+    assert_eq!(solved.prefix, "203.0.113.0/24");
+    let shared = g.grant(&solved, false, NOW, false);
+    let held = g.pass_of(
+        &cookie_header(&shared),
+        "wiki.example",
+        ip("203.0.113.9"),
+        NOW,
+    );
+    assert_eq!(held, Some(Held { key: None, bits: 4 }));
+    assert_eq!(counter(&m, ISSUE_REFUSED, &[]), 1);
+}
+
+#[test]
+fn the_first_valid_pass_cookie_wins_whatever_comes_before_it_within_the_bound() {
+    let (g, _) = gate(&[NEW]);
+    let c = g.issue("wiki.example", ip("203.0.113.9"), 4, NOW);
+    let granted = g
+        .redeem(&solve(&c, 4), "wiki.example", ip("203.0.113.9"), NOW, false)
+        .unwrap();
+    let good = granted.cookie.split(';').next().unwrap().to_string();
+    let with_bad = |bad: usize| {
+        let mut h = HeaderMap::new();
+        let planted = vec!["tollgate_pass=planted"; bad].join("; ");
+        h.append(COOKIE, HeaderValue::from_str(&planted).unwrap());
+        h.append(COOKIE, HeaderValue::from_str(&good).unwrap());
+        g.pass_of(&h, "wiki.example", ip("203.0.113.9"), NOW)
+    };
+    assert!(
+        with_bad(1).is_some(),
+        "a planted cookie does not hide the pass"
+    );
+    assert!(with_bad(MAX_PASS_COOKIES - 1).is_some());
+    assert!(
+        with_bad(MAX_PASS_COOKIES).is_none(),
+        "at most {MAX_PASS_COOKIES} are checked"
+    );
+}
+
+#[test]
+fn only_the_pass_cookie_is_taken_out_of_the_cookie_headers() {
+    let mut h = HeaderMap::new();
+    for v in [
+        "a=1; tollgate_pass=x; b=2",
+        "tollgate_pass=y",
+        "c=3",
+        "tollgate_passport=4",
+    ] {
+        h.append(COOKIE, HeaderValue::from_static(v));
+    }
+    strip_pass_cookies(&mut h);
+    let left: Vec<&str> = h
+        .get_all(COOKIE)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(left, ["a=1; b=2", "c=3", "tollgate_passport=4"]);
 }

@@ -8,11 +8,18 @@
 //!
 //! ```text
 //! challenge: <key id>~<expiry, Unix s>~<bits>~<32 hex random>~<site>~<prefix>~<32 hex MAC>
-//! pass:      <key id>~<32 hex pass id>~<expiry, Unix s>~<site>~<prefix>~<32 hex MAC>
+//! pass:      <key id>~<32 hex pass id, or ->~<expiry, Unix s>~<bits>~<site>~<prefix>~<32 hex MAC>
 //! ```
 //!
-//! The MAC covers a domain tag (`c1`, `p1`) and every field before it, so a
-//! challenge can never be presented as a pass or the reverse.
+//! A pass carries the difficulty its challenge was solved at (`bits`), so it
+//! opens only routes that ask for no more; its id is `-` when the address
+//! block had used its allowance of new passes: such a pass lets its browser
+//! through the challenge but counts as the client's address
+//! ([`COUNTS_AS_ADDRESS`]).
+//!
+//! The MAC covers a domain tag (`c1`, `p2`) and every field before it, so a
+//! challenge can never be presented as a pass or the reverse (nor a pass of
+//! the older form without `bits`, `p1`, as one of today's).
 
 use ring::hmac;
 
@@ -103,15 +110,20 @@ pub struct Challenge<'t> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pass<'t> {
     pub key_id: &'t str,
-    /// 32 hex digits: the identity `key: pass` counts on.
+    /// 32 hex digits: the identity `key: pass` counts on; or [`COUNTS_AS_ADDRESS`].
     pub id: &'t str,
     pub expires: u64,
+    /// The difficulty its challenge was solved at.
+    pub bits: u8,
     pub site: &'t str,
     pub prefix: &'t str,
 }
 
 const CHALLENGE_TAG: &str = "c1~";
-const PASS_TAG: &str = "p1~";
+const PASS_TAG: &str = "p2~";
+/// The id of a pass that identifies no browser: `key: pass` counts its
+/// holder as its address, as it does a client without a pass.
+pub const COUNTS_AS_ADDRESS: &str = "-";
 
 pub fn write_challenge(key: &Key, c: &Challenge<'_>) -> String {
     let body = format!(
@@ -124,8 +136,8 @@ pub fn write_challenge(key: &Key, c: &Challenge<'_>) -> String {
 
 pub fn write_pass(key: &Key, p: &Pass<'_>) -> String {
     let body = format!(
-        "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
-        key.id, p.id, p.expires, p.site, p.prefix
+        "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
+        key.id, p.id, p.expires, p.bits, p.site, p.prefix
     );
     let mac = key.mac(PASS_TAG, &body);
     format!("{body}{SEP}{mac}")
@@ -175,11 +187,12 @@ pub fn read_challenge<'t>(text: &'t str, keys: &[Key]) -> Result<Challenge<'t>, 
 
 /// A pass whose MAC holds (expiry and binding are the caller's to check).
 pub fn read_pass<'t>(text: &'t str, keys: &[Key]) -> Result<Pass<'t>, Refusal> {
-    let [key_id, id, expires, site, prefix] = open::<5>(text, PASS_TAG, keys)?;
+    let [key_id, id, expires, bits, site, prefix] = open::<6>(text, PASS_TAG, keys)?;
     Ok(Pass {
         key_id,
         id,
         expires: expires.parse().map_err(|_| Refusal::Malformed)?,
+        bits: bits.parse().map_err(|_| Refusal::Malformed)?,
         site,
         prefix,
     })
@@ -229,6 +242,7 @@ mod tests {
             key_id: "01020304",
             id: "00112233445566778899aabbccddeeff",
             expires: 1_767_225_600,
+            bits: 14,
             site: "5d41402a",
             prefix: "203.0.113.0/24",
         }
@@ -250,6 +264,8 @@ mod tests {
         assert_eq!(read_pass(&tampered, &k), Err(Refusal::Forged));
         let longer = text.replace("~1767225600~", "~1767225601~");
         assert_eq!(read_pass(&longer, &k), Err(Refusal::Forged));
+        let harder = text.replace("~14~", "~24~");
+        assert_eq!(read_pass(&harder, &k), Err(Refusal::Forged));
         assert_eq!(read_pass("nonsense", &k), Err(Refusal::Malformed));
         assert_eq!(read_pass(&format!("{text}~x"), &k), Err(Refusal::Malformed));
     }

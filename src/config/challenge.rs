@@ -32,7 +32,17 @@ pub const MIN_SECRET_LEN: usize = 32;
 /// rotation needs two or three, never hundreds.
 pub const MAX_PASS_KEYS: usize = 16;
 
-/// `identity.pass: { secret_file, ttl, ipv4_prefix, ipv6_prefix }`.
+/// New passes an address block may earn per pass `ttl` without
+/// `issue_limit:`. The passes of one block that hold at once were issued
+/// within one `ttl`, which a fixed window of `ttl` splits in at most two:
+/// at most 4 of them, so `key: pass` gives one address at most 5 times
+/// what `key: ip` gives it (4 passes, and the address itself).
+pub const DEFAULT_ISSUE_LIMIT: u64 = 2;
+/// The store name of the limiter on issuing passes: a `.` no configured
+/// limiter name may hold, so it never meets one.
+pub const ISSUE_LIMITER: &str = "tollgate.pass-issue";
+
+/// `identity.pass: { secret_file, ttl, ipv4_prefix, ipv6_prefix, issue_limit }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPass {
@@ -40,6 +50,7 @@ pub struct RawPass {
     pub ttl: Option<Dur>,
     pub ipv4_prefix: Option<u8>,
     pub ipv6_prefix: Option<u8>,
+    pub issue_limit: Option<u64>,
     pub crawlers: Option<RawCrawlers>,
 }
 
@@ -86,8 +97,35 @@ pub struct PassConfig {
     /// phone moving between addresses of one carrier block keeps its pass.
     pub ipv4_prefix: u8,
     pub ipv6_prefix: u8,
+    /// New passes one address block (`ipv4_prefix`, `ipv6_prefix`) may earn
+    /// per `ttl`; past it a solution earns a pass that counts as its address.
+    pub issue_limit: u64,
     /// Crawlers let through without a challenge.
     pub crawlers: CrawlerConfig,
+}
+
+impl PassConfig {
+    /// The limiter on issuing passes, as the store keeps it: `issue_limit`
+    /// per address block in a fixed window of `ttl` (see [`DEFAULT_ISSUE_LIMIT`]).
+    pub fn issue_limiter(&self) -> LimiterConfig {
+        let window = self.ttl.as_nanos().min(u128::from(u64::MAX)) as u64;
+        LimiterConfig {
+            name: ISSUE_LIMITER.to_string(),
+            algorithm: crate::limiter::Algorithm::FixedWindow(
+                crate::limiter::fixed_window::FixedWindow {
+                    limit: self.issue_limit,
+                    window,
+                },
+            ),
+            key: Vec::new(),
+            shadow: false,
+            overrides: Vec::new(),
+            reject: None,
+            count: None,
+            ban: None,
+            lease: None,
+        }
+    }
 }
 
 /// `identity.pass.crawlers`.
@@ -270,6 +308,10 @@ impl Validator<'_> {
         if !(16..=128).contains(&v6) {
             self.err("identity.pass.ipv6_prefix", "must be between 16 and 128");
         }
+        let issue_limit = raw.issue_limit.unwrap_or(DEFAULT_ISSUE_LIMIT);
+        if !(1..=1_000_000).contains(&issue_limit) {
+            self.err("identity.pass.issue_limit", "must be between 1 and 1000000");
+        }
         let crawlers = self.crawlers(&raw.crawlers.clone().unwrap_or_default());
         Some(PassConfig {
             secret_file: PathBuf::from(&file.0),
@@ -277,6 +319,7 @@ impl Validator<'_> {
             ttl,
             ipv4_prefix: v4.clamp(8, 32),
             ipv6_prefix: v6.clamp(16, 128),
+            issue_limit: issue_limit.clamp(1, 1_000_000),
             crawlers,
         })
     }

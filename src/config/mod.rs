@@ -57,7 +57,7 @@ pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::BodyConfig;
 pub use challenge::{
     ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys,
-    UnverifiedCrawlers, VerifyRule,
+    UnverifiedCrawlers, VerifyRule, ISSUE_LIMITER,
 };
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
@@ -484,6 +484,15 @@ impl Config {
         for w in &self.warnings {
             tracing::warn!(warning = %w, "config warning");
         }
+    }
+
+    /// Every limiter whose state the store keeps: the configured ones and
+    /// tollgate's own (the limit on issuing passes), so a start loads and a
+    /// prune keeps the state of both.
+    pub fn stored_limiters(&self) -> Vec<LimiterConfig> {
+        let mut all = self.limiters.clone();
+        all.extend(self.identity.pass.as_ref().map(PassConfig::issue_limiter));
+        all
     }
 }
 

@@ -63,14 +63,18 @@ pub(super) async fn banned(
 
 /// Counts a strike for each refusing limiter with `ban:` (`refused`:
 /// positions in `applied`); the strike that reaches `after` starts a ban
-/// (`tollgate_bans_total`). This request still gets its ordinary refusal.
+/// (`tollgate_bans_total`). This request still gets its ordinary refusal,
+/// but told to wait as long as the ban lasts: the time left of the longest
+/// ban it started (ns), if it started one. A client that retried after the
+/// limiter's own wait would only meet the ban.
 pub(super) async fn strike(
     store: &Store,
     snap: &Snapshot,
     applied: &[Applied],
     refused: &[usize],
     now: Nanos,
-) {
+) -> Option<Nanos> {
+    let mut started: Option<Nanos> = None;
     for a in refused.iter().map(|&p| &applied[p]) {
         let l = &snap.limiters[a.limiter];
         let Some((rule, window)) = &l.ban else {
@@ -81,9 +85,11 @@ pub(super) async fn strike(
             Ok(Some(ban)) => {
                 inc(&l.metrics.bans_started);
                 tracing::warn!(limiter = %l.name, key = %l.value_of(key), seconds = ban.remaining / 1_000_000_000, "key banned after repeated rejections");
+                started = started.max(Some(ban.remaining));
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, limiter = %l.name, "counting a strike failed"),
         }
     }
+    started
 }
