@@ -186,6 +186,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
         managed.manage(domain);
     }
     acme::start_at_zero(&app.shared.metrics);
+    server::lingering_start_at_zero(&app.shared.metrics);
     let tls = Arc::new(tls::Terminator::new(certs, managed.clone()));
     // Names under `server.tls.acme`: ordered, renewed and swapped in the background.
     tokio::spawn(acme::manage(

@@ -54,7 +54,7 @@ mod bodies;
 mod fastcgi;
 
 pub use balance::{BalanceConfig, HealthCheck, Policy};
-pub use bodies::BodyConfig;
+pub use bodies::{BodyConfig, Lingering};
 pub use challenge::{
     ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys,
     UnverifiedCrawlers, VerifyRule,
