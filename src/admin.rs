@@ -112,7 +112,10 @@ pub async fn handle(
         (&Method::GET, "/status") | (&Method::DELETE, "/status") => {
             client_status(app, &snap, &req).await
         }
-        (&Method::POST, "/reload") => reload(app, reloader, &snap).await,
+        (&Method::POST, "/reload") => {
+            let strict = query_param(req.uri().query().unwrap_or(""), "strict");
+            reload(app, reloader, &snap, strict.as_deref() == Some("true")).await
+        }
         (&Method::GET, "/bans") => bans::list(app, &snap, req.uri().query().unwrap_or("")).await,
         (&Method::DELETE, p) if p.starts_with("/bans/") => {
             bans::lift(app, &p["/bans/".len()..]).await
@@ -222,9 +225,10 @@ async fn client_status(app: &App, snap: &Snapshot, req: &Request<Incoming>) -> R
     }
 }
 
-/// `POST /reload`: the new version and its warnings, or the errors (422).
-async fn reload(app: &App, reloader: &Reloader, snap: &Snapshot) -> Response<Body> {
-    match reloader.reload().await {
+/// `POST /reload`: the new version and its warnings, or the errors (422);
+/// with `?strict=true` a config with warnings is refused too.
+async fn reload(app: &App, reloader: &Reloader, snap: &Snapshot, strict: bool) -> Response<Body> {
+    match reloader.reload_with(strict).await {
         Ok(version) => {
             // The snapshot the reload installed (a later reload would carry a higher version).
             let now = app.snapshot();
