@@ -158,6 +158,13 @@ fn refusal(req: &Request<Incoming>, snap: &Snapshot, peer: SocketAddr) -> Option
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return Some(resp);
         }
+        Err(Refusal::CrossSite) => {
+            tracing::warn!(%peer, origin = ?req.headers().get(http::header::ORIGIN), site = ?req.headers().get("sec-fetch-site"), method = %req.method(), path, "admin call refused: sent by a page of another site (cross-site request forgery?)");
+            return Some(admin_error(
+                StatusCode::FORBIDDEN,
+                "This admin call changes state and was sent by a page of another origin; call it from the dashboard, curl or `tollgate reload`.",
+            ));
+        }
         Err(Refusal::ForeignHost) => {
             tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
             return Some(admin_error(
