@@ -27,7 +27,10 @@ fn pod_config(dir: &Path, redis: &RedisServer) -> String {
     for (name, value) in secret["stringData"].as_mapping().unwrap() {
         let (name, value) = (name.as_str().unwrap(), value.as_str().unwrap());
         std::fs::write(dir.join(name), value).unwrap();
-        text = text.replace(&format!("/run/secrets/tollgate/{name}"), &dir.join(name).display().to_string());
+        text = text.replace(
+            &format!("/run/secrets/tollgate/{name}"),
+            &dir.join(name).display().to_string(),
+        );
     }
     let mut config: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
     let store = &mut config["store"];
@@ -46,7 +49,9 @@ fn the_example_deployments_replicas_give_a_client_its_limit_once() {
         .as_u64()
         .unwrap() as usize;
     let redis = RedisServer::start();
-    let dirs: Vec<_> = (0..replicas).map(|_| tempfile::tempdir().unwrap()).collect();
+    let dirs: Vec<_> = (0..replicas)
+        .map(|_| tempfile::tempdir().unwrap())
+        .collect();
     let pods: Vec<Process> = dirs
         .iter()
         .map(|d| Process::serve(&pod_config(d.path(), &redis), d.path()))

@@ -64,13 +64,8 @@ async fn http10_upstream() -> String {
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
+                if !common::read_head(&mut s).await {
+                    return;
                 }
                 let _ = s
                     .write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nfrom 1.0")
