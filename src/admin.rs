@@ -112,7 +112,10 @@ pub async fn handle(
         (&Method::GET, "/status") | (&Method::DELETE, "/status") => {
             client_status(app, &snap, &req).await
         }
-        (&Method::POST, "/reload") => reload(app, reloader, &snap).await,
+        (&Method::POST, "/reload") => {
+            let strict = query_param(req.uri().query().unwrap_or(""), "strict");
+            reload(app, reloader, &snap, strict.as_deref() == Some("true")).await
+        }
         (&Method::GET, "/bans") => bans::list(app, &snap, req.uri().query().unwrap_or("")).await,
         (&Method::DELETE, p) if p.starts_with("/bans/") => {
             bans::lift(app, &p["/bans/".len()..]).await
@@ -154,6 +157,13 @@ fn refusal(req: &Request<Incoming>, snap: &Snapshot, peer: SocketAddr) -> Option
             resp.headers_mut()
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return Some(resp);
+        }
+        Err(Refusal::CrossSite) => {
+            tracing::warn!(%peer, origin = ?req.headers().get(http::header::ORIGIN), site = ?req.headers().get("sec-fetch-site"), method = %req.method(), path, "admin call refused: sent by a page of another site (cross-site request forgery?)");
+            return Some(admin_error(
+                StatusCode::FORBIDDEN,
+                "This admin call changes state and was sent by a page of another origin; call it from the dashboard, curl or `tollgate reload`.",
+            ));
         }
         Err(Refusal::ForeignHost) => {
             tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
@@ -222,9 +232,10 @@ async fn client_status(app: &App, snap: &Snapshot, req: &Request<Incoming>) -> R
     }
 }
 
-/// `POST /reload`: the new version and its warnings, or the errors (422).
-async fn reload(app: &App, reloader: &Reloader, snap: &Snapshot) -> Response<Body> {
-    match reloader.reload().await {
+/// `POST /reload`: the new version and its warnings, or the errors (422);
+/// with `?strict=true` a config with warnings is refused too.
+async fn reload(app: &App, reloader: &Reloader, snap: &Snapshot, strict: bool) -> Response<Body> {
+    match reloader.reload_with(strict).await {
         Ok(version) => {
             // The snapshot the reload installed (a later reload would carry a higher version).
             let now = app.snapshot();

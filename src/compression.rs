@@ -85,6 +85,12 @@ pub fn filter(
     if !enabled {
         return resp;
     }
+    if resp.status() == StatusCode::NOT_MODIFIED {
+        if let Some(spared) = resp.extensions().get::<Spared>().copied() {
+            as_its_200(asked, spared, resp.headers_mut());
+        }
+        return resp;
+    }
     let Some(varied) = eligible(resp.status(), resp.headers()) else {
         return resp;
     };
@@ -92,13 +98,9 @@ pub fn filter(
         resp.headers_mut()
             .append(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
-    let Some(coding) = asked.accepted.best() else {
+    let Some(coding) = chosen(asked, known_length(&resp)) else {
         return resp;
     };
-    let short = known_length(&resp).is_some_and(|l| l < MIN_LENGTH);
-    if short && !asked.accepted.identity_refused {
-        return resp;
-    }
     let headers = resp.headers_mut();
     headers.remove(CONTENT_LENGTH);
     headers.remove(ACCEPT_RANGES);
@@ -117,6 +119,50 @@ pub fn filter(
             None,
         )
     })
+}
+
+/// The coding an answer of `length` (when known ahead) gets: the best the
+/// client accepts, unless the answer is shorter than [`MIN_LENGTH`] and the
+/// client did not refuse `identity`.
+fn chosen(asked: Asked, length: Option<u64>) -> Option<Coding> {
+    let coding = asked.accepted.best()?;
+    let short = length.is_some_and(|l| l < MIN_LENGTH);
+    (!short || asked.accepted.identity_refused).then_some(coding)
+}
+
+/// Set on a `304` (as an extension) by whoever answered it, saying what its
+/// `200` would have been: the identity representation's type and length.
+/// A `304` carries the validators its `200` would (RFC 9110 §15.4.5), and
+/// that `200` would have been compressed here, its strong `ETag` weakened:
+/// a client revalidating with `W/"x"` must get `W/"x"` back, not `"x"`.
+#[derive(Debug, Clone, Copy)]
+pub struct Spared {
+    pub content_type: &'static str,
+    pub length: u64,
+}
+
+/// Gives a `304` the `Vary` and `ETag` the `200` it spares would have had.
+fn as_its_200(asked: Asked, spared: Spared, headers: &mut HeaderMap) {
+    if !compressible_type(spared.content_type) {
+        return;
+    }
+    let no_transform = headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .any(|v| lists(v, |d| d.eq_ignore_ascii_case("no-transform")));
+    if no_transform {
+        return;
+    }
+    let varied = headers
+        .get_all(VARY)
+        .iter()
+        .any(|v| lists(v, |f| f == "*" || f.eq_ignore_ascii_case("accept-encoding")));
+    if !varied {
+        headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+    if chosen(asked, Some(spared.length)).is_some() {
+        weaken_etag(headers);
+    }
 }
 
 /// Everything but the client's codings: status, type, existing coding,

@@ -44,11 +44,16 @@ pub fn check_request<B>(req: &Request<B>) -> Result<(), Problem> {
         return Err(Problem::BadRequest("Host is given more than once.".into()));
     }
     let Some(host) = host else {
-        // HTTP/2 carries the host in :authority; HTTP/1.0 may omit it.
-        if req.version() == Version::HTTP_11 && uri.authority().is_none() {
-            return Err(Problem::BadRequest(
-                "An HTTP/1.1 request needs a Host.".into(),
-            ));
+        // HTTP/2 carries the host in :authority (RFC 9113 §8.3.1), HTTP/1.1
+        // in Host; only HTTP/1.0 may have neither. Without one there is no
+        // host to route on or to forward.
+        if matches!(req.version(), Version::HTTP_11 | Version::HTTP_2) && uri.authority().is_none()
+        {
+            return Err(Problem::BadRequest(if req.version() == Version::HTTP_2 {
+                "An HTTP/2 request needs :authority (or Host).".into()
+            } else {
+                "An HTTP/1.1 request needs a Host.".into()
+            }));
         }
         return Ok(());
     };
@@ -138,6 +143,17 @@ mod tests {
                 Version::HTTP_2,
                 &[]
             ))),
+            200
+        );
+    }
+
+    #[test]
+    fn an_http2_request_needs_authority_or_host() {
+        let v2 = Version::HTTP_2;
+        assert_eq!(status(check_request(&req("GET", "/", v2, &[]))), 400);
+        assert_eq!(status(check_request(&req("GET", "/", v2, &["a"]))), 200);
+        assert_eq!(
+            status(check_request(&req("GET", "https://a/", v2, &[]))),
             200
         );
     }

@@ -131,6 +131,26 @@ pub fn lists(value: &HeaderValue, wanted: impl Fn(&str) -> bool) -> bool {
         .is_ok_and(|v| v.split(',').any(|e| wanted(e.trim())))
 }
 
+/// Joins several `Cookie` fields into one, separated by `; `. An HTTP/2
+/// client may send each cookie as a field of its own (RFC 9113 §8.2.3, for
+/// compression); an HTTP/1.1 request carries one (RFC 6265 §5.4), and a
+/// server reading the first `Cookie:` line, or joining lines with `, `,
+/// would lose cookies. One lookup when there is one field or none.
+pub fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut fields = headers.get_all(http::header::COOKIE).iter();
+    let (Some(first), Some(_)) = (fields.next(), fields.next()) else {
+        return;
+    };
+    let mut out = first.as_bytes().to_vec();
+    for v in headers.get_all(http::header::COOKIE).iter().skip(1) {
+        out.extend_from_slice(b"; ");
+        out.extend_from_slice(v.as_bytes());
+    }
+    if let Some(one) = exact(out) {
+        headers.insert(http::header::COOKIE, one);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,5 +205,18 @@ mod tests {
         assert_eq!(renders.get(), 1, "a repeat is not rendered again");
         assert_eq!(r.rendered(8, render), "16");
         assert_eq!(renders.get(), 2);
+    }
+
+    #[test]
+    fn cookie_fields_are_joined_into_one_with_semicolons() {
+        let mut h = http::HeaderMap::new();
+        h.append("cookie", HeaderValue::from_static("a=1"));
+        join_cookies(&mut h);
+        assert_eq!(h.get_all("cookie").iter().count(), 1);
+        h.append("cookie", HeaderValue::from_static("b=2"));
+        h.append("cookie", HeaderValue::from_static("c=3"));
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all("cookie").iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
     }
 }

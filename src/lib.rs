@@ -190,6 +190,7 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     if let Some(acme) = acme_config {
         acme::load_stored(acme, &managed, &app.shared.clock).await;
     }
+    server::lingering_start_at_zero(&app.shared.metrics);
     let tls = Arc::new(tls::Terminator::new(certs, managed.clone()));
     // Names under `server.tls.acme`: ordered, renewed and swapped in the background.
     tokio::spawn(acme::manage(

@@ -91,6 +91,10 @@ enum Command {
         /// Treat warnings as errors: exit 1 when there is any (for CI pipelines).
         #[arg(long)]
         strict: bool,
+        /// Give up (exit 1) when reading and checking take longer than this: a file on a stalled
+        /// disk or a listen name the resolver never answers cannot hang the check.
+        #[arg(long, default_value = "10s", value_parser = config::raw::parse_duration)]
+        timeout: Duration,
     },
     /// Probe the admin /healthz of a running tollgate (for Docker HEALTHCHECK); exit 0 when healthy.
     Healthcheck {
@@ -100,8 +104,13 @@ enum Command {
     },
     /// Make the running tollgate reload its config, like `nginx -s reload`: POST /reload to the
     /// admin listener the config names (with its admin.token or admin.token_file); exit 0 when the
-    /// new config is in force, 1 with its errors when it was rejected (the old one stays).
-    Reload,
+    /// new config is in force (its warnings printed), 1 with its errors when it was rejected (the
+    /// old one stays).
+    Reload {
+        /// Treat warnings as errors: a config with any is not applied (the old one stays), exit 1.
+        #[arg(long)]
+        strict: bool,
+    },
     /// Print this help, or a command's.
     Help {
         /// The command to explain.
@@ -128,9 +137,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => config_path(cli.config).and_then(|p| serve(&p)),
-        Command::Check { strict } => config_path(cli.config).map(|p| check(&p, strict)),
+        Command::Check { strict, timeout } => {
+            config_path(cli.config).map(|p| check(&p, strict, timeout))
+        }
         Command::Healthcheck { url } => healthcheck(url, cli.config),
-        Command::Reload => reload(cli.config),
+        Command::Reload { strict } => reload(cli.config, strict),
         Command::Help { command } => help(command.as_deref()),
     };
     match result {
@@ -142,8 +153,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(path: &Path, strict: bool) -> ExitCode {
-    match config::load_file(path).and_then(|c| config::require_routes(c, path)) {
+fn check(path: &Path, strict: bool, timeout: Duration) -> ExitCode {
+    match config::check_file_within(path, timeout) {
         Ok(c) => {
             for w in &c.warnings {
                 eprintln!("{}: warning: {w}", path.display());
@@ -310,32 +321,32 @@ fn healthcheck(url: Option<String>, config: Option<PathBuf>) -> anyhow::Result<E
 }
 
 /// `tollgate reload`: POST /reload to the admin listener of the config, with
-/// its token, and report what the running process answered.
-fn reload(config: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+/// its token, and report what the running process answered (every warning
+/// of an applied config included; see [`tollgate::reload::report`]).
+fn reload(config: Option<PathBuf>, strict: bool) -> anyhow::Result<ExitCode> {
     let admin = AdminFields::read(&config_path(config)?)?;
     let addr = local_admin(admin.address()?);
     let token = admin.token()?;
+    let path = if strict {
+        "/reload?strict=true"
+    } else {
+        "/reload"
+    };
     let (status_line, body) =
-        http_exchange(addr, &addr.to_string(), "POST", "/reload", token.as_deref())
+        http_exchange(addr, &addr.to_string(), "POST", path, token.as_deref())
             .with_context(|| format!("is tollgate running with its admin listener on {addr}?"))?;
-    let answer: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    if status_line.starts_with("HTTP/1.1 200") {
-        println!("reloaded: config version {}", answer["version"]);
-        return Ok(ExitCode::SUCCESS);
+    let report = tollgate::reload::report(&status_line, &body, strict);
+    for line in &report.err {
+        eprintln!("{line}");
     }
-    match answer["errors"].as_array() {
-        Some(errors) => {
-            eprintln!(
-                "reload rejected; config version {} stays in force:",
-                answer["version"]
-            );
-            for e in errors {
-                eprintln!("  {}", e.as_str().unwrap_or_default());
-            }
-        }
-        None => eprintln!("reload failed: {status_line}\n{body}"),
+    for line in &report.out {
+        println!("{line}");
     }
-    Ok(ExitCode::FAILURE)
+    Ok(if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Where to reach an admin listener from this host: an unspecified address

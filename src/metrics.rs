@@ -195,6 +195,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_lease_table_full_total", "Keys checked per request without asking for a lease because the lease table was full (65536 keys)."),
     ("tollgate_config_reloads_total", "Config reloads by result (ok, error)."),
     ("tollgate_tls_handshake_failures_total", "TLS handshakes that failed, by reason (error, timeout)."),
+    ("tollgate_lingering_closes_total", "Connections closed the lingering way after an answer sent before the request body's end, by how the discarding ended (eof, reset, timeout, time, size, error, cut)."),
     (REQUEST_DURATION, "Time from the request head to the last byte of the response, by route and decision (allowed, rejected, banned, shadow_rejected, exempt, store_error, error, challenged)."),
     (UPSTREAM_DURATION, "Time until the upstream's response head arrived (or the forward failed), by upstream."),
     ("tollgate_upstream_server_failures_total", "Failed forwards counted against one server of an upstream (connect, timeout, broken exchange)."),

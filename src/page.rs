@@ -131,7 +131,8 @@ impl Quality {
 
 /// The `q` parameter in thousandths (1000 without one); `None` when it is
 /// not a valid qvalue (`0`, `1`, `0.x` up to three decimals, `1.0`…).
-fn quality<'a>(params: impl Iterator<Item = &'a str>) -> Option<u16> {
+/// Parameter names are case-insensitive (RFC 9110 §5.6.6): `Q=0` is `q=0`.
+pub fn quality<'a>(params: impl Iterator<Item = &'a str>) -> Option<u16> {
     for param in params {
         let Some((name, value)) = param.split_once('=') else {
             continue;

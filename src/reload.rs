@@ -30,6 +30,9 @@ use crate::server::ListenerSet;
 use crate::snapshot::Snapshot;
 use crate::tls::Terminator;
 
+mod report;
+pub use report::{report, Report};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
     #[error(transparent)]
@@ -46,6 +49,9 @@ pub enum ReloadError {
     Timeout(Duration),
     #[error("{}", .0.join("; "))]
     Unlimited(Vec<String>),
+    /// A strict reload (`POST /reload?strict=true`) of a config with warnings.
+    #[error("strict reload: the config has {} warning(s), so it was not applied: {}", .0.len(), .0.join("; "))]
+    Warnings(Vec<String>),
 }
 
 /// The longest a reload may spend reading and checking the config and the files it names.
@@ -64,6 +70,10 @@ impl ReloadError {
                 })
                 .collect(),
             ReloadError::Unlimited(routes) => routes.clone(),
+            ReloadError::Warnings(warnings) => warnings
+                .iter()
+                .map(|w| format!("warning (strict: not applied): {w}"))
+                .collect(),
             ReloadError::RequiresRestart(_)
             | ReloadError::NoFile
             | ReloadError::Bind(_)
@@ -122,11 +132,21 @@ impl Reloader {
 
     /// Reads the config file again and applies it; returns the new version.
     pub async fn reload(&self) -> Result<u64, ReloadError> {
+        self.reload_with(false).await
+    }
+
+    /// As [`Reloader::reload`]; `strict` treats warnings as errors (as
+    /// `tollgate check --strict`): a config with any is not applied.
+    pub async fn reload_with(&self, strict: bool) -> Result<u64, ReloadError> {
         let _turn = self.turn.lock().await;
         let app = &self.app;
         let result = match &app.shared.config_path {
             None => Err(ReloadError::NoFile),
             Some(path) => read(path.clone()).await.and_then(|(c, text)| {
+                if strict && !c.warnings.is_empty() {
+                    let warnings = c.warnings.iter().map(ToString::to_string).collect();
+                    return Err(ReloadError::Warnings(warnings));
+                }
                 let version = self.apply(c)?;
                 *app.shared.config_text.lock() = Some(text);
                 Ok(version)

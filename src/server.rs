@@ -31,6 +31,10 @@ use crate::problem::Problem;
 use crate::tls::Terminator;
 use crate::workers::Workers;
 
+mod linger;
+pub use linger::start_at_zero as lingering_start_at_zero;
+use linger::{Handoff, Lingering};
+
 /// Request heads larger than this get 431 (hyper answers it while parsing).
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
 
@@ -287,18 +291,30 @@ async fn serve_accepted(
     let timeout = timeouts.header;
     let peer = conn.peer;
     let activity = permit.activity();
+    // The socket comes back here when hyper is done with it, for a lingering close.
+    let handoff = Arc::new(Handoff::default());
+    let stream = Lingering::new(stream, handoff.clone());
+    let serving = Connection {
+        app,
+        conn,
+        timeouts,
+        drain,
+        activity,
+        handoff,
+    };
     let mut edge = Edge {
         redirect_to: None,
         acme,
         hsts: None,
     };
     match serve {
-        Serving::Http => serve_connection(stream, app, conn, edge, timeouts, drain, activity).await,
+        Serving::Http => serving.serve(stream, edge).await,
         Serving::RedirectToHttps { port } => {
             edge.redirect_to = Some(port);
-            serve_connection(stream, app, conn, edge, timeouts, drain, activity).await
+            serving.serve(stream, edge).await
         }
         Serving::Https(acceptor) => {
+            let (app, drain, activity) = (&serving.app, &serving.drain, &serving.activity);
             // The handshake gets the same budget as a request head: a
             // client that opens a socket and says nothing is cut off. It
             // has sent no request head yet, so a newcomer may displace it.
@@ -311,12 +327,12 @@ async fn serve_accepted(
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    handshake_failed(&app, "error");
+                    handshake_failed(app, "error");
                     return;
                 }
                 Err(_) => {
                     tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
-                    handshake_failed(&app, "timeout");
+                    handshake_failed(app, "timeout");
                     return;
                 }
             };
@@ -324,12 +340,12 @@ async fn serve_accepted(
             if crate::tls::negotiated_acme(stream.get_ref().1) {
                 return;
             }
+            edge.hsts = hsts_header(app);
             let conn = ConnInfo {
                 proto: "https",
-                ..conn
+                ..serving.conn
             };
-            edge.hsts = hsts_header(&app);
-            serve_connection(stream, app, conn, edge, timeouts, drain, activity).await
+            Connection { conn, ..serving }.serve(stream, edge).await
         }
     }
 }
@@ -360,18 +376,84 @@ fn handshake_failed(app: &App, reason: &'static str) {
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// One accepted connection's parts, from its acceptance to its close.
+struct Connection {
+    app: App,
+    conn: ConnInfo,
+    timeouts: Timeouts,
+    drain: CancellationToken,
+    activity: Arc<Activity>,
+    /// Where the socket comes back for a lingering close.
+    handoff: Arc<Handoff>,
+}
+
+/// How a connection's HTTP ended: by itself (hyper closed it, or the
+/// client did), or because tollgate cut it (drain, displacement, a timer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    ByItself,
+    Cut,
+}
+
+impl Connection {
+    /// Serves HTTP/1.1 or HTTP/2 on `io` until it closes, drains or is
+    /// displaced; with `edge.redirect_to`, every request but an ACME
+    /// challenge gets 308 to https on that port. A connection that ended by
+    /// itself after a request with a body closes the lingering way.
+    async fn serve<I>(self, io: I, edge: Edge)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Connection {
+            app,
+            conn,
+            timeouts,
+            drain,
+            activity,
+            handoff,
+        } = self;
+        let lingering = app.snapshot().config.server.bodies.lingering;
+        let ended = serve_http(
+            io,
+            app.clone(),
+            conn,
+            edge,
+            timeouts,
+            &drain,
+            &activity,
+            &handoff,
+        )
+        .await;
+        if ended == Ended::Cut || lingering.time.is_zero() {
+            return;
+        }
+        if let Some(stream) = handoff.take() {
+            let cut = async {
+                tokio::select! {
+                    _ = drain.cancelled() => {}
+                    _ = activity.displaced() => {}
+                }
+            };
+            let end = linger::close(stream, lingering, &app.shared.metrics, cut).await;
+            tracing::debug!(peer = %conn.peer, end, "lingering close");
+        }
+    }
+}
+
 /// Serves HTTP/1.1 or HTTP/2 on one connection until it closes, drains or
-/// is displaced; with `edge.redirect_to`, every request but an ACME challenge
-/// gets 308 to https on that port.
-async fn serve_connection<I>(
+/// is displaced. Returns once hyper has let go of `io`.
+#[allow(clippy::too_many_arguments)] // the connection's parts, each used once
+async fn serve_http<I>(
     io: I,
     app: App,
     conn_info: ConnInfo,
     edge: Edge,
     timeouts: Timeouts,
-    drain: CancellationToken,
-    activity: Arc<Activity>,
-) where
+    drain: &CancellationToken,
+    activity: &Arc<Activity>,
+    handoff: &Arc<Handoff>,
+) -> Ended
+where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let peer = conn_info.peer;
@@ -380,6 +462,7 @@ async fn serve_connection<I>(
     let io =
         TokioIo::new(Watched::new(io, activity.clone()).send_timeout(send_timeout, &connections));
     let in_service = activity.clone();
+    let handoff = handoff.clone();
     let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
         let share = share.clone();
         let app = app.clone();
@@ -388,6 +471,7 @@ async fn serve_connection<I>(
         if req.version() == http::Version::HTTP_2 {
             in_service.set_multiplexed();
         }
+        handoff.request_began(&req);
         async move {
             let _busy = busy;
             Ok::<_, Infallible>(answer(app, req, conn_info, edge, share).await)
@@ -399,11 +483,11 @@ async fn serve_connection<I>(
     tokio::pin!(conn);
     // `watch` closes a connection that says nothing, one whose request head
     // stalls, and one that stays idle between requests.
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
+    let (result, ended) = tokio::select! {
+        r = conn.as_mut() => (r, Ended::ByItself),
         _ = drain.cancelled() => {
             conn.as_mut().graceful_shutdown();
-            conn.await
+            (conn.await, Ended::Cut)
         }
         _ = activity.displaced() => {
             tracing::debug!(%peer, "closed: displaced by a new connection at max_connections");
@@ -411,28 +495,29 @@ async fn serve_connection<I>(
             // between requests closes gracefully (at once, unless a
             // response is still streaming: that one finishes).
             if !activity.served_any() {
-                return;
+                return Ended::Cut;
             }
             conn.as_mut().graceful_shutdown();
             tokio::select! {
-                r = conn.as_mut() => r,
-                _ = drain.cancelled() => conn.await,
+                r = conn.as_mut() => (r, Ended::Cut),
+                _ = drain.cancelled() => (conn.await, Ended::Cut),
             }
         }
-        closing = watch(&activity, timeouts.header, timeouts.idle) => {
+        closing = watch(activity, timeouts.header, timeouts.idle) => {
             if !count_closing(&connections, closing, peer) {
-                return;
+                return Ended::Cut;
             }
             conn.as_mut().graceful_shutdown();
             tokio::select! {
-                r = conn.as_mut() => r,
-                _ = drain.cancelled() => conn.await,
+                r = conn.as_mut() => (r, Ended::Cut),
+                _ = drain.cancelled() => (conn.await, Ended::Cut),
             }
         }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
+    ended
 }
 
 /// One request on a public connection: an ACME http-01 validation in

@@ -103,6 +103,7 @@ fn server_section(s: &ServerConfig) -> Value {
         min_rate,
         send_timeout,
         upstream_per_connection,
+        lingering,
     } = bodies;
     json!({
         "listen": listen.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -119,6 +120,8 @@ fn server_section(s: &ServerConfig) -> Value {
         "request_body_min_rate": min_rate,
         "send_timeout": dur(*send_timeout),
         "upstream_requests_per_connection": upstream_per_connection,
+        "lingering_time": dur(lingering.time),
+        "lingering_timeout": dur(lingering.timeout),
         "encoded_separators": match encoded_separators {
             EncodedSeparators::Reject => "reject",
             EncodedSeparators::Decode => "decode",

@@ -1,13 +1,22 @@
-//! Who the admin listener answers: the bearer token when one is set, else only loopback Host names.
+//! Who the admin listener answers: the bearer token when one is set, else only loopback Host names; and no state-changing call from another site's page.
 //!
 //! Without a token the admin API is bound to loopback (config enforces it),
 //! but a web page in the operator's browser can still reach 127.0.0.1 by
 //! DNS rebinding: its own name, re-pointed at 127.0.0.1, is sent as `Host`.
 //! Answering only `localhost`, `127.0.0.0/8` and `[::1]` (any port) closes that.
+//!
+//! Nor does the Host rule stop cross-site request forgery: a page elsewhere
+//! can make the browser send `POST http://127.0.0.1:9901/reload` (a form, or
+//! `fetch` with `mode: "no-cors"`: a "simple" request, sent without asking),
+//! with `Host: 127.0.0.1:9901`. Browsers say where such a request comes from
+//! (`Sec-Fetch-Site`, and `Origin` on every `POST` and `DELETE`), so a call
+//! that changes state is refused unless it comes from the admin listener's
+//! own pages (the dashboard) or from no page at all (curl, `tollgate
+//! reload`, scripts send neither header): see [`from_another_site`].
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use http::header::{AUTHORIZATION, HOST};
+use http::header::{AUTHORIZATION, HOST, ORIGIN};
 use http::{Method, Request};
 
 /// Why a request does not get in.
@@ -17,10 +26,15 @@ pub enum Refusal {
     Unauthorized,
     /// No token is set and the Host is not a loopback name or address.
     ForeignHost,
+    /// A state-changing call sent by a page of another origin.
+    CrossSite,
 }
 
 /// Lets the request in, or says why not. `open` paths (probes) skip the token, not the Host rule.
 pub fn admit<B>(req: &Request<B>, token: Option<&str>, open: bool) -> Result<(), Refusal> {
+    if changes_state(req.method()) && from_another_site(req) {
+        return Err(Refusal::CrossSite);
+    }
     match token {
         Some(_) if open => Ok(()),
         Some(token) => {
@@ -37,19 +51,43 @@ pub fn admit<B>(req: &Request<B>, token: Option<&str>, open: bool) -> Result<(),
             }
         }
         None => {
-            // HTTP/2 carries the authority in the URI, HTTP/1.1 in Host.
-            let host = req
-                .uri()
-                .authority()
-                .map(|a| a.as_str())
-                .or_else(|| req.headers().get(HOST).and_then(|v| v.to_str().ok()));
-            if host.is_some_and(is_loopback_host) {
+            if authority(req).is_some_and(is_loopback_host) {
                 Ok(())
             } else {
                 Err(Refusal::ForeignHost)
             }
         }
     }
+}
+
+/// The host the request was sent to: HTTP/2 carries it in the URI, HTTP/1.1 in Host.
+fn authority<B>(req: &Request<B>) -> Option<&str> {
+    req.uri()
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers().get(HOST).and_then(|v| v.to_str().ok()))
+}
+
+/// Whether a browser sent this request for a page of another origin.
+/// `Sec-Fetch-Site` (every current browser) must be `same-origin`, or `none`
+/// (the operator's own action: the address bar, a bookmark); `same-site` is
+/// refused too, since another port of localhost is the same site. `Origin`
+/// (sent on every `POST` and `DELETE`, also by browsers without
+/// `Sec-Fetch-*`) must be the admin listener's own, `http://` + its Host;
+/// `null` (a sandboxed frame, a `data:` page) never is. A request with
+/// neither header comes from no page (curl, `tollgate reload`) and passes:
+/// a page cannot remove them.
+pub fn from_another_site<B>(req: &Request<B>) -> bool {
+    let headers = req.headers();
+    let site = headers.get("sec-fetch-site").map(|v| v.as_bytes());
+    if site.is_some_and(|s| s != b"same-origin" && s != b"none") {
+        return true;
+    }
+    let Some(origin) = headers.get(ORIGIN) else {
+        return false;
+    };
+    let own = authority(req).map(|host| format!("http://{host}"));
+    !own.is_some_and(|own| origin.as_bytes().eq_ignore_ascii_case(own.as_bytes()))
 }
 
 /// Whether a call changes state (and so is logged when no token guards it).
@@ -147,6 +185,63 @@ mod tests {
         assert_eq!(admit(&req(Some("Bearer t")), Some("t"), false), Ok(()));
         assert_eq!(admit(&req(None), Some("t"), true), Ok(()));
         assert_eq!(admit(&req(None), None, true), Err(Refusal::ForeignHost));
+    }
+
+    /// A request as Chromium sends it: `POST` to the admin listener with
+    /// `Host: 127.0.0.1:9901`, and these `Sec-Fetch-Site` and `Origin`.
+    fn post(site: Option<&str>, origin: Option<&str>) -> Request<()> {
+        let mut b = Request::builder()
+            .method(Method::POST)
+            .uri("/reload")
+            .header(HOST, "127.0.0.1:9901");
+        if let Some(s) = site {
+            b = b.header("sec-fetch-site", s);
+        }
+        if let Some(o) = origin {
+            b = b.header(ORIGIN, o);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn a_post_from_another_sites_page_is_refused_with_or_without_a_token() {
+        for (site, origin) in [
+            (Some("cross-site"), Some("http://evil.example")),
+            // Another port of localhost: the same site, another origin.
+            (Some("same-site"), Some("http://localhost:3000")),
+            // A browser without Sec-Fetch-* still sends Origin on a POST.
+            (None, Some("http://evil.example")),
+            (None, Some("null")),
+            (None, Some("http://127.0.0.1:9902")),
+            (Some("cross-site"), None),
+        ] {
+            let req = post(site, origin);
+            assert!(from_another_site(&req), "{site:?} {origin:?}");
+            assert_eq!(admit(&req, None, false), Err(Refusal::CrossSite));
+            assert_eq!(admit(&req, Some("t"), false), Err(Refusal::CrossSite));
+        }
+    }
+
+    #[test]
+    fn the_dashboard_and_clients_without_a_page_are_let_in() {
+        for (site, origin) in [
+            // The dashboard's own DELETE /bans/{key}, as Chromium sends it.
+            (Some("same-origin"), Some("http://127.0.0.1:9901")),
+            (Some("same-origin"), Some("HTTP://127.0.0.1:9901")),
+            (Some("none"), None),
+            // curl, `tollgate reload`, a script: no page, no such header.
+            (None, None),
+        ] {
+            assert_eq!(
+                admit(&post(site, origin), None, false),
+                Ok(()),
+                "{site:?} {origin:?}"
+            );
+        }
+        // Reading is not guarded: a page cannot read a cross-origin answer anyway.
+        let mut get = post(Some("cross-site"), Some("http://evil.example"));
+        *get.method_mut() = Method::GET;
+        assert_eq!(admit(&get, None, false), Ok(()));
     }
 
     #[test]

@@ -520,8 +520,10 @@ pub fn safe_return(back: &str) -> &str {
 }
 
 /// Whether the client asks for a page a person reads: `Accept` names
-/// `text/html` with a non-zero weight. `*/*` alone (curl, most libraries)
-/// is not a browser.
+/// `text/html` with a non-zero weight (read as the error pages read it:
+/// [`crate::page::quality`], so `Q=0` refuses as `q=0` does, and a
+/// malformed weight is no weight). `*/*` alone (curl, most libraries) is
+/// not a browser.
 pub fn prefers_html(headers: &HeaderMap) -> bool {
     headers
         .get_all(http::header::ACCEPT)
@@ -532,10 +534,7 @@ pub fn prefers_html(headers: &HeaderMap) -> bool {
             let mut parts = range.split(';');
             let media = parts.next().unwrap_or("").trim();
             media.eq_ignore_ascii_case("text/html")
-                && !parts.any(|p| {
-                    let p = p.trim().replace(' ', "");
-                    p == "q=0" || p.starts_with("q=0.") && p[4..].bytes().all(|b| b == b'0')
-                })
+                && crate::page::quality(parts).is_some_and(|q| q > 0)
         })
 }
 

@@ -193,6 +193,10 @@ fn a_browser_is_a_client_that_asks_for_html() {
     assert!(!accept("*/*"));
     assert!(!accept("application/json"));
     assert!(!accept("text/html;q=0, application/json"));
+    // Parameter names are case-insensitive; a zero weight in any spelling refuses.
+    assert!(!accept("text/html;Q=0"));
+    assert!(!accept("text/html ; Q = 0.000, application/json"));
+    assert!(accept("text/html;Q=0.5"));
     assert!(!prefers_html(&HeaderMap::new()));
 }
 

@@ -24,6 +24,21 @@ pub struct BodyConfig {
     /// Upstream exchanges one client connection may have in flight at once
     /// (HTTP/2 streams beyond it wait for a place).
     pub upstream_per_connection: usize,
+    /// How long the rest of a body answered early is read and discarded
+    /// before the connection closes.
+    pub lingering: Lingering,
+}
+
+/// `server.lingering_time` and `server.lingering_timeout` (nginx's names and
+/// defaults): after an answer sent before its request's body ended (413,
+/// 429, 401 …), the rest of the body is read and thrown away, so the client
+/// can finish sending and read the answer instead of meeting a reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lingering {
+    /// The longest a connection lingers in all; `0s`: it never does.
+    pub time: Duration,
+    /// The longest wait for the client's next bytes while lingering.
+    pub timeout: Duration,
 }
 
 impl Default for BodyConfig {
@@ -34,6 +49,10 @@ impl Default for BodyConfig {
             min_rate: 500,
             send_timeout: Duration::from_secs(60),
             upstream_per_connection: 16,
+            lingering: Lingering {
+                time: Duration::from_secs(30),
+                timeout: Duration::from_secs(5),
+            },
         }
     }
 }
@@ -63,12 +82,23 @@ impl Validator<'_> {
                 raw.upstream_requests_per_connection,
             )
             .unwrap_or(d.upstream_per_connection);
+        let lingering = Lingering {
+            time: dur(raw.lingering_time, d.lingering.time),
+            timeout: dur(raw.lingering_timeout, d.lingering.timeout),
+        };
+        if lingering.timeout.is_zero() {
+            self.err(
+                "server.lingering_timeout",
+                "must be longer than 0s (to turn lingering off, set lingering_time: 0s)",
+            );
+        }
         BodyConfig {
             buffer,
             timeout,
             min_rate: raw.request_body_min_rate.map_or(d.min_rate, |s| s.0),
             send_timeout,
             upstream_per_connection,
+            lingering,
         }
     }
 }
@@ -93,8 +123,26 @@ mod tests {
                 min_rate: 0,
                 send_timeout: Duration::from_secs(3),
                 upstream_per_connection: 2,
+                ..BodyConfig::default()
             }
         );
+    }
+
+    #[test]
+    fn lingering_defaults_to_nginx_30s_and_5s_and_0s_turns_it_off() {
+        let d = BodyConfig::default().lingering;
+        assert_eq!((d.time.as_secs(), d.timeout.as_secs()), (30, 5));
+        let c =
+            crate::config::parse("server: { lingering_time: 0s, lingering_timeout: 1s }").unwrap();
+        assert_eq!(
+            c.server.bodies.lingering,
+            Lingering {
+                time: Duration::ZERO,
+                timeout: Duration::from_secs(1),
+            }
+        );
+        let e = crate::config::parse("server: { lingering_timeout: 0s }").unwrap_err();
+        assert!(e.to_string().contains("server.lingering_timeout"), "{e}");
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::io::Read;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::acme::SharedKey;
 use super::certs::{self, TlsError};
@@ -139,6 +140,33 @@ pub fn require_routes(config: Config, file: &Path) -> Result<Config, ConfigError
         return Err(e);
     }
     Ok(config)
+}
+
+/// What `tollgate check` does, bounded: reads, validates and requires
+/// routes of the config at `path` on a thread of its own, and waits at most
+/// `deadline` for it. A file on a stalled disk or a listen name the resolver
+/// never answers cannot hang the check: past the deadline it is one problem
+/// saying so, and the thread is left behind (the process is about to exit).
+pub fn check_file_within(path: &Path, deadline: Duration) -> Result<Config, ConfigError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let owned = path.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("check".into())
+        .spawn(move || {
+            let checked = load_file(&owned).and_then(|c| require_routes(c, &owned));
+            let _ = tx.send(checked);
+        });
+    if let Err(e) = spawned {
+        let message = format!("cannot start the check: {e}");
+        return Err(ConfigError::single(Some(path), message, None));
+    }
+    rx.recv_timeout(deadline).unwrap_or_else(|_| {
+        let message = format!(
+            "reading and checking the config took longer than {deadline:?} and was given up \
+             (a file on a stalled disk, or a listen name the resolver does not answer?)"
+        );
+        Err(ConfigError::single(Some(path), message, None))
+    })
 }
 
 /// Parses and validates YAML text, then reads the files it names.

@@ -54,7 +54,7 @@ mod bodies;
 mod fastcgi;
 
 pub use balance::{BalanceConfig, HealthCheck, Policy};
-pub use bodies::BodyConfig;
+pub use bodies::{BodyConfig, Lingering};
 pub use challenge::{
     ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys,
     UnverifiedCrawlers, VerifyRule, ISSUE_LIMITER,
@@ -62,8 +62,8 @@ pub use challenge::{
 pub use error::{ConfigError, ConfigProblem};
 pub use fastcgi::{FastCgiAddress, FastCgiConfig};
 pub use load::{
-    load_file, load_file_text, parse, read_named_file, require_routes, survey, CONFIG_FILE_LIMIT,
-    KEYS_FILE_LIMIT, PAGE_FILE_LIMIT, SMALL_FILE_LIMIT,
+    check_file_within, load_file, load_file_text, parse, read_named_file, require_routes, survey,
+    CONFIG_FILE_LIMIT, KEYS_FILE_LIMIT, PAGE_FILE_LIMIT, SMALL_FILE_LIMIT,
 };
 pub use observe::{
     ErrorAnswers, ErrorFormat, ErrorPage, HeaderSets, LogConfig, LogFormat, RejectBody,

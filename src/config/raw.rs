@@ -305,6 +305,9 @@ pub struct RawServer {
     pub request_body_min_rate: Option<Size>,
     pub send_timeout: Option<Dur>,
     pub upstream_requests_per_connection: Option<u64>,
+    /// After an early answer, how long the rest of a body is read (nginx's names).
+    pub lingering_time: Option<Dur>,
+    pub lingering_timeout: Option<Dur>,
     /// `reject` (default) or `decode`.
     pub encoded_separators: Option<Text>,
     pub underscores_in_headers: Option<bool>,

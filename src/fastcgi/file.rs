@@ -61,7 +61,19 @@ pub async fn serve(
     }
     match validators.preconditions(headers) {
         Precondition::Proceed => {}
-        Precondition::NotModified => return bare(StatusCode::NOT_MODIFIED, head),
+        Precondition::NotModified => {
+            let mut resp = bare(StatusCode::NOT_MODIFIED, head);
+            // The compression filter gives it the ETag its 200 would have
+            // had (weak, when that 200 would be compressed on the fly); a
+            // precompressed sibling's 200 is not, and its tag is its own.
+            if variant.coding.is_none() {
+                resp.extensions_mut().insert(crate::compression::Spared {
+                    content_type: file.content_type,
+                    length: file.len,
+                });
+            }
+            return resp;
+        }
         Precondition::Failed => return bare(StatusCode::PRECONDITION_FAILED, HeaderMap::new()),
     }
     head.insert(

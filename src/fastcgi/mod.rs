@@ -411,4 +411,27 @@ mod tests {
         assert_eq!(file.kind, Kind::Exchange);
         assert!(!file.is_client_fault());
     }
+
+    #[test]
+    fn an_http2_clients_cookie_fields_become_one_http_cookie_joined_with_semicolons() {
+        let mut headers = http::HeaderMap::new();
+        for c in ["session=abc", "theme=dark"] {
+            headers.append(header::COOKIE, HeaderValue::from_static(c));
+        }
+        headers.append("accept", HeaderValue::from_static("text/html"));
+        headers.append("accept", HeaderValue::from_static("*/*"));
+        let mut params = Vec::new();
+        http_params(&headers, &mut |k, v| params.push((k.to_vec(), v.to_vec())));
+        let get = |name: &[u8]| {
+            params
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            get(b"HTTP_COOKIE").as_deref(),
+            Some(&b"session=abc; theme=dark"[..])
+        );
+        assert_eq!(get(b"HTTP_ACCEPT").as_deref(), Some(&b"text/html, */*"[..]));
+    }
 }

@@ -390,6 +390,8 @@ impl Outbound {
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
         strip_hop_by_hop(&mut parts.headers);
+        // An HTTP/2 client's cookie fields, as one HTTP/1.1 `Cookie`.
+        crate::header_value::join_cookies(&mut parts.headers);
         if let Some(h) = host {
             parts.headers.insert(header::HOST, h);
         }
@@ -466,7 +468,14 @@ impl SendError {
 
 /// Strips the response's hop-by-hop headers, except the `Upgrade` and
 /// `Connection` of a 101 answer to an upgrade request; true for such an answer.
+///
+/// The answer also becomes tollgate's own HTTP/1.1 message: hyper writes a
+/// response in the version it carries, so an HTTP/1.0 upstream's version
+/// would reach an HTTP/1.1 client and end its keep-alive (as nginx, the
+/// upstream's version is a matter between tollgate and the upstream; hyper
+/// still answers an HTTP/1.0 client as HTTP/1.0).
 fn keep_upgrade(resp: &mut Response<Incoming>, asked: bool) -> bool {
+    *resp.version_mut() = Version::HTTP_11;
     let upgraded = asked && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     let upgrade = upgraded
         .then(|| resp.headers().get(header::UPGRADE).cloned())

@@ -10,6 +10,16 @@ use crate::config::balance::RawBalance;
 use crate::config::raw::{RawUpstream, Text};
 use crate::config::{UpstreamConfig, UpstreamTls};
 
+/// `written` with what is before the `@` of its authority masked
+/// (`http://***@host:8080/`), when it has one; `None` when it has none.
+fn masked_userinfo(written: &str) -> Option<String> {
+    let (scheme, rest) = written.split_once("://")?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let (_, host) = authority.rsplit_once('@')?;
+    Some(format!("{scheme}://***@{host}{path}"))
+}
+
 impl Validator<'_> {
     /// One upstream server URL: http(s), with a host, without a query.
     fn upstream_url(&mut self, path: &str, text: &Text) -> Option<Uri> {
@@ -58,6 +68,9 @@ impl Validator<'_> {
 
     /// `upstreams.<name>`: a `fastcgi://` one, or http(s):// servers with their trust.
     pub(super) fn upstream(&mut self, name: &str, raw: &RawUpstream) -> Option<UpstreamConfig> {
+        if self.credentials_in_urls(name, raw) {
+            return None;
+        }
         if raw
             .url
             .as_ref()
@@ -104,6 +117,33 @@ impl Validator<'_> {
             )?,
             fastcgi: None,
         })
+    }
+
+    /// Whether `url` or a `servers` entry carries a user name or password
+    /// (`http://user:pass@host`), each reported. They are refused, as nginx's
+    /// `proxy_pass` and HAProxy's `server` refuse them: tollgate sends no
+    /// credentials to an upstream, so such an upstream could only ever fail
+    /// (502), and the URL is shown in `/config`, `/upstreams`, the dashboard,
+    /// metric labels and logs. The message masks what is before the `@`.
+    fn credentials_in_urls(&mut self, name: &str, raw: &RawUpstream) -> bool {
+        let url = raw.url.iter().map(|u| (format!("upstreams.{name}.url"), u));
+        let servers = raw.servers.iter().flatten().enumerate();
+        let servers = servers.map(|(i, u)| (format!("upstreams.{name}.servers[{i}]"), u));
+        let mut found = false;
+        for (path, text) in url.chain(servers) {
+            if let Some(masked) = masked_userinfo(&text.0) {
+                found = true;
+                self.err(
+                    path,
+                    format!(
+                        "{masked:?}: an upstream URL cannot carry a user name or password; tollgate \
+                         sends no credentials upstream and would show them wherever it shows the URL. \
+                         Write the URL without them, and let the upstream admit tollgate by its address"
+                    ),
+                );
+            }
+        }
+        found
     }
 
     /// `url`, or every entry of `servers`, as URLs of one scheme; at least one.
@@ -181,5 +221,64 @@ impl Validator<'_> {
             (None, false) => UpstreamTls::SystemRoots,
         };
         Some(tls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::parse;
+
+    fn refused(upstream: &str) -> String {
+        let yaml = format!(
+            "upstreams:\n  app: {upstream}\nroutes:\n  - {{ name: r, match: {{ path_prefix: / }}, upstream: app }}\n"
+        );
+        parse(&yaml)
+            .expect_err("credentials are refused")
+            .to_string()
+    }
+
+    #[test]
+    fn an_upstream_url_with_credentials_is_refused_without_showing_them() {
+        for (upstream, path, masked) in [
+            (
+                "{ url: \"http://alice:s3cret@127.0.0.1:8080/app\" }",
+                "upstreams.app.url",
+                "http://***@127.0.0.1:8080/app",
+            ),
+            (
+                "{ servers: [\"http://10.0.0.1:80\", \"https://tok3n@10.0.0.2\"] }",
+                "upstreams.app.servers[1]",
+                "https://***@10.0.0.2",
+            ),
+            (
+                "{ url: \"fastcgi://alice:s3cret@127.0.0.1:9000\", root: /srv }",
+                "upstreams.app.url",
+                "fastcgi://***@127.0.0.1:9000",
+            ),
+            // A second `@` (an unescaped one in the password) is masked whole.
+            (
+                "{ url: \"http://alice:s3cret@x@127.0.0.1\" }",
+                "upstreams.app.url",
+                "http://***@127.0.0.1",
+            ),
+        ] {
+            let e = refused(upstream);
+            assert!(
+                e.contains(&format!(
+                    "{path}: \"{masked}\": an upstream URL cannot carry a user name or password"
+                )),
+                "{e}"
+            );
+            assert!(
+                !e.contains("s3cret") && !e.contains("alice") && !e.contains("tok3n"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_at_sign_in_the_path_is_no_credential() {
+        let yaml = "upstreams:\n  app: { url: \"http://127.0.0.1:8080/@team\" }\nroutes:\n  - { name: r, match: { path_prefix: / }, upstream: app }\n";
+        parse(yaml).unwrap();
     }
 }
