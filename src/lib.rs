@@ -47,6 +47,7 @@
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
 //! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
 //!   writer of refusals (429s); [`key`]: store keys `<limiter>:<key value>`;
+//!   [`location`]: every `Location` header tollgate writes (never off the site by accident);
 //!   [`page`]: tollgate's own HTML pages (whether `Accept` prefers one, the built-in error pages,
 //!   operators' templates);
 //!   [`pool`]: the per-worker HTTP/1.1 connection pool;
@@ -106,6 +107,7 @@ pub mod header_value;
 pub mod identity;
 pub mod key;
 pub mod limiter;
+pub mod location;
 pub mod logging;
 pub mod metrics;
 pub mod page;

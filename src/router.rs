@@ -360,13 +360,9 @@ pub fn https_redirect<B>(
     port: u16,
 ) -> Option<http::Response<crate::body::Body>> {
     let host = request_host(req)?;
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let location = if port == 443 {
-        format!("https://{host}{path}")
-    } else {
-        format!("https://{host}:{port}{path}")
-    };
-    let location = http::HeaderValue::from_str(&location).ok()?;
+    // The host is the request's own, checked to be a host alone; the path
+    // goes through the same builder as every other Location.
+    let location = crate::location::https(&host, port, req.uri().path(), req.uri().query())?;
     let mut resp = http::Response::new(crate::body::Body::empty());
     *resp.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
     resp.headers_mut().insert(http::header::LOCATION, location);

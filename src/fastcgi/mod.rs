@@ -168,7 +168,9 @@ impl FastCgi {
         .unwrap_or((Target::NotFound, None));
         match resolved {
             (Target::NotFound, _) => Ok(own(Problem::FileNotFound)),
-            (Target::Directory, _) => Ok(file::redirect_to_directory(&parts.uri)),
+            (Target::Directory(path), _) => {
+                Ok(file::redirect_to_directory(&path, parts.uri.query()))
+            }
             (Target::Static(_), Some(variant)) => {
                 let cache_control = self.config.cache_control.as_deref();
                 Ok(file::serve(&parts.method, &parts.headers, variant, cache_control).await)
