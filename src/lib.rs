@@ -81,6 +81,8 @@
 //! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
 //!   (`key: pass`); `app/challenge.rs` is its phase (the pass a request carries, the pass path,
 //!   the page instead of a refusal);
+//! - [`site`]: site rules a route carries (redirect, rewrite, access lists, basic auth,
+//!   header rules), built once per config; `app/site.rs` is their phases (docs/SITE.md: the order);
 //! - [`build_info`]: what `--version` says (version, commit, build date);
 //!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
@@ -122,6 +124,7 @@ pub mod request_id;
 pub mod router;
 pub mod sd_notify;
 pub mod server;
+pub mod site;
 pub mod snapshot;
 pub mod store;
 pub mod tls;

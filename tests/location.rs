@@ -51,8 +51,10 @@ async fn the_directory_redirect_is_built_from_the_resolved_path_and_never_leaves
 
 #[tokio::test(start_paused = true)]
 async fn a_backslash_spelling_is_refused_or_redirected_on_the_site() {
-    let (_dir, app) = site("decode");
-    std::fs::create_dir_all(_dir.path().join("\\evil.example")).unwrap();
+    let (dir, app) = site("decode");
+    // A directory whose name starts with a backslash (a plain character here).
+    let name: std::path::PathBuf = ["\\evil.example"].iter().collect();
+    std::fs::create_dir_all(dir.path().join(name)).unwrap();
     // Decoded, `\evil.example` is a plain directory name: its redirect must
     // not start with `/\`, which a browser reads as another host.
     let (status, loc) = location(&app, "/%5Cevil.example").await;

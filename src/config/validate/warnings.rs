@@ -108,11 +108,7 @@ impl Validator<'_> {
     /// a victim's value and use up (or ban) the victim.
     fn warn_client_chosen_hooks(&mut self, limiters: &[LimiterConfig], key_source: bool) {
         for l in limiters {
-            let identifies = l.key.iter().any(|p| match p {
-                KeyPart::Client | KeyPart::Ip | KeyPart::Pass => true,
-                KeyPart::ApiKey => key_source,
-                KeyPart::Route | KeyPart::Global | KeyPart::Header(_) => false,
-            });
+            let identifies = l.key.iter().any(|p| p.names_sender(key_source));
             let chosen = l.key.iter().any(|p| p.chosen_by_client(key_source));
             if identifies || !chosen {
                 continue;
