@@ -3,8 +3,11 @@
 use http::{HeaderName, HeaderValue, StatusCode};
 use regex::{Regex, RegexBuilder};
 
-use super::raw::{RawAccess, RawBasic, RawHeaderRules, RawHeaders, RawRedirect, RawRewrite};
-use super::Validator;
+use super::raw::{
+    RawAccess, RawBasic, RawHeaderRules, RawHeaders, RawRedirect, RawRewrite, RawRoute,
+};
+use super::validate::position;
+use super::{Action, RouteConfig, Validator};
 use crate::site::{self, Access, BasicAuth, HeaderRules, Headers, Redirect, Rewrite, Template};
 
 /// The longest `path_regex` a config may write.
@@ -235,6 +238,101 @@ impl Validator<'_> {
             Err(_) => {
                 self.err(at, format!("{name:?} is not a header name"));
                 None
+            }
+        }
+    }
+}
+
+/// Whether `earlier` takes every request `later` would, when either matches
+/// by `path_regex`; only what can be decided is `true`: a regex before an
+/// exact `path` it matches, or a catch-all before a regex route. Anything
+/// else is `false` here, and [`Validator::warn_regex_shadows`] says when it
+/// cannot decide.
+pub(super) fn regex_covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
+    match (&earlier.path_regex, &later.path_regex) {
+        (Some(re), None) => later
+            .path
+            .as_deref()
+            .is_some_and(|p| !p.ends_with(".php") && re.is_match(p)),
+        (None, Some(_)) => {
+            earlier.path.is_none()
+                && earlier
+                    .path_prefix
+                    .as_deref()
+                    .is_none_or(|p| p.trim_end_matches('/').is_empty())
+        }
+        _ => false,
+    }
+}
+
+/// The one path `r` matches when it is a plain literal, or whether `path`
+/// is matched by `r`'s path condition (exact, prefix, regex).
+fn matches_path(r: &RouteConfig, path: &str) -> bool {
+    let trimmed = |p: &str| p.trim_end_matches('/').to_string();
+    if let Some(re) = &r.path_regex {
+        return re.is_match(path);
+    }
+    if let Some(p) = &r.path {
+        return trimmed(p) == trimmed(path);
+    }
+    match &r.path_prefix {
+        Some(prefix) => {
+            let (prefix, path) = (trimmed(prefix), trimmed(path));
+            prefix.is_empty()
+                || path == prefix
+                || (path.starts_with(&prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+        }
+        None => true,
+    }
+}
+
+impl Validator<'_> {
+    /// A regex route before a prefix route whose own prefix it matches: some
+    /// of the later route's requests go to the earlier one, and whether all
+    /// do is more than `check` can decide; it says so.
+    pub(super) fn warn_regex_shadows(&mut self, raw: &[RawRoute], routes: &[RouteConfig]) {
+        for (j, later) in routes.iter().enumerate() {
+            let Some(prefix) = later.path_prefix.as_deref() else {
+                continue;
+            };
+            let earlier = routes[..j].iter().find(|e| {
+                e.path_regex.as_ref().is_some_and(|re| re.is_match(prefix))
+                    && e.methods.is_none()
+                    && e.host.is_none()
+            });
+            if let Some(earlier) = earlier {
+                let at = position(raw, &later.name);
+                self.warn(
+                    format!("routes[{at}].name"),
+                    format!(
+                        "route {:?} may be partly shadowed: route {:?} comes first and its `path_regex` matches {prefix:?} itself; check cannot decide whether it takes every request of {:?}",
+                        later.name, earlier.name, later.name
+                    ),
+                );
+            }
+        }
+    }
+
+    /// A redirect to a path its own route matches: a client that follows it
+    /// comes back forever (each time counted by the route's limiters).
+    pub(super) fn warn_redirect_loops(&mut self, raw: &[RawRoute], routes: &[RouteConfig]) {
+        for r in routes {
+            let Action::Redirect(redirect) = &r.action else {
+                continue;
+            };
+            if redirect.to.origin.is_some() || redirect.to.uses_captures() {
+                continue;
+            }
+            let target = redirect.to.expand("", None, None).path;
+            if matches_path(r, &crate::router::normalize(&target)) && r.query.is_empty() {
+                let at = position(raw, &r.name);
+                self.warn(
+                    format!("routes[{at}].redirect.to"),
+                    format!(
+                        "route {:?} redirects to {target:?}, which it matches itself: a client that follows it loops",
+                        r.name
+                    ),
+                );
             }
         }
     }

@@ -36,6 +36,8 @@ mod server;
 mod upstreams;
 mod warnings;
 
+pub(in crate::config) use warnings::position;
+
 #[cfg(test)]
 mod tests;
 

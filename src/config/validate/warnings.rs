@@ -23,6 +23,8 @@ impl Validator<'_> {
         self.warn_walkable_routes(raw, routes, limiters, key_source);
         self.warn_client_chosen_hooks(limiters, key_source);
         self.warn_unverified_overrides(limiters, key_source);
+        self.warn_regex_shadows(raw, routes);
+        self.warn_redirect_loops(raw, routes);
     }
 
     /// A route after one that matches every request it would match is dead
@@ -164,7 +166,7 @@ fn unverified(key_source: bool) -> &'static str {
 }
 
 /// The index of the route named `name` in the document (names are unique once valid).
-fn position(raw: &[RawRoute], name: &str) -> usize {
+pub(in crate::config) fn position(raw: &[RawRoute], name: &str) -> usize {
     raw.iter().position(|r| r.name.0 == name).unwrap_or(0)
 }
 
@@ -184,6 +186,9 @@ fn covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
 }
 
 fn path_covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
+    if earlier.path_regex.is_some() || later.path_regex.is_some() {
+        return super::super::site::regex_covers(earlier, later);
+    }
     let later_path = later.path.as_deref().or(later.path_prefix.as_deref());
     match (&earlier.path, &earlier.path_prefix) {
         (None, None) => true,
