@@ -83,6 +83,7 @@
 //!   the page instead of a refusal);
 //! - [`site`]: site rules a route carries (redirect, rewrite, access lists, basic auth,
 //!   header rules), built once per config; `app/site.rs` is their phases (docs/SITE.md: the order);
+//! - [`import`]: `tollgate import htaccess`: an `.htaccess` as routes (a config `check` accepts);
 //! - [`build_info`]: what `--version` says (version, commit, build date);
 //!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
@@ -107,6 +108,7 @@ pub mod forward_error;
 pub mod framing;
 pub mod header_value;
 pub mod identity;
+pub mod import;
 pub mod key;
 pub mod limiter;
 pub mod location;

@@ -37,6 +37,8 @@ struct Matcher {
     regex: Option<regex::Regex>,
     /// The route's action names captures: the one search also records them.
     captures: bool,
+    /// `match.query_regex`, on the query as sent (empty when there is none).
+    query_regex: Option<regex::Regex>,
     path: Option<String>,
     /// `path` names a `.php` script: its PATH_INFO forms (`path/…`) match too.
     php_script: bool,
@@ -57,6 +59,7 @@ impl Router {
                     Matcher {
                         regex: r.path_regex.clone(),
                         captures: uses_captures(r),
+                        query_regex: r.query_regex.clone(),
                         php_script: path.as_deref().is_some_and(|p| p.ends_with(".php")),
                         path,
                         prefix: r.path_prefix.as_deref().map(|p| normalize(p).into_owned()),
@@ -149,6 +152,11 @@ impl Matcher {
         }
         if let Some(h) = &self.host {
             if host != Some(h.as_str()) {
+                return false;
+            }
+        }
+        if let Some(re) = &self.query_regex {
+            if !re.is_match(query.unwrap_or("")) {
                 return false;
             }
         }
@@ -503,6 +511,7 @@ mod tests {
             compression: true,
             challenge: None,
             path_regex: None,
+            query_regex: None,
             site: Default::default(),
         }
     }

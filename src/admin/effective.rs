@@ -475,6 +475,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         compression,
         challenge,
         path_regex,
+        query_regex,
         site,
     } = r;
     let (upstream, respond, redirect) = match action {
@@ -513,6 +514,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
             "host": host,
             "query": query,
             "path_regex": path_regex.as_ref().map(regex::Regex::as_str),
+            "query_regex": query_regex.as_ref().map(regex::Regex::as_str),
         },
         "upstream": upstream,
         "respond": respond,

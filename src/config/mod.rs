@@ -483,6 +483,8 @@ pub struct RouteConfig {
     pub challenge: Option<ChallengeConfig>,
     /// `match.path_regex`, compiled once for the config's life.
     pub path_regex: Option<regex::Regex>,
+    /// `match.query_regex`, on the query string as sent.
+    pub query_regex: Option<regex::Regex>,
     /// `access`, `auth`, `headers`, `rewrite` (each `None` unless configured).
     pub site: crate::site::Rules,
 }

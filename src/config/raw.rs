@@ -512,6 +512,8 @@ pub struct RawMatch {
     pub query: Option<BTreeMap<String, Text>>,
     /// A regular expression on the normalised path; its captures fill `redirect.to` and `rewrite.to`.
     pub path_regex: Option<Text>,
+    /// A regular expression on the query string as sent (Apache's `%{QUERY_STRING}` conditions).
+    pub query_regex: Option<Text>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

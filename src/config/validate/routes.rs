@@ -39,6 +39,10 @@ impl Validator<'_> {
                 .path_regex
                 .as_ref()
                 .and_then(|p| self.path_regex(&at("match.path_regex"), &p.0));
+            let query_regex = m
+                .query_regex
+                .as_ref()
+                .and_then(|p| self.path_regex(&at("match.query_regex"), &p.0));
             let methods = self.route_methods(i, m);
             let action =
                 self.route_action(i, r, &upstream_index, raw_upstreams, path_regex.as_ref());
@@ -73,6 +77,7 @@ impl Validator<'_> {
                         .as_ref()
                         .map(|c| self.challenge(&at("challenge"), c)),
                     path_regex,
+                    query_regex,
                     site,
                 });
             }

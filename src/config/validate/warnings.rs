@@ -181,7 +181,8 @@ fn covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
         (Some(e), Some(l)) => l.iter().all(|m| e.contains(m)),
     };
     let host = earlier.host.is_none() || earlier.host == later.host;
-    let query = earlier.query.iter().all(|q| later.query.contains(q));
+    let query =
+        earlier.query.iter().all(|q| later.query.contains(q)) && earlier.query_regex.is_none();
     methods && host && query && path_covers(earlier, later)
 }
 
