@@ -204,22 +204,29 @@ impl Site {
                 r.response_headers.yaml()
             );
         }
+        self.action_yaml(out, r);
+    }
+
+    /// A route's action: `upstream` (with the front controller for the
+    /// catch-all's), `respond`, `redirect` or `rewrite`.
+    fn action_yaml(&self, out: &mut String, r: &Route) {
         // Another route's own captures are not the front controller's.
         let front_fits = self.front_regex.is_none() || r.path_regex == self.front_regex;
-        let front = |out: &mut String| match self.front.as_ref().filter(|_| front_fits) {
-            Some((to, append)) => {
-                let _ = writeln!(
-                    out,
-                    "    rewrite: {{ to: {}, unless_exists: true{} }}\n    upstream: php",
-                    q(to),
-                    if *append { ", append_query: true" } else { "" }
-                );
-            }
-            None => out.push_str("    upstream: php\n"),
-        };
+        let upstream = "    upstream: php\n";
         match r.action.as_ref().unwrap_or(&Action::CatchAll) {
-            Action::CatchAll => front(out),
-            Action::Upstream => out.push_str("    upstream: php\n"),
+            Action::CatchAll => match self.front.as_ref().filter(|_| front_fits) {
+                Some((to, append)) => {
+                    let append = if *append { ", append_query: true" } else { "" };
+                    let _ = writeln!(
+                        out,
+                        "    rewrite: {{ to: {}, unless_exists: true{append} }}",
+                        q(to)
+                    );
+                    out.push_str(upstream);
+                }
+                None => out.push_str(upstream),
+            },
+            Action::Upstream => out.push_str(upstream),
             Action::Respond(status) => {
                 let _ = writeln!(out, "    respond: {{ status: {status} }}");
             }
@@ -250,11 +257,8 @@ impl Site {
                 } else {
                     ""
                 };
-                let _ = writeln!(
-                    out,
-                    "    rewrite: {{ to: {}{exists}{append} }}\n    upstream: php",
-                    q(to)
-                );
+                let _ = writeln!(out, "    rewrite: {{ to: {}{exists}{append} }}", q(to));
+                out.push_str(upstream);
             }
         }
     }

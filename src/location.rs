@@ -48,36 +48,44 @@ pub const MAX_LOCATION: usize = 16 * 1024;
 /// `?query` when there is one. `None` when the result would exceed
 /// [`MAX_LOCATION`].
 pub fn local(path: &str, query: Option<&str>) -> Option<HeaderValue> {
-    let rest = path.trim_start_matches('/');
-    let mut out = String::with_capacity(rest.len() + 2 + query.map_or(0, str::len));
-    out.push('/');
-    out.extend(utf8_percent_encode(rest, NOT_URI));
-    push_query(&mut out, query);
-    finish(out)
+    build("", path, NOT_URI, query)
 }
 
 /// As [`local`], for a path already percent-decoded (a file path a FastCGI
 /// root resolved): every byte that is not plain path text is encoded.
 pub fn local_decoded(path: &str, query: Option<&str>) -> Option<HeaderValue> {
-    let rest = path.trim_start_matches('/');
-    let mut out = String::with_capacity(rest.len() + 2 + query.map_or(0, str::len));
-    out.push('/');
-    out.extend(utf8_percent_encode(rest, NOT_PATH));
-    push_query(&mut out, query);
-    finish(out)
+    build("", path, NOT_PATH, query)
 }
 
 /// A `Location` on another origin the config names: `origin` is a scheme
 /// and authority an operator wrote or a validated host (`https://example.com`,
 /// no trailing `/`); `path` as for [`local`].
 pub fn absolute(origin: &str, path: &str, query: Option<&str>) -> Option<HeaderValue> {
+    build(origin, path, NOT_URI, query)
+}
+
+/// `origin`, one `/`, `path` without its leading slashes and encoded by
+/// `set`, then the query: the one shape every `Location` has.
+fn build(
+    origin: &str,
+    path: &str,
+    set: &'static AsciiSet,
+    query: Option<&str>,
+) -> Option<HeaderValue> {
     let rest = path.trim_start_matches('/');
-    let mut out = String::with_capacity(origin.len() + rest.len() + 2);
+    let mut out = String::with_capacity(origin.len() + rest.len() + 2 + query.map_or(0, str::len));
     out.push_str(origin);
     out.push('/');
-    out.extend(utf8_percent_encode(rest, NOT_URI));
-    push_query(&mut out, query);
-    finish(out)
+    out.extend(utf8_percent_encode(rest, set));
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        out.push('?');
+        out.extend(utf8_percent_encode(q, NOT_URI));
+    }
+    if out.len() > MAX_LOCATION {
+        return None;
+    }
+    // Only printable ASCII is left after encoding: always a valid value.
+    HeaderValue::from_str(&out).ok()
 }
 
 /// The same URL on `https://` at `host` (a request's `Host` as the router
@@ -105,21 +113,6 @@ pub fn is_local(target: &str) -> bool {
     b.first() == Some(&b'/')
         && !matches!(b.get(1), Some(b'/' | b'\\'))
         && b.iter().all(|c| (0x21..0x7f).contains(c) && *c != b'\\')
-}
-
-fn push_query(out: &mut String, query: Option<&str>) {
-    if let Some(q) = query.filter(|q| !q.is_empty()) {
-        out.push('?');
-        out.extend(utf8_percent_encode(q, NOT_URI));
-    }
-}
-
-fn finish(out: String) -> Option<HeaderValue> {
-    if out.len() > MAX_LOCATION {
-        return None;
-    }
-    // Only printable ASCII is left after encoding: always a valid value.
-    HeaderValue::from_str(&out).ok()
 }
 
 #[cfg(test)]

@@ -144,39 +144,7 @@ impl FastCgi {
         proto: &'static str,
         worker: usize,
     ) -> Result<Response<Streamed>, FastCgiError> {
-        // A `rewrite` names another path (and query) under the same root, by
-        // the same rules; `unless_exists` only when the requested one names nothing.
-        let rewritten = parts.extensions.get::<crate::site::Rewritten>().cloned();
-        let (first, then) = match &rewritten {
-            None => (parts.uri.path().to_string(), None),
-            Some(r) if r.unless_exists => (parts.uri.path().to_string(), Some(r.path.clone())),
-            Some(r) => (r.path.clone(), None),
-        };
-        let config = self.config.clone();
-        let accepted = crate::compression::Accepted::from_headers(&parts.headers);
-        let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
-        // Stats and symlink checks are blocking file-system calls.
-        let resolved = tokio::task::spawn_blocking(move || {
-            let fallback = config.fallback.as_deref();
-            let mut target = resolve(&config, &first, fallback.filter(|_| then.is_none()));
-            let mut took_rewrite = then.is_none();
-            if let (Target::NotFound, Some(then)) = (&target, &then) {
-                target = resolve(&config, then, fallback);
-                took_rewrite = true;
-            }
-            let variant = match &target {
-                Target::Static(file) => Some(static_variant(&config, file, accepted, siblings)),
-                _ => None,
-            };
-            (target, variant, took_rewrite)
-        })
-        .await
-        .unwrap_or((Target::NotFound, None, false));
-        let query = match (&rewritten, resolved.2) {
-            (Some(r), true) => r.query.clone(),
-            _ => parts.uri.query().map(str::to_string),
-        };
-        let resolved = (resolved.0, resolved.1);
+        let (resolved, query) = self.resolve_request(&parts).await;
         match resolved {
             (Target::NotFound, _) => Ok(own(Problem::FileNotFound)),
             (Target::Directory(path), _) => {
@@ -220,6 +188,46 @@ impl FastCgi {
                 Ok(resp)
             }
         }
+    }
+
+    /// What the request names under the root, and the QUERY_STRING it runs
+    /// with. A `rewrite` names another path (and query) under the same root,
+    /// by the same rules; `unless_exists` only when the requested one names
+    /// nothing. Stats and symlink checks block: they run off the runtime.
+    async fn resolve_request(
+        &self,
+        parts: &http::request::Parts,
+    ) -> ((Target, Option<file::Variant>), Option<String>) {
+        let rewritten = parts.extensions.get::<crate::site::Rewritten>();
+        let (first, then) = match rewritten {
+            None => (parts.uri.path().to_string(), None),
+            Some(r) if r.unless_exists => (parts.uri.path().to_string(), Some(r.path.clone())),
+            Some(r) => (r.path.clone(), None),
+        };
+        let config = self.config.clone();
+        let accepted = crate::compression::Accepted::from_headers(&parts.headers);
+        let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
+        let (target, variant, took_rewrite) = tokio::task::spawn_blocking(move || {
+            let fallback = config.fallback.as_deref();
+            let mut target = resolve(&config, &first, fallback.filter(|_| then.is_none()));
+            let mut took_rewrite = then.is_none();
+            if let (Target::NotFound, Some(then)) = (&target, &then) {
+                target = resolve(&config, then, fallback);
+                took_rewrite = true;
+            }
+            let variant = match &target {
+                Target::Static(file) => Some(static_variant(&config, file, accepted, siblings)),
+                _ => None,
+            };
+            (target, variant, took_rewrite)
+        })
+        .await
+        .unwrap_or((Target::NotFound, None, false));
+        let query = match (rewritten, took_rewrite) {
+            (Some(r), true) => r.query.clone(),
+            _ => parts.uri.query().map(str::to_string),
+        };
+        ((target, variant), query)
     }
 
     /// Whether this upstream can serve `config` unchanged (a reload keeps its pool).

@@ -220,7 +220,37 @@ impl Reader {
                 return self.warn(n, format!("the pattern cannot be translated: {e}"));
             }
         }
-        let action = if f.forbidden {
+        let action = self.action(target, f);
+        let matches_all = everything || EVERYTHING.contains(&pattern);
+        let front =
+            matches_all && c.missing && c.query.is_none() && c.host.is_none() && c.path.is_none();
+        if let (true, Action::Rewrite { to, append_query }) = (front, &action) {
+            self.site.front = Some((to.clone(), *append_query));
+            self.site.front_regex = regex.clone();
+            for (line, p) in &c.not_path {
+                self.note(*line, format!("`!{p}`: the front controller rewrites only paths that name no file, so it never rewrites an existing script"));
+            }
+            return;
+        }
+        if !self.exceptions(n, denies, &c) {
+            return;
+        }
+        let prefix = regex.is_none().then(|| self.base.clone());
+        self.site.routes.push(Route {
+            line: n,
+            path_prefix: prefix,
+            path_regex: regex,
+            query_regex: c.query,
+            host: c.host,
+            unless_exists: c.missing,
+            action: Some(action),
+            ..Default::default()
+        });
+    }
+
+    /// What a rule does: deny (`F`, `G`), pass (`-`), redirect (`R`) or rewrite.
+    fn action(&self, target: &str, f: &Flags) -> Action {
+        if f.forbidden {
             Action::Respond(403)
         } else if f.gone {
             Action::Respond(410)
@@ -237,21 +267,15 @@ impl Reader {
                 to: self.target(target),
                 append_query: f.append_query,
             }
-        };
-        let matches_all = everything || EVERYTHING.contains(&pattern);
-        let front =
-            matches_all && c.missing && c.query.is_none() && c.host.is_none() && c.path.is_none();
-        if let (true, Action::Rewrite { to, append_query }) = (front, &action) {
-            self.site.front = Some((to.clone(), *append_query));
-            self.site.front_regex = regex.clone();
-            for (line, p) in &c.not_path {
-                self.note(*line, format!("`!{p}`: the front controller rewrites only paths that name no file, so it never rewrites an existing script"));
-            }
-            return;
         }
+    }
+
+    /// `!%{REQUEST_URI}` conditions of rule `n`: exceptions to a deny become
+    /// routes before it (later rules then do not apply to them: said so);
+    /// on a rewrite of missing paths they are implied. `false`: the rule
+    /// cannot be translated (warned).
+    fn exceptions(&mut self, n: usize, denies: bool, c: &Conditions) -> bool {
         match (denies, c.missing) {
-            // A deny with exceptions: each exception first, as the catch-all
-            // (later rules then do not apply to the exceptions: said so).
             (true, _) => {
                 for (line, p) in &c.not_path {
                     self.note(*line, format!("`!{p}`: an exception to the deny on line {n}, a route before it that goes where the catch-all goes"));
@@ -263,8 +287,8 @@ impl Reader {
                     };
                     self.site.routes.push(guard);
                 }
+                true
             }
-            // Rewriting only what names no file never rewrites the script itself.
             (false, true) => {
                 for (line, p) in &c.not_path {
                     self.note(
@@ -274,24 +298,18 @@ impl Reader {
                         ),
                     );
                 }
+                true
             }
-            (false, false) => {
-                if let Some((line, p)) = c.not_path.first() {
-                    return self.warn(*line, format!("`!{p}` on a rule that is not a deny is not translated; the rule on line {n} is skipped"));
+            (false, false) => match c.not_path.first() {
+                Some((line, p)) => {
+                    let line = *line;
+                    let why = format!("`!{p}` on a rule that is not a deny is not translated; the rule on line {n} is skipped");
+                    self.warn(line, why);
+                    false
                 }
-            }
+                None => true,
+            },
         }
-        let prefix = regex.is_none().then(|| self.base.clone());
-        self.site.routes.push(Route {
-            line: n,
-            path_prefix: prefix,
-            path_regex: regex,
-            query_regex: c.query,
-            host: c.host,
-            unless_exists: c.missing,
-            action: Some(action),
-            ..Default::default()
-        });
     }
 
     /// A per-directory pattern as a `path_regex` on the whole path.
