@@ -492,7 +492,9 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         Action::Redirect(r) => (
             None,
             None,
-            Some(json!({"to": r.to.written, "status": r.status.as_u16()})),
+            Some(
+                json!({"to": r.to.written, "status": r.status.as_u16(), "append_query": r.to.append_query()}),
+            ),
         ),
     };
     let headers = match rate_limit_headers {
@@ -519,7 +521,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "upstream": upstream,
         "respond": respond,
         "redirect": redirect,
-        "rewrite": site.rewrite.as_ref().map(|r| json!({"to": r.to.written, "unless_exists": r.unless_exists})),
+        "rewrite": site.rewrite.as_ref().map(|r| json!({"to": r.to.written, "unless_exists": r.unless_exists, "append_query": r.to.append_query()})),
         "access": site.access.as_ref().map(access),
         "auth": site.auth.as_ref().map(|a| json!({"basic": {
             "realm": a.realm,

@@ -74,6 +74,11 @@ impl Template {
         })
     }
 
+    /// `append_query` as configured.
+    pub fn append_query(&self) -> bool {
+        self.append_query
+    }
+
     /// Whether any piece names a capture (else the route need not capture).
     pub fn uses_captures(&self) -> bool {
         self.pieces.iter().any(|p| matches!(p, Piece::Group(_)))
