@@ -207,7 +207,12 @@ impl App {
             Some(Due::OverLimit) | None => {}
         }
         let mut admitted = admitted;
-        let auth = self.authenticate(x, route, &mut admitted.req).await;
+        // Boxed: a password check's future (its blocking task) stays off
+        // the request's state unless the route has `auth`.
+        let auth = match x.snap.config.routes[route].site.auth.is_some() {
+            true => Box::pin(self.authenticate(x, route, &mut admitted.req)).await,
+            false => site::Authenticated::NotAsked,
+        };
         let failed = matches!(auth, site::Authenticated::Failed);
         let headers = admitted.req.headers();
         let mut pass = match self.limit(x, route, &client, headers, failed).await? {
