@@ -18,6 +18,7 @@ the same load (the kernel's share, which callgrind does not see).
     bench/instructions.py --only tollgate --challenge   # + a challenge flood: unsolved pages, forged solutions
     bench/instructions.py --budget-allow 40000 --budget-reject 20000   # exit 1 above these (CI)
     bench/instructions.py --only tollgate --accept-encoding 'gzip, deflate, br'   # as a browser asks
+    bench/instructions.py --only tollgate --redirect   # + a `path_regex` route's redirect (captures, limited)
 
 The targets are those of bench/proxybench.py: an nginx upstream (`return
 200`, not measured) on 127.0.0.1:19180; tollgate (SQLite store, 2 workers)
@@ -199,7 +200,7 @@ def challenge_requests(port):
     return page, post(12345), passed
 
 
-def write_configs(d, store, access_log, challenge=False):
+def write_configs(d, store, access_log, challenge=False, redirect=False):
     up = PORTS["upstream"]
     common = (f"daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/%s.pid;\nerror_log {d}/%s-error.log warn;\n"
               "events { worker_connections 4096; }\n")
@@ -227,6 +228,8 @@ def write_configs(d, store, access_log, challenge=False):
         pass_keys = f'identity: {{ pass: {{ secret_file: "{d}/pass.keys" }} }}\n'
         challenged = ("  - { name: challenged, match: { path_prefix: /challenged }, upstream: app,"
                       " challenge: { when: always }, limiters: [allow] }\n")
+    redirect = ("  - { name: redirect, match: { path_regex: '^/old/(\\d+)/(.*)$' },"
+                " redirect: { to: '/new/$1/$2' }, limiters: [allow] }\n") if redirect else ""
     # `path` belongs to the SQLite store only (tollgate refuses it on another backend).
     path = f', path: "{d}/tollgate.db"' if store == "sqlite" else ""
     with open(f"{d}/tollgate.yaml", "w") as f:
@@ -240,7 +243,7 @@ limiters:
   allow: {{ algorithm: fixed_window, limit: 1000000000, window: 60s, key: ip }}
   reject: {{ algorithm: fixed_window, limit: 1, window: 1h, key: ip }}
 routes:
-{challenged}  - {{ name: reject, match: {{ path_prefix: /reject }}, upstream: app, limiters: [reject] }}
+{challenged}{redirect}  - {{ name: reject, match: {{ path_prefix: /reject }}, upstream: app, limiters: [reject] }}
   - {{ name: allow, match: {{ path_prefix: / }}, upstream: app, limiters: [allow] }}
 """)
 
@@ -358,6 +361,8 @@ def main():
     ap.add_argument("--floor-args", default="--workers 2", help="extra arguments for the floor, e.g. '--auto'")
     ap.add_argument("--accept-encoding", help="send this Accept-Encoding with every request, as a browser does "
                     "(e.g. 'gzip, deflate, br')")
+    ap.add_argument("--redirect", action="store_true",
+                    help="tollgate also answers a redirect: a `path_regex` route with captures, behind a limiter")
     ap.add_argument("--budget-allow", type=int, help="exit 1 if tollgate's allow path exceeds this many instructions per request")
     ap.add_argument("--budget-reject", type=int, help="exit 1 if tollgate's 429 exceeds this many instructions per request")
     args = ap.parse_args()
@@ -370,7 +375,7 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing")
     d = tempfile.mkdtemp(prefix="tollgate-instr.")
-    write_configs(d, args.store, "true" if args.access_log == "on" else "false", args.challenge)
+    write_configs(d, args.store, "true" if args.access_log == "on" else "false", args.challenge, args.redirect)
     upstream = subprocess.Popen(["nginx", "-p", d, "-e", f"{d}/up-error.log", "-c", f"{d}/upstream.conf"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     servers = []
@@ -379,6 +384,8 @@ def main():
         plan = []
         if "tollgate" in only:
             tollgate_scenarios = [("allow", PORTS["tollgate"], "/"), ("reject", PORTS["tollgate"], "/reject")]
+            if args.redirect:
+                tollgate_scenarios.append(("redirect", PORTS["tollgate"], "/old/2024/page"))
             if args.challenge:
                 # Prepared once the server is up (the forged post needs a real challenge).
                 flood = {}

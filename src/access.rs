@@ -81,6 +81,9 @@ pub struct AccessRecord {
     pub bytes_out: u64,
     pub referer: Option<HeaderValue>,
     pub user_agent: Option<HeaderValue>,
+    /// The site rule that answered or changed the request (`redirect`,
+    /// `respond`, `rewrite`, `access`, `site.access`, `auth`); written only when set.
+    pub rule: Option<&'static str>,
 }
 
 /// The queue to the writer thread, and what it dropped.
@@ -400,6 +403,10 @@ impl AccessRecord {
             "referer": header(&self.referer),
             "user_agent": header(&self.user_agent),
         });
+        let mut v = v;
+        if let Some(rule) = self.rule {
+            v["rule"] = rule.into();
+        }
         out.push_str(&v.to_string());
     }
 
@@ -452,6 +459,10 @@ impl AccessRecord {
         push_millis(out, self.duration_ms);
         out.push_str(" error_origin=");
         out.push_str(self.error_origin.map_or("-", Origin::as_str));
+        if let Some(rule) = self.rule {
+            out.push_str(" rule=");
+            out.push_str(rule);
+        }
     }
 }
 

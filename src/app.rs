@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use crate::request_body::RequestBody;
 use arc_swap::ArcSwap;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, Request, Response};
 use parking_lot::Mutex;
 
@@ -36,6 +36,7 @@ use trail::Trail;
 
 mod challenge;
 mod refuse;
+mod site;
 mod trail;
 mod upstream;
 
@@ -166,11 +167,15 @@ impl App {
             started,
             shaping_from,
             trail,
+            captured: None,
+            upstream_answered: false,
         };
         let mut resp = match self.serve(&mut x, req).await {
             Ok(resp) => resp,
             Err(problem) => x.trail.answer(problem),
         };
+        // Header rules in one place, on whatever answered (see `app/site.rs`).
+        self.response_headers(&x, &mut resp);
         resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
         // The response filter phase: inside the log's count, so `bytes_out` is what went out.
         let compress = crate::compression::enabled(&x.snap.config, x.trail.route);
@@ -193,6 +198,8 @@ impl App {
         };
         let route = self.route(x, &admitted.req)?;
         self.pass_for_route(x, route, &mut client, pass_bits);
+        // Site rules: a refused address is answered before anything counts it.
+        self.access(x, route, &client)?;
         // Challenge: a browser without a pass proves itself, now (`always`)
         // or instead of a limiter's refusal (`over_limit`).
         match self.challenge_due(x, route, &client, &admitted.req).await {
@@ -200,14 +207,27 @@ impl App {
             Some(Due::Refused(problem)) => return Ok(self.challenge_refused(x, route, problem)),
             Some(Due::OverLimit) | None => {}
         }
+        let mut admitted = admitted;
+        // Boxed: a password check's future (its blocking task) stays off
+        // the request's state unless the route has `auth`.
+        let auth = match x.snap.config.routes[route].site.auth.is_some() {
+            true => Box::pin(self.authenticate(x, route, &mut admitted.req)).await,
+            false => site::Authenticated::NotAsked,
+        };
+        let failed = matches!(auth, site::Authenticated::Failed);
         let headers = admitted.req.headers();
-        let mut pass = match self.limit(x, route, &client, headers).await? {
+        let mut pass = match self.limit(x, route, &client, headers, failed).await? {
             Admission::Admitted(pass) => pass,
             Admission::Refused(resp) if x.trail.record.decision == Decision::Challenged => {
                 return Ok(self.challenge(x, route, &client, &admitted.req, Some(resp)));
             }
             Admission::Refused(resp) => return Ok(resp),
         };
+        if failed {
+            // Counted on the sender's own keys only; its `count:` sees the 401.
+            let resp = self.unauthenticated(x, route);
+            return Ok(self.settle(x, pass, resp).await);
+        }
         // Boxed: the upstream phase is most of a request's future, which is
         // copied whole when the request starts; a refusal never dispatches.
         let resp = Box::pin(self.dispatch(x, route, &client, admitted, &mut pass)).await;
@@ -263,10 +283,14 @@ impl App {
         } else {
             None
         };
-        let index = snap
+        let (index, locs) = snap
             .router
             .find(req.method(), host.as_deref(), &path, req.uri().query())
             .ok_or(Problem::NoRoute)?;
+        if let Some(locs) = locs {
+            let path = path.into_owned();
+            x.captured = Some(site::Captured { path, locs });
+        }
         x.trail.route = Some(index);
         x.trail.record.route = Some(snap.routes[index].name.clone());
         Ok(index)
@@ -281,12 +305,14 @@ impl App {
         index: usize,
         client: &Client,
         headers: &HeaderMap,
+        sender_only: bool,
     ) -> Result<Admission, Problem> {
         let facts = RequestFacts {
             route: index,
             client,
             headers,
             now: x.now,
+            sender_only,
         };
         let verdict = self.gate().decide(&x.snap, &facts).await;
         x.trail
@@ -317,12 +343,9 @@ impl App {
                 status,
                 body,
                 content_type,
-            } => {
-                let mut resp = Response::new(Body::full(body.clone()));
-                *resp.status_mut() = *status;
-                resp.headers_mut()
-                    .insert(CONTENT_TYPE, content_type.clone());
-                resp
+            } => self.respond(x, index, *status, body, content_type),
+            RouteAction::Redirect(rule) => {
+                self.redirect(x, index, rule, admitted.req.uri().query())
             }
             RouteAction::Upstream(u) => self.upstream(x, index, *u, client, admitted, pass).await,
         }
@@ -363,6 +386,11 @@ struct Exchange {
     /// (tokio's, not `std`'s, so a test on paused time controls the wait).
     shaping_from: tokio::time::Instant,
     trail: Trail,
+    /// The route's `path_regex` captures, when its action names them.
+    captured: Option<site::Captured>,
+    /// The answer is the upstream's (proxied, FastCGI, a static file), not
+    /// one tollgate wrote: response header rules apply in full.
+    upstream_answered: bool,
 }
 
 /// A request past the framing checks, with the client's side of an upgrade.

@@ -89,6 +89,12 @@ pub fn data(app: &App, managed: &Managed) -> Value {
         let ms = |q| r.metrics.series.quantile(q).map(|s| round1(s * 1000.0));
         v["p50_ms"] = json!(ms(0.5));
         v["p99_ms"] = json!(ms(0.99));
+        // Answers site rules made since start, by kind (redirect, respond, denied, unauthenticated).
+        let site: serde_json::Map<String, Value> = crate::metrics::SiteAnswer::ALL
+            .iter()
+            .map(|&k| (k.as_str().to_string(), json!(r.metrics.answers(k))))
+            .collect();
+        v["site_answers"] = Value::Object(site);
     }
     let limited = shared.activity.limited_now(now);
     let backend = shared.store.backend();

@@ -62,6 +62,10 @@ pub struct RequestFacts<'a> {
     pub headers: &'a HeaderMap,
     /// The clock when the head was read (Unix ns): the limiters count from it.
     pub now: Nanos,
+    /// The request failed `auth`: only the limiters whose key names the
+    /// sender count it (its attempts feed their `count:` and `ban:`), so it
+    /// never uses up a key it shares with others (`route`, `global`, a header).
+    pub sender_only: bool,
 }
 
 /// The limit phase's answer for one request.
@@ -152,6 +156,10 @@ impl Gate<'_> {
             return Verdict::Pass(Pass::unlimited(facts.route, Decision::Allowed));
         }
         let applied = applied_limiters(snap, route, facts);
+        if applied.is_empty() && facts.sender_only {
+            // Failed auth, and no limiter keys on the sender: nothing counts it.
+            return Verdict::Pass(Pass::unlimited(facts.route, Decision::Allowed));
+        }
         if let Some(ban) = ban::banned(self.store, snap, &applied, facts.now).await {
             return Verdict::Refuse(Refusal {
                 route: facts.route,
@@ -480,6 +488,9 @@ fn applied_limiters(snap: &Snapshot, route: &Route, facts: &RequestFacts<'_>) ->
         .iter()
         .filter_map(|&i| {
             let l = &snap.limiters[i];
+            if facts.sender_only && !l.names_sender {
+                return None;
+            }
             let store_key = l.request_key(facts.client, &route.name, facts.headers)?;
             Some(Applied {
                 limiter: i,

@@ -47,6 +47,7 @@
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
 //! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
 //!   writer of refusals (429s); [`key`]: store keys `<limiter>:<key value>`;
+//!   [`location`]: every `Location` header tollgate writes (never off the site by accident);
 //!   [`page`]: tollgate's own HTML pages (whether `Accept` prefers one, the built-in error pages,
 //!   operators' templates);
 //!   [`pool`]: the per-worker HTTP/1.1 connection pool;
@@ -80,6 +81,9 @@
 //! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
 //!   (`key: pass`); `app/challenge.rs` is its phase (the pass a request carries, the pass path,
 //!   the page instead of a refusal);
+//! - [`site`]: site rules a route carries (redirect, rewrite, access lists, basic auth,
+//!   header rules), built once per config; `app/site.rs` is their phases (docs/SITE.md: the order);
+//! - [`import`]: `tollgate import htaccess`: an `.htaccess` as routes (a config `check` accepts);
 //! - [`build_info`]: what `--version` says (version, commit, build date);
 //!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
@@ -104,8 +108,10 @@ pub mod forward_error;
 pub mod framing;
 pub mod header_value;
 pub mod identity;
+pub mod import;
 pub mod key;
 pub mod limiter;
+pub mod location;
 pub mod logging;
 pub mod metrics;
 pub mod page;
@@ -120,6 +126,7 @@ pub mod request_id;
 pub mod router;
 pub mod sd_notify;
 pub mod server;
+pub mod site;
 pub mod snapshot;
 pub mod store;
 pub mod tls;

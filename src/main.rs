@@ -111,10 +111,37 @@ enum Command {
         #[arg(long)]
         strict: bool,
     },
+    /// Print the tollgate config another server's site rules mean (to stdout), with a note or
+    /// warning for every line not translated (to stderr, naming the line).
+    #[command(subcommand)]
+    Import(Import),
     /// Print this help, or a command's.
     Help {
         /// The command to explain.
         command: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum Import {
+    /// An Apache .htaccess. Translated: RewriteRule (flags L, END, R=nnn, NC, QSA, F, G) with
+    /// RewriteCond on %{REQUEST_FILENAME} -f/-d/!-f/!-d, %{REQUEST_URI}, %{QUERY_STRING} and
+    /// %{HTTP_HOST}; RewriteBase; Redirect, RedirectMatch, RedirectPermanent, RedirectTemp;
+    /// <Files>/<FilesMatch> with Require all denied, Deny from all, Order, Require ip,
+    /// Allow from and Header; Require ip, Allow/Deny from; AuthType Basic, AuthName,
+    /// AuthUserFile, Require valid-user; Header set/append/unset, RequestHeader; <IfModule>.
+    /// Noted as needing nothing: Options, DirectoryIndex, AddType, Expires*, php_value, gzip
+    /// siblings, E=/T= flags. Warned: anything else, each with its line.
+    Htaccess {
+        /// The .htaccess file.
+        file: PathBuf,
+        /// The document root php-fpm sees (default: the file's directory). When the file lies
+        /// below it, its rules apply under that subdirectory's URL path.
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// php-fpm's address.
+        #[arg(long, default_value = "fastcgi://127.0.0.1:9000")]
+        upstream: String,
     },
 }
 
@@ -142,6 +169,7 @@ fn main() -> ExitCode {
         }
         Command::Healthcheck { url } => healthcheck(url, cli.config),
         Command::Reload { strict } => reload(cli.config, strict),
+        Command::Import(what) => import(what),
         Command::Help { command } => help(command.as_deref()),
     };
     match result {
@@ -281,6 +309,40 @@ fn help(command: Option<&str>) -> anyhow::Result<ExitCode> {
             None => anyhow::bail!("no command {name:?}; `tollgate --help` lists them"),
         },
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tollgate import …`: the config on stdout, the findings on stderr; exit 0
+/// (a line that could not be translated is a warning, not a failure).
+fn import(what: Import) -> anyhow::Result<ExitCode> {
+    let Import::Htaccess {
+        file,
+        root,
+        upstream,
+    } = what;
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let dir = std::fs::canonicalize(&file)?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let root = match root {
+        Some(r) => std::fs::canonicalize(&r).with_context(|| format!("no root {}", r.display()))?,
+        None => dir.clone(),
+    };
+    // A file below the root applies under its directory's URL path.
+    let prefix = match dir.strip_prefix(&root) {
+        Ok(rel) if !rel.as_os_str().is_empty() => format!("/{}/", rel.display()),
+        _ => "/".to_string(),
+    };
+    let options = tollgate::import::htaccess::Options {
+        root: root.display().to_string(),
+        upstream_url: upstream,
+        prefix,
+    };
+    let site = tollgate::import::htaccess::translate(&text, &options);
+    print!("{}", site.to_yaml());
+    eprint!("{}", site.report(&file.display().to_string()));
     Ok(ExitCode::SUCCESS)
 }
 

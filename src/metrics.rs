@@ -100,6 +100,37 @@ impl Decision {
     }
 }
 
+/// An answer a site rule made (`tollgate_site_answers_total{kind}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiteAnswer {
+    /// `redirect:` answered with a `Location`.
+    Redirect,
+    /// `respond:` answered.
+    Respond,
+    /// `access:` (the route's or the site's) refused the client's address: 403.
+    Denied,
+    /// `auth.basic:` found no valid user: 401.
+    Unauthenticated,
+}
+
+impl SiteAnswer {
+    pub const ALL: [SiteAnswer; 4] = [
+        SiteAnswer::Redirect,
+        SiteAnswer::Respond,
+        SiteAnswer::Denied,
+        SiteAnswer::Unauthenticated,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SiteAnswer::Redirect => "redirect",
+            SiteAnswer::Respond => "respond",
+            SiteAnswer::Denied => "denied",
+            SiteAnswer::Unauthenticated => "unauthenticated",
+        }
+    }
+}
+
 /// Responses by status code, one atomic per code: no lookup, no lock, and at
 /// most 900 series per route whatever the upstream sends.
 #[derive(Debug)]

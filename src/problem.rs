@@ -109,6 +109,15 @@ pub enum Problem {
     /// A user-agent names a crawler its address's reverse DNS does not
     /// confirm, on a route with `unverified_crawlers: refuse`.
     UnverifiedCrawler,
+    /// `access:` refused the client's address.
+    Denied,
+    /// `auth.basic:` found no valid user; the value is the `WWW-Authenticate` challenge.
+    Unauthenticated(HeaderValue),
+    /// `respond:` with an error status and no body of its own: the negotiated page or problem+json.
+    Responded(StatusCode),
+    /// A `redirect` or `rewrite` target built for this request is too long
+    /// (a long path repeated by the template).
+    TargetTooLong,
 }
 
 /// What a 405 lists in `Allow`: the methods any route can forward.
@@ -136,6 +145,10 @@ impl Problem {
             Problem::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Problem::BodyNotStored => StatusCode::INTERNAL_SERVER_ERROR,
             Problem::PassRequired { .. } | Problem::UnverifiedCrawler => StatusCode::FORBIDDEN,
+            Problem::Denied => StatusCode::FORBIDDEN,
+            Problem::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Problem::Responded(status) => *status,
+            Problem::TargetTooLong => StatusCode::URI_TOO_LONG,
         }
     }
 
@@ -160,7 +173,12 @@ impl Problem {
             | Problem::LengthRequired
             | Problem::BodyTimeout
             | Problem::PassRequired { .. }
-            | Problem::UnverifiedCrawler => Origin::Downstream,
+            | Problem::UnverifiedCrawler
+            | Problem::Denied
+            | Problem::Unauthenticated(_)
+            | Problem::TargetTooLong
+            // The route answers so by design; the request is what it answers.
+            | Problem::Responded(_) => Origin::Downstream,
             // The temp file a large body is set aside in is tollgate's own disk.
             Problem::BodyNotStored => Origin::Internal,
         }
@@ -280,6 +298,30 @@ impl Problem {
                 "The user-agent names a crawler that this address does not belong to \
                  (its reverse DNS does not confirm it)."
                     .into(),
+            ),
+            Problem::Denied => fail(
+                "access-denied",
+                "This address may not reach this resource.".into(),
+            ),
+            Problem::Unauthenticated(challenge) => {
+                let detail = "This resource needs a user name and password.";
+                let mut f = Failure::new(status, "unauthenticated", detail.into());
+                f.challenge = Some(challenge);
+                Sorted::Failure(f)
+            }
+            Problem::Responded(status) => fail(
+                "route-answer",
+                status
+                    .canonical_reason()
+                    .map_or_else(
+                        || format!("Status {}.", status.as_u16()),
+                        |r| format!("{r}."),
+                    )
+                    .into(),
+            ),
+            Problem::TargetTooLong => fail(
+                "target-too-long",
+                "The address this request is sent on to would be too long.".into(),
             ),
         }
     }
@@ -466,6 +508,8 @@ struct Failure {
     allow: Option<&'static str>,
     /// A number of its own besides the standard fields (`max_request_body`).
     field: Option<(&'static str, u64)>,
+    /// A 401's `WWW-Authenticate`.
+    challenge: Option<HeaderValue>,
 }
 
 impl Failure {
@@ -477,6 +521,7 @@ impl Failure {
             retry_after: None,
             allow: None,
             field: None,
+            challenge: None,
         }
     }
 
@@ -507,6 +552,9 @@ impl Failure {
         }
         if let Some(methods) = self.allow {
             h.insert(http::header::ALLOW, HeaderValue::from_static(methods));
+        }
+        if let Some(challenge) = self.challenge {
+            h.insert(http::header::WWW_AUTHENTICATE, challenge);
         }
         if status == StatusCode::REQUEST_TIMEOUT {
             // The rest of the body is still on its way: the connection cannot carry another request.

@@ -357,7 +357,12 @@ pub async fn watch(
             .api_keys_file
             .as_ref()
             .map(|(_, bytes)| bytes.to_vec());
-        (text, tls.digest(), keys)
+        (
+            text,
+            tls.digest(),
+            keys,
+            users_in_force(&app.snapshot().config),
+        )
     };
     let mut attempted = in_force(&app);
     let mut seen = attempted.clone();
@@ -388,16 +393,29 @@ struct Watched {
     /// Certificate, key, certificate, key… (`None` without TLS).
     tls: Option<Vec<PathBuf>>,
     api_keys: Option<PathBuf>,
+    /// `auth.basic.users_file` of each route that has one.
+    users: Vec<PathBuf>,
 }
 
 /// What one poll found: the config's bytes, the digest of the TLS files, and
 /// the API key file's bytes (`Some(empty)` when it cannot be read: a vanished
-/// file is a change too).
+/// file is a change too), and the users files' texts (empty when unreadable).
 type Polled = (
     Option<Vec<u8>>,
     Option<crate::config::certs::FilesDigest>,
     Option<Vec<u8>>,
+    Vec<String>,
 );
+
+/// The users files' texts the running config was built from.
+fn users_in_force(config: &crate::config::Config) -> Vec<String> {
+    config
+        .routes
+        .iter()
+        .filter_map(|r| r.site.auth.as_ref())
+        .map(|a| a.users.source.clone())
+        .collect()
+}
 
 impl Watched {
     fn of(app: &App, config: &Path) -> Watched {
@@ -417,6 +435,13 @@ impl Watched {
                 .api_keys_file
                 .as_ref()
                 .map(|(p, _)| p.clone()),
+            users: snap
+                .config
+                .routes
+                .iter()
+                .filter_map(|r| r.site.auth.as_ref())
+                .map(|a| a.users_file.clone())
+                .collect(),
         }
     }
 
@@ -436,6 +461,13 @@ impl Watched {
             tls,
             self.api_keys
                 .map(|p| read_named_file(&p, KEYS_FILE_LIMIT).unwrap_or_default()),
+            self.users
+                .iter()
+                .map(|p| {
+                    let bytes = read_named_file(p, SMALL_FILE_LIMIT).unwrap_or_default();
+                    String::from_utf8(bytes).unwrap_or_default()
+                })
+                .collect(),
         )
     }
 }

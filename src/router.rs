@@ -33,6 +33,12 @@ pub struct Router {
 
 #[derive(Debug)]
 struct Matcher {
+    /// `match.path_regex`, tried after every other condition matched.
+    regex: Option<regex::Regex>,
+    /// The route's action names captures: the one search also records them.
+    captures: bool,
+    /// `match.query_regex`, on the query as sent (empty when there is none).
+    query_regex: Option<regex::Regex>,
     path: Option<String>,
     /// `path` names a `.php` script: its PATH_INFO forms (`path/…`) match too.
     php_script: bool,
@@ -51,6 +57,9 @@ impl Router {
                 .map(|r| {
                     let path = r.path.as_deref().map(|p| normalize(p).into_owned());
                     Matcher {
+                        regex: r.path_regex.clone(),
+                        captures: uses_captures(r),
+                        query_regex: r.query_regex.clone(),
                         php_script: path.as_deref().is_some_and(|p| p.ends_with(".php")),
                         path,
                         prefix: r.path_prefix.as_deref().map(|p| normalize(p).into_owned()),
@@ -68,7 +77,8 @@ impl Router {
         self.uses_host
     }
 
-    /// The index of the first route that matches, if any.
+    /// The index of the first route that matches, if any, with the captures
+    /// of its `path_regex` when its action names them.
     /// `path` must already be normalized; `host` as [`request_host`] gives it.
     pub fn find(
         &self,
@@ -76,11 +86,39 @@ impl Router {
         host: Option<&str>,
         path: &str,
         query: Option<&str>,
-    ) -> Option<usize> {
-        self.routes
-            .iter()
-            .position(|m| m.matches(method, host, path, query))
+    ) -> Option<(usize, Option<regex::CaptureLocations>)> {
+        for (i, m) in self.routes.iter().enumerate() {
+            if !m.matches(method, host, path, query) {
+                continue;
+            }
+            let Some(regex) = &m.regex else {
+                return Some((i, None));
+            };
+            // One search per regex route: with captures when they are used.
+            if m.captures {
+                let mut locs = regex.capture_locations();
+                if regex.captures_read(&mut locs, path).is_some() {
+                    return Some((i, Some(locs)));
+                }
+            } else if regex.is_match(path) {
+                return Some((i, None));
+            }
+        }
+        None
     }
+}
+
+/// Whether a route's `redirect.to` or `rewrite.to` names a capture.
+fn uses_captures(r: &RouteConfig) -> bool {
+    let redirect = match &r.action {
+        crate::config::Action::Redirect(redirect) => Some(&redirect.to),
+        _ => None,
+    };
+    let rewrite = r.site.rewrite.as_ref().map(|rw| &rw.to);
+    redirect
+        .into_iter()
+        .chain(rewrite)
+        .any(|t| t.uses_captures())
 }
 
 impl Matcher {
@@ -114,6 +152,11 @@ impl Matcher {
         }
         if let Some(h) = &self.host {
             if host != Some(h.as_str()) {
+                return false;
+            }
+        }
+        if let Some(re) = &self.query_regex {
+            if !re.is_match(query.unwrap_or("")) {
                 return false;
             }
         }
@@ -360,13 +403,9 @@ pub fn https_redirect<B>(
     port: u16,
 ) -> Option<http::Response<crate::body::Body>> {
     let host = request_host(req)?;
-    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let location = if port == 443 {
-        format!("https://{host}{path}")
-    } else {
-        format!("https://{host}:{port}{path}")
-    };
-    let location = http::HeaderValue::from_str(&location).ok()?;
+    // The host is the request's own, checked to be a host alone; the path
+    // goes through the same builder as every other Location.
+    let location = crate::location::https(&host, port, req.uri().path(), req.uri().query())?;
     let mut resp = http::Response::new(crate::body::Body::empty());
     *resp.status_mut() = http::StatusCode::PERMANENT_REDIRECT;
     resp.headers_mut().insert(http::header::LOCATION, location);
@@ -471,15 +510,31 @@ mod tests {
             errors: Default::default(),
             compression: true,
             challenge: None,
+            path_regex: None,
+            query_regex: None,
+            site: Default::default(),
+        }
+    }
+
+    impl Router {
+        /// The index alone, for tests that do not capture.
+        fn index(
+            &self,
+            method: &Method,
+            host: Option<&str>,
+            path: &str,
+            query: Option<&str>,
+        ) -> Option<usize> {
+            self.find(method, host, path, query).map(|(i, _)| i)
         }
     }
 
     #[test]
     fn path_prefix_matches_whole_segments_only() {
         let r = Router::new(&[route(None, Some("/login"), None)]);
-        assert_eq!(r.find(&Method::GET, None, "/login", None), Some(0));
-        assert_eq!(r.find(&Method::GET, None, "/login/x", None), Some(0));
-        assert_eq!(r.find(&Method::GET, None, "/loginx", None), None);
+        assert_eq!(r.index(&Method::GET, None, "/login", None), Some(0));
+        assert_eq!(r.index(&Method::GET, None, "/login/x", None), Some(0));
+        assert_eq!(r.index(&Method::GET, None, "/loginx", None), None);
     }
 
     #[test]
@@ -488,8 +543,8 @@ mod tests {
             route(None, Some("/login"), Some(vec![Method::POST])),
             route(None, Some("/"), None),
         ]);
-        assert_eq!(r.find(&Method::POST, None, "/login", None), Some(0));
-        assert_eq!(r.find(&Method::GET, None, "/login", None), Some(1));
+        assert_eq!(r.index(&Method::POST, None, "/login", None), Some(0));
+        assert_eq!(r.index(&Method::GET, None, "/login", None), Some(1));
     }
 
     #[test]
@@ -503,8 +558,8 @@ mod tests {
             .unwrap();
         let host = request_host(&req);
         assert_eq!(host.as_deref(), Some("api.example"));
-        assert_eq!(r.find(&Method::GET, host.as_deref(), "/", None), Some(0));
-        assert_eq!(r.find(&Method::GET, Some("other"), "/", None), None);
+        assert_eq!(r.index(&Method::GET, host.as_deref(), "/", None), Some(0));
+        assert_eq!(r.index(&Method::GET, Some("other"), "/", None), None);
     }
 
     #[test]
@@ -521,7 +576,7 @@ mod tests {
             "/./wp-login.php/%78",
         ] {
             assert_eq!(
-                r.find(&Method::POST, None, &normalize(p), None),
+                r.index(&Method::POST, None, &normalize(p), None),
                 Some(0),
                 "{p}"
             );
@@ -533,14 +588,14 @@ mod tests {
             "/WP-LOGIN.PHP",
         ] {
             assert_eq!(
-                r.find(&Method::POST, None, &normalize(p), None),
+                r.index(&Method::POST, None, &normalize(p), None),
                 Some(1),
                 "{p}"
             );
         }
         let plain = Router::new(&[route(Some("/login"), None, None)]);
         assert_eq!(
-            plain.find(&Method::GET, None, "/login/x", None),
+            plain.index(&Method::GET, None, "/login/x", None),
             None,
             "only .php scripts take PATH_INFO"
         );
@@ -558,13 +613,13 @@ mod tests {
             "admin.example.:8080",
         ] {
             assert_eq!(
-                r.find(&Method::GET, Some(&normalize_host(h)), "/", None),
+                r.index(&Method::GET, Some(&normalize_host(h)), "/", None),
                 Some(0),
                 "{h}"
             );
         }
         assert_eq!(
-            r.find(
+            r.index(
                 &Method::GET,
                 Some(&normalize_host("admin.example..")),
                 "/",
@@ -580,7 +635,7 @@ mod tests {
         let mut rc = route(Some("/index.php"), None, None);
         rc.query = vec![("action".into(), "login".into())];
         let r = Router::new(&[rc]);
-        let find = |q: Option<&str>| r.find(&Method::POST, None, "/index.php", q);
+        let find = |q: Option<&str>| r.index(&Method::POST, None, "/index.php", q);
         for q in [
             "action=login",
             "a=1&action=login",

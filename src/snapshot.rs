@@ -15,7 +15,7 @@ use crate::config::{Action, Config, KeyPart, LimiterConfig, RouteConfig};
 use crate::identity::{Client, Identity};
 use crate::key::{self, StoreKey};
 use crate::limiter::{Algorithm, Nanos};
-use crate::metrics::{Counter, Decision, Histogram, Metrics, RouteSeries};
+use crate::metrics::{Counter, Decision, Histogram, Metrics, RouteSeries, SiteAnswer};
 use crate::reject::PolicyCache;
 use crate::router::Router;
 
@@ -52,6 +52,8 @@ pub enum RouteAction {
         body: Bytes,
         content_type: HeaderValue,
     },
+    /// `redirect:`, answered with a `Location` (see [`crate::site::Redirect`]).
+    Redirect(crate::site::Redirect),
     /// Index into `Snapshot::upstreams`.
     Upstream(usize),
 }
@@ -61,6 +63,9 @@ pub struct RouteMetrics {
     pub requests: [Counter; Decision::ALL.len()],
     /// Request durations and response statuses.
     pub series: RouteSeries,
+    /// `tollgate_site_answers_total` of this route, indexed by `SiteAnswer as usize`
+    /// (registered only for the kinds the route or the site configures).
+    pub site: [Counter; SiteAnswer::ALL.len()],
 }
 
 impl RouteMetrics {
@@ -72,6 +77,16 @@ impl RouteMetrics {
     /// Requests counted under `decision` so far.
     pub fn requests(&self, decision: Decision) -> u64 {
         self.requests[decision as usize].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts one answer a site rule made.
+    pub fn answered(&self, kind: SiteAnswer) {
+        crate::metrics::inc(&self.site[kind as usize]);
+    }
+
+    /// Answers of `kind` so far.
+    pub fn answers(&self, kind: SiteAnswer) -> u64 {
+        self.site[kind as usize].load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -98,6 +113,9 @@ pub struct Limiter {
     pub count: Option<crate::limiter::count::CountRule>,
     /// `ban:` — and the span its strikes count in.
     pub ban: Option<(crate::limiter::ban::BanRule, Nanos)>,
+    /// Its key names the sender (an address, a pass, a verified API key):
+    /// it also counts requests that failed `auth` (see `decide`).
+    pub names_sender: bool,
     /// Key value (as [`key::for_request`] builds it) → its own policy.
     overrides: HashMap<String, Algorithm>,
     /// [`Limiter::describe`] of `algorithm`, written once: a 429 only clones it.
@@ -141,12 +159,12 @@ impl Snapshot {
         let limiters = config
             .limiters
             .iter()
-            .map(|l| Limiter::new(l, &identity, metrics))
+            .map(|l| Limiter::new(l, &identity, config.identity.has_key_source(), metrics))
             .collect();
         let routes = config
             .routes
             .iter()
-            .map(|r| Route::new(r, metrics))
+            .map(|r| Route::new(r, &config.site, metrics))
             .collect();
         let upstream_durations = config
             .upstreams
@@ -185,7 +203,7 @@ impl Snapshot {
 }
 
 impl Route {
-    fn new(r: &RouteConfig, metrics: &Metrics) -> Route {
+    fn new(r: &RouteConfig, site: &crate::site::Rules, metrics: &Metrics) -> Route {
         let c = |decision: Decision| {
             metrics.counter(
                 "tollgate_requests_total",
@@ -206,6 +224,7 @@ impl Route {
                     content_type: HeaderValue::from_str(content_type)
                         .unwrap_or(HeaderValue::from_static("text/plain")),
                 },
+                Action::Redirect(redirect) => RouteAction::Redirect(redirect.clone()),
             },
             limiters: r.limiters.clone(),
             metrics: RouteMetrics {
@@ -215,14 +234,46 @@ impl Route {
                     d => c(d),
                 }),
                 series: metrics.route_series(&r.name),
+                site: site_counters(r, site, metrics),
             },
             policy: PolicyCache::default(),
         }
     }
 }
 
+/// A route's `tollgate_site_answers_total` series, registered only for the
+/// kinds its rules (or the site's `access`) can answer, so a config without
+/// site rules adds no series.
+fn site_counters(
+    r: &RouteConfig,
+    site: &crate::site::Rules,
+    metrics: &Metrics,
+) -> [Counter; SiteAnswer::ALL.len()] {
+    SiteAnswer::ALL.map(|kind| {
+        let used = match kind {
+            SiteAnswer::Redirect => matches!(r.action, Action::Redirect(_)),
+            SiteAnswer::Respond => matches!(r.action, Action::Respond { .. }),
+            SiteAnswer::Denied => r.site.access.is_some() || site.access.is_some(),
+            SiteAnswer::Unauthenticated => r.site.auth.is_some(),
+        };
+        if used {
+            metrics.counter(
+                "tollgate_site_answers_total",
+                &[("route", &r.name), ("kind", kind.as_str())],
+            )
+        } else {
+            Counter::default()
+        }
+    })
+}
+
 impl Limiter {
-    fn new(config: &LimiterConfig, identity: &Identity, metrics: &Metrics) -> Limiter {
+    fn new(
+        config: &LimiterConfig,
+        identity: &Identity,
+        keys_verified: bool,
+        metrics: &Metrics,
+    ) -> Limiter {
         let overrides = config
             .overrides
             .iter()
@@ -249,6 +300,7 @@ impl Limiter {
                 .ban
                 .clone()
                 .and_then(|b| Some((b, config.algorithm.ban_window()?))),
+            names_sender: config.key.iter().any(|p| p.names_sender(keys_verified)),
             overrides,
             policy: Limiter::describe_policy(&config.algorithm).into(),
             overflow_key: StoreKey::overflow(&config.name),

@@ -739,6 +739,7 @@ limiters:
 routes:
   - {{ name: login, match: {{ path: /login }}, upstream: app, limiters: [logins] }}
   - {{ name: pool, match: {{ path_prefix: /pool }}, upstream: pool }}
+  - {{ name: gone, match: {{ path: /gone }}, respond: {{ status: 410 }} }}
 "#,
         up.url(),
         up.url(),
@@ -866,6 +867,11 @@ async fn get_config_shows_every_key_config_md_lists_and_no_other() {
     let (cert, key) = ca.issue(&["localhost"]).write(dir.path(), "site");
     let ca_file = ca.write(dir.path(), "ca.pem");
     let root = dir.path().display();
+    std::fs::write(
+        dir.path().join("htpasswd"),
+        "bob:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=\n",
+    )
+    .unwrap();
     let yaml = format!(
         r#"
 server:
@@ -890,6 +896,16 @@ routes:
   - {{ name: login, match: {{ path: /login, methods: [POST], host: example.com, query: {{ action: login }} }}, upstream: app, limiters: [fixed], reject: {{ status: 429, body: problem }}, rate_limit_headers: draft }}
   - {{ name: ping, match: {{ path_prefix: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [bucket, leaky, conc] }}
   - {{ name: php, match: {{ path_prefix: /php }}, upstream: php }}
+  - {{ name: old, match: {{ path_regex: '^/old/(.*)$', query_regex: 'a=1' }}, redirect: {{ to: '/new/$1', status: 308, append_query: true }} }}
+  - name: staff
+    match: {{ path_prefix: /staff }}
+    rewrite: {{ to: /index.php, unless_exists: true, append_query: true }}
+    access: {{ allow: [192.0.2.0/24], deny: [all] }}
+    auth: {{ basic: {{ realm: Staff, users_file: "{root}/htpasswd", forward_authorization: false }} }}
+    headers: {{ request: {{ set: {{ X-A: "1" }} }}, response: {{ add: {{ X-B: "2" }}, remove: [X-Powered-By] }} }}
+    upstream: php
+access: {{ deny: [198.51.100.0/24] }}
+headers: {{ response: {{ set: {{ X-Frame-Options: SAMEORIGIN }} }} }}
 "#,
         cert.display(),
         key.display(),

@@ -4,6 +4,7 @@ use super::*;
 
 fn record(format: LogFormat) -> AccessRecord {
     AccessRecord {
+        rule: None,
         format,
         time: 1_767_225_600 * NANOS_PER_SEC + 123_456_789,
         request_id: "abc-1".into(),

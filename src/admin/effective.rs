@@ -40,9 +40,12 @@ pub fn effective_config(c: &Config) -> Value {
         routes,
         log,
         allow_no_routes,
+        site,
     } = c;
     json!({
         "allow_no_routes": allow_no_routes,
+        "access": site.access.as_ref().map(access),
+        "headers": site.headers.as_ref().map(headers_rules),
         "server": server_section(server),
         "log": log_section(log),
         "admin": admin_section(admin),
@@ -476,9 +479,12 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         errors,
         compression,
         challenge,
+        path_regex,
+        query_regex,
+        site,
     } = r;
-    let (upstream, respond) = match action {
-        Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
+    let (upstream, respond, redirect) = match action {
+        Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None, None),
         Action::Respond {
             status,
             body,
@@ -486,6 +492,14 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         } => (
             None,
             Some(json!({"status": status.as_u16(), "body": body, "content_type": content_type})),
+            None,
+        ),
+        Action::Redirect(r) => (
+            None,
+            None,
+            Some(
+                json!({"to": r.to.written, "status": r.status.as_u16(), "append_query": r.to.append_query()}),
+            ),
         ),
     };
     let headers = match rate_limit_headers {
@@ -506,9 +520,21 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
             "methods": methods.as_ref().map(|m| m.iter().map(ToString::to_string).collect::<Vec<_>>()),
             "host": host,
             "query": query,
+            "path_regex": path_regex.as_ref().map(regex::Regex::as_str),
+            "query_regex": query_regex.as_ref().map(regex::Regex::as_str),
         },
         "upstream": upstream,
         "respond": respond,
+        "redirect": redirect,
+        "rewrite": site.rewrite.as_ref().map(|r| json!({"to": r.to.written, "unless_exists": r.unless_exists, "append_query": r.to.append_query()})),
+        "access": site.access.as_ref().map(access),
+        "auth": site.auth.as_ref().map(|a| json!({"basic": {
+            "realm": a.realm,
+            "users_file": a.users_file.display().to_string(),
+            "users": a.users.len(),
+            "forward_authorization": a.forward_authorization,
+        }})),
+        "headers": site.headers.as_ref().map(headers_rules),
         "limiters": limiters.iter().map(|&i| c.limiters[i].name.as_str()).collect::<Vec<_>>(),
         "reject": reject.as_ref().map(reject_shape),
         "rate_limit_headers": headers,
@@ -518,6 +544,30 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "compression": compression,
         "challenge": challenge.map(|c| json!({"when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str()})),
     })
+}
+
+/// `access` as networks.
+fn access(a: &crate::site::Access) -> Value {
+    let nets = |l: &[ipnet::IpNet]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
+    json!({"allow": nets(&a.allow), "deny": nets(&a.deny)})
+}
+
+/// `headers` rules: names and values as written (no secret goes in a header rule).
+fn headers_rules(h: &crate::site::Headers) -> Value {
+    let rules = |r: &crate::site::HeaderRules| {
+        let pairs = |l: &[(http::HeaderName, http::HeaderValue)]| {
+            l.iter()
+                .map(|(n, v)| {
+                    (
+                        n.to_string(),
+                        Value::from(String::from_utf8_lossy(v.as_bytes())),
+                    )
+                })
+                .collect::<Map<String, Value>>()
+        };
+        json!({"set": pairs(&r.set), "add": pairs(&r.add), "remove": r.remove.iter().map(ToString::to_string).collect::<Vec<_>>()})
+    };
+    json!({"request": h.request.as_ref().map(rules), "response": h.response.as_ref().map(rules)})
 }
 
 fn error_format(f: ErrorFormat) -> &'static str {

@@ -115,7 +115,8 @@ impl App {
                 if let Ok(v) = HeaderValue::from_str(&granted.cookie) {
                     h.insert(SET_COOKIE, v);
                 }
-                if let Ok(v) = HeaderValue::from_str(&granted.back) {
+                // `back` is a local path already (`safe_return`); one builder all the same.
+                if let Some(v) = crate::location::local(&granted.back, None) {
                     h.insert(LOCATION, v);
                 }
                 h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -35,6 +35,10 @@ impl App {
             // No precompressed sibling either (the FastCGI static handler reads it).
             req.extensions_mut().insert(crate::compression::Off);
         }
+        let fastcgi = snap.config.upstreams[u].fastcgi.is_some();
+        if let Err(problem) = self.prepare_upstream(x, index, fastcgi, &mut req) {
+            return x.trail.answer(problem);
+        }
         let route = &snap.routes[index];
         let upstream = &snap.upstreams[u];
         let audit = snap.config.audit.enabled.then(|| req.method().clone());
@@ -60,6 +64,7 @@ impl App {
                 let upstream_side = hyper::upgrade::on(&mut resp);
                 let client_side = upgrade.expect("checked above");
                 client_side.answer(&mut resp);
+                x.upstream_answered = true;
                 self.shared.tunnels.open(
                     client_side,
                     upstream_side,
@@ -74,6 +79,7 @@ impl App {
                 // its id, its `Accept` and the route's pages.
                 Some(Unanswered(problem)) => x.trail.answer(problem),
                 None => {
+                    x.upstream_answered = true;
                     // Both live exactly as long as the body: the slot is
                     // freed and the connection recycled when it is done.
                     let slots = Some(pass.take_slots()).filter(|s| !s.is_empty());

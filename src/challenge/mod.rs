@@ -505,14 +505,7 @@ pub fn strip_pass_cookies(headers: &mut HeaderMap) {
 /// `back` if it is a path on this site, else `/`: one leading `/` (`//x`
 /// and `/\x` are other hosts to a browser), printable ASCII, bounded.
 pub fn safe_return(back: &str) -> &str {
-    let bytes = back.as_bytes();
-    let ok = bytes.first() == Some(&b'/')
-        && !matches!(bytes.get(1), Some(b'/' | b'\\'))
-        && bytes.len() <= RETURN_MAX
-        && bytes
-            .iter()
-            .all(|b| (0x21..0x7f).contains(b) && *b != b'\\');
-    if ok {
+    if back.len() <= RETURN_MAX && crate::location::is_local(back) {
         back
     } else {
         "/"

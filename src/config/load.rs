@@ -201,6 +201,7 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
         problems.extend(read_error_pages(&mut config));
         problems.extend(read_pass_file(&mut config.identity));
         problems.extend(read_shared_key_file(&mut config));
+        problems.extend(read_users_files(&mut config));
     }
     if problems.is_empty() {
         warn_missing_fastcgi_files(&mut config);
@@ -337,6 +338,34 @@ fn read_key_file(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
         }
     }
     identity.api_keys_file = Some((path, Arc::from(bytes)));
+    problems
+}
+
+/// Reads each route's `auth.basic.users_file` (an htpasswd file), checking
+/// every line; its content is kept so the file watch can tell when it changes.
+fn read_users_files(config: &mut Config) -> Vec<ConfigProblem> {
+    let mut problems = Vec::new();
+    for (i, route) in config.routes.iter_mut().enumerate() {
+        let Some(auth) = route.site.auth.as_mut() else {
+            continue;
+        };
+        let at = format!("routes[{i}].auth.basic.users_file");
+        let path = auth.users_file.display().to_string();
+        let text = match read_named_file(&auth.users_file, SMALL_FILE_LIMIT) {
+            Ok(bytes) => String::from_utf8(bytes).map_err(|_| format!("{path} is not UTF-8 text")),
+            Err(e) => Err(format!("cannot read {path}: {e}")),
+        };
+        match text
+            .and_then(|t| crate::site::auth::Users::parse(&t).map_err(|e| format!("{path}: {e}")))
+        {
+            Ok(users) if users.is_empty() => problems.push(ConfigProblem::at(
+                at,
+                format!("{path} names no user: nobody could log in"),
+            )),
+            Ok(users) => auth.users = Arc::new(users),
+            Err(e) => problems.push(ConfigProblem::at(at, e)),
+        }
+    }
     problems
 }
 

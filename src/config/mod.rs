@@ -52,6 +52,8 @@ mod suggest;
 pub mod balance;
 mod bodies;
 mod fastcgi;
+/// `path_regex`, `redirect`, `rewrite`, `access`, `auth`, `headers`.
+pub mod site;
 
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::{BodyConfig, Lingering};
@@ -91,6 +93,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `allow_no_routes`: a config file without routes is loaded (else refused).
     pub allow_no_routes: bool,
+    /// Site-wide `access` and `headers` (its `auth` and `rewrite` stay `None`).
+    pub site: crate::site::Rules,
 }
 
 #[derive(Debug, Clone)]
@@ -394,6 +398,19 @@ impl KeyPart {
     }
 }
 
+impl KeyPart {
+    /// Whether this part names the sender of the request (its address, its
+    /// pass, its verified API key): a key with one such part counts the
+    /// sender's own requests, never a victim's.
+    pub fn names_sender(&self, keys_verified: bool) -> bool {
+        match self {
+            KeyPart::Client | KeyPart::Ip | KeyPart::Pass => true,
+            KeyPart::ApiKey => keys_verified,
+            KeyPart::Route | KeyPart::Global | KeyPart::Header(_) => false,
+        }
+    }
+}
+
 impl IdentityConfig {
     /// Whether API keys are verified (a list or a key file is configured).
     /// Without one, a key header identifies nobody.
@@ -464,6 +481,12 @@ pub struct RouteConfig {
     pub compression: bool,
     /// `challenge`: browsers without a pass get a proof-of-work page.
     pub challenge: Option<ChallengeConfig>,
+    /// `match.path_regex`, compiled once for the config's life.
+    pub path_regex: Option<regex::Regex>,
+    /// `match.query_regex`, on the query string as sent.
+    pub query_regex: Option<regex::Regex>,
+    /// `access`, `auth`, `headers`, `rewrite` (each `None` unless configured).
+    pub site: crate::site::Rules,
 }
 
 #[derive(Debug, Clone)]
@@ -475,6 +498,8 @@ pub enum Action {
         body: String,
         content_type: String,
     },
+    /// `redirect:`, answered by tollgate.
+    Redirect(crate::site::Redirect),
 }
 
 impl Config {

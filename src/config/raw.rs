@@ -13,9 +13,11 @@ use serde::{Deserialize, Deserializer};
 use super::{balance, observe};
 
 mod limiter;
+mod site;
 mod store;
 
 pub use limiter::{RawLimiter, RawOverride, Written};
+pub use site::{RawAccess, RawAuth, RawBasic, RawHeaderRules, RawHeaders, RawRedirect, RawRewrite};
 pub use store::{RawBackend, RawRedis, RawSentinel, RawSqlite, RawStore};
 
 /// A string value in which `${ENV_VAR}` is replaced from the environment.
@@ -286,6 +288,10 @@ pub struct RawConfig {
     pub log: observe::RawLog,
     /// Run with no routes at all (every request 404, no limit): said on purpose.
     pub allow_no_routes: Option<bool>,
+    /// Site-wide address lists, before every route's own.
+    pub access: Option<RawAccess>,
+    /// Site-wide header rules, before every route's own.
+    pub headers: Option<RawHeaders>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -491,6 +497,11 @@ pub struct RawRoute {
     pub compression: Option<bool>,
     /// A proof-of-work page for browsers (`always`, or `over_limit`).
     pub challenge: Option<super::challenge::RawChallenge>,
+    pub redirect: Option<RawRedirect>,
+    pub rewrite: Option<RawRewrite>,
+    pub access: Option<RawAccess>,
+    pub auth: Option<RawAuth>,
+    pub headers: Option<RawHeaders>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -502,6 +513,10 @@ pub struct RawMatch {
     pub host: Option<Text>,
     /// Query parameters that must all be present with these values.
     pub query: Option<BTreeMap<String, Text>>,
+    /// A regular expression on the normalised path; its captures fill `redirect.to` and `rewrite.to`.
+    pub path_regex: Option<Text>,
+    /// A regular expression on the query string as sent (Apache's `%{QUERY_STRING}` conditions).
+    pub query_regex: Option<Text>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -152,11 +152,18 @@ function routes(d) {
       [fmt(last(r.requests_per_second)), "num"],
       [fmt(last(r.rejections_per_second)), "num"],
       [fmt(last(r.challenges_per_second || [])), "num"],
+      [siteAnswers(r.site_answers)],
       [share === null ? "–" : pct(share), "num" + (share > 0 ? " bad" : "")],
       [ms(r.p50_ms), "num"],
       [ms(r.p99_ms), "num"],
     ]);
   }
+}
+
+// Answers the route's site rules made since start, e.g. "12 redirect · 3 denied".
+function siteAnswers(counts) {
+  const parts = Object.entries(counts || {}).filter(([, n]) => n > 0).map(([kind, n]) => n + " " + kind);
+  return parts.length ? parts.join(" · ") : "–";
 }
 
 function upstreams(d) {

@@ -37,6 +37,7 @@ impl Fixture {
         let client = client(ip);
         let headers = HeaderMap::new();
         let facts = RequestFacts {
+            sender_only: false,
             route,
             client: &client,
             headers: &headers,
@@ -129,6 +130,7 @@ async fn a_route_without_limiters_and_an_exempt_client_pass_without_asking_the_s
     exempt.exempt = true;
     let headers = HeaderMap::new();
     let facts = RequestFacts {
+        sender_only: false,
         route: 1,
         client: &exempt,
         headers: &headers,
@@ -220,6 +222,7 @@ async fn the_refusal_that_reaches_ban_after_bans_the_key_and_the_next_request_is
     let client = client(ip);
     let headers = HeaderMap::new();
     let facts = RequestFacts {
+        sender_only: false,
         route: 0,
         client: &client,
         headers: &headers,

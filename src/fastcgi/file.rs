@@ -142,20 +142,15 @@ fn digits(s: &str) -> HeaderValue {
     HeaderValue::from_str(s).expect("ASCII")
 }
 
-/// `301` to the directory's slash form, the query kept (`/admin?x=1` → `/admin/?x=1`).
-pub fn redirect_to_directory(uri: &http::Uri) -> Response<Streamed> {
-    let mut location = String::with_capacity(uri.path().len() + 1);
-    location.push_str(uri.path());
-    location.push('/');
-    if let Some(q) = uri.query() {
-        location.push('?');
-        location.push_str(q);
-    }
+/// `301` to the directory's slash form, the query kept (`/admin?x=1` →
+/// `/admin/?x=1`): `path` is the directory as the root resolved it (decoded,
+/// dot segments walked), never the raw request path, so `//evil.example/../docs`
+/// is sent to `/docs/` (see [`crate::location`]).
+pub fn redirect_to_directory(path: &str, query: Option<&str>) -> Response<Streamed> {
     let mut h = HeaderMap::new();
-    match HeaderValue::from_str(&location) {
-        Ok(v) => h.insert(header::LOCATION, v),
-        // The path came from a request line, so it is a valid header value.
-        Err(_) => return problem(Problem::FileNotFound),
+    match crate::location::local_decoded(&format!("{path}/"), query) {
+        Some(v) => h.insert(header::LOCATION, v),
+        None => return problem(Problem::FileNotFound),
     };
     bare(StatusCode::MOVED_PERMANENTLY, h)
 }

@@ -151,31 +151,12 @@ impl FastCgi {
         proto: &'static str,
         worker: usize,
     ) -> Result<Response<Streamed>, FastCgiError> {
-        let Some(split) = path::split(parts.uri.path()) else {
-            return Ok(own(Problem::FileNotFound));
-        };
-        let config = self.config.clone();
-        let accepted = crate::compression::Accepted::from_headers(&parts.headers);
-        let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
-        // Stats and symlink checks are blocking file-system calls.
-        let resolved = tokio::task::spawn_blocking(move || {
-            let target = path::resolve(
-                &config.root,
-                &config.index,
-                config.fallback.as_deref(),
-                split,
-            );
-            let variant = match &target {
-                Target::Static(file) => Some(static_variant(&config, file, accepted, siblings)),
-                _ => None,
-            };
-            (target, variant)
-        })
-        .await
-        .unwrap_or((Target::NotFound, None));
+        let (resolved, query) = self.resolve_request(&parts).await;
         match resolved {
             (Target::NotFound, _) => Ok(own(Problem::FileNotFound)),
-            (Target::Directory, _) => Ok(file::redirect_to_directory(&parts.uri)),
+            (Target::Directory(path), _) => {
+                Ok(file::redirect_to_directory(&path, query.as_deref()))
+            }
             (Target::Static(_), Some(variant)) => {
                 let cache_control = self.config.cache_control.as_deref();
                 Ok(file::serve(&parts.method, &parts.headers, variant, cache_control).await)
@@ -192,6 +173,7 @@ impl FastCgi {
                     root: &self.root,
                     script: &script,
                     path_info: &path_info,
+                    query: query.as_deref().unwrap_or(""),
                     client_ip,
                     peer,
                     proto,
@@ -215,9 +197,58 @@ impl FastCgi {
         }
     }
 
+    /// What the request names under the root, and the QUERY_STRING it runs
+    /// with. A `rewrite` names another path (and query) under the same root,
+    /// by the same rules; `unless_exists` only when the requested one names
+    /// nothing. Stats and symlink checks block: they run off the runtime.
+    async fn resolve_request(
+        &self,
+        parts: &http::request::Parts,
+    ) -> ((Target, Option<file::Variant>), Option<String>) {
+        let rewritten = parts.extensions.get::<crate::site::Rewritten>();
+        let (first, then) = match rewritten {
+            None => (parts.uri.path().to_string(), None),
+            Some(r) if r.unless_exists => (parts.uri.path().to_string(), Some(r.path.clone())),
+            Some(r) => (r.path.clone(), None),
+        };
+        let config = self.config.clone();
+        let accepted = crate::compression::Accepted::from_headers(&parts.headers);
+        let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
+        let (target, variant, took_rewrite) = tokio::task::spawn_blocking(move || {
+            let fallback = config.fallback.as_deref();
+            let mut target = resolve(&config, &first, fallback.filter(|_| then.is_none()));
+            let mut took_rewrite = then.is_none();
+            if let (Target::NotFound, Some(then)) = (&target, &then) {
+                target = resolve(&config, then, fallback);
+                took_rewrite = true;
+            }
+            let variant = match &target {
+                Target::Static(file) => Some(static_variant(&config, file, accepted, siblings)),
+                _ => None,
+            };
+            (target, variant, took_rewrite)
+        })
+        .await
+        .unwrap_or((Target::NotFound, None, false));
+        let query = match (rewritten, took_rewrite) {
+            (Some(r), true) => r.query.clone(),
+            _ => parts.uri.query().map(str::to_string),
+        };
+        ((target, variant), query)
+    }
+
     /// Whether this upstream can serve `config` unchanged (a reload keeps its pool).
     pub fn serves(&self, config: &FastCgiConfig) -> bool {
         self.config == *config
+    }
+}
+
+/// What `path` names under the root (`fallback`: the script for a path
+/// naming nothing); blocking.
+fn resolve(config: &FastCgiConfig, path: &str, fallback: Option<&str>) -> Target {
+    match path::split(path) {
+        Some(split) => path::resolve(&config.root, &config.index, fallback, split),
+        None => Target::NotFound,
     }
 }
 
@@ -230,6 +261,8 @@ struct Cgi<'a> {
     root: &'a str,
     script: &'a str,
     path_info: &'a str,
+    /// QUERY_STRING: the request's, or a rewrite's.
+    query: &'a str,
     client_ip: IpAddr,
     peer: SocketAddr,
     proto: &'static str,
@@ -285,7 +318,7 @@ impl Cgi<'_> {
                 format!("{}{}", self.root, self.path_info).as_bytes(),
             );
         }
-        push(b"QUERY_STRING", uri.query().unwrap_or("").as_bytes());
+        push(b"QUERY_STRING", self.query.as_bytes());
         push(b"REQUEST_METHOD", parts.method.as_str().as_bytes());
         push(b"CONTENT_TYPE", header(header::CONTENT_TYPE));
         push(b"CONTENT_LENGTH", header(header::CONTENT_LENGTH));
@@ -321,6 +354,11 @@ impl Cgi<'_> {
         push(b"SERVER_PORT", port.to_string().as_bytes());
         // php-cgi's cgi.force_redirect wants it; php-fpm ignores it.
         push(b"REDIRECT_STATUS", b"200");
+        // `auth.basic` let this user in (Apache and nginx say the same).
+        if let Some(user) = parts.extensions.get::<crate::site::RemoteUser>() {
+            push(b"REMOTE_USER", user.0.as_bytes());
+            push(b"AUTH_TYPE", b"Basic");
+        }
     }
 }
 

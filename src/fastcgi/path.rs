@@ -114,8 +114,9 @@ pub enum Target {
     Static(StaticFile),
     /// A directory named without its trailing slash: nginx's and Apache's
     /// `301` to the slash form comes before any index file is tried, so
-    /// relative links in the index page resolve inside the directory.
-    Directory,
+    /// relative links in the index page resolve inside the directory. The
+    /// path as resolved (decoded, dot segments walked): the redirect's target.
+    Directory(String),
     NotFound,
 }
 
@@ -164,7 +165,7 @@ fn resolve_named(root: &Path, index: &str, split: Split) -> Target {
                 return Target::NotFound;
             };
             if meta.is_dir() && !directory {
-                return Target::Directory;
+                return Target::Directory(path);
             }
             if meta.is_dir() || directory {
                 let script = format!("{}/{index}", path.trim_end_matches('/'));
@@ -376,7 +377,7 @@ mod tests {
         assert!(matches!(r("/style.css"), Target::Static(_)));
         assert_eq!(
             r("/uploads"),
-            Target::Directory,
+            Target::Directory("/uploads".into()),
             "a directory without its slash"
         );
         assert_eq!(r("/uploads/"), Target::NotFound, "no index.php in uploads/");
@@ -401,7 +402,7 @@ mod tests {
         assert!(matches!(front("/style.css"), Target::Static(_)));
         assert_eq!(
             front("/uploads"),
-            Target::Directory,
+            Target::Directory("/uploads".into()),
             "redirected before the front controller"
         );
     }

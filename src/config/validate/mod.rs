@@ -36,6 +36,8 @@ mod server;
 mod upstreams;
 mod warnings;
 
+pub(in crate::config) use warnings::position;
+
 #[cfg(test)]
 mod tests;
 
@@ -171,7 +173,13 @@ impl Validator<'_> {
             self.acme_fleet(acme, redis_store);
         }
         let log = self.log(&raw.log);
+        let site = crate::site::Rules {
+            access: raw.access.as_ref().map(|a| self.access("access", a)),
+            headers: raw.headers.as_ref().map(|h| self.headers("headers", h)),
+            ..Default::default()
+        };
         Config {
+            site,
             warnings: Vec::new(),
             server,
             admin,

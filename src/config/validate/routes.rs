@@ -35,8 +35,18 @@ impl Validator<'_> {
             self.route_name(i, &r.name.0, &mut names);
             let m = &r.matcher;
             self.route_paths(i, m);
+            let path_regex = m
+                .path_regex
+                .as_ref()
+                .and_then(|p| self.path_regex(&at("match.path_regex"), &p.0));
+            let query_regex = m
+                .query_regex
+                .as_ref()
+                .and_then(|p| self.path_regex(&at("match.query_regex"), &p.0));
             let methods = self.route_methods(i, m);
-            let action = self.route_action(i, r, &upstream_index, raw_upstreams);
+            let action =
+                self.route_action(i, r, &upstream_index, raw_upstreams, path_regex.as_ref());
+            let site = self.route_site(i, r, path_regex.as_ref(), &action, upstreams);
             let query = self.route_query(i, m);
             let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
@@ -66,6 +76,9 @@ impl Validator<'_> {
                         .challenge
                         .as_ref()
                         .map(|c| self.challenge(&at("challenge"), c)),
+                    path_regex,
+                    query_regex,
+                    site,
                 });
             }
         }
@@ -120,35 +133,59 @@ impl Validator<'_> {
                 }
             }
         }
-        if m.path.is_some() && m.path_prefix.is_some() {
-            self.err(at("match"), "use `path` or `path_prefix`, not both");
+        let paths = [
+            m.path.is_some(),
+            m.path_prefix.is_some(),
+            m.path_regex.is_some(),
+        ];
+        if paths.iter().filter(|&&p| p).count() > 1 {
+            self.err(
+                at("match"),
+                "use one of `path`, `path_prefix` and `path_regex`",
+            );
         }
     }
 
-    /// Where a route sends its requests: an upstream by name, or a local answer.
+    /// Where a route sends its requests: an upstream by name, or a local
+    /// answer (`respond`, `redirect`); exactly one of the three.
     fn route_action(
         &mut self,
         i: usize,
         r: &RawRoute,
         upstream_index: &HashMap<&str, usize>,
         raw_upstreams: &BTreeMap<String, RawUpstream>,
+        regex: Option<&regex::Regex>,
     ) -> Option<Action> {
         let at = |field: &str| format!("routes[{i}].{field}");
-        match (&r.upstream, &r.respond) {
-            (Some(u), None) => match upstream_index.get(u.0.as_str()) {
-                Some(&idx) => Some(Action::Upstream(idx)),
-                None => {
-                    if !raw_upstreams.contains_key(&u.0) {
-                        let names = raw_upstreams.keys().map(String::as_str);
-                        self.err(
-                            at("upstream"),
-                            format!("no upstream named {:?}{}", u.0, suggest::hint(&u.0, names)),
-                        );
-                    }
-                    None
-                }
-            },
-            (None, Some(resp)) => match StatusCode::from_u16(resp.status) {
+        let given = [
+            r.upstream.is_some(),
+            r.respond.is_some(),
+            r.redirect.is_some(),
+        ];
+        match given.iter().filter(|&&g| g).count() {
+            0 => {
+                self.err(
+                    format!("routes[{i}]"),
+                    "a route needs `upstream`, `respond` or `redirect`",
+                );
+                return None;
+            }
+            1 => {}
+            _ => {
+                self.err(
+                    format!("routes[{i}]"),
+                    "a route has one of `upstream`, `respond` and `redirect`",
+                );
+                return None;
+            }
+        }
+        if let Some(redirect) = &r.redirect {
+            return self
+                .redirect(&at("redirect"), redirect, regex)
+                .map(Action::Redirect);
+        }
+        if let Some(resp) = &r.respond {
+            return match StatusCode::from_u16(resp.status) {
                 Ok(status) => Some(Action::Respond {
                     status,
                     body: resp.body.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
@@ -165,21 +202,56 @@ impl Validator<'_> {
                     );
                     None
                 }
-            },
-            (Some(_), Some(_)) => {
+            };
+        }
+        let u = r.upstream.as_ref()?;
+        match upstream_index.get(u.0.as_str()) {
+            Some(&idx) => Some(Action::Upstream(idx)),
+            None => {
+                if !raw_upstreams.contains_key(&u.0) {
+                    let names = raw_upstreams.keys().map(String::as_str);
+                    self.err(
+                        at("upstream"),
+                        format!("no upstream named {:?}{}", u.0, suggest::hint(&u.0, names)),
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// A route's `access`, `auth`, `headers` and `rewrite` (which needs an upstream).
+    fn route_site(
+        &mut self,
+        i: usize,
+        r: &RawRoute,
+        regex: Option<&regex::Regex>,
+        action: &Option<Action>,
+        upstreams: &[UpstreamConfig],
+    ) -> crate::site::Rules {
+        let at = |field: &str| format!("routes[{i}].{field}");
+        let rewrite = r.rewrite.as_ref().and_then(|rw| match action {
+            Some(Action::Upstream(u)) => {
+                let fastcgi = upstreams[*u].fastcgi.is_some();
+                self.rewrite(&at("rewrite"), rw, regex, fastcgi)
+            }
+            Some(_) => {
                 self.err(
-                    at("upstream"),
-                    "a route has `upstream` or `respond`, not both",
+                    at("rewrite"),
+                    "a rewrite changes what the upstream sees; this route answers itself (`respond` or `redirect`)",
                 );
                 None
             }
-            (None, None) => {
-                self.err(
-                    format!("routes[{i}]"),
-                    "a route needs `upstream` or `respond`",
-                );
-                None
-            }
+            None => None,
+        });
+        crate::site::Rules {
+            access: r.access.as_ref().map(|a| self.access(&at("access"), a)),
+            auth: r
+                .auth
+                .as_ref()
+                .map(|a| self.basic_auth(&at("auth.basic"), &a.basic)),
+            headers: r.headers.as_ref().map(|h| self.headers(&at("headers"), h)),
+            rewrite,
         }
     }
 

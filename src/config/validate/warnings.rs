@@ -23,6 +23,8 @@ impl Validator<'_> {
         self.warn_walkable_routes(raw, routes, limiters, key_source);
         self.warn_client_chosen_hooks(limiters, key_source);
         self.warn_unverified_overrides(limiters, key_source);
+        self.warn_regex_shadows(raw, routes);
+        self.warn_redirect_loops(raw, routes);
     }
 
     /// A route after one that matches every request it would match is dead
@@ -108,11 +110,7 @@ impl Validator<'_> {
     /// a victim's value and use up (or ban) the victim.
     fn warn_client_chosen_hooks(&mut self, limiters: &[LimiterConfig], key_source: bool) {
         for l in limiters {
-            let identifies = l.key.iter().any(|p| match p {
-                KeyPart::Client | KeyPart::Ip | KeyPart::Pass => true,
-                KeyPart::ApiKey => key_source,
-                KeyPart::Route | KeyPart::Global | KeyPart::Header(_) => false,
-            });
+            let identifies = l.key.iter().any(|p| p.names_sender(key_source));
             let chosen = l.key.iter().any(|p| p.chosen_by_client(key_source));
             if identifies || !chosen {
                 continue;
@@ -168,7 +166,7 @@ fn unverified(key_source: bool) -> &'static str {
 }
 
 /// The index of the route named `name` in the document (names are unique once valid).
-fn position(raw: &[RawRoute], name: &str) -> usize {
+pub(in crate::config) fn position(raw: &[RawRoute], name: &str) -> usize {
     raw.iter().position(|r| r.name.0 == name).unwrap_or(0)
 }
 
@@ -183,11 +181,15 @@ fn covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
         (Some(e), Some(l)) => l.iter().all(|m| e.contains(m)),
     };
     let host = earlier.host.is_none() || earlier.host == later.host;
-    let query = earlier.query.iter().all(|q| later.query.contains(q));
+    let query =
+        earlier.query.iter().all(|q| later.query.contains(q)) && earlier.query_regex.is_none();
     methods && host && query && path_covers(earlier, later)
 }
 
 fn path_covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
+    if earlier.path_regex.is_some() || later.path_regex.is_some() {
+        return super::super::site::regex_covers(earlier, later);
+    }
     let later_path = later.path.as_deref().or(later.path_prefix.as_deref());
     match (&earlier.path, &earlier.path_prefix) {
         (None, None) => true,
