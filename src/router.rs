@@ -471,6 +471,7 @@ mod tests {
             errors: Default::default(),
             compression: true,
             challenge: None,
+            cache: None,
         }
     }
 

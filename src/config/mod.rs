@@ -41,6 +41,8 @@ mod locate;
 mod scan;
 
 mod admin_token;
+/// `cache` and `routes[].cache`.
+pub mod cache;
 /// `identity.pass` and `routes[].challenge`.
 pub mod challenge;
 mod lease;
@@ -91,6 +93,8 @@ pub struct Config {
     pub log: LogConfig,
     /// `allow_no_routes`: a config file without routes is loaded (else refused).
     pub allow_no_routes: bool,
+    /// `cache`: the shared response cache, when the section is there or a route caches.
+    pub cache: Option<cache::CacheConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -464,6 +468,8 @@ pub struct RouteConfig {
     pub compression: bool,
     /// `challenge`: browsers without a pass get a proof-of-work page.
     pub challenge: Option<ChallengeConfig>,
+    /// `cache`: this route's answers are stored in and served from the shared cache.
+    pub cache: Option<cache::RouteCacheConfig>,
 }
 
 #[derive(Debug, Clone)]

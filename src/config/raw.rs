@@ -284,6 +284,8 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub log: observe::RawLog,
+    /// The one shared response cache (`routes[].cache` stores in it).
+    pub cache: Option<super::cache::RawCache>,
     /// Run with no routes at all (every request 404, no limit): said on purpose.
     pub allow_no_routes: Option<bool>,
 }
@@ -488,6 +490,8 @@ pub struct RawRoute {
     pub compression: Option<bool>,
     /// A proof-of-work page for browsers (`always`, or `over_limit`).
     pub challenge: Option<super::challenge::RawChallenge>,
+    /// Answers stored in the shared cache and served from it.
+    pub cache: Option<super::cache::RawRouteCache>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -171,7 +171,9 @@ impl Validator<'_> {
             self.acme_fleet(acme, redis_store);
         }
         let log = self.log(&raw.log);
+        let cache = self.cache(raw.cache.as_ref(), routes.iter().any(|r| r.cache.is_some()));
         Config {
+            cache,
             warnings: Vec::new(),
             server,
             admin,

@@ -66,6 +66,7 @@ impl Validator<'_> {
                         .challenge
                         .as_ref()
                         .map(|c| self.challenge(&at("challenge"), c)),
+                    cache: r.cache.as_ref().map(|c| self.route_cache(&at("cache"), c)),
                 });
             }
         }
