@@ -34,6 +34,7 @@ pub use crate::connections::ConnInfo;
 use challenge::Due;
 use trail::Trail;
 
+mod cache;
 mod challenge;
 mod refuse;
 mod trail;
@@ -199,6 +200,10 @@ impl App {
             Some(Due::Refused(problem)) => return Ok(self.challenge_refused(x, route, problem)),
             Some(Due::OverLimit) | None => {}
         }
+        // `hits_free`: a fresh stored page costs the client nothing.
+        if let Some(hit) = self.free_hit(x, route, &client, &admitted.req) {
+            return Ok(hit);
+        }
         let headers = admitted.req.headers();
         let mut pass = match self.limit(x, route, &client, headers).await? {
             Admission::Admitted(pass) => pass,
@@ -323,7 +328,14 @@ impl App {
                     .insert(CONTENT_TYPE, content_type.clone());
                 resp
             }
-            RouteAction::Upstream(u) => self.upstream(x, index, *u, client, admitted, pass).await,
+            RouteAction::Upstream(u) => match (&snap.routes[index].cache, &snap.cache) {
+                (Some(rc), Some(cache)) => {
+                    let through =
+                        self.through_cache(x, index, *u, client, admitted, pass, rc, cache);
+                    Box::pin(through).await
+                }
+                _ => self.upstream(x, index, *u, client, admitted, pass).await,
+            },
         }
     }
 

@@ -32,6 +32,41 @@ use crate::metrics::{Counter, Metrics};
 pub use entry::{Entry, Standing, CACHE_STATUS};
 pub use key::Key;
 
+/// A caching route's rules and its counts (`tollgate_cache_requests_total{route,result}`).
+pub struct RouteCache {
+    pub config: crate::config::cache::RouteCacheConfig,
+    pub hit: Counter,
+    pub miss: Counter,
+    /// Served stale: while a refresh runs, or because the upstream failed.
+    pub stale: Counter,
+    pub bypass: Counter,
+}
+
+impl RouteCache {
+    pub fn new(
+        config: crate::config::cache::RouteCacheConfig,
+        route: &str,
+        metrics: &Metrics,
+    ) -> RouteCache {
+        let c = |result| metrics.counter(REQUESTS, &[("route", route), ("result", result)]);
+        RouteCache {
+            config,
+            hit: c("hit"),
+            miss: c("miss"),
+            stale: c("stale"),
+            bypass: c("bypass"),
+        }
+    }
+
+    /// Answers that never reached the upstream: PHP renders saved.
+    pub fn saved(&self) -> u64 {
+        self.hit.load(Ordering::Relaxed) + self.stale.load(Ordering::Relaxed)
+    }
+}
+
+/// `tollgate_cache_requests_total{route,result}`.
+pub const REQUESTS: &str = "tollgate_cache_requests_total";
+
 /// What a key holds: an answer, or (under a URL's key) the request headers
 /// its answers vary by, under whose values the answers are stored.
 #[derive(Clone)]

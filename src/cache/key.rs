@@ -32,7 +32,6 @@ pub struct KeyParts<'a> {
     /// The `Host` header (or the URI's authority) as sent.
     pub host: &'a str,
     pub path: &'a str,
-    pub query: Option<&'a str>,
     /// The request's headers: the edge headers are read from them when the peer is trusted.
     pub headers: &'a HeaderMap,
     pub peer_trusted: bool,
@@ -198,7 +197,6 @@ mod tests {
             scheme: "http",
             host: host_header,
             path,
-            query: q,
             headers,
             peer_trusted: trusted,
         };
