@@ -173,7 +173,6 @@ impl App {
         key: Key,
         stale: Option<Arc<Entry>>,
     ) -> Response<Body> {
-        inc(&rc.miss);
         prepare(&mut admitted.req, client, &lookup);
         let head = lookup.asked.head;
         let lead = match (head, cache.flights.join(&key)) {
@@ -184,6 +183,8 @@ impl App {
                 if let Some(Landed::Stored(e)) =
                     flight::wait(rx, cache.settings().lock_timeout).await
                 {
+                    // Another request's render, shared: no render of its own.
+                    inc(&rc.hit);
                     return answer(
                         &e,
                         &lookup,
@@ -194,6 +195,7 @@ impl App {
                 None
             }
         };
+        inc(&rc.miss);
         let uri = admitted.req.uri().clone();
         let resp = self.upstream(x, index, u, client, admitted, pass).await;
         let fwd_status = resp.status().as_u16();
