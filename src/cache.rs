@@ -129,12 +129,26 @@ pub struct ResponseCache {
 /// A typical page, for the map's first table size (it grows past it).
 const TYPICAL_ENTRY: u64 = 16 * 1024;
 
+/// Shards of the map (each its own lock and its own share of `max_size`):
+/// four per core, but never so many that a share holds fewer than four of
+/// the largest answers (the map refuses an entry heavier than its shard's main queue).
+fn shards(config: &CacheConfig) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fit = (config.max_size / config.max_entry_size.max(1) / 4).max(1) as usize;
+    let n = fit.min(cores * 4);
+    1 << (usize::BITS - 1 - n.leading_zeros())
+}
+
 impl ResponseCache {
     pub fn new(config: &CacheConfig, metrics: &Metrics) -> ResponseCache {
         let evictions = metrics.counter("tollgate_cache_evictions_total", &[]);
         let options = OptionsBuilder::new()
             .estimated_items_capacity((config.max_size / TYPICAL_ENTRY).max(64) as usize)
             .weight_capacity(config.max_size)
+            .shards(shards(config))
+            // A tenth on probation (S3-FIFO's small queue): a new page must be
+            // asked for again before a tenth of the cache has churned.
+            .hot_allocation(0.9)
             .build()
             .expect("valid cache options");
         ResponseCache {
@@ -201,11 +215,10 @@ impl ResponseCache {
         headers: &HeaderMap,
         entry: Arc<Entry>,
     ) -> Option<Key> {
-        if entry.weight
-            > self
-                .settings()
-                .max_entry_size
-                .saturating_add(entry::ENTRY_OVERHEAD * 4)
+        // Past the shard's half (a reload shrank the cache under its
+        // largest answers) the map would take it only to evict it.
+        if entry.body.len() as u64 > self.settings().max_entry_size
+            || entry.weight > self.map.shard_capacity() / 2
         {
             return None;
         }

@@ -288,3 +288,54 @@ async fn a_logged_in_visitor_neither_sees_nor_fills_the_anonymous_copy() {
         "a PHP session bypasses by default"
     );
 }
+
+/// A reload as `reload.rs` does it, without the file: the new config's
+/// snapshot built on the old one and swapped in.
+fn reload(app: &tollgate::App, yaml: &str) {
+    let yaml = format!("log: {{ access: false }}\nstore: {{ backend: memory }}\n{yaml}");
+    let config = tollgate::config::parse(&yaml).unwrap();
+    let old = app.snapshot();
+    let new = tollgate::snapshot::Snapshot::build(
+        config,
+        old.version + 1,
+        Some(&old),
+        &app.shared.metrics,
+    );
+    app.shared.snapshot.store(std::sync::Arc::new(new));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_keeps_the_cache_and_a_new_max_size_resizes_it() {
+    let origin = Origin::start().await;
+    let yaml = |max: &str| {
+        format!(
+            "cache: {{ max_size: {max} }}\nupstreams:\n  app: {{ url: \"{}\" }}\nroutes:\n  - {{ name: site, match: {{ path_prefix: / }}, upstream: app, cache: {{ ttl: 1h }} }}\n",
+            origin.url()
+        )
+    };
+    let app = app(&yaml("64MiB"));
+    text(fetch(&app, "/home", &[]).await).await;
+    reload(&app, &yaml("64MiB"));
+    assert!(
+        status_of(&fetch(&app, "/home", &[]).await).contains("hit"),
+        "unchanged: kept"
+    );
+    reload(&app, &yaml("2MiB"));
+    let cache = app.snapshot().cache.clone().unwrap();
+    assert_eq!(cache.capacity(), 2 << 20);
+    assert!(
+        status_of(&fetch(&app, "/home", &[]).await).contains("hit"),
+        "resized: the hot page kept"
+    );
+    assert_eq!(origin.renders("/home"), 1);
+    let without = format!(
+        "upstreams:\n  app: {{ url: \"{}\" }}\nroutes:\n  - {{ name: site, match: {{ path_prefix: / }}, upstream: app }}\n",
+        origin.url()
+    );
+    reload(&app, &without);
+    assert!(app.snapshot().cache.is_none());
+    assert!(!fetch(&app, "/home", &[])
+        .await
+        .headers()
+        .contains_key("cache-status"));
+}

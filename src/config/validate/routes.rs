@@ -40,6 +40,12 @@ impl Validator<'_> {
             let query = self.route_query(i, m);
             let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
+            if r.cache.is_some() && r.respond.is_some() {
+                self.err(
+                    at("cache"),
+                    "a route that answers itself (`respond`) has nothing to cache",
+                );
+            }
             let rate_limit_headers =
                 self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
             let errors = self.error_answers(
