@@ -200,9 +200,13 @@ impl App {
             Some(Due::Refused(problem)) => return Ok(self.challenge_refused(x, route, problem)),
             Some(Due::OverLimit) | None => {}
         }
-        // `hits_free`: a fresh stored page costs the client nothing.
-        if let Some(hit) = self.free_hit(x, route, &client, &admitted.req) {
-            return Ok(hit);
+        // `hits_free`: a fresh stored page costs the client nothing. Boxed,
+        // and asked only on such a route: the others pay one check.
+        let free = x.snap.routes[route].cache.as_ref();
+        if free.is_some_and(|c| c.config.hits_free) {
+            if let Some(hit) = Box::pin(self.free_hit(x, route, &client, &admitted.req)).await {
+                return Ok(hit);
+            }
         }
         let headers = admitted.req.headers();
         let mut pass = match self.limit(x, route, &client, headers).await? {

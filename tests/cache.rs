@@ -35,7 +35,13 @@ fn status_of(resp: &Response<Body>) -> String {
 #[tokio::test(start_paused = true)]
 async fn what_an_http_upstream_answers_decides_what_is_stored() {
     let origin = Origin::start().await;
-    let table: &[(&[(&str, &str)], u16, &str, bool)] = &[
+    type Row = (
+        &'static [(&'static str, &'static str)],
+        u16,
+        &'static str,
+        bool,
+    );
+    let table: &[Row] = &[
         (&[("cache-control", "max-age=60")], 200, "{}", true),
         (&[("cache-control", "s-maxage=60")], 200, "{}", true),
         (

@@ -216,3 +216,24 @@ async fn with_hits_free_a_stored_page_does_not_count_against_the_limit() {
         "a miss still counts"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_banned_client_gets_no_free_hit() {
+    let origin = Origin::start().await;
+    let limiter = "limiters:\n  one: { algorithm: fixed_window, limit: 1, window: 60s, key: ip, ban: { after: 1, for: 1h } }\n";
+    let app = site(&origin, "{ ttl: 60s, hits_free: true }", limiter);
+    assert_eq!(fetch(&app, "/", &[]).await.status(), StatusCode::OK);
+    // Over the limit on another page: the refusal starts the ban.
+    assert_eq!(
+        fetch(&app, "/other", &[]).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let banned = fetch(&app, "/", &[]).await;
+    assert_eq!(
+        banned.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "bans come before the cache"
+    );
+    let other = app.handle(get("/", &[]), from("192.0.2.2:40000")).await;
+    assert!(cache_status(&other).contains("hit"));
+}

@@ -288,19 +288,15 @@ impl App {
         });
     }
 
-    /// `hits_free`: a fresh stored answer, before the limiters count the request.
-    pub(super) fn free_hit(
+    /// `hits_free`: a fresh stored answer, before the limiters count the
+    /// request (a banned client is refused by the limit phase all the same).
+    pub(super) async fn free_hit(
         &self,
         x: &mut Exchange,
         index: usize,
         client: &Client,
         req: &Request<RequestBody>,
     ) -> Option<Response<Body>> {
-        // A route without `cache:` pays one check here.
-        let free = x.snap.routes[index].cache.as_ref()?.config.hits_free;
-        if !free {
-            return None;
-        }
         let snap = x.snap.clone();
         let (rc, cache) = (snap.routes[index].cache.as_ref()?, snap.cache.as_ref()?);
         if policy::bypass(req.method(), req.headers(), &rc.config).is_some() {
@@ -311,6 +307,15 @@ impl App {
             return None;
         };
         if e.standing(x.now) != Standing::Fresh {
+            return None;
+        }
+        let facts = crate::decide::RequestFacts {
+            route: index,
+            client,
+            headers: req.headers(),
+            now: x.now,
+        };
+        if self.gate().is_banned(&snap, &facts).await {
             return None;
         }
         cache.count_lookup(true);

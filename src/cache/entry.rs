@@ -145,14 +145,11 @@ impl Entry {
     ) -> Response<Body> {
         let mut headers = self.headers.clone();
         let (coding, body) = self.form(accepted);
-        if self.gzip.is_some() || self.brotli.is_some() {
-            if !headers.get_all(VARY).iter().any(|v| {
-                crate::header_value::lists(v, |f| {
-                    f == "*" || f.eq_ignore_ascii_case("accept-encoding")
-                })
-            }) {
-                headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
-            }
+        let varied = headers.get_all(VARY).iter().any(|v| {
+            crate::header_value::lists(v, |f| f == "*" || f.eq_ignore_ascii_case("accept-encoding"))
+        });
+        if (self.gzip.is_some() || self.brotli.is_some()) && !varied {
+            headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
         }
         if let Some(c) = coding {
             headers.insert(CONTENT_ENCODING, HeaderValue::from_static(c.token()));

@@ -225,7 +225,13 @@ mod tests {
     #[test]
     fn what_is_stored_and_for_how_long() {
         let secs = |f: Option<Freshness>| f.map(|f| f.fresh_for / S);
-        let table: [(u16, &[(&str, &str)], Option<u64>, Option<u64>); 17] = [
+        type Row = (
+            u16,
+            &'static [(&'static str, &'static str)],
+            Option<u64>,
+            Option<u64>,
+        );
+        let table: [Row; 17] = [
             (200, &[("cache-control", "max-age=60")], None, Some(60)),
             (
                 200,
