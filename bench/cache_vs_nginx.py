@@ -170,7 +170,7 @@ class Front:
         return f"http://127.0.0.1:{self.port}{path}"
 
 
-def setup(work):
+def setup(work, tollgate):
     os.makedirs(f"{work}/www")
     with open(f"{work}/www/product.php", "w") as f:
         f.write(PAGE)
@@ -199,7 +199,7 @@ upstreams:
 routes:
   - {{ name: site, match: {{ path_prefix: / }}, upstream: php{comma}{cache} }}
 """)
-        fronts[name] = Front(name, [BIN, "serve", "--config", f"{work}/{name}.yaml"], port)
+        fronts[name] = Front(name, [tollgate, "serve", "--config", f"{work}/{name}.yaml"], port)
     port = free_port()
     os.makedirs(f"{work}/nginx")
     with open(f"{work}/nginx.conf", "w") as f:
@@ -286,16 +286,17 @@ def main():
     p.add_argument("--conns", type=int, default=64)
     p.add_argument("--scraper-seconds", type=int, default=20)
     p.add_argument("--scraper-conns", type=int, default=16)
+    p.add_argument("--tollgate", default=BIN, help="the tollgate binary (default: target/release/tollgate)")
     args = p.parse_args()
     for tool in ("nginx", "wrk"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing")
-    if not os.access(BIN, os.X_OK):
+    if args.tollgate == BIN and not os.access(BIN, os.X_OK):
         subprocess.run(["cargo", "build", "--release", "--locked"], cwd=ROOT, check=True)
     work = tempfile.mkdtemp()
     php = None
     try:
-        php, fronts = setup(work)
+        php, fronts = setup(work, args.tollgate)
         h = hits(fronts, args)
         s = scraper(fronts, work, args)
     finally:

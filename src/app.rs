@@ -334,9 +334,14 @@ impl App {
             }
             RouteAction::Upstream(u) => match (&snap.routes[index].cache, &snap.cache) {
                 (Some(rc), Some(cache)) => {
-                    let through =
-                        self.through_cache(x, index, *u, client, admitted, pass, rc, cache);
-                    Box::pin(through).await
+                    let via = cache::Via {
+                        index,
+                        upstream: *u,
+                        client,
+                        rc,
+                        cache,
+                    };
+                    Box::pin(self.through_cache(x, via, admitted, pass)).await
                 }
                 _ => self.upstream(x, index, *u, client, admitted, pass).await,
             },

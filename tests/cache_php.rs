@@ -92,6 +92,13 @@ impl Site {
         log.lines().filter(|l| *l == script).count()
     }
 
+    /// Logs `user` in: the session cookie (`PHPSESSID=…`) to send.
+    async fn login(&self, user: &str) -> String {
+        let login = self.get(&format!("/login.php?user={user}"), &[]).await;
+        let set = login.headers["set-cookie"].to_str().unwrap();
+        set.split(';').next().unwrap().to_string()
+    }
+
     async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
         let mut req = client().get(self.proxy.url(path));
         for (n, v) in headers {
@@ -206,14 +213,7 @@ async fn with_php_fpm_killed_stored_pages_are_served_within_stale_if_error() {
 #[tokio::test]
 async fn a_logged_in_visitor_never_sees_nor_poisons_the_anonymous_page() {
     let site = Site::start("{ ttl: 60s }").await;
-    let login = site.get("/login.php?user=alice", &[]).await;
-    let cookie = login.headers["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let cookie = site.login("alice").await;
     let alice = [("cookie", cookie.as_str())];
     let hers = site.get("/page.php", &alice).await;
     assert!(hers.body.contains("hello alice"));
@@ -237,14 +237,7 @@ async fn a_logged_in_visitor_never_sees_nor_poisons_the_anonymous_page() {
 #[tokio::test]
 async fn a_private_page_under_a_static_looking_path_is_never_stored() {
     let site = Site::start("{ ttl: 60s }").await;
-    let login = site.get("/login.php?user=alice", &[]).await;
-    let cookie = login.headers["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let cookie = site.login("alice").await;
     let victim = site
         .get("/account.php/style.css", &[("cookie", cookie.as_str())])
         .await;

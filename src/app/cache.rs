@@ -32,6 +32,17 @@ mod keep;
 
 use keep::{keep, Kept};
 
+/// Where a request on a caching route goes: the route (`index`), its
+/// upstream, the client, the route's `cache:` and the shared cache.
+#[derive(Clone, Copy)]
+pub(super) struct Via<'a> {
+    pub index: usize,
+    pub upstream: usize,
+    pub client: &'a Client,
+    pub rc: &'a RouteCache,
+    pub cache: &'a Arc<ResponseCache>,
+}
+
 /// What a cacheable request brings to the phase.
 struct Lookup {
     base: Key,
@@ -45,24 +56,24 @@ struct Lookup {
 }
 
 impl App {
-    /// Dispatch through the cache: `rc` is the route's `cache:`.
-    #[allow(clippy::too_many_arguments)]
+    /// Dispatch through the cache.
     pub(super) async fn through_cache(
         &self,
         x: &mut Exchange,
-        index: usize,
-        u: usize,
-        client: &Client,
+        v: Via<'_>,
         mut admitted: Admitted,
         pass: &mut Pass,
-        rc: &RouteCache,
-        cache: &Arc<ResponseCache>,
     ) -> Response<Body> {
+        let Via {
+            index,
+            client,
+            rc,
+            cache,
+            ..
+        } = v;
         if let Some(why) = policy::bypass(admitted.req.method(), admitted.req.headers(), &rc.config)
         {
-            return self
-                .bypassed(x, index, u, client, admitted, pass, rc, cache, why)
-                .await;
+            return self.bypassed(x, v, admitted, pass, why).await;
         }
         let lookup = lookup(x, index, client, &admitted.req, rc);
         let stale = match cache.find(lookup.base.clone(), &lookup.headers, x.now) {
@@ -78,16 +89,8 @@ impl App {
                     inc(&rc.stale);
                     if e.claim_refresh() {
                         prepare(&mut admitted.req, client, &lookup);
-                        self.refresh(
-                            x,
-                            index,
-                            u,
-                            client,
-                            admitted.req,
-                            key.clone(),
-                            lookup.base.clone(),
-                            e.clone(),
-                        );
+                        let keys = (key.clone(), lookup.base.clone());
+                        self.refresh(x, v, admitted.req, keys, e.clone());
                     }
                     let ttl = e.ttl(x.now);
                     let status = format!("tollgate; hit; ttl={ttl}; detail=stale-while-revalidate");
@@ -97,47 +100,33 @@ impl App {
             },
             Found::Nothing(key) => {
                 cache.count_lookup(false);
-                return self
-                    .miss(
-                        x, index, u, client, admitted, pass, rc, cache, lookup, key, None,
-                    )
-                    .await;
+                return self.miss(x, v, (admitted, pass), lookup, key, None).await;
             }
         };
         cache.count_lookup(false);
         let (key, e) = stale.expect("matched above");
-        self.miss(
-            x,
-            index,
-            u,
-            client,
-            admitted,
-            pass,
-            rc,
-            cache,
-            lookup,
-            key,
-            Some(e),
-        )
-        .await
+        self.miss(x, v, (admitted, pass), lookup, key, Some(e))
+            .await
     }
 
     /// A request the cache does not answer: forwarded as it came, marked
     /// `fwd=bypass` (or `fwd=method`); an unsafe method that succeeds
     /// removes the stored answer for its URL (RFC 9111 §4.4).
-    #[allow(clippy::too_many_arguments)]
     async fn bypassed(
         &self,
         x: &mut Exchange,
-        index: usize,
-        u: usize,
-        client: &Client,
+        v: Via<'_>,
         admitted: Admitted,
         pass: &mut Pass,
-        rc: &RouteCache,
-        cache: &ResponseCache,
         why: Bypass,
     ) -> Response<Body> {
+        let Via {
+            index,
+            upstream: u,
+            client,
+            rc,
+            cache,
+        } = v;
         inc(&rc.bypass);
         let unsafe_method = !admitted.req.method().is_safe();
         let base = unsafe_method.then(|| lookup(x, index, client, &admitted.req, rc).base);
@@ -158,21 +147,22 @@ impl App {
     /// No fresh answer: one request per key asks the upstream, the others
     /// wait for what it stores; a stale answer within `stale_if_error`
     /// stands in when the upstream fails.
-    #[allow(clippy::too_many_arguments)]
     async fn miss(
         &self,
         x: &mut Exchange,
-        index: usize,
-        u: usize,
-        client: &Client,
-        mut admitted: Admitted,
-        pass: &mut Pass,
-        rc: &RouteCache,
-        cache: &Arc<ResponseCache>,
+        v: Via<'_>,
+        (mut admitted, pass): (Admitted, &mut Pass),
         lookup: Lookup,
         key: Key,
         stale: Option<Arc<Entry>>,
     ) -> Response<Body> {
+        let Via {
+            index,
+            upstream: u,
+            client,
+            rc,
+            cache,
+        } = v;
         prepare(&mut admitted.req, client, &lookup);
         let head = lookup.asked.head;
         let lead = match (head, cache.flights.join(&key)) {
@@ -246,19 +236,26 @@ impl App {
     /// `stale-while-revalidate`: one request in the background refreshes
     /// `stale` (stored under `key`); a failure leaves it as it is, an answer
     /// no longer storable removes it.
-    #[allow(clippy::too_many_arguments)]
     fn refresh(
         &self,
         x: &Exchange,
-        index: usize,
-        u: usize,
-        client: &Client,
+        v: Via<'_>,
         req: Request<RequestBody>,
-        key: Key,
-        base: Key,
+        (key, base): (Key, Key),
         stale: Arc<Entry>,
     ) {
+        let Via {
+            index,
+            upstream: u,
+            client,
+            ..
+        } = v;
         let (app, snap, client, conn) = (self.clone(), x.snap.clone(), client.clone(), x.conn);
+        // A GET's body, if it had one, stays with the client's request: the
+        // refresh asks without one.
+        let mut req = req.map(|_| RequestBody::Empty);
+        req.headers_mut().remove(http::header::CONTENT_LENGTH);
+        req.headers_mut().remove(http::header::TRANSFER_ENCODING);
         let headers = req.headers().clone();
         let compress = crate::compression::enabled(&snap.config, Some(index));
         tokio::spawn(async move {
