@@ -23,6 +23,7 @@ use crate::snapshot::Snapshot;
 use guard::Refusal;
 
 mod bans;
+mod cache;
 mod certificates;
 mod effective;
 mod exposition;
@@ -120,6 +121,8 @@ pub async fn handle(
         (&Method::DELETE, p) if p.starts_with("/bans/") => {
             bans::lift(app, &p["/bans/".len()..]).await
         }
+        (&Method::GET, "/cache") => cache::status(&snap),
+        (&Method::DELETE, "/cache") => cache::purge(&snap, req.uri().query().unwrap_or("")),
         (&Method::GET, "/upstreams") => json_response(
             StatusCode::OK,
             json!({"upstreams": upstreams_status(&snap)}),
@@ -263,14 +266,14 @@ async fn reload(app: &App, reloader: &Reloader, snap: &Snapshot, strict: bool) -
 /// A known path with the wrong method (405 and `Allow`), or an unknown path (404).
 fn unknown(path: &str) -> Response<Body> {
     match path {
-        "/status" => not_allowed("GET, DELETE"),
+        "/status" | "/cache" => not_allowed("GET, DELETE"),
         "/reload" => not_allowed("POST"),
         p if p.starts_with("/bans/") => not_allowed("DELETE"),
         "/healthz" | "/readyz" | "/metrics" | "/config" | "/upstreams" | "/bans" | "/certificates" | "/"
         | "/dashboard.js" | "/dashboard.css" | "/dashboard.json" => not_allowed("GET"),
         _ => admin_error(
             StatusCode::NOT_FOUND,
-            "Admin paths: / (dashboard), /dashboard.json, /status, /bans, /bans/{key}, /upstreams, /certificates, /metrics, /healthz, /readyz, /reload, /config.",
+            "Admin paths: / (dashboard), /dashboard.json, /status, /bans, /bans/{key}, /upstreams, /cache, /certificates, /metrics, /healthz, /readyz, /reload, /config.",
         ),
     }
 }

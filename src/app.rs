@@ -34,6 +34,7 @@ pub use crate::connections::ConnInfo;
 use challenge::Due;
 use trail::Trail;
 
+mod cache;
 mod challenge;
 mod refuse;
 mod site;
@@ -215,6 +216,14 @@ impl App {
             false => site::Authenticated::NotAsked,
         };
         let failed = matches!(auth, site::Authenticated::Failed);
+        // `hits_free`: a fresh stored page costs the client nothing. Boxed,
+        // and asked only on such a route: the others pay one check.
+        let free = x.snap.routes[route].cache.as_ref();
+        if !failed && free.is_some_and(|c| c.config.hits_free) {
+            if let Some(hit) = Box::pin(self.free_hit(x, route, &client, &admitted.req)).await {
+                return Ok(hit);
+            }
+        }
         let headers = admitted.req.headers();
         let mut pass = match self.limit(x, route, &client, headers, failed).await? {
             Admission::Admitted(pass) => pass,
@@ -347,7 +356,19 @@ impl App {
             RouteAction::Redirect(rule) => {
                 self.redirect(x, index, rule, admitted.req.uri().query())
             }
-            RouteAction::Upstream(u) => self.upstream(x, index, *u, client, admitted, pass).await,
+            RouteAction::Upstream(u) => match (&snap.routes[index].cache, &snap.cache) {
+                (Some(rc), Some(cache)) => {
+                    let via = cache::Via {
+                        index,
+                        upstream: *u,
+                        client,
+                        rc,
+                        cache,
+                    };
+                    Box::pin(self.through_cache(x, via, admitted, pass)).await
+                }
+                _ => self.upstream(x, index, *u, client, admitted, pass).await,
+            },
         }
     }
 

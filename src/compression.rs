@@ -274,7 +274,7 @@ fn known_length(resp: &Response<Body>) -> Option<u64> {
 
 /// `"x"` → `W/"x"`: the compressed bytes are not the identity bytes, so a
 /// strong validator (which If-Range and byte ranges trust) must not claim them.
-fn weaken_etag(headers: &mut HeaderMap) {
+pub fn weaken_etag(headers: &mut HeaderMap) {
     let Some(tag) = headers.get(ETAG) else { return };
     if tag.as_bytes().starts_with(b"\"") {
         let mut weak = b"W/".to_vec();

@@ -95,6 +95,14 @@ pub fn data(app: &App, managed: &Managed) -> Value {
             .map(|&k| (k.as_str().to_string(), json!(r.metrics.answers(k))))
             .collect();
         v["site_answers"] = Value::Object(site);
+        // Caching routes: the share answered from the cache, and the upstream renders it saved.
+        v["cache"] = r.cache.as_ref().map_or(Value::Null, |c| {
+            let load = |n: &crate::metrics::Counter| n.load(std::sync::atomic::Ordering::Relaxed);
+            let (served, forwarded) = (c.saved(), load(&c.miss) + load(&c.bypass));
+            let ratio =
+                (served + forwarded > 0).then(|| served as f64 / (served + forwarded) as f64);
+            json!({"hit_ratio": ratio, "renders_saved": served})
+        });
     }
     let limited = shared.activity.limited_now(now);
     let backend = shared.store.backend();

@@ -145,6 +145,20 @@ struct Applied {
 }
 
 impl Gate<'_> {
+    /// Whether a ban of the route's limiters holds the request's client,
+    /// without counting anything: a cache hit that is free (`hits_free`)
+    /// still goes to no banned client.
+    pub async fn is_banned(&self, snap: &Arc<Snapshot>, facts: &RequestFacts<'_>) -> bool {
+        let route = &snap.routes[facts.route];
+        if facts.client.exempt || route.limiters.is_empty() {
+            return false;
+        }
+        let applied = applied_limiters(snap, route, facts);
+        ban::banned(self.store, snap, &applied, facts.now)
+            .await
+            .is_some()
+    }
+
     /// The decision for one request (see the module doc for its steps).
     pub async fn decide(&self, snap: &Arc<Snapshot>, facts: &RequestFacts<'_>) -> Verdict {
         let route = &snap.routes[facts.route];

@@ -96,6 +96,7 @@ pub mod balance;
 pub mod body;
 pub mod buffering;
 pub mod build_info;
+pub mod cache;
 pub mod challenge;
 pub mod clock;
 pub mod compression;

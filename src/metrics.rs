@@ -243,6 +243,9 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_pass_issue_refused_total", "Solved challenges whose address block had used its allowance of new passes (identity.pass.issue_limit per ttl): the pass given counts as the client's address."),
     ("tollgate_crawler_checks_total", "Crawler checks of requests that would be challenged, by result (cidr, confirmed and refused by forward-confirmed reverse DNS, cached, error)."),
     ("tollgate_acme_orders_total", "ACME certificate orders by result (ok, error, rate_limited: the CA said rateLimited)."),
+    ("tollgate_cache_requests_total", "Requests on caching routes by route and result (hit: answered from the cache, also when another request's render was shared; miss: asked the upstream; stale: a stale answer served while it refreshes or because the upstream failed; bypass: not for the cache, by method, Authorization or a bypass cookie)."),
+    ("tollgate_cache_evictions_total", "Stored answers evicted to make room within cache.max_size."),
+    ("tollgate_cache_stored_total", "Answers stored in the cache."),
     ("tollgate_upstream_busy_total", "Requests answered 503 because every server was at max_conns and the queue was full or timed out."),
 ];
 

@@ -526,6 +526,7 @@ mod tests {
             query: Option<&str>,
         ) -> Option<usize> {
             self.find(method, host, path, query).map(|(i, _)| i)
+            cache: None,
         }
     }
 

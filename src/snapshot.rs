@@ -33,6 +33,8 @@ pub struct Snapshot {
     pub upstream_durations: Vec<Arc<Histogram>>,
     /// The request series of requests that matched no route.
     pub unrouted: RouteSeries,
+    /// The shared response cache (`cache:`); the same one across reloads.
+    pub cache: Option<Arc<crate::cache::ResponseCache>>,
 }
 
 pub struct Route {
@@ -44,6 +46,8 @@ pub struct Route {
     pub metrics: RouteMetrics,
     /// Its `RateLimit-Policy` field, once a response has written it.
     pub policy: PolicyCache,
+    /// `cache:` — `None` unless the route is an upstream route that caches.
+    pub cache: Option<crate::cache::RouteCache>,
 }
 
 pub enum RouteAction {
@@ -166,12 +170,23 @@ impl Snapshot {
             .iter()
             .map(|r| Route::new(r, &config.site, metrics))
             .collect();
+        // Reloads keep the cache (and what it holds); new bounds resize it in place.
+        let cache = config
+            .cache
+            .map(|c| match previous.and_then(|p| p.cache.clone()) {
+                Some(kept) => {
+                    kept.reconfigure(&c);
+                    kept
+                }
+                None => Arc::new(crate::cache::ResponseCache::new(&c, metrics)),
+            });
         let upstream_durations = config
             .upstreams
             .iter()
             .map(|u| metrics.histogram(crate::metrics::UPSTREAM_DURATION, &[("upstream", &u.name)]))
             .collect();
         Snapshot {
+            cache,
             gate,
             upstream_durations,
             unrouted: metrics.route_series(crate::metrics::NO_ROUTE),
@@ -237,6 +252,12 @@ impl Route {
                 site: site_counters(r, site, metrics),
             },
             policy: PolicyCache::default(),
+            cache: match (&r.cache, &r.action) {
+                (Some(c), Action::Upstream(_)) => {
+                    Some(crate::cache::RouteCache::new(c.clone(), &r.name, metrics))
+                }
+                _ => None,
+            },
         }
     }
 }

@@ -882,6 +882,7 @@ server:
     acme: {{ directory: "https://127.0.0.1:9/dir", directory_ca: "{root}/none.pem", email: ops@example.com, domains: [example.com], challenge: http-01, storage: "{root}/acme", renew_before: 10d }}
     hsts: {{ max_age: 1d, include_subdomains: true, preload: false }}
 log: {{ format: text, access: false }}
+cache: {{ max_size: 8MiB }}
 identity: {{ api_keys: ["{KEY}"], unknown_keys: {{ limit: 5, window: 1m }} }}
 upstreams:
   app: {{ url: "http://127.0.0.1:9", health: {{ path: /health, interval: 5s }} }}
@@ -895,7 +896,7 @@ limiters:
 routes:
   - {{ name: login, match: {{ path: /login, methods: [POST], host: example.com, query: {{ action: login }} }}, upstream: app, limiters: [fixed], reject: {{ status: 429, body: problem }}, rate_limit_headers: draft }}
   - {{ name: ping, match: {{ path_prefix: /ping }}, respond: {{ status: 200, body: pong }}, limiters: [bucket, leaky, conc] }}
-  - {{ name: php, match: {{ path_prefix: /php }}, upstream: php }}
+  - {{ name: php, match: {{ path_prefix: /php }}, upstream: php, cache: {{ ttl: 10s, query: {{ drop: [fbclid] }} }} }}
   - {{ name: old, match: {{ path_regex: '^/old/(.*)$', query_regex: 'a=1' }}, redirect: {{ to: '/new/$1', status: 308, append_query: true }} }}
   - name: staff
     match: {{ path_prefix: /staff }}

@@ -41,6 +41,7 @@ pub fn effective_config(c: &Config) -> Value {
         log,
         allow_no_routes,
         site,
+        cache,
     } = c;
     json!({
         "allow_no_routes": allow_no_routes,
@@ -55,6 +56,7 @@ pub fn effective_config(c: &Config) -> Value {
         "upstreams": upstreams.iter().map(upstream).collect::<Vec<_>>(),
         "limiters": limiters.iter().map(limiter).collect::<Vec<_>>(),
         "routes": routes.iter().map(|r| route(r, c)).collect::<Vec<_>>(),
+        "cache": cache.map(|k| json!({"max_size": k.max_size, "max_entry_size": k.max_entry_size, "lock_timeout": dur(k.lock_timeout)})),
     })
 }
 
@@ -482,6 +484,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         path_regex,
         query_regex,
         site,
+        cache,
     } = r;
     let (upstream, respond, redirect) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None, None),
@@ -543,6 +546,23 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "error_pages": error_pages(errors),
         "compression": compression,
         "challenge": challenge.map(|c| json!({"when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str()})),
+        "cache": cache.as_ref().map(route_cache),
+    })
+}
+
+/// `routes[].cache` as the config spells it.
+fn route_cache(c: &crate::config::cache::RouteCacheConfig) -> Value {
+    let globs = |g: &[crate::config::cache::Glob]| {
+        g.iter().map(|g| g.as_str().to_string()).collect::<Vec<_>>()
+    };
+    json!({
+        "ttl": c.ttl.map(dur),
+        "stale_while_revalidate": dur(c.stale_while_revalidate),
+        "stale_if_error": dur(c.stale_if_error),
+        "bypass_cookies": globs(&c.bypass_cookies),
+        "statuses": c.statuses,
+        "query": {"sort": c.query_sort, "drop": globs(&c.query_drop)},
+        "hits_free": c.hits_free,
     })
 }
 

@@ -28,10 +28,35 @@ pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
     ];
     extra.extend(store_series(s));
     extra.extend(traffic_series(s));
+    extra.extend(cache_series(snap));
     let mut text = s.metrics.render(&extra, process.as_ref());
     crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
     s.store.render_node_metrics(&mut text);
     text
+}
+
+/// The response cache's size and bound (its counters are in the registry).
+fn cache_series(snap: &Snapshot) -> Vec<Extra<'static>> {
+    let Some(cache) = &snap.cache else {
+        return Vec::new();
+    };
+    vec![
+        Extra::gauge(
+            "tollgate_cache_bytes",
+            "Bytes the response cache holds by its accounting (bodies, their compressed forms, headers, keys, a per-entry overhead); at most tollgate_cache_max_bytes.",
+            cache.weight() as f64,
+        ),
+        Extra::gauge(
+            "tollgate_cache_max_bytes",
+            "cache.max_size: the bound on tollgate_cache_bytes.",
+            cache.capacity() as f64,
+        ),
+        Extra::gauge(
+            "tollgate_cache_entries",
+            "Keys the response cache holds (stored answers, and per-URL Vary records).",
+            cache.len() as f64,
+        ),
+    ]
 }
 
 /// The store's keys, health and durability.

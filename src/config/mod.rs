@@ -41,6 +41,8 @@ mod locate;
 mod scan;
 
 mod admin_token;
+/// `cache` and `routes[].cache`.
+pub mod cache;
 /// `identity.pass` and `routes[].challenge`.
 pub mod challenge;
 mod lease;
@@ -95,6 +97,8 @@ pub struct Config {
     pub allow_no_routes: bool,
     /// Site-wide `access` and `headers` (its `auth` and `rewrite` stay `None`).
     pub site: crate::site::Rules,
+    /// `cache`: the shared response cache, when the section is there or a route caches.
+    pub cache: Option<cache::CacheConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -487,6 +491,8 @@ pub struct RouteConfig {
     pub query_regex: Option<regex::Regex>,
     /// `access`, `auth`, `headers`, `rewrite` (each `None` unless configured).
     pub site: crate::site::Rules,
+    /// `cache`: this route's answers are stored in and served from the shared cache.
+    pub cache: Option<cache::RouteCacheConfig>,
 }
 
 #[derive(Debug, Clone)]

@@ -286,6 +286,8 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub log: observe::RawLog,
+    /// The one shared response cache (`routes[].cache` stores in it).
+    pub cache: Option<super::cache::RawCache>,
     /// Run with no routes at all (every request 404, no limit): said on purpose.
     pub allow_no_routes: Option<bool>,
     /// Site-wide address lists, before every route's own.
@@ -502,6 +504,8 @@ pub struct RawRoute {
     pub access: Option<RawAccess>,
     pub auth: Option<RawAuth>,
     pub headers: Option<RawHeaders>,
+    /// Answers stored in the shared cache and served from it.
+    pub cache: Option<super::cache::RawRouteCache>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -156,6 +156,8 @@ function routes(d) {
       [share === null ? "–" : pct(share), "num" + (share > 0 ? " bad" : "")],
       [ms(r.p50_ms), "num"],
       [ms(r.p99_ms), "num"],
+      [r.cache && r.cache.hit_ratio !== null ? pct(r.cache.hit_ratio) : "–", "num"],
+      [r.cache ? String(r.cache.renders_saved) : "–", "num"],
     ]);
   }
 }

@@ -21,6 +21,7 @@ pub mod browser;
 pub mod cdp;
 pub mod certs;
 pub mod dnsmasq;
+pub mod origin;
 pub mod pebble;
 pub mod php;
 pub mod php_fpm;

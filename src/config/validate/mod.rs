@@ -178,8 +178,10 @@ impl Validator<'_> {
             headers: raw.headers.as_ref().map(|h| self.headers("headers", h)),
             ..Default::default()
         };
+        let cache = self.cache(raw.cache.as_ref(), routes.iter().any(|r| r.cache.is_some()));
         Config {
             site,
+            cache,
             warnings: Vec::new(),
             server,
             admin,

@@ -50,6 +50,19 @@ impl Validator<'_> {
             let query = self.route_query(i, m);
             let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
+            if r.cache.is_some() && r.respond.is_some() {
+                self.err(
+                    at("cache"),
+                    "a route that answers itself (`respond`) has nothing to cache",
+                );
+            }
+            if r.cache.is_some() && r.auth.is_some() {
+                // Its pages are one user's: a shared cache must not hand them to another.
+                self.err(
+                    at("cache"),
+                    "a route behind `auth` serves each user their own pages; a shared cache cannot hold them",
+                );
+            }
             let rate_limit_headers =
                 self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
             let errors = self.error_answers(
@@ -79,6 +92,7 @@ impl Validator<'_> {
                     path_regex,
                     query_regex,
                     site,
+                    cache: r.cache.as_ref().map(|c| self.route_cache(&at("cache"), c)),
                 });
             }
         }

@@ -1,0 +1,422 @@
+//! The cache phase of a caching route, between the route's action and the upstream: bypass, hit, stale, one render for concurrent misses, the answer stored.
+//!
+//! A request that may be stored reaches the upstream without the headers
+//! the key leaves out ([`crate::cache::key`]), without its validators,
+//! `Range` and `Accept-Encoding` (the cache stores the whole identity body
+//! and answers those itself), and with the host and query as keyed. What is
+//! stored is the upstream's answer as it came: the request id, the
+//! rate-limit headers and any compression are added on the way out, to hits
+//! and misses alike.
+
+use std::sync::Arc;
+
+use http::header::{
+    HeaderMap, HeaderValue, ACCEPT_ENCODING, HOST, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH,
+    IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
+};
+use http::{Request, Response};
+
+use super::{Admitted, App, Exchange};
+use crate::body::Body;
+use crate::cache::flight::{self, Joined, Landed};
+use crate::cache::key::{self, Key, KeyParts};
+use crate::cache::policy::{self, Bypass};
+use crate::cache::{Entry, Found, ResponseCache, RouteCache, Standing, CACHE_STATUS};
+use crate::compression::Asked;
+use crate::decide::Pass;
+use crate::identity::Client;
+use crate::metrics::inc;
+use crate::request_body::RequestBody;
+
+mod keep;
+
+use keep::{keep, Kept};
+
+/// Where a request on a caching route goes: the route (`index`), its
+/// upstream, the client, the route's `cache:` and the shared cache.
+#[derive(Clone, Copy)]
+pub(super) struct Via<'a> {
+    pub index: usize,
+    pub upstream: usize,
+    pub client: &'a Client,
+    pub rc: &'a RouteCache,
+    pub cache: &'a Arc<ResponseCache>,
+}
+
+/// What a cacheable request brings to the phase.
+struct Lookup {
+    base: Key,
+    /// The query as keyed (and as the upstream gets it).
+    query: Option<String>,
+    /// The client's own headers (its validators, its `Vary`'d values).
+    headers: HeaderMap,
+    asked: Asked,
+    /// The route's answers may be compressed (their stored forms are served).
+    compress: bool,
+}
+
+impl App {
+    /// Dispatch through the cache.
+    pub(super) async fn through_cache(
+        &self,
+        x: &mut Exchange,
+        v: Via<'_>,
+        mut admitted: Admitted,
+        pass: &mut Pass,
+    ) -> Response<Body> {
+        let Via {
+            index,
+            client,
+            rc,
+            cache,
+            ..
+        } = v;
+        if let Some(why) = policy::bypass(admitted.req.method(), admitted.req.headers(), &rc.config)
+        {
+            return self.bypassed(x, v, admitted, pass, why).await;
+        }
+        let lookup = lookup(x, index, client, &admitted.req, rc);
+        let stale = match cache.find(lookup.base.clone(), &lookup.headers, x.now) {
+            Found::Entry(key, e) => match e.standing(x.now) {
+                Standing::Fresh => {
+                    cache.count_lookup(true);
+                    inc(&rc.hit);
+                    let status = format!("tollgate; hit; ttl={}", e.ttl(x.now));
+                    return answer(&e, &lookup, x, &status);
+                }
+                Standing::Revalidate => {
+                    cache.count_lookup(true);
+                    inc(&rc.stale);
+                    if e.claim_refresh() {
+                        prepare(&mut admitted.req, client, &lookup);
+                        let keys = (key.clone(), lookup.base.clone());
+                        self.refresh(x, v, admitted.req, keys, e.clone());
+                    }
+                    let ttl = e.ttl(x.now);
+                    let status = format!("tollgate; hit; ttl={ttl}; detail=stale-while-revalidate");
+                    return answer(&e, &lookup, x, &status);
+                }
+                Standing::IfError | Standing::Dead => Some((key, e)),
+            },
+            Found::Nothing(key) => {
+                cache.count_lookup(false);
+                return self.miss(x, v, (admitted, pass), lookup, key, None).await;
+            }
+        };
+        cache.count_lookup(false);
+        let (key, e) = stale.expect("matched above");
+        self.miss(x, v, (admitted, pass), lookup, key, Some(e))
+            .await
+    }
+
+    /// A request the cache does not answer: forwarded as it came, marked
+    /// `fwd=bypass` (or `fwd=method`); an unsafe method that succeeds
+    /// removes the stored answer for its URL (RFC 9111 §4.4).
+    async fn bypassed(
+        &self,
+        x: &mut Exchange,
+        v: Via<'_>,
+        admitted: Admitted,
+        pass: &mut Pass,
+        why: Bypass,
+    ) -> Response<Body> {
+        let Via {
+            index,
+            upstream: u,
+            client,
+            rc,
+            cache,
+        } = v;
+        inc(&rc.bypass);
+        let unsafe_method = !admitted.req.method().is_safe();
+        let base = unsafe_method.then(|| lookup(x, index, client, &admitted.req, rc).base);
+        let mut resp = self.upstream(x, index, u, client, admitted, pass).await;
+        let changed = resp.status().is_success() || resp.status().is_redirection();
+        if let (Some(base), true) = (base, changed) {
+            cache.remove(&base);
+        }
+        let status = match why {
+            Bypass::Method => "tollgate; fwd=method",
+            Bypass::Request => "tollgate; fwd=bypass",
+        };
+        resp.headers_mut()
+            .insert(CACHE_STATUS, HeaderValue::from_static(status));
+        resp
+    }
+
+    /// No fresh answer: one request per key asks the upstream, the others
+    /// wait for what it stores; a stale answer within `stale_if_error`
+    /// stands in when the upstream fails.
+    async fn miss(
+        &self,
+        x: &mut Exchange,
+        v: Via<'_>,
+        (mut admitted, pass): (Admitted, &mut Pass),
+        lookup: Lookup,
+        key: Key,
+        stale: Option<Arc<Entry>>,
+    ) -> Response<Body> {
+        let Via {
+            index,
+            upstream: u,
+            client,
+            rc,
+            cache,
+        } = v;
+        prepare(&mut admitted.req, client, &lookup);
+        let head = lookup.asked.head;
+        let lead = match (head, cache.flights.join(&key)) {
+            // A HEAD is forwarded as it is and stores nothing.
+            (true, _) => None,
+            (false, Joined::Lead(lead)) => Some(lead),
+            (false, Joined::Follow(rx)) => {
+                if let Some(Landed::Stored(e)) =
+                    flight::wait(rx, cache.settings().lock_timeout).await
+                {
+                    // Another request's render, shared: no render of its own.
+                    inc(&rc.hit);
+                    return answer(
+                        &e,
+                        &lookup,
+                        x,
+                        &format!("tollgate; fwd=miss; collapsed; ttl={}", e.ttl(x.now)),
+                    );
+                }
+                None
+            }
+        };
+        inc(&rc.miss);
+        let uri = admitted.req.uri().clone();
+        let resp = self.upstream(x, index, u, client, admitted, pass).await;
+        let fwd_status = resp.status().as_u16();
+        if resp.status().is_server_error() {
+            if let Some(e) = stale.filter(|e| e.usable_on_error(self.shared.clock.now())) {
+                inc(&rc.stale);
+                let ttl = e.ttl(x.now);
+                let status = format!("tollgate; fwd=stale; fwd-status={fwd_status}; ttl={ttl}; detail=stale-if-error");
+                return answer(&e, &lookup, x, &status);
+            }
+        }
+        if lead.is_none() {
+            return marked(
+                resp,
+                &format!("tollgate; fwd=miss; fwd-status={fwd_status}"),
+            );
+        }
+        let now = self.shared.clock.now();
+        match keep(
+            cache,
+            &rc.config,
+            &lookup.base,
+            &uri,
+            &lookup.headers,
+            resp,
+            lookup.compress,
+            now,
+        )
+        .await
+        {
+            Kept::Stored(e) => {
+                if let Some(lead) = lead {
+                    lead.land(Landed::Stored(e.clone()));
+                }
+                let status = format!(
+                    "tollgate; fwd=miss; fwd-status={fwd_status}; stored; ttl={}",
+                    e.ttl(now)
+                );
+                answer(&e, &lookup, x, &status)
+            }
+            Kept::Passed(resp) => marked(
+                resp,
+                &format!("tollgate; fwd=miss; fwd-status={fwd_status}"),
+            ),
+        }
+    }
+
+    /// `stale-while-revalidate`: one request in the background refreshes
+    /// `stale` (stored under `key`); a failure leaves it as it is, an answer
+    /// no longer storable removes it.
+    fn refresh(
+        &self,
+        x: &Exchange,
+        v: Via<'_>,
+        req: Request<RequestBody>,
+        (key, base): (Key, Key),
+        stale: Arc<Entry>,
+    ) {
+        let Via {
+            index,
+            upstream: u,
+            client,
+            ..
+        } = v;
+        let (app, snap, client, conn) = (self.clone(), x.snap.clone(), client.clone(), x.conn);
+        // A GET's body, if it had one, stays with the client's request: the
+        // refresh asks without one.
+        let mut req = req.map(|_| RequestBody::Empty);
+        req.headers_mut().remove(http::header::CONTENT_LENGTH);
+        req.headers_mut().remove(http::header::TRANSFER_ENCODING);
+        let headers = req.headers().clone();
+        let compress = crate::compression::enabled(&snap.config, Some(index));
+        tokio::spawn(async move {
+            let (Some(cache), Some(rc)) = (snap.cache.clone(), snap.routes[index].cache.as_ref())
+            else {
+                return;
+            };
+            let uri = req.uri().clone();
+            let max_body = snap.config.server.max_request_body;
+            let sent = snap.upstreams[u]
+                .forward(req, &client, &conn, max_body)
+                .await;
+            let resp = match sent {
+                Ok((resp, guard)) if !resp.status().is_server_error() => {
+                    resp.map(|b| Body::upstream(b, guard))
+                }
+                _ => return stale.release_refresh(),
+            };
+            let now = app.shared.clock.now();
+            if let Kept::Passed(_) = keep(
+                &cache, &rc.config, &base, &uri, &headers, resp, compress, now,
+            )
+            .await
+            {
+                cache.remove(&key);
+            }
+        });
+    }
+
+    /// `hits_free`: a fresh stored answer, before the limiters count the
+    /// request (a banned client is refused by the limit phase all the same).
+    pub(super) async fn free_hit(
+        &self,
+        x: &mut Exchange,
+        index: usize,
+        client: &Client,
+        req: &Request<RequestBody>,
+    ) -> Option<Response<Body>> {
+        let snap = x.snap.clone();
+        let (rc, cache) = (snap.routes[index].cache.as_ref()?, snap.cache.as_ref()?);
+        if policy::bypass(req.method(), req.headers(), &rc.config).is_some() {
+            return None;
+        }
+        let lookup = lookup(x, index, client, req, rc);
+        let Found::Entry(_, e) = cache.find(lookup.base.clone(), &lookup.headers, x.now) else {
+            return None;
+        };
+        if e.standing(x.now) != Standing::Fresh {
+            return None;
+        }
+        let facts = crate::decide::RequestFacts {
+            route: index,
+            client,
+            headers: req.headers(),
+            now: x.now,
+        };
+        if self.gate().is_banned(&snap, &facts).await {
+            return None;
+        }
+        cache.count_lookup(true);
+        inc(&rc.hit);
+        x.trail.decide(
+            &snap.routes[index].metrics,
+            crate::metrics::Decision::Allowed,
+        );
+        Some(answer(
+            &e,
+            &lookup,
+            x,
+            &format!("tollgate; hit; ttl={}", e.ttl(x.now)),
+        ))
+    }
+}
+
+/// The key and the facts the phase reads off a cacheable request.
+fn lookup(
+    x: &Exchange,
+    index: usize,
+    client: &Client,
+    req: &Request<RequestBody>,
+    rc: &RouteCache,
+) -> Lookup {
+    let query = key::query(req.uri().query(), &rc.config);
+    let host = req
+        .headers()
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("");
+    let parts = KeyParts {
+        scheme: x.conn.proto,
+        host,
+        path: req.uri().path(),
+        headers: req.headers(),
+        peer_trusted: client.peer_trusted,
+    };
+    Lookup {
+        base: Key::base(&parts, query.as_deref()),
+        query,
+        headers: req.headers().clone(),
+        asked: Asked::of(req),
+        compress: crate::compression::enabled(&x.snap.config, Some(index)),
+    }
+}
+
+/// The request as the upstream gets it when its answer may be stored.
+fn prepare(req: &mut Request<RequestBody>, client: &Client, lookup: &Lookup) {
+    let h = req.headers_mut();
+    for name in &key::UNKEYED {
+        h.remove(name);
+    }
+    if !client.peer_trusted {
+        for name in &crate::proxy::EDGE_OWNED {
+            h.remove(name);
+        }
+    }
+    for name in [
+        IF_NONE_MATCH,
+        IF_MODIFIED_SINCE,
+        IF_MATCH,
+        IF_UNMODIFIED_SINCE,
+        IF_RANGE,
+        RANGE,
+        ACCEPT_ENCODING,
+    ] {
+        h.remove(name);
+    }
+    if h.contains_key(HOST) {
+        if let Ok(v) = HeaderValue::from_str(lookup.base.host()) {
+            h.insert(HOST, v);
+        }
+    }
+    if req.uri().query() != lookup.query.as_deref() {
+        let path_and_query = match &lookup.query {
+            Some(q) => format!("{}?{q}", req.uri().path()),
+            None => req.uri().path().to_string(),
+        };
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = path_and_query.parse().ok();
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
+}
+
+/// A stored answer for this request, marked `status`.
+fn answer(e: &Entry, lookup: &Lookup, x: &Exchange, status: &str) -> Response<Body> {
+    let value = HeaderValue::from_str(status).unwrap_or(HeaderValue::from_static("tollgate"));
+    e.answer(
+        &lookup.headers,
+        lookup.asked.accepted,
+        lookup.asked.head,
+        x.now,
+        value,
+    )
+}
+
+/// The upstream's own answer, marked `status`.
+fn marked(mut resp: Response<Body>, status: &str) -> Response<Body> {
+    if let Ok(v) = HeaderValue::from_str(status) {
+        resp.headers_mut().insert(CACHE_STATUS, v);
+    }
+    resp
+}
