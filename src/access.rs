@@ -81,6 +81,8 @@ pub struct AccessRecord {
     pub bytes_out: u64,
     pub referer: Option<HeaderValue>,
     pub user_agent: Option<HeaderValue>,
+    /// The client's ASN and country, when `identity.geoip` is configured.
+    pub network: Option<crate::networks::Network>,
 }
 
 /// The queue to the writer thread, and what it dropped.
@@ -352,7 +354,7 @@ impl AccessRecord {
             v.as_ref()
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         };
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "ts": rfc3339_millis(self.time),
             "log": "access",
             "request_id": &*self.request_id,
@@ -374,6 +376,10 @@ impl AccessRecord {
             "referer": header(&self.referer),
             "user_agent": header(&self.user_agent),
         });
+        if let Some(n) = &self.network {
+            v["asn"] = serde_json::json!(n.asn);
+            v["country"] = serde_json::json!(n.country.as_ref().map(|c| c.as_str()));
+        }
         out.push_str(&v.to_string());
     }
 
@@ -426,6 +432,15 @@ impl AccessRecord {
         push_millis(out, self.duration_ms);
         out.push_str(" error_origin=");
         out.push_str(self.error_origin.map_or("-", Origin::as_str));
+        if let Some(n) = &self.network {
+            out.push_str(" asn=");
+            match n.asn {
+                Some(asn) => push_u64(out, u64::from(asn)),
+                None => out.push('-'),
+            }
+            out.push_str(" country=");
+            out.push_str(n.country.as_ref().map_or("-", |c| c.as_str()));
+        }
     }
 }
 

@@ -96,6 +96,7 @@ fn server_section(s: &ServerConfig) -> Value {
         underscores_in_headers,
         errors,
         compression,
+        proxy_protocol,
     } = s;
     let BodyConfig {
         buffer,
@@ -127,6 +128,7 @@ fn server_section(s: &ServerConfig) -> Value {
         "error_format": error_format(errors.format.unwrap_or_default()),
         "error_pages": error_pages(errors),
         "compression": compression,
+        "proxy_protocol": proxy_protocol.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
 
@@ -271,6 +273,8 @@ fn identity_section(i: &IdentityConfig) -> Value {
         ipv6_prefix,
         exempt,
         pass,
+        geoip,
+        crowdsec,
     } = i;
     json!({
         "api_key_header": api_key_header.as_str(),
@@ -282,6 +286,45 @@ fn identity_section(i: &IdentityConfig) -> Value {
         "exempt": exempt.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "unknown_keys": {"limit": unknown_key_limit, "window": dur(*unknown_key_window)},
         "pass": pass.as_ref().map(pass_section),
+        "geoip": geoip.as_ref().map(geoip_section),
+        "crowdsec": crowdsec.as_ref().map(crowdsec_section),
+    })
+}
+
+/// `identity.geoip`: the files, never their content.
+fn geoip_section(g: &crate::config::GeoipConfig) -> Value {
+    let crate::config::GeoipConfig {
+        asn_db,
+        country_db,
+        check_every,
+    } = g;
+    let path =
+        |f: &Option<crate::config::GeoFile>| f.as_ref().map(|f| f.path.display().to_string());
+    json!({"asn_db": path(asn_db), "country_db": path(country_db), "check_every": dur(*check_every)})
+}
+
+/// `identity.crowdsec`: the files the secrets come from, never the secrets.
+fn crowdsec_section(c: &crate::config::CrowdsecConfig) -> Value {
+    let crate::config::CrowdsecConfig {
+        url,
+        api_key_file,
+        api_key: _,
+        poll_every,
+        timeout,
+        max_decisions,
+        push,
+    } = c;
+    json!({
+        "url": url.to_string(),
+        "api_key_file": api_key_file.display().to_string(),
+        "poll_every": dur(*poll_every),
+        "timeout": dur(*timeout),
+        "max_decisions": max_decisions,
+        "push": push.as_ref().map(|p| json!({
+            "machine_id": p.machine_id,
+            "password_file": p.password_file.display().to_string(),
+            "queue": p.queue,
+        })),
     })
 }
 
@@ -471,6 +514,8 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         errors,
         compression,
         challenge,
+        asn,
+        country,
     } = r;
     let (upstream, respond) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None),
@@ -501,6 +546,8 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
             "methods": methods.as_ref().map(|m| m.iter().map(ToString::to_string).collect::<Vec<_>>()),
             "host": host,
             "query": query,
+            "asn": asn,
+            "country": country.as_ref().map(|c| c.iter().map(|c| c.as_str()).collect::<Vec<_>>()),
         },
         "upstream": upstream,
         "respond": respond,

@@ -64,6 +64,7 @@ impl Trail {
                 bytes_out: 0,
                 referer: h.get(http::header::REFERER).cloned(),
                 user_agent: h.get(http::header::USER_AGENT).cloned(),
+                network: None,
             },
             route: None,
             accept: h.get(http::header::ACCEPT).cloned(),

@@ -46,6 +46,8 @@ pub mod challenge;
 mod lease;
 mod observe;
 mod protect;
+/// `server.proxy_protocol`, `identity.geoip`, `identity.crowdsec`, `match.asn` / `match.country`.
+pub mod reputation;
 /// "Did you mean …?" over the names a config defines.
 mod suggest;
 
@@ -70,6 +72,7 @@ pub use observe::{
     RejectShape, OWN_ERROR_STATUSES,
 };
 pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};
+pub use reputation::{CrowdsecConfig, GeoFile, GeoipConfig, PushConfig};
 pub use validate::{validate, Host};
 
 // The section files (balance, fastcgi, observe, protect) extend the validator.
@@ -118,6 +121,8 @@ pub struct ServerConfig {
     pub errors: ErrorAnswers,
     /// gzip/brotli for text responses (`server.compression`); a route can turn it off.
     pub compression: bool,
+    /// `server.proxy_protocol`: peers whose connections open with a PROXY header.
+    pub proxy_protocol: Vec<IpNet>,
 }
 
 /// `server.encoded_separators`: a path separator spelled so that the router
@@ -313,6 +318,10 @@ pub struct IdentityConfig {
     pub exempt: Vec<IpNet>,
     /// `identity.pass`: the secrets that sign challenges and passes.
     pub pass: Option<PassConfig>,
+    /// `identity.geoip`: the ASN and country databases.
+    pub geoip: Option<GeoipConfig>,
+    /// `identity.crowdsec`: the Local API whose decisions apply.
+    pub crowdsec: Option<CrowdsecConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -376,6 +385,10 @@ pub enum KeyPart {
     Header(HeaderName),
     /// A verified pass (a solved challenge); without one, the client's IP.
     Pass,
+    /// The client's autonomous system (`identity.geoip.asn_db`).
+    Asn,
+    /// The client's country (`identity.geoip.country_db`).
+    Country,
 }
 
 impl KeyPart {
@@ -387,9 +400,14 @@ impl KeyPart {
             KeyPart::Header(_) => true,
             KeyPart::ApiKey => !keys_verified,
             // A pass is signed by tollgate and costs a solved challenge.
-            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global | KeyPart::Pass => {
-                false
-            }
+            // A network is the database's answer for the client's address.
+            KeyPart::Client
+            | KeyPart::Ip
+            | KeyPart::Route
+            | KeyPart::Global
+            | KeyPart::Pass
+            | KeyPart::Asn
+            | KeyPart::Country => false,
         }
     }
 }
@@ -413,6 +431,8 @@ impl fmt::Display for KeyPart {
             KeyPart::Global => f.write_str("global"),
             KeyPart::Header(h) => write!(f, "header:{h}"),
             KeyPart::Pass => f.write_str("pass"),
+            KeyPart::Asn => f.write_str("asn"),
+            KeyPart::Country => f.write_str("country"),
         }
     }
 }
@@ -464,6 +484,10 @@ pub struct RouteConfig {
     pub compression: bool,
     /// `challenge`: browsers without a pass get a proof-of-work page.
     pub challenge: Option<ChallengeConfig>,
+    /// `match.asn`: the client's AS is one of these.
+    pub asn: Option<Vec<u32>>,
+    /// `match.country`: the client's country is one of these.
+    pub country: Option<Vec<crate::networks::Country>>,
 }
 
 #[derive(Debug, Clone)]

@@ -314,6 +314,9 @@ pub struct RawServer {
     pub error_pages: Option<BTreeMap<u16, Text>>,
     /// gzip/brotli for text responses (default on).
     pub compression: Option<bool>,
+    /// Peers (load balancers) that open every connection with a PROXY protocol header.
+    #[serde(default)]
+    pub proxy_protocol: Vec<Text>,
 }
 
 /// `auto` (one per core) or a number of worker threads.
@@ -426,6 +429,10 @@ pub struct RawIdentity {
     pub exempt: Vec<Text>,
     /// Signed passes a solved challenge earns (`key: pass`, `routes[].challenge`).
     pub pass: Option<super::challenge::RawPass>,
+    /// ASN and country databases (MaxMind DB format): `key: asn`, `match.country`.
+    pub geoip: Option<super::reputation::RawGeoip>,
+    /// A CrowdSec Local API: its decisions enforced, tollgate's bans pushed to it.
+    pub crowdsec: Option<super::reputation::RawCrowdsec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -499,6 +506,10 @@ pub struct RawMatch {
     pub host: Option<Text>,
     /// Query parameters that must all be present with these values.
     pub query: Option<BTreeMap<String, Text>>,
+    /// The client's network: AS numbers (`identity.geoip.asn_db`).
+    pub asn: Option<OneOrMany>,
+    /// The client's country: ISO codes (`identity.geoip.country_db`).
+    pub country: Option<OneOrMany>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -38,6 +38,8 @@ impl Validator<'_> {
             let methods = self.route_methods(i, m);
             let action = self.route_action(i, r, &upstream_index, raw_upstreams);
             let query = self.route_query(i, m);
+            let asn = self.route_asn(i, m.asn.as_ref());
+            let country = self.route_country(i, m.country.as_ref());
             let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
             let rate_limit_headers =
@@ -66,6 +68,8 @@ impl Validator<'_> {
                         .challenge
                         .as_ref()
                         .map(|c| self.challenge(&at("challenge"), c)),
+                    asn,
+                    country,
                 });
             }
         }
