@@ -52,6 +52,8 @@ pub struct CrowdSec {
     lapi: Lapi,
     /// The Local API answered the last pull.
     up: AtomicBool,
+    /// An outage was logged (once per outage, and once before a first answer).
+    said_down: AtomicBool,
     /// When the last pull succeeded (Unix ns; 0: never).
     last_pull: AtomicU64,
     push: Option<push::Queue>,
@@ -117,6 +119,7 @@ impl CrowdSec {
             lapi: Lapi::new(&config.url, &config.api_key, config.timeout, limit),
             table: RwLock::new(Table::new(config.max_decisions)),
             up: AtomicBool::new(false),
+            said_down: AtomicBool::new(false),
             last_pull: AtomicU64::new(0),
             push: config.push.as_ref().map(|p| push::Queue::new(p.queue)),
             token: Mutex::new(None),
@@ -226,6 +229,7 @@ impl CrowdSec {
                 self.apply(&delta, startup, now);
                 inc(&self.counters.pulls_ok);
                 self.last_pull.store(now, Ordering::Relaxed);
+                self.said_down.store(false, Ordering::Relaxed);
                 if !self.up.swap(true, Ordering::Relaxed) {
                     tracing::info!(url = %self.config.url, held = self.table.read().len(), "CrowdSec Local API answers; its decisions apply");
                 }
@@ -233,9 +237,8 @@ impl CrowdSec {
             }
             Err(e) => {
                 inc(&self.counters.pulls_error);
-                if self.up.swap(false, Ordering::Relaxed)
-                    || self.last_pull.load(Ordering::Relaxed) == 0
-                {
+                self.up.store(false, Ordering::Relaxed);
+                if !self.said_down.swap(true, Ordering::Relaxed) {
                     tracing::warn!(url = %self.config.url, error = %e, "CrowdSec Local API unreachable; requests are served without its new decisions (fail-open)");
                 }
                 false
