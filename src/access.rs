@@ -84,6 +84,9 @@ pub struct AccessRecord {
     /// The site rule that answered or changed the request (`redirect`,
     /// `respond`, `rewrite`, `access`, `site.access`, `auth`); written only when set.
     pub rule: Option<&'static str>,
+        }
+    /// The client's ASN and country, when `identity.geoip` is configured.
+    pub network: Option<crate::networks::Network>,
 }
 
 /// The queue to the writer thread, and what it dropped.
@@ -381,7 +384,7 @@ impl AccessRecord {
             v.as_ref()
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         };
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "ts": rfc3339_millis(self.time),
             "log": "access",
             "request_id": &*self.request_id,
@@ -406,6 +409,10 @@ impl AccessRecord {
         let mut v = v;
         if let Some(rule) = self.rule {
             v["rule"] = rule.into();
+        }
+        if let Some(n) = &self.network {
+            v["asn"] = serde_json::json!(n.asn);
+            v["country"] = serde_json::json!(n.country.as_ref().map(|c| c.as_str()));
         }
         out.push_str(&v.to_string());
     }
@@ -462,6 +469,15 @@ impl AccessRecord {
         if let Some(rule) = self.rule {
             out.push_str(" rule=");
             out.push_str(rule);
+        }
+        if let Some(n) = &self.network {
+            out.push_str(" asn=");
+            match n.asn {
+                Some(asn) => push_u64(out, u64::from(asn)),
+                None => out.push('-'),
+            }
+            out.push_str(" country=");
+            out.push_str(n.country.as_ref().map_or("-", |c| c.as_str()));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The request lifecycle as named phases: admit → identify → route → limit → dispatch (respond | upstream | FastCGI | tunnel) → settle → log.
+//! The request lifecycle as named phases: admit → identify → route → reputation → limit → dispatch (respond | upstream | FastCGI | tunnel) → settle → log.
 //!
 //! `App` is a cheap handle that the server clones into every connection. A
 //! request loads the current [`Snapshot`] once and finishes on it, whatever
@@ -37,6 +37,7 @@ use trail::Trail;
 mod cache;
 mod challenge;
 mod refuse;
+mod reputation;
 mod site;
 mod trail;
 mod upstream;
@@ -63,6 +64,8 @@ pub struct Shared {
     pub access: AccessLog,
     /// Upgraded connections (WebSockets) still open; closed at shutdown.
     pub tunnels: crate::tunnel::Tunnels,
+    /// PROXY-protocol connections accepted and refused (`server.proxy_protocol`).
+    pub proxy_protocol: crate::proxy_protocol::Counters,
 }
 
 /// The file a config was read from and the text it held then: reloads read
@@ -95,6 +98,7 @@ impl App {
         crate::compression::register(&metrics);
         let snapshot = Snapshot::build(config, 1, None, &metrics);
         let connections = crate::connections::Connections::new(&metrics);
+        let proxy_protocol = crate::proxy_protocol::Counters::new(&metrics);
         let (config_path, config_text) = match source {
             Some(s) => (Some(s.path), Some(s.text)),
             None => (None, None),
@@ -113,6 +117,7 @@ impl App {
                 activity: Default::default(),
                 access,
                 tunnels: crate::tunnel::Tunnels::default(),
+                proxy_protocol,
             }),
         }
     }
@@ -197,10 +202,14 @@ impl App {
             Ok(passed) => passed,
             Err(resp) => return Ok(resp),
         };
-        let route = self.route(x, &admitted.req)?;
+        let route = self.route(x, &client, &admitted.req)?;
         self.pass_for_route(x, route, &mut client, pass_bits);
         // Site rules: a refused address is answered before anything counts it.
         self.access(x, route, &client)?;
+        // Reputation: a CrowdSec decision on the client's address.
+        if let Some(resp) = self.reputation(x, route, &client, &admitted.req) {
+            return Ok(resp);
+        }
         // Challenge: a browser without a pass proves itself, now (`always`)
         // or instead of a limiter's refusal (`over_limit`).
         match self.challenge_due(x, route, &client, &admitted.req).await {
@@ -255,12 +264,17 @@ impl App {
     }
 
     /// Identify: who the client is (a verified API key, or the real IP
-    /// behind trusted proxies).
+    /// behind trusted proxies), and its network when `identity.geoip` says.
     fn identify(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<Client, Problem> {
         match x.snap.identity.resolve(x.conn.peer, req.headers(), x.now) {
-            Ok(client) => {
+            Ok(mut client) => {
                 x.trail.record.client = Some(client.display().into());
                 x.trail.record.ip = client.ip;
+                if let Some(networks) = &x.snap.networks {
+                    client.network = networks.lookup(client.ip);
+                    networks.count(&client.network, x.now);
+                    x.trail.record.network = Some(client.network);
+                }
                 Ok(client)
             }
             Err(IdentityError::UnknownApiKey(short)) => {
@@ -282,7 +296,12 @@ impl App {
 
     /// Route: which route, on the normalized path (a separator the router
     /// would not see is a 400, or decoded); its index in the snapshot.
-    fn route(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<usize, Problem> {
+    fn route(
+        &self,
+        x: &mut Exchange,
+        client: &Client,
+        req: &Request<RequestBody>,
+    ) -> Result<usize, Problem> {
         let snap = &x.snap;
         let path = request_path(req.uri().path(), snap.config.server.encoded_separators)
             .map_err(|e| Problem::BadRequest(e.to_string()))?;
@@ -294,7 +313,13 @@ impl App {
         };
         let (index, locs) = snap
             .router
-            .find(req.method(), host.as_deref(), &path, req.uri().query())
+            .find_for(
+                req.method(),
+                host.as_deref(),
+                &path,
+                req.uri().query(),
+                &client.network,
+            )
             .ok_or(Problem::NoRoute)?;
         if let Some(locs) = locs {
             let path = path.into_owned();

@@ -41,7 +41,9 @@ pub async fn sample_loop(app: App, stop: CancellationToken) {
                 let statuses = &m.series.statuses;
                 let counts = RouteCounts {
                     requests: Decision::ALL.iter().map(|&d| m.requests(d)).sum(),
-                    rejections: m.requests(Decision::Rejected) + m.requests(Decision::Banned),
+                    rejections: m.requests(Decision::Rejected)
+                        + m.requests(Decision::Banned)
+                        + m.requests(Decision::CrowdSec),
                     responses: statuses.sum(100..=999),
                     server_errors: statuses.sum(500..=599),
                     challenges: m.requests(Decision::Challenged),
@@ -137,6 +139,18 @@ pub fn data(app: &App, managed: &Managed) -> Value {
         "routes": routes,
         "limited": limited,
         "certificates": certificates(managed, now / 1_000_000_000),
+        "crowdsec": snap.crowdsec.as_ref().map(|c| {
+            let h = c.health();
+            json!({"up": h.up, "held": h.held, "waiting": h.waiting,
+                   "last_pull": (h.last_pull > 0).then(|| crate::clock::iso8601(h.last_pull / 1_000_000_000))})
+        }),
+        "proxy_protocol_refused": shared.proxy_protocol.refused_total(),
+        "networks": snap.networks.as_ref().map(|n| {
+            n.top(crate::networks::TOP_SHOWN, now)
+                .into_iter()
+                .map(|(asn, requests)| json!({"asn": asn, "requests": requests}))
+                .collect::<Vec<_>>()
+        }),
     })
 }
 

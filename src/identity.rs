@@ -66,6 +66,9 @@ pub struct Client {
     /// `pass:<id>`: the verified pass the request carried (set by the
     /// identify phase through `challenge::Gate`); `key: pass` counts on it.
     pub pass: Option<String>,
+    /// The client's ASN and country (set by the identify phase when
+    /// `identity.geoip` is configured; empty otherwise): `key: asn`, `match.country`.
+    pub network: crate::networks::Network,
 }
 
 impl Client {
@@ -192,6 +195,7 @@ impl Identity {
             peer_trusted,
             exempt: self.exempt.iter().any(|n| n.contains(&ip)),
             pass: None,
+            network: Default::default(),
         })
     }
 
@@ -392,6 +396,8 @@ mod tests {
             trusted_proxies: trusted.iter().map(|s| s.parse().unwrap()).collect(),
             ipv6_prefix: 64,
             exempt: vec!["192.0.2.0/24".parse().unwrap()],
+            geoip: None,
+            crowdsec: None,
         }
     }
 

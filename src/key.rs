@@ -2,7 +2,7 @@
 //!
 //! A key value joins the parts of a limiter's `key` with `|`, and every part
 //! spells itself with a prefix of its own (`ip:`, `key:`, `route:`, `global`,
-//! `h:`, `pass:`), so two parts never produce the same text and no client can name a
+//! `h:`, `pass:`, `asn:`, `country:`), so two parts never produce the same text and no client can name a
 //! limiter's overflow key ([`StoreKey::overflow`]). Limiter names hold only
 //! letters, digits, `_` and `-` (config checks that), so the first `:` of a
 //! store key ends the name; the value may hold any number of `:` (IPv6
@@ -33,6 +33,11 @@ const HEADER: &str = "h:";
 pub const PASS: &str = "pass:";
 /// The key value of an address block ([`for_pass_issue`]).
 const NET: &str = "net:";
+/// The client's network: `asn:13335`, `country:DE`; an address the
+/// database has no entry for is in the bucket `asn:none` / `country:none`.
+const ASN: &str = "asn:";
+const COUNTRY: &str = "country:";
+const NO_ENTRY: &str = "none";
 /// A header value longer than this, or not plain ASCII, is kept as a hash.
 const HEADER_READABLE_MAX: usize = 64;
 
@@ -113,6 +118,8 @@ pub fn for_request(
             KeyPart::Global => out.push_str(GLOBAL),
             // Without a verified pass, the client counts as its IP (see `challenge`).
             KeyPart::Pass => out.push_str(client.pass.as_deref().unwrap_or(&client.ip_key)),
+            KeyPart::Asn => push_asn(&mut out, client.network.asn),
+            KeyPart::Country => push_country(&mut out, client.network.country),
             KeyPart::Header(name) => {
                 let v = headers.get(name)?.as_bytes();
                 if v.is_empty() {
@@ -164,6 +171,18 @@ pub fn for_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String
             KeyPart::Global => out.push_str(GLOBAL),
             KeyPart::Header(_) => push_header(&mut out, value.as_bytes()),
             KeyPart::Pass => out.push_str(&as_ip.unwrap_or_else(|| value.to_string())),
+            KeyPart::Asn => {
+                let number = value.strip_prefix(ASN).unwrap_or(value);
+                let number = number.trim_start_matches("AS").trim_start_matches("as");
+                match number.parse::<u32>() {
+                    Ok(n) => push_asn(&mut out, Some(n)),
+                    Err(_) => push_asn(&mut out, None),
+                }
+            }
+            KeyPart::Country => {
+                let code = value.strip_prefix(COUNTRY).unwrap_or(value);
+                push_country(&mut out, crate::networks::Country::parse(code))
+            }
         }
     }
     out
@@ -193,7 +212,14 @@ pub fn values_for_client(parts: &[KeyPart], client: &str, routes: &[&str]) -> Ve
             KeyPart::Client => vec![client.to_string()],
             KeyPart::Ip if is_ip => vec![client.to_string()],
             KeyPart::ApiKey if !is_ip => vec![client.to_string()],
-            KeyPart::Ip | KeyPart::ApiKey | KeyPart::Header(_) => vec![],
+            // A network is the database's answer, not something the client names.
+            KeyPart::Ip
+            | KeyPart::ApiKey
+            | KeyPart::Header(_)
+            | KeyPart::Asn
+            | KeyPart::Country => {
+                vec![]
+            }
             KeyPart::Global => vec![GLOBAL.to_string()],
             KeyPart::Pass if is_ip || client.starts_with(PASS) => vec![client.to_string()],
             KeyPart::Pass => vec![],
@@ -237,6 +263,29 @@ pub fn slot_tag(store_key: &str) -> String {
         .find(|p| p.starts_with("ip:") || p.starts_with("key:") || p.starts_with(PASS));
     let tag = identity.unwrap_or(value);
     tag.chars().filter(|c| !matches!(c, '{' | '}')).collect()
+}
+
+/// The address a key value names, if it has an `ip:` part: the address
+/// itself, or the IPv6 prefix the client was counted by (`ip:2001:db8::/64`).
+pub fn address_of(value: &str) -> Option<ipnet::IpNet> {
+    let ip = value.split(PART_SEP).find_map(|p| p.strip_prefix("ip:"))?;
+    ip.parse::<IpAddr>()
+        .map(ipnet::IpNet::from)
+        .or_else(|_| ip.parse::<ipnet::IpNet>())
+        .ok()
+}
+
+fn push_asn(out: &mut String, asn: Option<u32>) {
+    out.push_str(ASN);
+    match asn {
+        Some(n) => out.push_str(itoa::Buffer::new().format(n)),
+        None => out.push_str(NO_ENTRY),
+    }
+}
+
+fn push_country(out: &mut String, country: Option<crate::networks::Country>) {
+    out.push_str(COUNTRY);
+    out.push_str(country.as_ref().map_or(NO_ENTRY, |c| c.as_str()));
 }
 
 fn push_route(out: &mut String, route: &str) {
@@ -287,6 +336,7 @@ mod tests {
             peer_trusted: false,
             exempt: false,
             pass: None,
+            network: Default::default(),
         }
     }
 
@@ -422,6 +472,37 @@ mod tests {
             assert!(out.starts_with("h:sha:"), "{odd}: {out}");
             assert_eq!(out.len(), "h:sha:".len() + 32);
         }
+    }
+
+    #[test]
+    fn a_network_key_names_its_asn_or_country_and_an_unknown_address_shares_one_bucket() {
+        let id = identity("64");
+        let mut c = client(&id, "203.0.113.9", None);
+        let parts = [KeyPart::Asn, KeyPart::Route];
+        let none = for_request("l", &parts, &c, "api", &HeaderMap::new()).unwrap();
+        assert_eq!(none, "l:asn:none|route:api");
+        c.network.asn = Some(64500);
+        c.network.country = crate::networks::Country::parse("de");
+        let key = for_request("l", &parts, &c, "api", &HeaderMap::new()).unwrap();
+        assert_eq!(key, "l:asn:64500|route:api");
+        let country = for_request("l", &[KeyPart::Country], &c, "r", &HeaderMap::new()).unwrap();
+        assert_eq!(country, "l:country:DE");
+        assert_eq!(for_override(&[KeyPart::Asn], "AS64500", &id), "asn:64500");
+        assert_eq!(for_override(&[KeyPart::Country], "de", &id), "country:DE");
+    }
+
+    #[test]
+    fn the_address_of_a_key_is_its_ip_part() {
+        assert_eq!(
+            address_of("ip:203.0.113.9|route:login"),
+            Some("203.0.113.9/32".parse().unwrap())
+        );
+        assert_eq!(
+            address_of("ip:2001:db8:1:2::/64"),
+            Some("2001:db8:1:2::/64".parse().unwrap())
+        );
+        assert_eq!(address_of("key:3f2a|route:login"), None);
+        assert_eq!(address_of("h:ip:1.2.3.4"), None);
     }
 
     #[test]

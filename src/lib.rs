@@ -84,6 +84,13 @@
 //! - [`site`]: site rules a route carries (redirect, rewrite, access lists, basic auth,
 //!   header rules), built once per config; `app/site.rs` is their phases (docs/SITE.md: the order);
 //! - [`import`]: `tollgate import htaccess`: an `.htaccess` as routes (a config `check` accepts);
+//! - [`proxy_protocol`]: the PROXY protocol header (v1, v2) listed load balancers open each
+//!   connection with, read under a bound; its source is the client;
+//!   [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded
+//!   when they change, and the busiest networks; [`crowdsec`]: a CrowdSec Local API's decisions
+//!   held and checked per request (`crowdsec/decisions.rs`), tollgate's bans pushed back as
+//!   alerts (`crowdsec/push.rs`), one task following it (`crowdsec/lapi.rs` the calls);
+//!   `app/reputation.rs` is the phase that enforces a decision;
 //! - [`build_info`]: what `--version` says (version, commit, build date);
 //!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
@@ -102,6 +109,7 @@ pub mod clock;
 pub mod compression;
 pub mod config;
 pub mod connections;
+pub mod crowdsec;
 pub mod dashboard;
 pub mod decide;
 pub mod fastcgi;
@@ -115,10 +123,12 @@ pub mod limiter;
 pub mod location;
 pub mod logging;
 pub mod metrics;
+pub mod networks;
 pub mod page;
 pub mod pool;
 pub mod problem;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod prune;
 pub mod reject;
 pub mod reload;
@@ -277,6 +287,18 @@ fn spawn_background(
         }
     }
     tokio::spawn(dashboard::sample_loop(app.clone(), background.clone()));
+    // GeoIP files and the CrowdSec Local API: each followed by a task of its own,
+    // reading what the snapshot in force names.
+    let (geo, cs) = (app.clone(), app.clone());
+    tokio::spawn(networks::watch(
+        move || geo.snapshot().networks.clone(),
+        background.clone(),
+    ));
+    tokio::spawn(crowdsec::follow(
+        move || cs.snapshot().crowdsec.clone(),
+        app.shared.clock.clone(),
+        background.clone(),
+    ));
     let health_app = app.clone();
     tokio::spawn(balance::health_checks(
         move || health_app.snapshot().upstreams.clone(),

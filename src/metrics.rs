@@ -72,10 +72,13 @@ pub enum Decision {
     /// A browser without a pass was answered with the proof-of-work page
     /// (`challenge: always`, or instead of a limiter's refusal).
     Challenged,
+    /// A CrowdSec decision on the client's address (`identity.crowdsec`)
+    /// refused it, or answered it with the challenge page.
+    CrowdSec,
 }
 
 impl Decision {
-    pub const ALL: [Decision; 8] = [
+    pub const ALL: [Decision; 9] = [
         Decision::Allowed,
         Decision::Rejected,
         Decision::Banned,
@@ -84,6 +87,7 @@ impl Decision {
         Decision::StoreError,
         Decision::Error,
         Decision::Challenged,
+        Decision::CrowdSec,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -96,6 +100,7 @@ impl Decision {
             Decision::StoreError => "store_error",
             Decision::Error => "error",
             Decision::Challenged => "challenged",
+            Decision::CrowdSec => "crowdsec",
         }
     }
 }

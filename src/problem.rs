@@ -31,6 +31,17 @@ pub struct BanDenial {
     pub retry_after: Nanos,
     /// 429 or 403, as the limiter's `ban.status` says.
     pub status: StatusCode,
+    /// Who banned: a limiter's `ban:`, or a CrowdSec decision.
+    pub source: BanSource,
+}
+
+/// Where a ban comes from, for the sentence its answer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BanSource {
+    /// Repeated rejections by the limiter `BanDenial::limiter` (`ban:`).
+    Limiter,
+    /// A decision of the CrowdSec Local API (`identity.crowdsec`).
+    CrowdSec,
 }
 
 /// Where a failure came from: the client's request (downstream), the
@@ -459,12 +470,19 @@ impl Refusal {
             Refusal::Limited(d) => {
                 format!("Rate limit of {} exceeded for key '{}'.", d.policy, d.key)
             }
-            Refusal::Banned(b) => format!(
-                "Key '{}' is banned until {} after repeated rejections by '{}'.",
-                b.key,
-                crate::clock::iso8601(b.until.div_ceil(NANOS_PER_SEC)),
-                b.limiter
-            ),
+            Refusal::Banned(b) => match b.source {
+                BanSource::Limiter => format!(
+                    "Key '{}' is banned until {} after repeated rejections by '{}'.",
+                    b.key,
+                    crate::clock::iso8601(b.until.div_ceil(NANOS_PER_SEC)),
+                    b.limiter
+                ),
+                BanSource::CrowdSec => format!(
+                    "Address '{}' is banned until {} by a CrowdSec decision.",
+                    b.key,
+                    crate::clock::iso8601(b.until.div_ceil(NANOS_PER_SEC)),
+                ),
+            },
             Refusal::UnknownKeys { ip_key, .. } => {
                 format!("Too many unknown API keys from '{ip_key}'; try again later.")
             }

@@ -23,12 +23,34 @@ use std::borrow::Cow;
 use http::Method;
 
 use crate::config::{EncodedSeparators, RouteConfig};
+use crate::networks::{Country, Network};
 
 #[derive(Debug)]
 pub struct Router {
     routes: Vec<Matcher>,
     /// Whether any route matches on `host`.
     uses_host: bool,
+}
+
+/// `match.asn` and `match.country`: the client's network must be listed.
+#[derive(Debug, Default)]
+struct NetworkMatch {
+    asn: Option<Vec<u32>>,
+    country: Option<Vec<Country>>,
+}
+
+impl NetworkMatch {
+    fn matches(&self, network: &Network) -> bool {
+        listed(&self.asn, network.asn) && listed(&self.country, network.country)
+    }
+}
+
+/// No list: any value; a list: a value in it (an address without an entry matches none).
+fn listed<T: PartialEq>(list: &Option<Vec<T>>, value: Option<T>) -> bool {
+    match list {
+        None => true,
+        Some(list) => value.is_some_and(|v| list.contains(&v)),
+    }
 }
 
 #[derive(Debug)]
@@ -46,6 +68,8 @@ struct Matcher {
     methods: Option<Vec<Method>>,
     host: Option<String>,
     query: Vec<(String, String)>,
+    /// `None` when the route names no network (most routes).
+    network: Option<NetworkMatch>,
 }
 
 impl Router {
@@ -66,6 +90,10 @@ impl Router {
                         methods: r.methods.clone(),
                         host: r.host.as_deref().map(normalize_host),
                         query: r.query.clone(),
+                        network: (r.asn.is_some() || r.country.is_some()).then(|| NetworkMatch {
+                            asn: r.asn.clone(),
+                            country: r.country.clone(),
+                        }),
                     }
                 })
                 .collect(),
@@ -87,8 +115,22 @@ impl Router {
         path: &str,
         query: Option<&str>,
     ) -> Option<(usize, Option<regex::CaptureLocations>)> {
+        self.find_for(method, host, path, query, &Network::default())
+    }
+
+    /// [`find`](Self::find) for a client of `network` (`match.asn`, `match.country`).
+    pub fn find_for(
+        &self,
+        method: &Method,
+        host: Option<&str>,
+        path: &str,
+        query: Option<&str>,
+        network: &Network,
+    ) -> Option<(usize, Option<regex::CaptureLocations>)> {
         for (i, m) in self.routes.iter().enumerate() {
-            if !m.matches(method, host, path, query) {
+            if !m.matches(method, host, path, query)
+                || !m.network.as_ref().is_none_or(|n| n.matches(network))
+            {
                 continue;
             }
             let Some(regex) = &m.regex else {
@@ -513,6 +555,9 @@ mod tests {
             path_regex: None,
             query_regex: None,
             site: Default::default(),
+            cache: None,
+            asn: None,
+            country: None,
         }
     }
 
@@ -526,7 +571,6 @@ mod tests {
             query: Option<&str>,
         ) -> Option<usize> {
             self.find(method, host, path, query).map(|(i, _)| i)
-            cache: None,
         }
     }
 

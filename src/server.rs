@@ -152,6 +152,7 @@ fn public_acceptor(
             return;
         };
         let server = &snap.config.server;
+        let proxied = crate::proxy_protocol::listed(&server.proxy_protocol, peer);
         let _ = stream.set_nodelay(true);
         // A listener a reload is removing keeps what it served until it stops.
         serve = server.serve_at(addr).unwrap_or(serve);
@@ -175,7 +176,7 @@ fn public_acceptor(
                             match TcpStream::from_std(std_stream) {
                                 Ok(stream) => {
                                     let conn = ConnInfo { peer, proto: "http", port, worker };
-                                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme).await;
+                                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme, proxied).await;
                                 }
                                 Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
                             }
@@ -193,8 +194,10 @@ fn public_acceptor(
                         port,
                         worker: 0,
                     };
-                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme)
-                        .await;
+                    serve_accepted(
+                        stream, conn, serving, app, timeouts, drain, &permit, acme, proxied,
+                    )
+                    .await;
                 });
             }
         }
@@ -213,7 +216,10 @@ fn admit_connection(
     let max_total = server
         .max_connections
         .unwrap_or_else(crate::connections::default_max_connections);
-    let per_ip = (!snap.identity.is_trusted(peer.ip())).then_some(server.max_connections_per_ip);
+    // A listed load balancer carries many clients: its address is not one.
+    let shared_peer = snap.identity.is_trusted(peer.ip())
+        || crate::proxy_protocol::listed(&server.proxy_protocol, peer);
+    let per_ip = (!shared_peer).then_some(server.max_connections_per_ip);
     match app.shared.connections.admit(peer.ip(), max_total, per_ip) {
         Ok(permit) => Some(permit),
         Err(refusal) => {
@@ -275,11 +281,43 @@ impl Serving {
     }
 }
 
-/// Serves one accepted connection as its listener says: plain, TLS, or
-/// redirect, while `permit` holds its place (its activity is what may be displaced).
+/// Serves one accepted connection: from a `proxied` peer (listed in
+/// `server.proxy_protocol`) its PROXY header first, within the head's
+/// budget; its source is the client from then on. Without one it is closed.
 #[allow(clippy::too_many_arguments)] // the connection's parts, each used once
 async fn serve_accepted(
     stream: TcpStream,
+    mut conn: ConnInfo,
+    serve: Serving,
+    app: App,
+    timeouts: Timeouts,
+    drain: CancellationToken,
+    permit: &Permit,
+    acme: Arc<Managed>,
+    proxied: bool,
+) {
+    if !proxied {
+        return serve_stream(stream, conn, serve, app, timeouts, drain, permit, acme).await;
+    }
+    let activity = permit.activity();
+    let counters = &app.shared.proxy_protocol;
+    // Like a TLS handshake: nothing of a request yet, so a newcomer may displace it.
+    let opened = tokio::select! {
+        o = crate::proxy_protocol::open(stream, conn.peer, timeouts.header, counters) => o,
+        _ = drain.cancelled() => return,
+        _ = activity.displaced() => return,
+    };
+    if let Some((client, stream)) = opened {
+        conn.peer = client;
+        serve_stream(stream, conn, serve, app, timeouts, drain, permit, acme).await
+    }
+}
+
+/// Serves one connection as its listener says: plain, TLS, or
+/// redirect, while `permit` holds its place (its activity is what may be displaced).
+#[allow(clippy::too_many_arguments)] // the connection's parts, each used once
+async fn serve_stream<I>(
+    stream: I,
     conn: ConnInfo,
     serve: Serving,
     app: App,
@@ -287,7 +325,9 @@ async fn serve_accepted(
     drain: CancellationToken,
     permit: &Permit,
     acme: Arc<Managed>,
-) {
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let timeout = timeouts.header;
     let peer = conn.peer;
     let activity = permit.activity();

@@ -35,6 +35,10 @@ pub struct Snapshot {
     pub unrouted: RouteSeries,
     /// The shared response cache (`cache:`); the same one across reloads.
     pub cache: Option<Arc<crate::cache::ResponseCache>>,
+    /// `identity.geoip`: ASN and country of an address; `None` without it.
+    pub networks: Option<Arc<crate::networks::Networks>>,
+    /// `identity.crowdsec`: its decisions and the bans pushed to it; `None` without it.
+    pub crowdsec: Option<Arc<crate::crowdsec::CrowdSec>>,
 }
 
 pub struct Route {
@@ -145,6 +149,17 @@ impl Snapshot {
             .pass
             .as_ref()
             .and_then(|p| crate::challenge::Gate::new(p, metrics));
+        let networks = config.identity.geoip.as_ref().map(|g| {
+            let old = previous.and_then(|p| p.networks.as_deref());
+            Arc::new(crate::networks::Networks::new(g, old, metrics))
+        });
+        // Kept across a reload that leaves it unchanged: its decisions and its queue stay.
+        let crowdsec = config.identity.crowdsec.as_ref().map(|c| {
+            previous
+                .and_then(|p| p.crowdsec.clone())
+                .filter(|old| old.serves(c))
+                .unwrap_or_else(|| crate::crowdsec::CrowdSec::new(c, metrics))
+        });
         let upstream_names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         metrics.start_at_zero(
             &upstream_names,
@@ -187,6 +202,8 @@ impl Snapshot {
             .collect();
         Snapshot {
             cache,
+            networks,
+            crowdsec,
             gate,
             upstream_durations,
             unrouted: metrics.route_series(crate::metrics::NO_ROUTE),
@@ -414,6 +431,7 @@ mod tests {
             peer_trusted: false,
             exempt: false,
             pass: None,
+            network: Default::default(),
         }
     }
 

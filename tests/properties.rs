@@ -53,6 +53,8 @@ fn identity(trusted: &[&str]) -> Identity {
             ipv6_prefix: 64,
             exempt: Vec::new(),
             pass: None,
+            geoip: None,
+            crowdsec: None,
         },
         None,
         &tollgate::metrics::Metrics::default(),

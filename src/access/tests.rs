@@ -5,6 +5,7 @@ use super::*;
 fn record(format: LogFormat) -> AccessRecord {
     AccessRecord {
         rule: None,
+        network: None,
         format,
         time: 1_767_225_600 * NANOS_PER_SEC + 123_456_789,
         request_id: "abc-1".into(),
@@ -171,4 +172,27 @@ fn a_text_record_reads_like_nginx_combined_and_escapes_quotes() {
         line,
         "203.0.113.9 - key:3f2a9c01… [01/Jan/2026:00:00:00 +0000] \"POST /login\\x22x HTTP/1.1\" 429 231 \"-\" \"curl/8 \\x22evil\\x22\" rid=abc-1 route=login decision=rejected limiter=strict retry_after=40 upstream=- upstream_ms=- duration_ms=0.412 error_origin=downstream\n"
     );
+}
+
+#[test]
+fn a_records_network_is_logged_only_when_geoip_looked_it_up() {
+    let plain = record(LogFormat::Text);
+    let mut line = String::new();
+    plain.format_into(&mut line);
+    assert!(!line.contains("asn="), "{line}");
+    let mut r = record(LogFormat::Text);
+    r.network = Some(crate::networks::Network {
+        asn: Some(64500),
+        country: crate::networks::Country::parse("DE"),
+    });
+    let mut line = String::new();
+    r.format_into(&mut line);
+    assert!(line.ends_with(" asn=64500 country=DE\n"), "{line}");
+    r.format = LogFormat::Json;
+    r.network = Some(crate::networks::Network::default());
+    let mut json = String::new();
+    r.format_into(&mut json);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["asn"], serde_json::Value::Null);
+    assert!(v.as_object().unwrap().contains_key("country"));
 }

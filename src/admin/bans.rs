@@ -103,7 +103,7 @@ fn describe(snap: &Snapshot, b: &ActiveBan) -> Value {
     let since = duration
         .filter(|d| *d >= b.ban.remaining)
         .map(|d| b.ban.until.saturating_sub(d) / NANOS_PER_SEC);
-    json!({
+    let mut v = json!({
         "key": b.key,
         "limiter": limiter,
         "value": key::value_of(&b.key),
@@ -112,7 +112,14 @@ fn describe(snap: &Snapshot, b: &ActiveBan) -> Value {
         "until": until,
         "until_utc": iso8601(until),
         "seconds_left": ceil_secs(b.ban.remaining).max(1),
-    })
+    });
+    // With `identity.geoip`, where a banned address is (its prefix's first address for IPv6).
+    if let (Some(networks), Some(net)) = (&snap.networks, key::address_of(key::value_of(&b.key))) {
+        let found = networks.lookup(net.addr());
+        v["asn"] = json!(found.asn);
+        v["country"] = json!(found.country.as_ref().map(|c| c.as_str()));
+    }
+    v
 }
 
 /// `DELETE /bans/{key}`: `raw` is the percent-encoded store key.

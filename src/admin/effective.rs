@@ -101,6 +101,7 @@ fn server_section(s: &ServerConfig) -> Value {
         underscores_in_headers,
         errors,
         compression,
+        proxy_protocol,
     } = s;
     let BodyConfig {
         buffer,
@@ -135,6 +136,7 @@ fn server_section(s: &ServerConfig) -> Value {
         "error_format": error_format(errors.format.unwrap_or_default()),
         "error_pages": error_pages(errors),
         "compression": compression,
+        "proxy_protocol": proxy_protocol.iter().map(ToString::to_string).collect::<Vec<_>>(),
     })
 }
 
@@ -279,6 +281,8 @@ fn identity_section(i: &IdentityConfig) -> Value {
         ipv6_prefix,
         exempt,
         pass,
+        geoip,
+        crowdsec,
     } = i;
     json!({
         "api_key_header": api_key_header.as_str(),
@@ -290,6 +294,45 @@ fn identity_section(i: &IdentityConfig) -> Value {
         "exempt": exempt.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "unknown_keys": {"limit": unknown_key_limit, "window": dur(*unknown_key_window)},
         "pass": pass.as_ref().map(pass_section),
+        "geoip": geoip.as_ref().map(geoip_section),
+        "crowdsec": crowdsec.as_ref().map(crowdsec_section),
+    })
+}
+
+/// `identity.geoip`: the files, never their content.
+fn geoip_section(g: &crate::config::GeoipConfig) -> Value {
+    let crate::config::GeoipConfig {
+        asn_db,
+        country_db,
+        check_every,
+    } = g;
+    let path =
+        |f: &Option<crate::config::GeoFile>| f.as_ref().map(|f| f.path.display().to_string());
+    json!({"asn_db": path(asn_db), "country_db": path(country_db), "check_every": dur(*check_every)})
+}
+
+/// `identity.crowdsec`: the files the secrets come from, never the secrets.
+fn crowdsec_section(c: &crate::config::CrowdsecConfig) -> Value {
+    let crate::config::CrowdsecConfig {
+        url,
+        api_key_file,
+        api_key: _,
+        poll_every,
+        timeout,
+        max_decisions,
+        push,
+    } = c;
+    json!({
+        "url": url.to_string(),
+        "api_key_file": api_key_file.display().to_string(),
+        "poll_every": dur(*poll_every),
+        "timeout": dur(*timeout),
+        "max_decisions": max_decisions,
+        "push": push.as_ref().map(|p| json!({
+            "machine_id": p.machine_id,
+            "password_file": p.password_file.display().to_string(),
+            "queue": p.queue,
+        })),
     })
 }
 
@@ -485,6 +528,8 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         query_regex,
         site,
         cache,
+        asn,
+        country,
     } = r;
     let (upstream, respond, redirect) = match action {
         Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None, None),
@@ -525,6 +570,8 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
             "query": query,
             "path_regex": path_regex.as_ref().map(regex::Regex::as_str),
             "query_regex": query_regex.as_ref().map(regex::Regex::as_str),
+            "asn": asn,
+            "country": country.as_ref().map(|c| c.iter().map(|c| c.as_str()).collect::<Vec<_>>()),
         },
         "upstream": upstream,
         "respond": respond,

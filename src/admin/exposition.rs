@@ -32,6 +32,8 @@ pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
     let mut text = s.metrics.render(&extra, process.as_ref());
     crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
     s.store.render_node_metrics(&mut text);
+    crate::crowdsec::render_metrics(snap.crowdsec.as_deref(), &mut text);
+    crate::networks::render_metrics(snap.networks.as_deref(), s.clock.now(), &mut text);
     text
 }
 

@@ -65,6 +65,7 @@ impl Trail {
                 referer: h.get(http::header::REFERER).cloned(),
                 user_agent: h.get(http::header::USER_AGENT).cloned(),
                 rule: None,
+                network: None,
             },
             route: None,
             accept: h.get(http::header::ACCEPT).cloned(),

@@ -202,6 +202,8 @@ pub fn parse(text: &str) -> Result<Config, ConfigError> {
         problems.extend(read_pass_file(&mut config.identity));
         problems.extend(read_shared_key_file(&mut config));
         problems.extend(read_users_files(&mut config));
+        problems.extend(read_geoip_files(&mut config.identity));
+        problems.extend(read_crowdsec_files(&mut config.identity));
     }
     if problems.is_empty() {
         warn_missing_fastcgi_files(&mut config);
@@ -440,6 +442,67 @@ fn read_shared_key_file(config: &mut Config) -> Option<ConfigProblem> {
         Err(e) => return at(format!("{}: {e}", path.display())),
     }
     None
+}
+
+/// Reads `identity.geoip`'s databases (see [`crate::networks::GeoDb::read`]);
+/// read on every load and reload, and watched in between.
+fn read_geoip_files(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
+    let Some(geoip) = identity.geoip.as_mut() else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    for (key, file) in [
+        ("asn_db", &mut geoip.asn_db),
+        ("country_db", &mut geoip.country_db),
+    ] {
+        let Some(file) = file else { continue };
+        match crate::networks::GeoDb::read(&file.path) {
+            Ok(db) => file.loaded = Arc::new(db),
+            Err(e) => problems.push(ConfigProblem::at(format!("identity.geoip.{key}"), e)),
+        }
+    }
+    problems
+}
+
+/// Reads `identity.crowdsec.api_key_file` and `push.password_file`: one
+/// secret each, surrounding whitespace not part of it.
+fn read_crowdsec_files(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
+    let Some(crowdsec) = identity.crowdsec.as_mut() else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    let mut secret = |key: &str, path: &Path| -> String {
+        let at = format!("identity.crowdsec.{key}");
+        let text = match read_named_file(path, SMALL_FILE_LIMIT).map(String::from_utf8) {
+            Ok(Ok(text)) => text.trim().to_string(),
+            Ok(Err(_)) => {
+                problems.push(ConfigProblem::at(
+                    at,
+                    format!("{} is not UTF-8 text", path.display()),
+                ));
+                return String::new();
+            }
+            Err(e) => {
+                problems.push(ConfigProblem::at(
+                    at,
+                    format!("cannot read {}: {e}", path.display()),
+                ));
+                return String::new();
+            }
+        };
+        if text.is_empty() {
+            problems.push(ConfigProblem::at(
+                at,
+                format!("{} is empty", path.display()),
+            ));
+        }
+        text
+    };
+    crowdsec.api_key = secret("api_key_file", &crowdsec.api_key_file.clone());
+    if let Some(push) = crowdsec.push.as_mut() {
+        push.password = secret("push.password_file", &push.password_file.clone());
+    }
+    problems
 }
 
 /// A value that does not fit the schema (or text that is not YAML), in

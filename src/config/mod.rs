@@ -48,6 +48,8 @@ pub mod challenge;
 mod lease;
 mod observe;
 mod protect;
+/// `server.proxy_protocol`, `identity.geoip`, `identity.crowdsec`, `match.asn` / `match.country`.
+pub mod reputation;
 /// "Did you mean …?" over the names a config defines.
 mod suggest;
 
@@ -74,6 +76,7 @@ pub use observe::{
     RejectShape, OWN_ERROR_STATUSES,
 };
 pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};
+pub use reputation::{CrowdsecConfig, GeoFile, GeoipConfig, PushConfig};
 pub use validate::{validate, Host};
 
 // The section files (balance, fastcgi, observe, protect) extend the validator.
@@ -126,6 +129,8 @@ pub struct ServerConfig {
     pub errors: ErrorAnswers,
     /// gzip/brotli for text responses (`server.compression`); a route can turn it off.
     pub compression: bool,
+    /// `server.proxy_protocol`: peers whose connections open with a PROXY header.
+    pub proxy_protocol: Vec<IpNet>,
 }
 
 /// `server.encoded_separators`: a path separator spelled so that the router
@@ -321,6 +326,10 @@ pub struct IdentityConfig {
     pub exempt: Vec<IpNet>,
     /// `identity.pass`: the secrets that sign challenges and passes.
     pub pass: Option<PassConfig>,
+    /// `identity.geoip`: the ASN and country databases.
+    pub geoip: Option<GeoipConfig>,
+    /// `identity.crowdsec`: the Local API whose decisions apply.
+    pub crowdsec: Option<CrowdsecConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -384,6 +393,10 @@ pub enum KeyPart {
     Header(HeaderName),
     /// A verified pass (a solved challenge); without one, the client's IP.
     Pass,
+    /// The client's autonomous system (`identity.geoip.asn_db`).
+    Asn,
+    /// The client's country (`identity.geoip.country_db`).
+    Country,
 }
 
 impl KeyPart {
@@ -395,9 +408,14 @@ impl KeyPart {
             KeyPart::Header(_) => true,
             KeyPart::ApiKey => !keys_verified,
             // A pass is signed by tollgate and costs a solved challenge.
-            KeyPart::Client | KeyPart::Ip | KeyPart::Route | KeyPart::Global | KeyPart::Pass => {
-                false
-            }
+            // A network is the database's answer for the client's address.
+            KeyPart::Client
+            | KeyPart::Ip
+            | KeyPart::Route
+            | KeyPart::Global
+            | KeyPart::Pass
+            | KeyPart::Asn
+            | KeyPart::Country => false,
         }
     }
 }
@@ -410,7 +428,12 @@ impl KeyPart {
         match self {
             KeyPart::Client | KeyPart::Ip | KeyPart::Pass => true,
             KeyPart::ApiKey => keys_verified,
-            KeyPart::Route | KeyPart::Global | KeyPart::Header(_) => false,
+            // A whole network or country: every client in it shares the key.
+            KeyPart::Route
+            | KeyPart::Global
+            | KeyPart::Header(_)
+            | KeyPart::Asn
+            | KeyPart::Country => false,
         }
     }
 }
@@ -434,6 +457,8 @@ impl fmt::Display for KeyPart {
             KeyPart::Global => f.write_str("global"),
             KeyPart::Header(h) => write!(f, "header:{h}"),
             KeyPart::Pass => f.write_str("pass"),
+            KeyPart::Asn => f.write_str("asn"),
+            KeyPart::Country => f.write_str("country"),
         }
     }
 }
@@ -493,6 +518,10 @@ pub struct RouteConfig {
     pub site: crate::site::Rules,
     /// `cache`: this route's answers are stored in and served from the shared cache.
     pub cache: Option<cache::RouteCacheConfig>,
+    /// `match.asn`: the client's AS is one of these.
+    pub asn: Option<Vec<u32>>,
+    /// `match.country`: the client's country is one of these.
+    pub country: Option<Vec<crate::networks::Country>>,
 }
 
 #[derive(Debug, Clone)]

@@ -325,6 +325,9 @@ pub struct RawServer {
     pub error_pages: Option<BTreeMap<u16, Text>>,
     /// gzip/brotli for text responses (default on).
     pub compression: Option<bool>,
+    /// Peers (load balancers) that open every connection with a PROXY protocol header.
+    #[serde(default)]
+    pub proxy_protocol: Vec<Text>,
 }
 
 /// `auto` (one per core) or a number of worker threads.
@@ -437,6 +440,10 @@ pub struct RawIdentity {
     pub exempt: Vec<Text>,
     /// Signed passes a solved challenge earns (`key: pass`, `routes[].challenge`).
     pub pass: Option<super::challenge::RawPass>,
+    /// ASN and country databases (MaxMind DB format): `key: asn`, `match.country`.
+    pub geoip: Option<super::reputation::RawGeoip>,
+    /// A CrowdSec Local API: its decisions enforced, tollgate's bans pushed to it.
+    pub crowdsec: Option<super::reputation::RawCrowdsec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -521,6 +528,10 @@ pub struct RawMatch {
     pub path_regex: Option<Text>,
     /// A regular expression on the query string as sent (Apache's `%{QUERY_STRING}` conditions).
     pub query_regex: Option<Text>,
+    /// The client's network: AS numbers (`identity.geoip.asn_db`).
+    pub asn: Option<OneOrMany>,
+    /// The client's country: ISO codes (`identity.geoip.country_db`).
+    pub country: Option<OneOrMany>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -323,7 +323,7 @@ const MISTAKES: &[(&str, &str)] = &[
     ("upstreams:\n  php: { url: \"fastcgi://127.0.0.1:9000\", root: /srv }\nroutes:\n  - name: site\n    upstream: phpfpm\n",
      "line 5 column 15: routes[0].upstream: no upstream named \"phpfpm\"; did you mean `php`?"),
     ("limiters:\n  a:\n    limit: 5\n    window: 60s\n    key: per_ip\n",
-     "line 5 column 10: limiters.a.key: unknown key \"per_ip\" (client, ip, api_key, route, global, pass or header:<Name>); did you mean `ip`?"),
+     "line 5 column 10: limiters.a.key: unknown key \"per_ip\" (client, ip, api_key, route, global, pass, asn, country or header:<Name>); did you mean `ip`?"),
     ("limiters:\n  a:\n    algorithm: token-bucket\n    capacity: 5\n    refill_per_second: 1\n",
      "line 3 column 16: limiters.a.algorithm: unknown algorithm \"token-bucket\" (fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency); did you mean `token_bucket`?"),
     ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: [per-ip]\n",

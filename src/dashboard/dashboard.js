@@ -71,8 +71,10 @@ function render(d, bans) {
   const down = d.upstreams.some((u) => u.servers.some((s) => s.state !== "up"));
   const flagged = d.certificates.filter((c) => c.attention);
   const nodeDown = (d.store.nodes || []).some((n) => !n.healthy);
+  const crowdsecDown = d.crowdsec && !d.crowdsec.up;
   const trouble = !d.store.healthy ? "store failing" : nodeDown ? "store node down" : down ? "upstream down"
-    : d.last_reload_error ? "reload rejected" : flagged.length ? "certificate needs attention" : null;
+    : d.last_reload_error ? "reload rejected" : flagged.length ? "certificate needs attention"
+    : crowdsecDown ? "crowdsec down (fail-open)" : null;
   setStatus(trouble || "serving", !trouble);
   $("version").textContent = d.version;
   $("uptime").textContent = duration(d.uptime_seconds);
@@ -95,6 +97,7 @@ function render(d, bans) {
   $("reload-error").hidden = !d.last_reload_error;
   $("reload-error-at").textContent = d.last_reload ? " at " + clock(d.last_reload.at) : "";
   $("reload-error-text").textContent = d.last_reload_error || "";
+  reputation(d);
   chart(d);
   routes(d);
   upstreams(d);
@@ -249,6 +252,25 @@ async function lift(key) {
     alert("Lifting failed: the admin listener is unreachable.");
   }
   poll();
+}
+
+// CrowdSec's health and decisions, PROXY-protocol refusals, the busiest networks.
+function reputation(d) {
+  const cs = $("crowdsec");
+  $("crowdsec-fact").hidden = !d.crowdsec;
+  if (d.crowdsec) {
+    cs.textContent = (d.crowdsec.up ? "up" : "down · fail-open") + " · " + d.crowdsec.held + " decisions"
+      + (d.crowdsec.waiting ? " · " + d.crowdsec.waiting + " bans to push" : "");
+    cs.title = d.crowdsec.last_pull ? "last pull " + d.crowdsec.last_pull : "no pull yet";
+    cs.className = "value" + (d.crowdsec.up ? "" : " bad");
+  }
+  $("proxy-refused").textContent = d.proxy_protocol_refused;
+  const body = $("networks").tBodies[0];
+  body.replaceChildren();
+  for (const n of d.networks || []) {
+    row(body, "network", [[n.asn === null ? "no entry" : "AS" + n.asn], [n.requests, "num"]]);
+  }
+  $("networks-section").hidden = !d.networks;
 }
 
 function limited(d) {

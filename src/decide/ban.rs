@@ -58,6 +58,7 @@ pub(super) async fn banned(
         until: ban.until,
         retry_after: ban.remaining,
         status,
+        source: crate::problem::BanSource::Limiter,
     })
 }
 
@@ -86,6 +87,11 @@ pub(super) async fn strike(
                 inc(&l.metrics.bans_started);
                 tracing::warn!(limiter = %l.name, key = %l.value_of(key), seconds = ban.remaining / 1_000_000_000, "key banned after repeated rejections");
                 started = started.max(Some(ban.remaining));
+                // Other bouncers (the firewall's) act on it too, when pushing is configured.
+                if let Some(crowdsec) = &snap.crowdsec {
+                    let left = std::time::Duration::from_nanos(ban.remaining);
+                    crowdsec.push_ban(&l.name, l.value_of(key), left, now);
+                }
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, limiter = %l.name, "counting a strike failed"),

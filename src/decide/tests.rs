@@ -69,6 +69,7 @@ fn client(ip: &str) -> Client {
         peer_trusted: false,
         exempt: false,
         pass: None,
+        network: Default::default(),
     }
 }
 

@@ -120,6 +120,7 @@ async fn a_banned_answer_names_the_ban_and_its_end_with_the_chosen_status() {
         until: 1_767_229_200 * S,
         retry_after: 3599 * S + 1,
         status: StatusCode::FORBIDDEN,
+        source: crate::problem::BanSource::Limiter,
     }))
     .into_response();
     assert_eq!(resp.status(), 403);

@@ -270,6 +270,7 @@ mod tests {
             peer_trusted: trusted,
             exempt: false,
             pass: None,
+            network: Default::default(),
         }
     }
 

@@ -49,7 +49,7 @@ pub struct Upstream {
 
 /// What went wrong connecting: the TLS reason when there is one, else the
 /// error's whole source chain (hyper-util's own text is only `client error (Connect)`).
-fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
+pub(crate) fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
     if let Some(tls) = crate::tls::upstream_failure(e) {
         return tls;
     }

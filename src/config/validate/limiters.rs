@@ -207,16 +207,19 @@ impl Validator<'_> {
             "route" => KeyPart::Route,
             "global" => KeyPart::Global,
             "pass" => KeyPart::Pass,
+            "asn" => KeyPart::Asn,
+            "country" => KeyPart::Country,
             other => match other.strip_prefix("header:") {
                 Some(h) => KeyPart::Header(self.header_name(path, h.trim())?),
                 None => {
                     let parts = [
-                        "client", "ip", "api_key", "route", "global", "pass", "header:",
+                        "client", "ip", "api_key", "route", "global", "pass", "asn", "country",
+                        "header:",
                     ];
                     self.err(
                         path,
                         format!(
-                            "unknown key {other:?} (client, ip, api_key, route, global, pass or header:<Name>){}",
+                            "unknown key {other:?} (client, ip, api_key, route, global, pass, asn, country or header:<Name>){}",
                             suggest::hint(other, parts)
                         ),
                     );

@@ -164,6 +164,7 @@ impl Validator<'_> {
             &limiters,
         );
         self.need_pass(identity.pass.as_ref(), &routes, &limiters);
+        self.need_geoip(identity.geoip.as_ref(), &routes, &limiters);
         self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
         let mut server = server;
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
@@ -374,6 +375,8 @@ impl Validator<'_> {
             ipv6_prefix: ipv6_prefix.clamp(1, 128),
             exempt: self.cidrs("identity.exempt", &raw.exempt),
             pass: self.pass(raw.pass.as_ref()),
+            geoip: self.geoip(raw.geoip.as_ref()),
+            crowdsec: self.crowdsec(raw.crowdsec.as_ref()),
         }
     }
 }

@@ -48,6 +48,8 @@ impl Validator<'_> {
                 self.route_action(i, r, &upstream_index, raw_upstreams, path_regex.as_ref());
             let site = self.route_site(i, r, path_regex.as_ref(), &action, upstreams);
             let query = self.route_query(i, m);
+            let asn = self.route_asn(i, m.asn.as_ref());
+            let country = self.route_country(i, m.country.as_ref());
             let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
             if r.cache.is_some() && r.respond.is_some() {
@@ -93,6 +95,8 @@ impl Validator<'_> {
                     query_regex,
                     site,
                     cache: r.cache.as_ref().map(|c| self.route_cache(&at("cache"), c)),
+                    asn,
+                    country,
                 });
             }
         }

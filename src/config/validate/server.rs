@@ -65,6 +65,7 @@ impl Validator<'_> {
                 raw.error_pages.as_ref(),
             ),
             compression: raw.compression.unwrap_or(true),
+            proxy_protocol: self.cidrs("server.proxy_protocol", &raw.proxy_protocol),
         }
     }
 

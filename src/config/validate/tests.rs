@@ -134,7 +134,7 @@ const REJECTED: &[(&str, &str, &str)] = &[
     ("limiters: { a: { algorithm: leaky_bucket, capacity: 0, leak_per_second: 1e-10 } }", "limiters.a.leak_per_second", "the smallest value here is 3.18e-10"),
     ("limiters: { a: { limit: 1, window: 1s, mode: shadw } }", "limiters.a.mode", "unknown mode \"shadw\" (enforce or shadow); did you mean `shadow`?"),
     ("limiters: { a: { limit: 1, window: 1s, key: [] } }", "limiters.a.key", "a key list needs at least one part"),
-    ("limiters: { a: { limit: 1, window: 1s, key: who } }", "limiters.a.key", "unknown key \"who\" (client, ip, api_key, route, global, pass or header:<Name>)"),
+    ("limiters: { a: { limit: 1, window: 1s, key: who } }", "limiters.a.key", "unknown key \"who\" (client, ip, api_key, route, global, pass, asn, country or header:<Name>)"),
     ("limiters: { a: { limit: 1, window: 1s, key: [ip, route, ip] } }", "limiters.a.key[2]", "key part \"ip\" is listed twice"),
     ("limiters: { a: { limit: 1, window: 1s, key: \"header:X Tenant\" } }", "limiters.a.key", "invalid header name"),
     ("limiters: { a: { limit: 1, window: 1s, mode: dry_run } }", "limiters.a.mode", "unknown mode \"dry_run\" (enforce or shadow)"),

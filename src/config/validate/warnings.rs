@@ -183,7 +183,18 @@ fn covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
     let host = earlier.host.is_none() || earlier.host == later.host;
     let query =
         earlier.query.iter().all(|q| later.query.contains(q)) && earlier.query_regex.is_none();
-    methods && host && query && path_covers(earlier, later)
+    // A network match covers only the same networks or fewer.
+    let networks = subset(&earlier.asn, &later.asn) && subset(&earlier.country, &later.country);
+    methods && host && query && networks && path_covers(earlier, later)
+}
+
+/// Whether every value `later` accepts, `earlier` accepts (`None`: any).
+fn subset<T: PartialEq>(earlier: &Option<Vec<T>>, later: &Option<Vec<T>>) -> bool {
+    match (earlier, later) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(e), Some(l)) => l.iter().all(|x| e.contains(x)),
+    }
 }
 
 fn path_covers(earlier: &RouteConfig, later: &RouteConfig) -> bool {
