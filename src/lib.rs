@@ -40,8 +40,8 @@
 //! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each kind gets;
 //! - [`store`]: where limiter state lives: one `Backend` per store under `Store` (memory: the
 //!   table, exact, sharded, bounded; SQLite: write-behind, schema, writer thread, durability,
-//!   lock; Redis for a fleet, its bans and breaker, `redis/args.rs` the script's arguments per
-//!   algorithm), the local bans;
+//!   lock; Redis for a fleet, its bans and breaker, its script assembled from `redis/*.lua`
+//!   and each algorithm's Lua), the local bans;
 //!   [`access`]: the access log (bounded queue, writer thread, JSON or text; stdout or a file
 //!   reopened on SIGUSR1);
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
@@ -66,11 +66,13 @@
 //!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
 //!   [`activity`]: what the dashboard shows besides counters;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected clock, one file each
-//!   implementing `Rule`: its arithmetic and every fact about it (parameter names, units and
-//!   bounds, policy words, ban window, stored form); `limiter/mod.rs` forwards, one exhaustive
-//!   `match` per question. A new algorithm is its own file, its variants in `limiter/mod.rs`
-//!   and its script arguments in `store/redis/args.rs` (the compiler points at each), the
-//!   Lua script beside them;
+//!   implementing `Rule` (`limiter/rule.rs`): its arithmetic and every fact about it (parameter
+//!   names, measures and bounds, policy words, ban window, stored form, lease facts, the Redis
+//!   script's arguments), with its part of the Redis script beside it (`limiter/<name>.lua`,
+//!   see `limiter/script.rs`); `limiter/lease.rs` leased quotas' arithmetic. Algorithms are
+//!   declared once, one line each in `limiter.rs`'s `with_algorithms!`, which generates the
+//!   enums and their one exhaustive `match` per question: a new algorithm is its `.rs`, its
+//!   `.lua` and that line;
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;

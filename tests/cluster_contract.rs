@@ -146,11 +146,11 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
     );
     let both = [("one", mine), ("token", shared)];
     let first = request(&store, &both).await;
-    assert!(first.iter().all(|o| !o.verdict.is_deny()), "{first:?}");
+    assert!(first.iter().all(|o| !o.ruling.is_deny()), "{first:?}");
     assert_eq!(first[1].quota.remaining, 2);
     // The client's own limit refuses; the shared bucket had admitted and taken a token.
     let second = request(&store, &both).await;
-    assert!(second[0].verdict.is_deny(), "{second:?}");
+    assert!(second[0].ruling.is_deny(), "{second:?}");
     let token = fast("token");
     let given_back = common::eventually(Duration::from_secs(5), || async {
         store.peek(shared, &token, T0).await.unwrap().remaining == 2
@@ -160,7 +160,7 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
     // Never over-admits: a third client-refused request leaves the bucket as it was, and
     // three other clients take exactly the two tokens left.
     let third = request(&store, &both).await;
-    assert!(third[0].verdict.is_deny());
+    assert!(third[0].ruling.is_deny());
     let given_back = common::eventually(Duration::from_secs(5), || async {
         store.peek(shared, &token, T0).await.unwrap().remaining == 2
     })
@@ -173,7 +173,7 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
     for ip in ["198.51.100.1", "198.51.100.2", "198.51.100.3"] {
         let own = format!("one:ip:{ip}");
         let got = request(&store, &[("one", &own), ("token", shared)]).await;
-        admitted += usize::from(!got.iter().any(|o| o.verdict.is_deny()));
+        admitted += usize::from(!got.iter().any(|o| o.ruling.is_deny()));
     }
     assert_eq!(admitted, 2, "two tokens were left");
 }

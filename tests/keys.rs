@@ -201,7 +201,7 @@ async fn hit(store: &Store, key: &str, now: Nanos) -> bool {
         )
         .await
         .unwrap();
-    !out[0].verdict.is_deny()
+    !out[0].ruling.is_deny()
 }
 
 fn distinct_keys(path: &std::path::Path) -> i64 {
@@ -322,11 +322,11 @@ async fn a_store_dropped_and_reopened_20_times_while_processes_spawn_always_open
         })
         .collect();
     let key = "w:ip:192.0.2.1";
-    let mut verdicts = Vec::new();
+    let mut rulings = Vec::new();
     for round in 0..20u64 {
         let now = WINDOW_START + round * 1_000_000;
         let store = open(&path, 200, now);
-        verdicts.push(hit(&store, key, now).await);
+        rulings.push(hit(&store, key, now).await);
         drop(store);
     }
     spawning.store(false, Ordering::Relaxed);
@@ -334,6 +334,6 @@ async fn a_store_dropped_and_reopened_20_times_while_processes_spawn_always_open
         s.join().unwrap();
     }
     // limit 3 per window: the counts of every earlier round were there.
-    let admitted = verdicts.iter().filter(|&&allowed| allowed).count();
-    assert_eq!(admitted, 3, "{verdicts:?}");
+    let admitted = rulings.iter().filter(|&&allowed| allowed).count();
+    assert_eq!(admitted, 3, "{rulings:?}");
 }

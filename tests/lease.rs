@@ -351,7 +351,7 @@ async fn a_lease_shrinks_as_the_key_fills_and_the_last_units_each_call_redis() {
                 )
                 .await
                 .expect("Redis answers");
-            if !out[0].verdict.is_deny() {
+            if !out[0].ruling.is_deny() {
                 admitted += 1;
             }
             if script_calls(&redis) > before {

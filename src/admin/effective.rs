@@ -20,7 +20,7 @@ use crate::config::{
     UpstreamConfig, UpstreamTls,
 };
 use crate::identity::ApiKey;
-use crate::limiter::{Kind, Nanos, Param, NANOS_PER_SEC};
+use crate::limiter::{AlgorithmKind, Nanos, Param, NANOS_PER_SEC};
 
 /// What a secret is replaced with.
 const REDACTED: &str = "[redacted]";
@@ -415,7 +415,10 @@ fn limiter(l: &LimiterConfig) -> Value {
         "lease": lease.as_ref().map(|l| json!({"max": l.max})),
     });
     // Every algorithm's parameter is shown, `null` where this one takes none.
-    for (k, _) in Kind::ALL.into_iter().flat_map(Kind::params) {
+    for (k, _) in AlgorithmKind::ALL
+        .into_iter()
+        .flat_map(AlgorithmKind::params)
+    {
         out[*k] = Value::Null;
     }
     let params = algorithm.params().into_iter().map(|(k, p)| {

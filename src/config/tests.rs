@@ -391,7 +391,10 @@ fn durations_take_exactly_ms_s_m_h_and_d() {
         let c = window(written).unwrap_or_else(|e| panic!("{written}: {e}"));
         assert_eq!(
             c.limiters[0].algorithm.shape(),
-            crate::limiter::Shape::FixedWindow { window: nanos },
+            crate::limiter::Shape {
+                kind: crate::limiter::AlgorithmKind::FixedWindow,
+                span: nanos
+            },
             "{written}"
         );
     }

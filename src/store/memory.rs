@@ -48,7 +48,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::{Check, Outcome};
-use crate::limiter::{Algorithm, Nanos, Quota, State, Ticket, Verdict, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, Nanos, Quota, Ruling, State, Ticket, NANOS_PER_SEC};
 use key_hash::{KeyHash, KeyHasher};
 use shard::Shard;
 
@@ -230,12 +230,12 @@ impl Table {
                 false => Target::Absent(guard_of(s)),
             })
             .collect();
-        let mut verdicts: Vec<Verdict> = checks
+        let mut rulings: Vec<Ruling> = checks
             .iter()
             .zip(&located)
-            .map(|(c, &(h, s))| guards[guard_of(s)].verdict(h, c.algorithm, now))
+            .map(|(c, &(h, s))| guards[guard_of(s)].ruling(h, c.algorithm, now))
             .collect();
-        if admits(checks, &verdicts) {
+        if admits(checks, &rulings) {
             for ((c, &(h, s)), t) in checks.iter().zip(&located).zip(&mut targets) {
                 if let Target::Absent(g) = *t {
                     *t = match self.make_room(&mut guards[g], s, now) {
@@ -248,11 +248,11 @@ impl Table {
                 }
             }
         }
-        let mut over_guards = self.overflow_for(checks, &mut targets, &mut verdicts, now);
-        let admitted = admits(checks, &verdicts);
+        let mut over_guards = self.overflow_for(checks, &mut targets, &mut rulings, now);
+        let admitted = admits(checks, &rulings);
         let track = self.track_changes;
         let mut outcomes = Vec::with_capacity(checks.len());
-        for (((c, t), verdict), &(h, _)) in checks.iter().zip(targets).zip(verdicts).zip(&located) {
+        for (((c, t), ruling), &(h, _)) in checks.iter().zip(targets).zip(rulings).zip(&located) {
             let ((quota, mark), overflowed) = match t {
                 Target::Held(g) => (
                     guards[g].record(h, c.key, c.algorithm, now, admitted, track),
@@ -265,11 +265,11 @@ impl Table {
                 Target::Placed(g) => {
                     // Placed, then refused on another limiter's overflow key: taken back.
                     guards[g].discard(h);
-                    outcomes.push(untracked(c, verdict, now));
+                    outcomes.push(untracked(c, ruling, now));
                     continue;
                 }
                 Target::Absent(_) => {
-                    outcomes.push(untracked(c, verdict, now));
+                    outcomes.push(untracked(c, ruling, now));
                     continue;
                 }
                 Target::Overflow(g, oh) => (
@@ -282,7 +282,7 @@ impl Table {
                 }
             };
             outcomes.push(Outcome {
-                verdict,
+                ruling,
                 quota,
                 at: now,
                 mark,
@@ -293,14 +293,14 @@ impl Table {
     }
 
     /// Counts each check that found no room ([`Target::Refused`]) on its
-    /// limiter's overflow key, with that key's verdict, or leaves it refused
+    /// limiter's overflow key, with that key's ruling, or leaves it refused
     /// when the overflow slots are full too. Overflow shards are locked after
     /// every regular one: one total order. Returns their guards.
     fn overflow_for(
         &self,
         checks: &[Check<'_>],
         targets: &mut [Target],
-        verdicts: &mut [Verdict],
+        rulings: &mut [Ruling],
         now: Nanos,
     ) -> Vec<MutexGuard<'_, Shard>> {
         let located: Vec<(KeyHash, usize)> = checks
@@ -314,7 +314,7 @@ impl Table {
         }
         let (order, mut guards) = lock_all(&self.overflow, located.iter().map(|&(_, o)| o));
         let mut located = located.into_iter();
-        for ((c, t), v) in checks.iter().zip(targets).zip(verdicts) {
+        for ((c, t), v) in checks.iter().zip(targets).zip(rulings) {
             if !matches!(t, Target::Refused) {
                 continue;
             }
@@ -323,9 +323,9 @@ impl Table {
             *v = match self.place_overflow(&mut guards[g], c, oh, now) {
                 true => {
                     *t = Target::Overflow(g, oh);
-                    guards[g].verdict(oh, c.algorithm, now)
+                    guards[g].ruling(oh, c.algorithm, now)
                 }
-                false => refused(c, now).verdict,
+                false => refused(c, now).ruling,
             };
         }
         guards
@@ -636,18 +636,18 @@ fn lock_all(
 }
 
 /// Whether no enforcing limiter refuses (a shadow limiter's denial blocks nothing).
-fn admits(checks: &[Check<'_>], verdicts: &[Verdict]) -> bool {
+fn admits(checks: &[Check<'_>], rulings: &[Ruling]) -> bool {
     !checks
         .iter()
-        .zip(verdicts)
+        .zip(rulings)
         .any(|(c, v)| v.is_deny() && !c.shadow)
 }
 
 /// The answer for a check with no key of its own in a refused request:
-/// its verdict on a fresh state, and nothing recorded.
-fn untracked(c: &Check<'_>, verdict: Verdict, now: Nanos) -> Outcome {
+/// its ruling on a fresh state, and nothing recorded.
+fn untracked(c: &Check<'_>, ruling: Ruling, now: Nanos) -> Outcome {
     Outcome {
-        verdict,
+        ruling,
         quota: c.algorithm.quota(&c.algorithm.fresh_state(), now),
         at: now,
         mark: 0,
@@ -660,7 +660,7 @@ fn untracked(c: &Check<'_>, verdict: Verdict, now: Nanos) -> Outcome {
 fn refused(c: &Check<'_>, now: Nanos) -> Outcome {
     let quota = c.algorithm.quota(&c.algorithm.fresh_state(), now);
     Outcome {
-        verdict: Verdict::Deny {
+        ruling: Ruling::Deny {
             retry_after: NANOS_PER_SEC,
         },
         quota: Quota {

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 use crate::config::{self, LimiterConfig, StoreConfig};
 use crate::limiter::ban::BanRule;
-use crate::limiter::{Algorithm, Nanos, Quota, Ticket, Verdict};
+use crate::limiter::{Algorithm, Nanos, Quota, Ruling, Ticket};
 
 use backend::{Backend, Local};
 pub use ban::{ActiveBan, Banned};
@@ -50,7 +50,7 @@ pub struct Check<'a> {
 /// What one limiter decided, and its quota after recording.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
-    pub verdict: Verdict,
+    pub ruling: Ruling,
     pub quota: Quota,
     /// The instant (Unix ns) the store decided at, on its own clock: the
     /// proxy's for local stores, the Redis server's for Redis. Headers count

@@ -1,7 +1,9 @@
 //! The Redis store: every limiter of one request in one atomic Lua call, on the Redis server's clock.
 //!
-//! A fleet of tollgates pointed at one Redis shares every limit exactly:
-//! `redis.lua` ports the arithmetic of `src/limiter/*.rs` and runs check →
+//! A fleet of tollgates pointed at one Redis shares every limit exactly: one
+//! script, assembled at build time from `redis/head.lua`, each algorithm's
+//! Lua beside its arithmetic (`src/limiter/<name>.lua`) and `redis/modes.lua`,
+//! ports the arithmetic of `src/limiter/*.rs` and runs check →
 //! admit → record for all limiters of a request inside one `EVALSHA` (the
 //! `redis` crate reloads the script on `NOSCRIPT`), so no read-then-write
 //! race exists whatever the number of proxies, and time comes from Redis'
@@ -54,22 +56,30 @@ use super::breaker::Breaker;
 use super::memory::Table;
 use super::{Check, Outcome, StoreError};
 use crate::config::RedisTopology;
-use crate::limiter::{Algorithm, Hold, Nanos, Quota, Ticket, Verdict, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, Hold, Nanos, Quota, Ruling, Ticket, NANOS_PER_SEC};
 use owners::{Owner, Owners};
 use topology::{Conn, Link, NodeHealth};
 
-/// `lease.lua` continues `redis.lua`'s chunk (it reads the request's state).
-const SCRIPT: &str = concat!(include_str!("redis.lua"), include_str!("lease.lua"));
+/// The script, assembled from its parts in one chunk (see `redis/head.lua`):
+/// the head, each algorithm's part beside its arithmetic, the modes, and
+/// leases (which read the request's state the modes left in scope).
+macro_rules! script {
+    ([$($variant:ident in $module:ident,)+]) => {
+        concat!(
+            include_str!("redis/head.lua"),
+            $(include_str!(concat!("../limiter/", stringify!($module), ".lua")),)+
+            include_str!("redis/modes.lua"),
+            include_str!("redis/lease.lua"),
+        )
+    };
+}
+
+const SCRIPT: &str = crate::limiter::with_algorithms!(script!);
 
 /// Consecutive failures that open the breaker.
 pub const BREAKER_THRESHOLD: u32 = 3;
 /// How long an open breaker skips Redis before the next probe.
 pub const BREAKER_COOL_DOWN: Duration = Duration::from_secs(1);
-/// A concurrency slot whose release never arrives (a proxy crashed, Redis was
-/// down when it finished) frees itself after this long.
-pub const CONCURRENCY_LEASE: Duration = Duration::from_secs(600);
-/// Lua computes with doubles: relative nanoseconds must stay below 2^53 (~104 days).
-const MAX_EXACT: u64 = 1 << 53;
 /// Past this many remembered tickets, those whose turn has passed are swept.
 const SWEEP_AT: usize = 4096;
 /// How often the probe checks a healthy store's topology (Sentinel's
@@ -119,7 +129,7 @@ type Tickets = HashMap<(Box<str>, Nanos), Vec<Holder>>;
 /// Who holds what an admitted request must give back, keyed by the store key
 /// and the ticket the app will release with (in the proxy's clock).
 #[derive(Debug, Clone)]
-enum Holder {
+pub(super) enum Holder {
     /// A concurrency slot in Redis: the sorted-set member.
     Slot(String),
     /// A leaky-bucket place in Redis: the ticket in Redis' clock.
@@ -243,13 +253,13 @@ impl Redis {
         };
         if admits(checks, &outcomes) {
             for ((c, o), member) in checks.iter().zip(&outcomes).zip(members) {
-                match (c.algorithm.holds(), o.verdict) {
+                match (c.algorithm.holds(), o.ruling) {
                     (Hold::Slot, _) => self.remember(c.key, now, Holder::Slot(member), now),
-                    (Hold::Place, Verdict::Delay(d)) => {
+                    (Hold::Place, Ruling::Delay(d)) => {
                         self.remember(c.key, now + d, Holder::Place(o.at + d), now)
                     }
                     // Let through at once: no place in the queue to give back.
-                    (Hold::Place, Verdict::Allow | Verdict::Deny { .. }) | (Hold::Nothing, _) => {}
+                    (Hold::Place, Ruling::Allow | Ruling::Deny { .. }) | (Hold::Nothing, _) => {}
                 }
             }
         }
@@ -342,12 +352,12 @@ impl Redis {
         for (c, o) in checks.iter().zip(outcomes) {
             // The release names the key the table counted on.
             let key = if o.overflowed { c.overflow } else { c.key };
-            match (c.algorithm.holds(), o.verdict) {
+            match (c.algorithm.holds(), o.ruling) {
                 (Hold::Slot, _) => self.remember(key, now, Holder::Local { queued: false }, now),
-                (Hold::Place, Verdict::Delay(d)) => {
+                (Hold::Place, Ruling::Delay(d)) => {
                     self.remember(key, now + d, Holder::Local { queued: true }, now)
                 }
-                (Hold::Place, Verdict::Allow | Verdict::Deny { .. }) | (Hold::Nothing, _) => {}
+                (Hold::Place, Ruling::Allow | Ruling::Deny { .. }) | (Hold::Nothing, _) => {}
             }
         }
     }
@@ -398,8 +408,7 @@ impl Redis {
                 table.release(store_key, algorithm, ticket, now);
                 return;
             }
-            Some(Holder::Slot(member)) => args::Held::Slot(member),
-            Some(Holder::Place(at)) => args::Held::Place(at),
+            Some(held) => held,
             // Unknown (already swept): a slot frees itself with its lease, a place with its turn.
             None => return,
         };
@@ -615,11 +624,11 @@ fn admits(checks: &[Check<'_>], outcomes: &[Outcome]) -> bool {
     !checks
         .iter()
         .zip(outcomes)
-        .any(|(c, o)| o.verdict.is_deny() && !c.shadow)
+        .any(|(c, o)| o.ruling.is_deny() && !c.shadow)
 }
 
-/// Numbers per check in a check reply: verdict, its nanoseconds,
-/// remaining, reset after, mark (see `redis.lua`).
+/// Numbers per check in a check reply: ruling, its nanoseconds,
+/// remaining, reset after, mark (see `redis/head.lua`).
 pub(super) const PER_CHECK: usize = 5;
 
 /// The reply's Redis time (Unix ns) and one outcome per check.
@@ -633,16 +642,16 @@ fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), S
         .iter()
         .zip(reply[2..].chunks_exact(PER_CHECK))
         .map(|(c, r)| {
-            let verdict = match r[0] {
-                0 => Verdict::Allow,
-                1 => Verdict::Delay(n(r[1])),
-                _ => Verdict::Deny {
+            let ruling = match r[0] {
+                0 => Ruling::Allow,
+                1 => Ruling::Delay(n(r[1])),
+                _ => Ruling::Deny {
                     retry_after: n(r[1]).max(1),
                 },
             };
             let (limit, window) = c.algorithm.frame();
             Outcome {
-                verdict,
+                ruling,
                 quota: Quota {
                     limit,
                     window,
