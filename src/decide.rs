@@ -38,7 +38,7 @@ use crate::limiter::{Algorithm, Hold, Nanos};
 use crate::metrics::{inc, Decision, Metrics};
 use crate::problem::{BanDenial, Denial, LimitHeaders, LimitView};
 use crate::snapshot::{Limiter, Route, Snapshot};
-use crate::store::{Check, Outcome, Store, StoreError};
+use crate::store::{Check, Outcome, Store, StoreError, StoreFailure};
 
 use refund::Unit;
 pub use release::Release;
@@ -262,7 +262,7 @@ impl Gate<'_> {
         inc(&self
             .metrics
             .counter("tollgate_store_fallback_total", &labels[1..]));
-        if matches!(e, StoreError::CircuitOpen) {
+        if e.kind == StoreFailure::CircuitOpen {
             // The breaker logged when it opened; one line per request would flood.
             tracing::debug!(error = %e, ?policy, "store skipped; applying on_error");
         } else {

@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use common::redis_cluster::Cluster;
 use common::WINDOW_START;
-use tollgate::config::{Backend, LimiterConfig, OnError, RedisTopology, StoreConfig};
+use tollgate::config::{
+    BackendConfig, LimiterConfig, OnError, RedisConfig, RedisTopology, StoreConfig,
+};
 use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
     sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, NANOS_PER_SEC as S,
 };
-use tollgate::store::memory::Table;
+use tollgate::store::table::Table;
 use tollgate::store::{Check, Store};
 
 const T0: Nanos = WINDOW_START + 2 * S;
@@ -40,7 +42,7 @@ const MS: Nanos = 1_000_000;
 
 fn open_cluster(cluster: &Cluster) -> Store {
     let config = StoreConfig {
-        backend: Backend::Redis {
+        backend: BackendConfig::Redis(RedisConfig {
             topology: RedisTopology::Cluster(vec![cluster.nodes[0].url()]),
             prefix: "contract:".into(),
             // No test here measures latency: a generous bound for a loaded
@@ -48,10 +50,9 @@ fn open_cluster(cluster: &Cluster) -> Store {
             // 5 s went to a replica that a fresh cluster's node still listed
             // as a primary without slots; `ban::holders` no longer asks one.)
             timeout: Duration::from_secs(5),
-        },
+        }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
-        flush_interval: Duration::from_millis(50),
         max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters(), T0).expect("store opens")

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{metric, Process};
-use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
+use tollgate::config::{BackendConfig, KeyPart, LimiterConfig, OnError, SqliteConfig, StoreConfig};
 use tollgate::limiter::fixed_window::FixedWindow;
 use tollgate::limiter::{Algorithm, Nanos, NANOS_PER_SEC as S};
 use tollgate::store::{Check, Store};
@@ -171,12 +171,12 @@ fn window() -> Algorithm {
 
 fn open(path: &std::path::Path, max_keys: usize, now: Nanos) -> Store {
     let config = StoreConfig {
-        backend: Backend::Sqlite {
+        backend: BackendConfig::Sqlite(SqliteConfig {
             path: path.to_path_buf(),
-        },
+            flush_interval: Duration::from_secs(3600),
+        }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(3600),
-        flush_interval: Duration::from_secs(3600),
         max_keys,
     };
     let limiters = [LimiterConfig {

@@ -7,7 +7,9 @@ use common::WINDOW_START;
 use std::path::Path;
 use std::time::Duration;
 
-use tollgate::config::{Backend, LimiterConfig, OnError, StoreConfig};
+use tollgate::config::{
+    BackendConfig, LimiterConfig, MemoryConfig, OnError, SqliteConfig, StoreConfig,
+};
 use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
@@ -66,16 +68,16 @@ fn limiters() -> Vec<LimiterConfig> {
 
 fn open(kind: &str, dir: &Path) -> Store {
     let backend = match kind {
-        "memory" => Backend::Memory,
-        _ => Backend::Sqlite {
+        "memory" => BackendConfig::Memory(MemoryConfig),
+        _ => BackendConfig::Sqlite(SqliteConfig {
             path: dir.join("contract.db"),
-        },
+            flush_interval: Duration::from_millis(50),
+        }),
     };
     let config = StoreConfig {
         backend,
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
-        flush_interval: Duration::from_millis(50),
         max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters(), T0).expect("store opens")

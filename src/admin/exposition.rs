@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use crate::app::{App, Shared};
 use crate::metrics::Extra;
 use crate::snapshot::Snapshot;
+use crate::store::BackendStatus;
 
 /// The whole text exposition for one scrape.
 pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
@@ -26,17 +27,18 @@ pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
             s.connections.open() as f64,
         ),
     ];
-    extra.extend(store_series(s));
+    let store = s.store.status();
+    extra.extend(store_series(s, &store));
     extra.extend(traffic_series(s));
     let mut text = s.metrics.render(&extra, process.as_ref());
     crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
-    s.store.render_node_metrics(&mut text);
+    store.render_node_metrics(&mut text);
     text
 }
 
 /// The store's keys, health and durability.
-fn store_series(s: &Shared) -> Vec<Extra<'static>> {
-    let durability = s.store.durability().unwrap_or_default();
+fn store_series(s: &Shared, store: &BackendStatus) -> Vec<Extra<'static>> {
+    let durability = store.durability.clone().unwrap_or_default();
     let keys = s.store.key_counters();
     vec![
         Extra::gauge(
@@ -72,7 +74,7 @@ fn store_series(s: &Shared) -> Vec<Extra<'static>> {
         Extra::gauge(
             "tollgate_store_healthy",
             "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
-            f64::from(u8::from(s.store.healthy())),
+            f64::from(u8::from(store.healthy)),
         ),
         Extra::gauge(
             "tollgate_store_unsaved_keys",

@@ -13,10 +13,10 @@ use serde::{Deserialize, Deserializer};
 use super::{balance, observe};
 
 mod limiter;
-mod store;
 
+pub use super::store::redis::RawSentinel;
+pub use super::store::{RawBackend, RawRedis, RawSqlite, RawStore};
 pub use limiter::{RawLimiter, RawOverride, Written};
-pub use store::{RawBackend, RawRedis, RawSentinel, RawSqlite, RawStore};
 
 /// A string value in which `${ENV_VAR}` is replaced from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,6 +35,7 @@ pub mod acme;
 mod args;
 mod backend;
 pub mod ban;
+pub mod breaker;
 mod lease;
 mod owners;
 mod probe;
@@ -52,13 +53,14 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
-use super::breaker::Breaker;
-use super::memory::Table;
-use super::{Check, Outcome, StoreError};
+use super::table::Table;
+use super::{Check, NodeStatus, Outcome, StoreError, StoreFailure};
+use crate::config::store::{RawRedis, Section};
 use crate::config::RedisTopology;
+use breaker::Breaker;
 use crate::limiter::{Algorithm, Hold, Nanos, Quota, Ruling, Ticket, NANOS_PER_SEC};
 use owners::{Owner, Owners};
-use topology::{Conn, Link, NodeHealth};
+use topology::{RedisConnection, Link, NodeHealth};
 
 /// The script, assembled from its parts in one chunk (see `redis/head.lua`):
 /// the head, each algorithm's part beside its arithmetic, the modes, and
@@ -95,7 +97,7 @@ pub struct Redis {
 struct Inner {
     link: Link,
     /// `None` only before Sentinel first named a primary.
-    conn: ArcSwapOption<Conn>,
+    conn: ArcSwapOption<RedisConnection>,
     /// The nodes as the last probe saw them (Sentinel, cluster).
     nodes: ArcSwap<Vec<NodeHealth>>,
     /// The primary requests go to (Sentinel: `host:port`, else empty).
@@ -146,7 +148,7 @@ impl Redis {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Redis, StoreError> {
-        let runtime = Handle::try_current().map_err(|_| StoreError::NoRuntime)?;
+        let runtime = Handle::try_current().map_err(|_| not_in_runtime())?;
         let link = Link::open(topology, timeout)?;
         let conn = link.first(timeout)?.map(Arc::new);
         let tag = match prefix.trim_end_matches(':') {
@@ -203,14 +205,22 @@ impl Redis {
 
     /// The nodes the last probe saw (empty for one node: its health is the
     /// breaker's), a cluster's primaries with their own breaker's state.
-    pub fn nodes(&self) -> Vec<NodeHealth> {
-        let mut nodes = self.inner.nodes.load().to_vec();
-        if self.inner.spread {
-            for n in nodes.iter_mut().filter(|n| n.role == "primary") {
-                n.breaker_open = self.inner.owners.at(&n.addr).map(|o| o.breaker.is_open());
-            }
-        }
-        nodes
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        let inner = &self.inner;
+        inner
+            .nodes
+            .load()
+            .iter()
+            .map(|n| NodeStatus {
+                addr: n.addr.clone(),
+                role: n.role,
+                healthy: n.healthy,
+                breaker_open: match (inner.spread, n.role) {
+                    (true, "primary") => inner.owners.at(&n.addr).map(|o| o.breaker.is_open()),
+                    _ => n.breaker_open,
+                },
+            })
+            .collect()
     }
 
     /// A cluster's known nodes (`host:port`), for a probe whose random node fails.
@@ -233,14 +243,14 @@ impl Redis {
             return Ok(outcomes);
         }
         if !inner.breaker.allows() {
-            return Err(StoreError::CircuitOpen);
+            return Err(circuit_open());
         }
         let keys: Vec<String> = checks.iter().map(|c| self.key(c.key)).collect();
         let groups = spread::slot_groups(&keys);
         // A group on a primary known to be failing: the request applies
         // `on_error` before anything is recorded (nothing to give back).
         if groups.iter().any(|g| !self.owner_allows(&keys[g[0]])) {
-            return Err(StoreError::CircuitOpen);
+            return Err(circuit_open());
         }
         let members: Vec<String> = checks.iter().map(|c| self.member(c.algorithm)).collect();
         let outcomes = match &groups[..] {
@@ -525,18 +535,18 @@ impl Redis {
             .push(holder);
     }
 
-    fn connection(&self) -> Result<Conn, StoreError> {
+    fn connection(&self) -> Result<RedisConnection, StoreError> {
         self.inner
             .conn
             .load_full()
             .map(|c| (*c).clone())
-            .ok_or(StoreError::NoPrimary)
+            .ok_or_else(no_primary)
     }
 
     /// One call that feeds the whole store's breaker.
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(RedisConnection) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
         self.call_via(None, f).await
@@ -546,7 +556,7 @@ impl Redis {
     /// breaker of the primary serving that key's slot.
     async fn call_at<T, F, Fut>(&self, redis_key: &str, f: F) -> Result<T, StoreError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(RedisConnection) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
         self.call_via(self.owner(redis_key), f).await
@@ -560,24 +570,24 @@ impl Redis {
     /// its first request after it.
     async fn call_via<T, F, Fut>(&self, owner: Option<Arc<Owner>>, f: F) -> Result<T, StoreError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(RedisConnection) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
         if owner.as_ref().is_some_and(|o| !o.breaker.allows()) {
-            return Err(StoreError::CircuitOpen);
+            return Err(circuit_open());
         }
         let inner = &self.inner;
         let attempt = async {
             match f(self.connection()?).await {
                 Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                    f(self.connection()?).await.map_err(StoreError::Redis)
+                    f(self.connection()?).await.map_err(failed)
                 }
-                result => result.map_err(StoreError::Redis),
+                result => result.map_err(failed),
             }
         };
         let result = match tokio::time::timeout(inner.timeout, attempt).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(inner.timeout)),
+            Err(_) => Err(timed_out(inner.timeout)),
         };
         match (&result, owner) {
             (Ok(_), None) => {
@@ -634,7 +644,7 @@ pub(super) const PER_CHECK: usize = 5;
 /// The reply's Redis time (Unix ns) and one outcome per check.
 fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), StoreError> {
     if reply.len() != 2 + PER_CHECK * checks.len() {
-        return Err(StoreError::BadReply(reply.len()));
+        return Err(bad_reply(reply.len()));
     }
     let n = |v: i64| v.max(0) as u64;
     let at = n(reply[0]) * NANOS_PER_SEC + n(reply[1]) * 1_000;
@@ -673,4 +683,59 @@ fn instance_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{:x}-{:x}", std::process::id(), nanos)
+}
+
+/// Redis failed: the call's error, or a connection that failed.
+pub(super) fn failed(e: ::redis::RedisError) -> StoreError {
+    StoreError::new(StoreFailure::Failed, RawRedis::NAME, format!("Redis failed: {e}")).because(e)
+}
+
+fn timed_out(timeout: Duration) -> StoreError {
+    StoreError::new(
+        StoreFailure::Timeout,
+        RawRedis::NAME,
+        format!("Redis did not answer within {timeout:?}"),
+    )
+}
+
+fn circuit_open() -> StoreError {
+    StoreError::new(
+        StoreFailure::CircuitOpen,
+        RawRedis::NAME,
+        "Redis is skipped for a moment after repeated failures (circuit breaker open)",
+    )
+}
+
+/// A window or rate whose nanoseconds the script cannot compute with exactly.
+pub(super) fn too_long(ns: Nanos) -> StoreError {
+    StoreError::new(
+        StoreFailure::TooLong,
+        RawRedis::NAME,
+        format!("a window or rate of {ns} ns is too long for the Redis store (at most ~52 days)"),
+    )
+}
+
+/// An answer of `values` numbers, not what the script returns.
+pub(super) fn bad_reply(values: usize) -> StoreError {
+    StoreError::new(
+        StoreFailure::BadReply,
+        RawRedis::NAME,
+        format!("Redis answered with {values} values, not what the script returns"),
+    )
+}
+
+fn not_in_runtime() -> StoreError {
+    StoreError::new(
+        StoreFailure::Open,
+        RawRedis::NAME,
+        "the Redis store must be opened inside the async runtime",
+    )
+}
+
+fn no_primary() -> StoreError {
+    StoreError::new(
+        StoreFailure::NoServer,
+        RawRedis::NAME,
+        "no Redis primary yet: no sentinel has named a node that answers as primary",
+    )
 }

@@ -15,8 +15,8 @@ use super::common::redis_cluster::Cluster;
 use super::common::redis_server::RedisServer;
 use super::common::wait_for_window_room;
 use super::*;
-use tollgate::config::RedisTopology;
-use tollgate::store::memory::Table;
+use tollgate::config::{RedisConfig, RedisTopology};
+use tollgate::store::table::Table;
 use tollgate::store::Outcome;
 
 const MS: Nanos = 1_000_000;
@@ -58,14 +58,13 @@ enum Kind {
 
 fn open_redis(topology: RedisTopology, timeout: Duration) -> Store {
     let config = StoreConfig {
-        backend: Backend::Redis {
+        backend: BackendConfig::Redis(RedisConfig {
             topology,
             prefix: "contract:".into(),
             timeout,
-        },
+        }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
-        flush_interval: Duration::from_millis(50),
         max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters(), T0).expect("store opens")
@@ -95,7 +94,7 @@ impl Backing {
         let store = open_redis(topology, timeout);
         if let Backing::Cluster(_) = self {
             let mapped = common::eventually(Duration::from_secs(10), || async {
-                let (_, nodes) = store.redis_nodes().expect("a Redis store");
+                let nodes = store.status().nodes;
                 let primaries = nodes.iter().filter(|n| n.role == "primary");
                 primaries.filter(|n| n.breaker_open.is_some()).count() == 3
             })
@@ -517,7 +516,7 @@ async fn hit_once(store: &Store) -> Result<Outcome, tollgate::store::StoreError>
 async fn wait_healthy(store: &Store, healthy: bool) {
     assert!(
         common::eventually(Duration::from_secs(5), || async {
-            store.healthy() == healthy
+            store.status().healthy == healthy
         })
         .await,
         "the store never became healthy={healthy}"
@@ -544,7 +543,7 @@ async fn a_store_opened_while_redis_is_down_starts_and_recovers_when_redis_comes
     wait_healthy(&store, false).await;
     assert!(matches!(
         hit_once(&store).await,
-        Err(tollgate::store::StoreError::CircuitOpen)
+        Err(e) if e.kind == tollgate::store::StoreFailure::CircuitOpen
     ));
     server.restart();
     wait_healthy(&store, true).await;
@@ -583,7 +582,7 @@ async fn a_frozen_redis_costs_at_most_the_timeout_then_the_breaker_skips_it(kind
         "after {} failures the breaker answers at once: {waits:?}",
         tollgate::store::redis::BREAKER_THRESHOLD
     );
-    assert!(!store.healthy());
+    assert!(!store.status().healthy);
     wait_healthy(&store, true).await;
     hit_once(&store).await.expect("Redis answers again");
 }

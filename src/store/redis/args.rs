@@ -19,7 +19,7 @@ pub(super) fn push_check(
     shadow: bool,
     member: &str,
 ) -> Result<(), StoreError> {
-    let params = algorithm.script_params().map_err(StoreError::TooLong)?;
+    let params = algorithm.script_params().map_err(super::too_long)?;
     call.arg(algorithm.kind().script_tag())
         .arg(if shadow { "1" } else { "0" })
         .arg(member);

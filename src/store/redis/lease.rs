@@ -452,7 +452,7 @@ impl Drop for Asking<'_> {
 pub(super) fn split_reply(reply: &[i64], checks: usize) -> Result<(&[i64], &[i64]), StoreError> {
     let head = 2 + super::PER_CHECK * checks;
     if reply.len() != head + checks {
-        return Err(StoreError::BadReply(reply.len()));
+        return Err(super::bad_reply(reply.len()));
     }
     Ok(reply.split_at(head))
 }
