@@ -16,7 +16,7 @@ use tollgate::limiter::{
     fixed_window::FixedWindow, sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm,
     NANOS_PER_SEC,
 };
-use tollgate::store::memory::Table;
+use tollgate::store::table::Table;
 use tollgate::store::Check;
 
 #[global_allocator]

@@ -7,7 +7,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
+use tollgate::config::{
+    BackendConfig, KeyPart, LimiterConfig, MemoryConfig, OnError, SqliteConfig, StoreConfig,
+};
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
     sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, NANOS_PER_SEC,
@@ -57,7 +59,7 @@ fn algorithms() -> Vec<(&'static str, Algorithm)> {
     ]
 }
 
-fn open(backend: Backend) -> Store {
+fn open(backend: BackendConfig) -> Store {
     let limiters: Vec<LimiterConfig> = algorithms()
         .into_iter()
         .map(|(name, algorithm)| LimiterConfig {
@@ -76,7 +78,6 @@ fn open(backend: Backend) -> Store {
         backend,
         on_error: OnError::Allow,
         prune_interval: Duration::from_secs(60),
-        flush_interval: Duration::from_millis(100),
         max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters, T0).expect("store opens")
@@ -160,12 +161,13 @@ fn main() {
         "store", "algorithm", "hot key ns", "100k keys ns"
     );
     for (store_name, backend) in [
-        ("memory", Backend::Memory),
+        ("memory", BackendConfig::Memory(MemoryConfig)),
         (
             "sqlite",
-            Backend::Sqlite {
+            BackendConfig::Sqlite(SqliteConfig {
                 path: dir.path().join("bench.db"),
-            },
+                flush_interval: Duration::from_millis(100),
+            }),
         ),
     ] {
         let store = open(backend);

@@ -20,6 +20,7 @@ use crate::limiter::{ceil_secs, NANOS_PER_SEC};
 use crate::problem::admin_error;
 use crate::reload::Reloader;
 use crate::snapshot::Snapshot;
+use crate::store::BackendStatus;
 use guard::Refusal;
 
 mod bans;
@@ -184,7 +185,8 @@ fn refusal(req: &Request<Incoming>, snap: &Snapshot, peer: SocketAddr) -> Option
 
 /// `GET /readyz`: 503 while the store does not answer.
 fn readiness(app: &App, snap: &Snapshot) -> Response<Body> {
-    let healthy = app.shared.store.healthy();
+    let store = app.shared.store.status();
+    let healthy = store.healthy;
     let status = if healthy {
         StatusCode::OK
     } else {
@@ -192,7 +194,7 @@ fn readiness(app: &App, snap: &Snapshot) -> Response<Body> {
     };
     json_response(
         status,
-        json!({"ready": healthy, "config_version": snap.version, "store": store_readiness(app, healthy)}),
+        json!({"ready": healthy, "config_version": snap.version, "store": store_readiness(app, store)}),
     )
 }
 
@@ -352,15 +354,15 @@ fn upstreams_status(snap: &Snapshot) -> Value {
     Value::Array(snap.upstreams.iter().map(|u| u.status()).collect())
 }
 
-/// The store part of `/readyz`: for SQLite, also what waits for a failing disk.
-fn store_readiness(app: &App, healthy: bool) -> Value {
-    let store = &app.shared.store;
-    let mut out = json!({"backend": store.backend(), "healthy": healthy});
-    if let Some((topology, nodes)) = store.redis_nodes() {
+/// The store part of `/readyz`: a backend with servers adds them (Redis:
+/// its topology and nodes), one that persists what waits for a failing disk.
+fn store_readiness(app: &App, store: BackendStatus) -> Value {
+    let mut out = json!({"backend": app.shared.store.backend(), "healthy": store.healthy});
+    if let Some(topology) = store.topology {
         out["topology"] = topology.into();
-        out["nodes"] = crate::dashboard::nodes_json(&nodes);
+        out["nodes"] = crate::dashboard::nodes_json(&store.nodes);
     }
-    if let Some(d) = store.durability() {
+    if let Some(d) = store.durability {
         out["unsaved_keys"] = d.unsaved_keys.into();
         out["unsaved_dropped_total"] = d.unsaved_dropped_total.into();
         out["unsaved_cap_reached"] = d.unsaved_cap_reached.into();

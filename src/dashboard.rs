@@ -107,13 +107,7 @@ pub fn data(app: &App, managed: &Managed) -> Value {
         });
     }
     let limited = shared.activity.limited_now(now);
-    let backend = shared.store.backend();
-    let healthy = shared.store.healthy();
-    // Sentinel or a cluster: its nodes as the last probe saw them.
-    let (topology, nodes) = match shared.store.redis_nodes() {
-        Some((t, nodes)) => (Some(t), nodes),
-        None => (None, Vec::new()),
-    };
+    let store = shared.store.status();
     json!({
         "version": snap.version,
         "uptime_seconds": shared.started.elapsed().as_secs(),
@@ -124,14 +118,14 @@ pub fn data(app: &App, managed: &Managed) -> Value {
             "result": if r.ok { "ok" } else { "error" },
         })),
         "store": {
-            "backend": backend,
-            "healthy": healthy,
-            // Only Redis has a circuit breaker; it is open exactly when Redis is
-            // unhealthy (on a cluster: when any primary's is open, see `nodes`).
-            "breaker": (backend == "redis").then_some(if healthy { "closed" } else { "open" }),
+            "backend": shared.store.backend(),
+            "healthy": store.healthy,
+            // Redis' breaker is open exactly when it is unhealthy (on a
+            // cluster: when any primary's is open, see `nodes`).
+            "breaker": store.breaker_open.map(|open| if open { "open" } else { "closed" }),
             "tracked_keys": shared.store.tracked_keys(),
-            "topology": topology,
-            "nodes": nodes_json(&nodes),
+            "topology": store.topology,
+            "nodes": nodes_json(&store.nodes),
         },
         "upstreams": snap.upstreams.iter().map(|u| u.status()).collect::<Vec<_>>(),
         "sample_seconds": SAMPLE_EVERY.as_secs(),
@@ -161,7 +155,7 @@ fn round1(x: f64) -> f64 {
 /// A Sentinel group's or cluster's nodes as `/readyz` and `/dashboard.json`
 /// show them; `breaker` is a cluster primary's own (`"open"`/`"closed"`),
 /// null for nodes without one.
-pub fn nodes_json(nodes: &[crate::store::redis::topology::NodeHealth]) -> Value {
+pub fn nodes_json(nodes: &[crate::store::NodeStatus]) -> Value {
     let breaker = |open: Option<bool>| open.map(|o| if o { "open" } else { "closed" });
     nodes
         .iter()

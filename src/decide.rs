@@ -38,7 +38,7 @@ use crate::limiter::{Algorithm, Hold, Nanos};
 use crate::metrics::{inc, Decision, Metrics};
 use crate::problem::{BanDenial, Denial, LimitHeaders, LimitView};
 use crate::snapshot::{Limiter, Route, Snapshot};
-use crate::store::{Check, Outcome, Store, StoreError};
+use crate::store::{Check, Outcome, Store, StoreError, StoreFailure};
 
 use refund::Unit;
 pub use release::Release;
@@ -288,7 +288,7 @@ impl Gate<'_> {
         inc(&self
             .metrics
             .counter("tollgate_store_fallback_total", &labels[1..]));
-        if matches!(e, StoreError::CircuitOpen) {
+        if e.kind == StoreFailure::CircuitOpen {
             // The breaker logged when it opened; one line per request would flood.
             tracing::debug!(error = %e, ?policy, "store skipped; applying on_error");
         } else {
@@ -337,7 +337,7 @@ impl Tally {
         let admitted = !outcomes
             .iter()
             .zip(checks)
-            .any(|(o, c)| o.verdict.is_deny() && !c.shadow);
+            .any(|(o, c)| o.ruling.is_deny() && !c.shadow);
         let mut t = Tally {
             decision: Decision::Allowed,
             denial: None,
@@ -353,25 +353,25 @@ impl Tally {
             let l = &snap.limiters[a.limiter];
             // What to give back later is where the store counted it.
             let counted_on = if o.overflowed { c.overflow } else { c.key };
-            match o.verdict {
-                crate::limiter::Verdict::Deny { retry_after } if l.shadow => {
+            match o.ruling {
+                crate::limiter::Ruling::Deny { retry_after } if l.shadow => {
                     inc(&l.metrics.would_reject);
                     t.decision = Decision::ShadowRejected;
                     tracing::info!(limiter = %l.name, key = %facts.client.display(), retry_after_ms = retry_after / 1_000_000, "shadow limiter would reject");
                 }
-                crate::limiter::Verdict::Deny { retry_after } => {
+                crate::limiter::Ruling::Deny { retry_after } => {
                     inc(&l.metrics.rejected);
                     t.refused.push(position);
                     record_denial(&mut t.denial, a.limiter, l, o, c, retry_after, facts.client);
                 }
-                crate::limiter::Verdict::Delay(wait) => {
+                crate::limiter::Ruling::Delay(wait) => {
                     inc(&l.metrics.delayed);
                     t.delay = t.delay.max(wait);
                     if admitted {
                         t.queued.push(gate, snap, a.limiter, counted_on, now + wait);
                     }
                 }
-                crate::limiter::Verdict::Allow => inc(&l.metrics.allowed),
+                crate::limiter::Ruling::Allow => inc(&l.metrics.allowed),
             }
             if admitted && c.algorithm.holds() == Hold::Slot {
                 t.slots.push(gate, snap, a.limiter, counted_on, now);

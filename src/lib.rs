@@ -38,10 +38,12 @@
 //! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
 //! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
 //! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each kind gets;
-//! - [`store`]: where limiter state lives: one `Backend` per store under `Store` (memory: the
-//!   table, exact, sharded, bounded; SQLite: write-behind, schema, writer thread, durability,
-//!   lock; Redis for a fleet, its bans and breaker, `redis/args.rs` the script's arguments per
-//!   algorithm), the local bans;
+//! - [`store`]: where limiter state lives: `Store` over one `Backend` (`store/backend.rs`, with
+//!   the status each reports), one module each, generated from the list in `config/store.rs`:
+//!   `memory.rs`; `sqlite/` (write-behind, schema, writer thread, durability, file lock);
+//!   `redis/` (a fleet's counters and bans, breaker, leases, the script assembled from
+//!   `redis/*.lua` and each algorithm's Lua); `table/` the in-process table every backend
+//!   keeps (exact, sharded, bounded), `ban.rs` the local bans, `error.rs` the one `StoreError`;
 //!   [`access`]: the access log (bounded queue, writer thread, JSON or text; stdout or a file
 //!   reopened on SIGUSR1);
 //!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
@@ -61,17 +63,20 @@
 //!   instant-acme, renewal, backoff, the fleet lock), whose `acme/state.rs` table the TLS
 //!   resolver, the plain listener's http-01 answer and `GET /certificates` read;
 //! - [`config`]: raw YAML (`raw.rs`; `raw/limiter.rs`: a limiter's keys, its parameters read as
-//!   its algorithm declares them; `raw/store.rs`: `store:` one variant per backend with only its
-//!   keys) → pure validation (`validate/`) → `Config`, with the I/O in `load.rs` and certificate
-//!   pairs and CA bundles as data in `certs.rs`;
+//!   its algorithm declares them) → pure validation (`validate/`) → `Config`, with the I/O in
+//!   `load.rs` and certificate pairs and CA bundles as data in `certs.rs`; `store.rs`: `store:`
+//!   and the one list of backends (`with_backends!`), each backend's section (its keys as
+//!   written, validation, `/config` view, name) in `store/<backend>.rs`;
 //!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
 //!   [`activity`]: what the dashboard shows besides counters;
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected clock, one file each
-//!   implementing `Rule`: its arithmetic and every fact about it (parameter names, units and
-//!   bounds, policy words, ban window, stored form); `limiter/mod.rs` forwards, one exhaustive
-//!   `match` per question. A new algorithm is its own file, its variants in `limiter/mod.rs`
-//!   and its script arguments in `store/redis/args.rs` (the compiler points at each), the
-//!   Lua script beside them;
+//!   implementing `Rule` (`limiter/rule.rs`): its arithmetic and every fact about it (parameter
+//!   names, measures and bounds, policy words, ban window, stored form, lease facts, the Redis
+//!   script's arguments), with its part of the Redis script beside it (`limiter/<name>.lua`,
+//!   see `limiter/script.rs`); `limiter/lease.rs` leased quotas' arithmetic. Algorithms are
+//!   declared once, one line each in `limiter.rs`'s `with_algorithms!`, which generates the
+//!   enums and their one exhaustive `match` per question: a new algorithm is its `.rs`, its
+//!   `.lua` and that line;
 //!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
 //!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
@@ -390,7 +395,7 @@ fn acme_context(app: &app::App) -> acme::Context {
             snap.config.server.tls.as_ref().and_then(|t| t.acme.clone())
         }),
         clock: app.shared.clock.clone(),
-        redis: app.shared.store.redis(),
+        redis: app.shared.store.acme_share(),
         count_order: Arc::new(move |result| {
             let counter = metrics
                 .shared

@@ -308,8 +308,16 @@ impl Metrics {
     /// so every family is there from the first scrape: a dashboard or an
     /// alert on `rate()` sees 0, not "no data", and a typo in a query is
     /// told from a quiet proxy. Per snapshot (idempotent): `upstreams` are the
-    /// configured upstream names, `backend` and `on_error` the store's labels.
-    pub fn start_at_zero(&self, upstreams: &[&str], backend: &str, on_error: &str) {
+    /// configured upstream names, `backend`, `error_policy` (the `policy`
+    /// of its errors: `on_error` where a request can find it unreachable,
+    /// else `none`) and `on_error` the store's labels.
+    pub fn start_at_zero(
+        &self,
+        upstreams: &[&str],
+        backend: &str,
+        error_policy: &str,
+        on_error: &str,
+    ) {
         for name in [
             "tollgate_request_body_timeouts_total",
             "tollgate_request_bodies_spilled_total",
@@ -327,9 +335,6 @@ impl Metrics {
                 &[("reason", reason)],
             );
         }
-        // Only Redis fails on the request path, where `on_error` decides;
-        // SQLite's writer counts its failures under `policy="none"`.
-        let error_policy = if backend == "redis" { on_error } else { "none" };
         self.counter(
             "tollgate_store_errors_total",
             &[("backend", backend), ("policy", error_policy)],

@@ -258,7 +258,7 @@ fn needs_restart(was: &Config, config: &Config) -> Option<&'static str> {
     if config.log.access_file != was.log.access_file {
         return Some("log.access_file");
     }
-    if config.store.backend != was.store.backend {
+    if config.store.backend.needs_restart(&was.store.backend) {
         return Some("store.backend / store.path / store.url / store.cluster / store.sentinel");
     }
     None

@@ -164,6 +164,7 @@ impl Snapshot {
         metrics.start_at_zero(
             &upstream_names,
             config.store.backend.label(),
+            config.store.error_policy(),
             config.store.on_error.as_str(),
         );
         let upstreams: Vec<Arc<Balancer>> = config

@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use common::redis_cluster::Cluster;
 use common::WINDOW_START;
-use tollgate::config::{Backend, LimiterConfig, OnError, RedisTopology, StoreConfig};
+use tollgate::config::{
+    BackendConfig, LimiterConfig, OnError, RedisConfig, RedisTopology, StoreConfig,
+};
 use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
     sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, NANOS_PER_SEC as S,
 };
-use tollgate::store::memory::Table;
+use tollgate::store::table::Table;
 use tollgate::store::{Check, Store};
 
 const T0: Nanos = WINDOW_START + 2 * S;
@@ -40,7 +42,7 @@ const MS: Nanos = 1_000_000;
 
 fn open_cluster(cluster: &Cluster) -> Store {
     let config = StoreConfig {
-        backend: Backend::Redis {
+        backend: BackendConfig::Redis(RedisConfig {
             topology: RedisTopology::Cluster(vec![cluster.nodes[0].url()]),
             prefix: "contract:".into(),
             // No test here measures latency: a generous bound for a loaded
@@ -48,10 +50,9 @@ fn open_cluster(cluster: &Cluster) -> Store {
             // 5 s went to a replica that a fresh cluster's node still listed
             // as a primary without slots; `ban::holders` no longer asks one.)
             timeout: Duration::from_secs(5),
-        },
+        }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
-        flush_interval: Duration::from_millis(50),
         max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters(), T0).expect("store opens")
@@ -146,11 +147,11 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
     );
     let both = [("one", mine), ("token", shared)];
     let first = request(&store, &both).await;
-    assert!(first.iter().all(|o| !o.verdict.is_deny()), "{first:?}");
+    assert!(first.iter().all(|o| !o.ruling.is_deny()), "{first:?}");
     assert_eq!(first[1].quota.remaining, 2);
     // The client's own limit refuses; the shared bucket had admitted and taken a token.
     let second = request(&store, &both).await;
-    assert!(second[0].verdict.is_deny(), "{second:?}");
+    assert!(second[0].ruling.is_deny(), "{second:?}");
     let token = fast("token");
     let given_back = common::eventually(Duration::from_secs(5), || async {
         store.peek(shared, &token, T0).await.unwrap().remaining == 2
@@ -160,7 +161,7 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
     // Never over-admits: a third client-refused request leaves the bucket as it was, and
     // three other clients take exactly the two tokens left.
     let third = request(&store, &both).await;
-    assert!(third[0].verdict.is_deny());
+    assert!(third[0].ruling.is_deny());
     let given_back = common::eventually(Duration::from_secs(5), || async {
         store.peek(shared, &token, T0).await.unwrap().remaining == 2
     })
@@ -173,7 +174,7 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
     for ip in ["198.51.100.1", "198.51.100.2", "198.51.100.3"] {
         let own = format!("one:ip:{ip}");
         let got = request(&store, &[("one", &own), ("token", shared)]).await;
-        admitted += usize::from(!got.iter().any(|o| o.verdict.is_deny()));
+        admitted += usize::from(!got.iter().any(|o| o.ruling.is_deny()));
     }
     assert_eq!(admitted, 2, "two tokens were left");
 }

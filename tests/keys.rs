@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{metric, Process};
-use tollgate::config::{Backend, KeyPart, LimiterConfig, OnError, StoreConfig};
+use tollgate::config::{BackendConfig, KeyPart, LimiterConfig, OnError, SqliteConfig, StoreConfig};
 use tollgate::limiter::fixed_window::FixedWindow;
 use tollgate::limiter::{Algorithm, Nanos, NANOS_PER_SEC as S};
 use tollgate::store::{Check, Store};
@@ -171,12 +171,12 @@ fn window() -> Algorithm {
 
 fn open(path: &std::path::Path, max_keys: usize, now: Nanos) -> Store {
     let config = StoreConfig {
-        backend: Backend::Sqlite {
+        backend: BackendConfig::Sqlite(SqliteConfig {
             path: path.to_path_buf(),
-        },
+            flush_interval: Duration::from_secs(3600),
+        }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(3600),
-        flush_interval: Duration::from_secs(3600),
         max_keys,
     };
     let limiters = [LimiterConfig {
@@ -201,7 +201,7 @@ async fn hit(store: &Store, key: &str, now: Nanos) -> bool {
         )
         .await
         .unwrap();
-    !out[0].verdict.is_deny()
+    !out[0].ruling.is_deny()
 }
 
 fn distinct_keys(path: &std::path::Path) -> i64 {
@@ -322,11 +322,11 @@ async fn a_store_dropped_and_reopened_20_times_while_processes_spawn_always_open
         })
         .collect();
     let key = "w:ip:192.0.2.1";
-    let mut verdicts = Vec::new();
+    let mut rulings = Vec::new();
     for round in 0..20u64 {
         let now = WINDOW_START + round * 1_000_000;
         let store = open(&path, 200, now);
-        verdicts.push(hit(&store, key, now).await);
+        rulings.push(hit(&store, key, now).await);
         drop(store);
     }
     spawning.store(false, Ordering::Relaxed);
@@ -334,6 +334,6 @@ async fn a_store_dropped_and_reopened_20_times_while_processes_spawn_always_open
         s.join().unwrap();
     }
     // limit 3 per window: the counts of every earlier round were there.
-    let admitted = verdicts.iter().filter(|&&allowed| allowed).count();
-    assert_eq!(admitted, 3, "{verdicts:?}");
+    let admitted = rulings.iter().filter(|&&allowed| allowed).count();
+    assert_eq!(admitted, 3, "{rulings:?}");
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::{http, http_with, wait_for_window_room, Process};
-use tollgate::config::{Backend, LimiterConfig, OnError, StoreConfig};
+use tollgate::config::{BackendConfig, LimiterConfig, OnError, RedisConfig, StoreConfig};
 use tollgate::limiter::fixed_window::FixedWindow;
 use tollgate::limiter::lease::{grant, Lease};
 use tollgate::limiter::sliding_window::SlidingWindow;
@@ -290,14 +290,13 @@ fn expected_calls(limit: u64, max: u64) -> Vec<u64> {
 async fn a_lease_shrinks_as_the_key_fills_and_the_last_units_each_call_redis() {
     let redis = RedisServer::start();
     let config = StoreConfig {
-        backend: Backend::Redis {
+        backend: BackendConfig::Redis(RedisConfig {
             topology: tollgate::config::RedisTopology::Node(redis.url()),
             prefix: "contract:".into(),
             timeout: Duration::from_secs(5),
-        },
+        }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(3600),
-        flush_interval: Duration::from_secs(3600),
         max_keys: 1024,
     };
     // Slow enough that nothing refills or rolls over while the test runs.
@@ -351,7 +350,7 @@ async fn a_lease_shrinks_as_the_key_fills_and_the_last_units_each_call_redis() {
                 )
                 .await
                 .expect("Redis answers");
-            if !out[0].verdict.is_deny() {
+            if !out[0].ruling.is_deny() {
                 admitted += 1;
             }
             if script_calls(&redis) > before {

@@ -7,11 +7,13 @@ use common::WINDOW_START;
 use std::path::Path;
 use std::time::Duration;
 
-use tollgate::config::{Backend, LimiterConfig, OnError, StoreConfig};
+use tollgate::config::{
+    BackendConfig, LimiterConfig, MemoryConfig, OnError, SqliteConfig, StoreConfig,
+};
 use tollgate::limiter::ban::BanRule;
 use tollgate::limiter::{
     concurrency::Concurrency, fixed_window::FixedWindow, leaky_bucket::LeakyBucket,
-    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, Ticket, Verdict,
+    sliding_window::SlidingWindow, token_bucket::TokenBucket, Algorithm, Nanos, Ruling, Ticket,
     NANOS_PER_SEC as S,
 };
 use tollgate::store::{Banned, Check, Store};
@@ -66,16 +68,16 @@ fn limiters() -> Vec<LimiterConfig> {
 
 fn open(kind: &str, dir: &Path) -> Store {
     let backend = match kind {
-        "memory" => Backend::Memory,
-        _ => Backend::Sqlite {
+        "memory" => BackendConfig::Memory(MemoryConfig),
+        _ => BackendConfig::Sqlite(SqliteConfig {
             path: dir.join("contract.db"),
-        },
+            flush_interval: Duration::from_millis(50),
+        }),
     };
     let config = StoreConfig {
         backend,
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
-        flush_interval: Duration::from_millis(50),
         max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters(), T0).expect("store opens")
@@ -89,7 +91,7 @@ fn algorithm(name: &str) -> Algorithm {
         .1
 }
 
-async fn hit(store: &Store, name: &str, now: Nanos) -> Verdict {
+async fn hit(store: &Store, name: &str, now: Nanos) -> Ruling {
     let a = algorithm(name);
     let key = format!("{name}:ip:203.0.113.9");
     store
@@ -104,67 +106,67 @@ async fn hit(store: &Store, name: &str, now: Nanos) -> Verdict {
         )
         .await
         .unwrap()[0]
-        .verdict
+        .ruling
 }
 
 async fn fixed_window_contract(store: &Store) {
     for _ in 0..3 {
-        assert_eq!(hit(store, "fixed", T0).await, Verdict::Allow);
+        assert_eq!(hit(store, "fixed", T0).await, Ruling::Allow);
     }
     assert_eq!(
         hit(store, "fixed", T0).await,
-        Verdict::Deny { retry_after: 8 * S }
+        Ruling::Deny { retry_after: 8 * S }
     );
     assert!(hit(store, "fixed", T0 + 8 * S - 1).await.is_deny());
-    assert_eq!(hit(store, "fixed", T0 + 8 * S).await, Verdict::Allow);
+    assert_eq!(hit(store, "fixed", T0 + 8 * S).await, Ruling::Allow);
 }
 
 async fn sliding_window_contract(store: &Store) {
     for i in 0..3 {
-        assert_eq!(hit(store, "sliding", T0 + i * S).await, Verdict::Allow);
+        assert_eq!(hit(store, "sliding", T0 + i * S).await, Ruling::Allow);
     }
     assert_eq!(
         hit(store, "sliding", T0 + 3 * S).await,
-        Verdict::Deny { retry_after: 7 * S }
+        Ruling::Deny { retry_after: 7 * S }
     );
     assert!(hit(store, "sliding", T0 + 10 * S - 1).await.is_deny());
-    assert_eq!(hit(store, "sliding", T0 + 10 * S).await, Verdict::Allow);
+    assert_eq!(hit(store, "sliding", T0 + 10 * S).await, Ruling::Allow);
 }
 
 async fn token_bucket_contract(store: &Store) {
     for _ in 0..3 {
-        assert_eq!(hit(store, "token", T0).await, Verdict::Allow);
+        assert_eq!(hit(store, "token", T0).await, Ruling::Allow);
     }
     assert_eq!(
         hit(store, "token", T0).await,
-        Verdict::Deny { retry_after: S }
+        Ruling::Deny { retry_after: S }
     );
     assert!(hit(store, "token", T0 + S - 1).await.is_deny());
-    assert_eq!(hit(store, "token", T0 + S).await, Verdict::Allow);
+    assert_eq!(hit(store, "token", T0 + S).await, Ruling::Allow);
 }
 
 async fn leaky_bucket_contract(store: &Store) {
-    assert_eq!(hit(store, "leaky", T0).await, Verdict::Allow);
-    assert_eq!(hit(store, "leaky", T0).await, Verdict::Delay(S));
-    assert_eq!(hit(store, "leaky", T0).await, Verdict::Delay(2 * S));
+    assert_eq!(hit(store, "leaky", T0).await, Ruling::Allow);
+    assert_eq!(hit(store, "leaky", T0).await, Ruling::Delay(S));
+    assert_eq!(hit(store, "leaky", T0).await, Ruling::Delay(2 * S));
     assert_eq!(
         hit(store, "leaky", T0).await,
-        Verdict::Deny { retry_after: S }
+        Ruling::Deny { retry_after: S }
     );
     assert!(hit(store, "leaky", T0 + S - 1).await.is_deny());
-    assert_eq!(hit(store, "leaky", T0 + S).await, Verdict::Delay(2 * S));
+    assert_eq!(hit(store, "leaky", T0 + S).await, Ruling::Delay(2 * S));
 }
 
 async fn concurrency_contract(store: &Store) {
-    assert_eq!(hit(store, "conc", T0).await, Verdict::Allow);
-    assert_eq!(hit(store, "conc", T0).await, Verdict::Allow);
+    assert_eq!(hit(store, "conc", T0).await, Ruling::Allow);
+    assert_eq!(hit(store, "conc", T0).await, Ruling::Allow);
     assert!(hit(store, "conc", T0).await.is_deny());
     store.release("conc:ip:203.0.113.9", &algorithm("conc"), T0, T0 + S);
-    assert_eq!(hit(store, "conc", T0 + S).await, Verdict::Allow);
+    assert_eq!(hit(store, "conc", T0 + S).await, Ruling::Allow);
 }
 
 /// One request's outcome, and the ticket a `count:` refund gives back with.
-async fn take(store: &Store, name: &str, now: Nanos) -> (Verdict, Ticket) {
+async fn take(store: &Store, name: &str, now: Nanos) -> (Ruling, Ticket) {
     let a = algorithm(name);
     let key = format!("{name}:ip:203.0.113.9");
     let o = store
@@ -179,7 +181,7 @@ async fn take(store: &Store, name: &str, now: Nanos) -> (Verdict, Ticket) {
         )
         .await
         .unwrap()[0];
-    (o.verdict, o.ticket(&a))
+    (o.ruling, o.ticket(&a))
 }
 
 /// `count:` — every counting algorithm: a full key gets room back when an
@@ -189,7 +191,7 @@ async fn refund_contract(store: &Store) {
         let mut last = None;
         for _ in 0..3 {
             let (v, ticket) = take(store, name, T0).await;
-            assert_eq!(v, Verdict::Allow, "{name}");
+            assert_eq!(v, Ruling::Allow, "{name}");
             last = Some(ticket);
         }
         let last = last.expect("three tickets");
@@ -204,7 +206,7 @@ async fn refund_contract(store: &Store) {
         store.refund(&key, &a, last, T0).await.unwrap();
         assert_eq!(
             take(store, name, T0).await.0,
-            Verdict::Allow,
+            Ruling::Allow,
             "{name}: the refund freed one unit"
         );
         assert!(
@@ -243,7 +245,7 @@ async fn stale_ticket_contract(store: &Store, interval: Nanos, later: Nanos, wai
     let mut tickets = Vec::new();
     for _ in 0..3 {
         let o = take(T0).await;
-        assert_eq!(o.verdict, Verdict::Allow);
+        assert_eq!(o.ruling, Ruling::Allow);
         tickets.push(o.ticket(&a));
     }
     for t in &tickets[..2] {
@@ -282,7 +284,7 @@ async fn any_order_contract(store: &Store) {
     let mut tickets = Vec::new();
     for _ in 0..9 {
         let o = store.check(&checks, T0).await.unwrap()[0];
-        assert_eq!(o.verdict, Verdict::Allow);
+        assert_eq!(o.ruling, Ruling::Allow);
         tickets.push(o.ticket(&a));
     }
     // 3 and 6 count; the newest (8) comes back in the middle of the others.

@@ -12,15 +12,15 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::config::acme::{AcmeConfig, HstsConfig};
+use crate::config::store::Shown;
 use crate::config::{
-    Action, AdminConfig, AuditConfig, Backend, BalanceConfig, BodyConfig, Config,
-    EncodedSeparators, ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets,
-    HealthCheck, IdentityConfig, LimiterConfig, LogConfig, LogFormat, OverrideConfig, Policy,
-    RedisTopology, RejectBody, RejectShape, RouteConfig, ServerConfig, StoreConfig, TlsConfig,
-    UpstreamConfig, UpstreamTls,
+    Action, AdminConfig, AuditConfig, BalanceConfig, BodyConfig, Config, EncodedSeparators,
+    ErrorAnswers, ErrorFormat, ErrorPage, FastCgiConfig, HeaderSets, HealthCheck, IdentityConfig,
+    LimiterConfig, LogConfig, LogFormat, OverrideConfig, Policy, RejectBody, RejectShape,
+    RouteConfig, ServerConfig, StoreConfig, TlsConfig, UpstreamConfig, UpstreamTls,
 };
 use crate::identity::ApiKey;
-use crate::limiter::{Kind, Nanos, Param, NANOS_PER_SEC};
+use crate::limiter::{AlgorithmKind, Nanos, Param, NANOS_PER_SEC};
 
 /// What a secret is replaced with.
 const REDACTED: &str = "[redacted]";
@@ -213,55 +213,10 @@ fn admin_section(a: &AdminConfig) -> Value {
     })
 }
 
-/// A Redis URL without its password (the host stays, to tell stores apart).
-fn redis_url(url: &str) -> String {
-    match url.split_once('@') {
-        Some((scheme_and_auth, host)) => {
-            let scheme = scheme_and_auth.split("://").next().unwrap_or("redis");
-            format!("{scheme}://{REDACTED}@{host}")
-        }
-        None => url.to_string(),
-    }
-}
-
 fn store_section(s: &StoreConfig) -> Value {
-    let StoreConfig {
-        backend,
-        on_error,
-        prune_interval,
-        flush_interval,
-        max_keys,
-    } = s;
-    let (name, path, prefix, timeout) = match backend {
-        Backend::Memory => ("memory", None, None, None),
-        Backend::Sqlite { path } => ("sqlite", Some(path.display().to_string()), None, None),
-        Backend::Redis {
-            prefix, timeout, ..
-        } => ("redis", None, Some(prefix.clone()), Some(dur(*timeout))),
-    };
-    let redacted = |urls: &[String]| urls.iter().map(|u| redis_url(u)).collect::<Vec<_>>();
-    let (url, cluster, master, nodes) = match backend {
-        Backend::Redis { topology, .. } => match topology {
-            RedisTopology::Node(url) => (Some(redis_url(url)), None, None, None),
-            RedisTopology::Cluster(seeds) => (None, Some(redacted(seeds)), None, None),
-            RedisTopology::Sentinel { master, nodes } => {
-                (None, None, Some(master.clone()), Some(redacted(nodes)))
-            }
-        },
-        Backend::Memory | Backend::Sqlite { .. } => (None, None, None, None),
-    };
-    json!({
-        "backend": name,
-        "path": path,
-        "url": url,
-        "cluster": cluster,
-        "sentinel": {"master": master, "nodes": nodes},
-        "prefix": prefix,
-        "timeout": timeout,
-        "on_error": on_error.as_str(),
-        "prune_interval": dur(*prune_interval),
-        "flush_interval": dur(*flush_interval),
-        "max_keys": max_keys,
+    s.view(&Shown {
+        spell: &dur,
+        redacted: REDACTED,
     })
 }
 
@@ -468,7 +423,10 @@ fn limiter(l: &LimiterConfig) -> Value {
         "lease": lease.as_ref().map(|l| json!({"max": l.max})),
     });
     // Every algorithm's parameter is shown, `null` where this one takes none.
-    for (k, _) in Kind::ALL.into_iter().flat_map(Kind::params) {
+    for (k, _) in AlgorithmKind::ALL
+        .into_iter()
+        .flat_map(AlgorithmKind::params)
+    {
         out[*k] = Value::Null;
     }
     let params = algorithm.params().into_iter().map(|(k, p)| {

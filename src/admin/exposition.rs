@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use crate::app::{App, Shared};
 use crate::metrics::Extra;
 use crate::snapshot::Snapshot;
+use crate::store::BackendStatus;
 
 /// The whole text exposition for one scrape.
 pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
@@ -26,12 +27,13 @@ pub async fn metrics_text(app: &App, snap: &Snapshot) -> String {
             s.connections.open() as f64,
         ),
     ];
-    extra.extend(store_series(s));
+    let store = s.store.status();
+    extra.extend(store_series(s, &store));
     extra.extend(traffic_series(s));
     extra.extend(cache_series(snap));
     let mut text = s.metrics.render(&extra, process.as_ref());
     crate::balance::Balancer::render_metrics(&snap.upstreams, &mut text);
-    s.store.render_node_metrics(&mut text);
+    store.render_node_metrics(&mut text);
     crate::crowdsec::render_metrics(snap.crowdsec.as_deref(), &mut text);
     crate::networks::render_metrics(snap.networks.as_deref(), s.clock.now(), &mut text);
     text
@@ -62,8 +64,8 @@ fn cache_series(snap: &Snapshot) -> Vec<Extra<'static>> {
 }
 
 /// The store's keys, health and durability.
-fn store_series(s: &Shared) -> Vec<Extra<'static>> {
-    let durability = s.store.durability().unwrap_or_default();
+fn store_series(s: &Shared, store: &BackendStatus) -> Vec<Extra<'static>> {
+    let durability = store.durability.clone().unwrap_or_default();
     let keys = s.store.key_counters();
     vec![
         Extra::gauge(
@@ -99,7 +101,7 @@ fn store_series(s: &Shared) -> Vec<Extra<'static>> {
         Extra::gauge(
             "tollgate_store_healthy",
             "1 when the store answers (SQLite: the last write succeeded; Redis: its circuit breaker is closed).",
-            f64::from(u8::from(s.store.healthy())),
+            f64::from(u8::from(store.healthy)),
         ),
         Extra::gauge(
             "tollgate_store_unsaved_keys",

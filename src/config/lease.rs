@@ -3,8 +3,8 @@
 use serde::Deserialize;
 
 use super::Validator;
-use crate::limiter::lease::{self, Lease, MAX_UNITS};
-use crate::limiter::Algorithm;
+use crate::limiter::lease::{Lease, MAX_UNITS};
+use crate::limiter::{Algorithm, AlgorithmKind};
 
 /// `lease: { max: 50 }`.
 #[derive(Debug, Clone, Deserialize)]
@@ -26,11 +26,12 @@ impl Validator<'_> {
     ) -> Option<Lease> {
         let at = |field: &str| format!("limiters.{name}.lease{field}");
         let before = self.problems.len();
-        if let Some(why) = lease::refusal(algorithm.kind()) {
+        if let Some(why) = algorithm.kind().lease_refusal() {
             self.err(
                 at(""),
                 format!(
-                    "`lease` applies to fixed_window, sliding_window and token_bucket; {} {why}",
+                    "`lease` applies to {}; {} {why}",
+                    AlgorithmKind::leasing(),
                     algorithm.name()
                 ),
             );

@@ -50,6 +50,8 @@ mod observe;
 mod protect;
 /// `server.proxy_protocol`, `identity.geoip`, `identity.crowdsec`, `match.asn` / `match.country`.
 pub mod reputation;
+/// `store:`: the keys every store has and one section per backend.
+pub mod store;
 /// "Did you mean …?" over the names a config defines.
 mod suggest;
 
@@ -77,6 +79,10 @@ pub use observe::{
 };
 pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};
 pub use reputation::{CrowdsecConfig, GeoFile, GeoipConfig, PushConfig};
+pub use store::memory::MemoryConfig;
+pub use store::redis::{RedisConfig, RedisTopology};
+pub use store::sqlite::SqliteConfig;
+pub use store::{BackendConfig, StoreConfig, DEFAULT_MAX_KEYS, MIN_MAX_KEYS};
 pub use validate::{validate, Host};
 
 // The section files (balance, fastcgi, observe, protect) extend the validator.
@@ -218,54 +224,6 @@ pub struct AdminConfig {
     pub token_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Backend {
-    Memory,
-    Sqlite {
-        path: PathBuf,
-    },
-    Redis {
-        topology: RedisTopology,
-        prefix: String,
-        timeout: Duration,
-    },
-}
-
-/// Where the Redis store's data lives: `store.url`, `store.sentinel` or `store.cluster` (exactly one).
-#[derive(Debug, Clone, PartialEq)]
-pub enum RedisTopology {
-    /// One node (`store.url`).
-    Node(String),
-    /// A primary found through Sentinel (`store.sentinel`): the master's
-    /// name and the sentinels' URLs; the primary is reached with the
-    /// scheme, credentials and database of the sentinel URL that named it.
-    Sentinel { master: String, nodes: Vec<String> },
-    /// A Redis Cluster (`store.cluster`): seed nodes, any of them will do.
-    Cluster(Vec<String>),
-}
-
-impl RedisTopology {
-    /// The config spelling: `node`, `sentinel` or `cluster` (also a metric label).
-    pub fn label(&self) -> &'static str {
-        match self {
-            RedisTopology::Node(_) => "node",
-            RedisTopology::Sentinel { .. } => "sentinel",
-            RedisTopology::Cluster(_) => "cluster",
-        }
-    }
-}
-
-impl Backend {
-    /// The config spelling, also the `backend` metric label.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Backend::Memory => "memory",
-            Backend::Sqlite { .. } => "sqlite",
-            Backend::Redis { .. } => "redis",
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnError {
     Allow,
@@ -283,27 +241,6 @@ impl OnError {
         }
     }
 }
-
-#[derive(Debug, Clone)]
-pub struct StoreConfig {
-    pub backend: Backend,
-    pub on_error: OnError,
-    pub prune_interval: Duration,
-    /// How often the writer thread persists counters; a `kill -9` loses at most this much.
-    pub flush_interval: Duration,
-    /// Limiter keys this process tracks at most (overflow keys included).
-    pub max_keys: usize,
-}
-
-/// `store.max_keys` when not given: 64 overflow slots + 64 shards × 14,336
-/// keys, the most whose shard tables stay at 16,384 buckets each. Measured
-/// (`cargo bench --bench keys_memory`): ~100 MB full, where 1,000,000 keys
-/// cost ~157 MB because every shard doubles to 32,768 buckets.
-pub const DEFAULT_MAX_KEYS: usize = 917_568;
-
-/// The smallest `store.max_keys`: 64 slots for overflow keys and one key per
-/// shard (the table asserts that this covers its layout).
-pub const MIN_MAX_KEYS: usize = 128;
 
 #[derive(Debug, Clone)]
 pub struct AuditConfig {

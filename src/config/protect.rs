@@ -6,7 +6,7 @@ use serde::Deserialize;
 use super::{nanos, Dur, Text, Validator};
 use crate::limiter::ban::BanRule;
 use crate::limiter::count::CountRule;
-use crate::limiter::{Algorithm, Kind};
+use crate::limiter::{Algorithm, AlgorithmKind};
 
 /// `count: { status: [401, 403], header: X-Login-Failed }` — at least one of them.
 #[derive(Debug, Clone, Deserialize)]
@@ -76,7 +76,7 @@ impl Validator<'_> {
                 at(""),
                 format!(
                     "`count` needs an algorithm that counts requests ({}); {} {why}",
-                    Kind::counting(),
+                    AlgorithmKind::counting(),
                     algorithm.name(),
                 ),
             );

@@ -14,11 +14,11 @@ use super::{balance, observe};
 
 mod limiter;
 mod site;
-mod store;
 
+pub use super::store::redis::RawSentinel;
+pub use super::store::{RawBackend, RawRedis, RawSqlite, RawStore};
 pub use limiter::{RawLimiter, RawOverride, Written};
 pub use site::{RawAccess, RawAuth, RawBasic, RawHeaderRules, RawHeaders, RawRedirect, RawRewrite};
-pub use store::{RawBackend, RawRedis, RawSentinel, RawSqlite, RawStore};
 
 /// A string value in which `${ENV_VAR}` is replaced from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,7 @@ fn problems(yaml: &str) -> Vec<String> {
 fn the_example_config_is_valid() {
     let c = parse(EXAMPLE).expect("example config parses");
     assert_eq!(c.routes[0].name, "ping");
-    assert!(matches!(c.store.backend, Backend::Sqlite { .. }));
+    assert!(matches!(c.store.backend, BackendConfig::Sqlite(_)));
 }
 
 #[test]
@@ -27,7 +27,10 @@ fn an_empty_file_gets_the_documented_defaults() {
     assert_eq!(c.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
     assert_eq!(c.admin.listen, "127.0.0.1:9901".parse().unwrap());
     assert_eq!(c.server.max_request_body, 10 << 20);
-    assert_eq!(c.store.flush_interval, Duration::from_millis(100));
+    let BackendConfig::Sqlite(sqlite) = &c.store.backend else {
+        panic!("sqlite is the default store");
+    };
+    assert_eq!(sqlite.flush_interval, Duration::from_millis(100));
     assert_eq!(c.identity.ipv6_prefix, 64);
 }
 
@@ -338,7 +341,7 @@ const MISTAKES: &[(&str, &str)] = &[
      "line 4 column 5: limiters.a.burst: unknown key `burst` (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban, lease)"),
     // A key no store takes, with every key `store:` has.
     ("store:\n  backend: redis\n  urls: \"redis://cache\"\n",
-     "line 3 column 3: store.urls: unknown key `urls`; did you mean `url`? (keys here: backend, path, url, cluster, sentinel, prefix, timeout, on_error, prune_interval, flush_interval, max_keys)"),
+     "line 3 column 3: store.urls: unknown key `urls`; did you mean `url`? (keys here: backend, path, flush_interval, url, cluster, sentinel, prefix, timeout, on_error, prune_interval, max_keys)"),
     // A backend key's value is read where it stands, before `backend:` is known.
     ("store:\n  timeout: 50\n  backend: redis\n",
      "line 2 column 12: store.timeout: `50` has no unit, write e.g. `50s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),
@@ -391,7 +394,10 @@ fn durations_take_exactly_ms_s_m_h_and_d() {
         let c = window(written).unwrap_or_else(|e| panic!("{written}: {e}"));
         assert_eq!(
             c.limiters[0].algorithm.shape(),
-            crate::limiter::Shape::FixedWindow { window: nanos },
+            crate::limiter::Shape {
+                kind: crate::limiter::AlgorithmKind::FixedWindow,
+                span: nanos
+            },
             "{written}"
         );
     }

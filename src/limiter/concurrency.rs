@@ -7,7 +7,13 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict, NANOS_PER_SEC};
+use std::time::Duration;
+
+use super::{Given, Hold, Kept, Measure, Nanos, Param, Quota, Rule, Ruling, NANOS_PER_SEC};
+
+/// In a shared store a slot whose release never arrives (a proxy crashed,
+/// Redis was down when it finished) frees itself after this long.
+pub const SLOT_LEASE: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Concurrency {
@@ -16,18 +22,22 @@ pub struct Concurrency {
 
 /// Admitted requests not released yet.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct State {
+pub struct ConcurrencyState {
     pub in_flight: u64,
 }
 
 impl Rule for Concurrency {
-    type State = State;
+    type State = ConcurrencyState;
     const NAME: &'static str = "concurrency";
-    const PARAMS: &'static [(&'static str, Unit)] = &[("max_in_flight", Unit::Count)];
+    const PARAMS: &'static [(&'static str, Measure)] = &[("max_in_flight", Measure::Count)];
     const COUNT_REFUSAL: Option<&'static str> =
         Some("frees its slot when any response ends, whatever it is");
     const COUNTS_REFUSED: bool = false;
     const HOLDS: Hold = Hold::Slot;
+    const SHAPE_TAG: u8 = 5;
+    const SCRIPT_TAG: &'static str = "cc";
+    const LEASE_REFUSAL: Option<&'static str> =
+        Some("counts requests in flight, which end one by one; a slot cannot be reserved ahead");
     const KEPT: Kept = Kept::Never;
 
     fn from_given(given: &mut dyn Given) -> Self {
@@ -38,23 +48,23 @@ impl Rule for Concurrency {
 
     /// When a slot frees depends on the upstream, not on anything we know, so
     /// Retry-After is a fixed 1 s hint rather than a promise.
-    fn check(&self, state: &State, _now: Nanos) -> Verdict {
+    fn check(&self, state: &ConcurrencyState, _now: Nanos) -> Ruling {
         if state.in_flight < self.max_in_flight {
-            Verdict::Allow
+            Ruling::Allow
         } else {
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: NANOS_PER_SEC,
             }
         }
     }
 
-    fn record(&self, state: &mut State, _now: Nanos, admitted: bool) {
+    fn record(&self, state: &mut ConcurrencyState, _now: Nanos, admitted: bool) {
         if admitted {
             state.in_flight = state.in_flight.saturating_add(1);
         }
     }
 
-    fn quota(&self, state: &State, _now: Nanos) -> Quota {
+    fn quota(&self, state: &ConcurrencyState, _now: Nanos) -> Quota {
         Quota {
             limit: self.max_in_flight,
             window: None,
@@ -65,7 +75,7 @@ impl Rule for Concurrency {
 
     /// A key with requests in flight must never be pruned: its releases are
     /// still to come and would otherwise free slots nobody took.
-    fn expires_at(&self, state: &State) -> Nanos {
+    fn expires_at(&self, state: &ConcurrencyState) -> Nanos {
         if state.in_flight == 0 {
             0
         } else {
@@ -73,12 +83,13 @@ impl Rule for Concurrency {
         }
     }
 
-    fn release(&self, state: &mut State, _ticket: Nanos, _now: Nanos) {
+    fn release(&self, state: &mut ConcurrencyState, _ticket: Nanos, _now: Nanos) {
         state.in_flight = state.in_flight.saturating_sub(1);
     }
 
-    fn shape(&self) -> Shape {
-        Shape::Concurrency
+    /// Slots have no span: any limit keeps them.
+    fn shape_span(&self) -> Nanos {
+        0
     }
 
     fn describe(&self) -> String {
@@ -98,18 +109,20 @@ impl Rule for Concurrency {
         vec![("max_in_flight", Param::Count(self.max_in_flight))]
     }
 
-    fn words(state: &State) -> Vec<u64> {
+    /// `max_in_flight`, then how long a slot lives in ms ([`SLOT_LEASE`]).
+    fn script_params(&self) -> Result<[u64; 5], Nanos> {
+        Ok([self.max_in_flight, SLOT_LEASE.as_millis() as u64, 0, 0, 0])
+    }
+
+    fn words(state: &ConcurrencyState) -> Vec<u64> {
         vec![state.in_flight]
     }
 
     /// Nothing is in flight after a restart.
-    fn from_words(_words: &[u64]) -> Option<State> {
+    fn from_words(_words: &[u64]) -> Option<ConcurrencyState> {
         None
     }
 
-    fn wrap(state: State) -> super::State {
-        super::State::Concurrency(state)
-    }
 }
 
 #[cfg(test)]
@@ -124,21 +137,21 @@ mod tests {
         Concurrency { max_in_flight: 2 }
     }
 
-    fn attempt(rule: &Concurrency, state: &mut State, now: Nanos) -> Verdict {
-        let verdict = rule.check(state, now);
-        rule.record(state, now, !verdict.is_deny());
-        verdict
+    fn attempt(rule: &Concurrency, state: &mut ConcurrencyState, now: Nanos) -> Ruling {
+        let ruling = rule.check(state, now);
+        rule.record(state, now, !ruling.is_deny());
+        ruling
     }
 
     #[test]
     fn accepts_up_to_the_maximum_and_rejects_the_next() {
         let rule = two_at_once();
-        let mut state = State::default();
-        assert_eq!(attempt(&rule, &mut state, T0), Verdict::Allow);
-        assert_eq!(attempt(&rule, &mut state, T0), Verdict::Allow);
+        let mut state = ConcurrencyState::default();
+        assert_eq!(attempt(&rule, &mut state, T0), Ruling::Allow);
+        assert_eq!(attempt(&rule, &mut state, T0), Ruling::Allow);
         assert_eq!(
             attempt(&rule, &mut state, T0),
-            Verdict::Deny { retry_after: S }
+            Ruling::Deny { retry_after: S }
         );
         assert_eq!(state.in_flight, 2);
     }
@@ -146,24 +159,24 @@ mod tests {
     #[test]
     fn a_release_frees_a_slot_at_once() {
         let rule = two_at_once();
-        let mut state = State { in_flight: 2 };
+        let mut state = ConcurrencyState { in_flight: 2 };
         rule.release(&mut state, T0, T0 + 5);
-        assert_eq!(attempt(&rule, &mut state, T0 + 5), Verdict::Allow);
+        assert_eq!(attempt(&rule, &mut state, T0 + 5), Ruling::Allow);
         assert!(rule.check(&state, T0 + 5).is_deny());
     }
 
     #[test]
     fn rejected_request_takes_no_slot() {
         let rule = two_at_once();
-        let mut state = State::default();
+        let mut state = ConcurrencyState::default();
         rule.record(&mut state, T0, false);
-        assert_eq!(state, State::default());
+        assert_eq!(state, ConcurrencyState::default());
     }
 
     #[test]
     fn an_extra_release_cannot_go_below_zero() {
         let rule = two_at_once();
-        let mut state = State::default();
+        let mut state = ConcurrencyState::default();
         rule.release(&mut state, T0, T0);
         assert_eq!(state.in_flight, 0);
     }
@@ -171,7 +184,7 @@ mod tests {
     #[test]
     fn quota_shows_free_slots_and_no_window() {
         let rule = two_at_once();
-        let state = State { in_flight: 1 };
+        let state = ConcurrencyState { in_flight: 1 };
         assert_eq!(
             rule.quota(&state, T0),
             Quota {
@@ -189,8 +202,8 @@ mod tests {
     #[test]
     fn only_an_idle_key_can_be_pruned() {
         let rule = two_at_once();
-        assert_eq!(rule.expires_at(&State::default()), 0);
-        assert_eq!(rule.expires_at(&State { in_flight: 1 }), u64::MAX);
+        assert_eq!(rule.expires_at(&ConcurrencyState::default()), 0);
+        assert_eq!(rule.expires_at(&ConcurrencyState { in_flight: 1 }), u64::MAX);
     }
 
     proptest! {
@@ -202,14 +215,14 @@ mod tests {
             ops in prop::collection::vec((any::<bool>(), any::<bool>(), any::<usize>()), 1..200),
         ) {
             let rule = Concurrency { max_in_flight };
-            let mut state = State::default();
+            let mut state = ConcurrencyState::default();
             let mut in_flight: Vec<usize> = Vec::new();
             for (i, (arrive, refused, pick)) in ops.into_iter().enumerate() {
                 let now = T0 + i as Nanos;
                 if arrive {
-                    let verdict = rule.check(&state, now);
-                    prop_assert_eq!(verdict.is_deny(), in_flight.len() as u64 >= max_in_flight);
-                    let admit = !verdict.is_deny() && !refused;
+                    let ruling = rule.check(&state, now);
+                    prop_assert_eq!(ruling.is_deny(), in_flight.len() as u64 >= max_in_flight);
+                    let admit = !ruling.is_deny() && !refused;
                     rule.record(&mut state, now, admit);
                     if admit {
                         in_flight.push(i);

@@ -2,7 +2,7 @@
 //!
 //! Requests are let through toward the upstream no faster than one per
 //! `interval`. One that arrives while the previous release is less than an
-//! interval ago is not refused but delayed (`Verdict::Delay`) to the next free
+//! interval ago is not refused but delayed (`Ruling::Delay`) to the next free
 //! instant; at most `capacity` requests wait at any instant, the rest are
 //! denied. `capacity = 0` is a pure policer: strict spacing, no queue.
 //!
@@ -23,7 +23,8 @@
 //!
 //! Memory: 8 bytes per key.
 
-use super::{rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Unit, Verdict};
+use super::script::exact;
+use super::{rate_words, Given, Hold, Kept, Measure, Nanos, Param, Quota, Rule, Ruling};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeakyBucket {
@@ -35,7 +36,7 @@ pub struct LeakyBucket {
 
 /// The earliest instant the next request may be released; `0` is an idle bucket.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct State {
+pub struct LeakyBucketState {
     pub next_free: Nanos,
 }
 
@@ -46,24 +47,28 @@ impl LeakyBucket {
 
     /// Requests holding a release instant after `now`. Counts a gap left by a
     /// cancellation as a waiter: over-counting only ever refuses, never floods.
-    fn waiting(&self, state: &State, now: Nanos) -> u64 {
+    fn waiting(&self, state: &LeakyBucketState, now: Nanos) -> u64 {
         let d = state.next_free.saturating_sub(now);
         d.div_ceil(self.interval()).saturating_sub(1)
     }
 }
 
 impl Rule for LeakyBucket {
-    type State = State;
+    type State = LeakyBucketState;
     const NAME: &'static str = "leaky_bucket";
-    const PARAMS: &'static [(&'static str, Unit)] = &[
-        ("capacity", Unit::Count),
-        ("leak_per_second", Unit::PerSecond),
+    const PARAMS: &'static [(&'static str, Measure)] = &[
+        ("capacity", Measure::Count),
+        ("leak_per_second", Measure::PerSecond),
     ];
     const COUNT_REFUSAL: Option<&'static str> = Some("delays requests rather than counting them");
     const COUNTS_REFUSED: bool = false;
     const HOLDS: Hold = Hold::Place;
     /// No queue: a pure policer.
     const LEAST_LIMIT: u64 = 0;
+    const SHAPE_TAG: u8 = 4;
+    const SCRIPT_TAG: &'static str = "lb";
+    const LEASE_REFUSAL: Option<&'static str> =
+        Some("spaces requests out one by one; a unit reserved ahead would shape nothing");
     const KEPT: Kept = Kept::Words;
 
     /// `capacity: 0` is a pure policer: no queue.
@@ -75,32 +80,32 @@ impl Rule for LeakyBucket {
         }
     }
 
-    fn check(&self, state: &State, now: Nanos) -> Verdict {
+    fn check(&self, state: &LeakyBucketState, now: Nanos) -> Ruling {
         let d = state.next_free.saturating_sub(now);
         if d == 0 {
-            return Verdict::Allow;
+            return Ruling::Allow;
         }
         if self.waiting(state, now) < self.capacity {
-            return Verdict::Delay(d);
+            return Ruling::Delay(d);
         }
         // One waiter leaves each interval; once `d <= capacity * interval` this
         // request would be the `capacity`-th waiter, which is still allowed.
         // Here `d > capacity * interval`, so the product does not saturate
         // and the wait is at least 1 ns.
-        Verdict::Deny {
+        Ruling::Deny {
             retry_after: d - self.capacity.saturating_mul(self.interval()),
         }
     }
 
     /// The admitted request takes the slot `max(now, next_free)`, which is
     /// exactly `now` plus the delay `check` announced.
-    fn record(&self, state: &mut State, now: Nanos, admitted: bool) {
+    fn record(&self, state: &mut LeakyBucketState, now: Nanos, admitted: bool) {
         if admitted {
             state.next_free = state.next_free.max(now).saturating_add(self.interval());
         }
     }
 
-    fn quota(&self, state: &State, now: Nanos) -> Quota {
+    fn quota(&self, state: &LeakyBucketState, now: Nanos) -> Quota {
         Quota {
             limit: self.capacity,
             window: Some(self.capacity.saturating_mul(self.interval)),
@@ -114,7 +119,7 @@ impl Rule for LeakyBucket {
     }
 
     /// From `next_free` on the bucket answers like a fresh one.
-    fn expires_at(&self, state: &State) -> Nanos {
+    fn expires_at(&self, state: &LeakyBucketState) -> Nanos {
         state.next_free
     }
 
@@ -125,16 +130,14 @@ impl Rule for LeakyBucket {
     /// and every other live slot is at most `ticket - interval`, so `ticket`
     /// is a safe next instant. A request already released (`now >= ticket`)
     /// used its slot and gives nothing back.
-    fn release(&self, state: &mut State, ticket: Nanos, now: Nanos) {
+    fn release(&self, state: &mut LeakyBucketState, ticket: Nanos, now: Nanos) {
         if now < ticket && ticket.checked_add(self.interval()) == Some(state.next_free) {
             state.next_free = ticket;
         }
     }
 
-    fn shape(&self) -> Shape {
-        Shape::LeakyBucket {
-            interval: self.interval,
-        }
+    fn shape_span(&self) -> Nanos {
+        self.interval
     }
 
     fn describe(&self) -> String {
@@ -161,19 +164,22 @@ impl Rule for LeakyBucket {
         ]
     }
 
-    fn words(state: &State) -> Vec<u64> {
+    /// `capacity, interval`.
+    fn script_params(&self) -> Result<[u64; 5], Nanos> {
+        exact(self.capacity.saturating_add(1).saturating_mul(self.interval))?;
+        Ok([self.capacity, self.interval, 0, 0, 0])
+    }
+
+    fn words(state: &LeakyBucketState) -> Vec<u64> {
         vec![state.next_free]
     }
 
-    fn from_words(words: &[u64]) -> Option<State> {
-        Some(State {
+    fn from_words(words: &[u64]) -> Option<LeakyBucketState> {
+        Some(LeakyBucketState {
             next_free: *words.first()?,
         })
     }
 
-    fn wrap(state: State) -> super::State {
-        super::State::LeakyBucket(state)
-    }
 }
 
 #[cfg(test)]
@@ -194,27 +200,27 @@ mod tests {
 
     /// check, then record with the limiter's own answer; the release instant
     /// when admitted.
-    fn attempt(rule: &LeakyBucket, state: &mut State, now: Nanos) -> (Verdict, Option<Nanos>) {
-        let verdict = rule.check(state, now);
-        rule.record(state, now, !verdict.is_deny());
-        let ticket = match verdict {
-            Verdict::Allow => Some(now),
-            Verdict::Delay(d) => Some(now + d),
-            Verdict::Deny { .. } => None,
+    fn attempt(rule: &LeakyBucket, state: &mut LeakyBucketState, now: Nanos) -> (Ruling, Option<Nanos>) {
+        let ruling = rule.check(state, now);
+        rule.record(state, now, !ruling.is_deny());
+        let ticket = match ruling {
+            Ruling::Allow => Some(now),
+            Ruling::Delay(d) => Some(now + d),
+            Ruling::Deny { .. } => None,
         };
-        (verdict, ticket)
+        (ruling, ticket)
     }
 
     #[test]
     fn an_idle_bucket_lets_one_through_then_queues_capacity_then_rejects() {
         let rule = two_waiting_at_one_per_second();
-        let mut state = State::default();
-        assert_eq!(attempt(&rule, &mut state, T0).0, Verdict::Allow);
-        assert_eq!(attempt(&rule, &mut state, T0).0, Verdict::Delay(S));
-        assert_eq!(attempt(&rule, &mut state, T0).0, Verdict::Delay(2 * S));
+        let mut state = LeakyBucketState::default();
+        assert_eq!(attempt(&rule, &mut state, T0).0, Ruling::Allow);
+        assert_eq!(attempt(&rule, &mut state, T0).0, Ruling::Delay(S));
+        assert_eq!(attempt(&rule, &mut state, T0).0, Ruling::Delay(2 * S));
         assert_eq!(
             attempt(&rule, &mut state, T0).0,
-            Verdict::Deny { retry_after: S }
+            Ruling::Deny { retry_after: S }
         );
         assert_eq!(state.next_free, T0 + 3 * S);
     }
@@ -222,22 +228,22 @@ mod tests {
     #[test]
     fn a_place_in_the_queue_frees_exactly_when_the_first_waiter_leaves() {
         let rule = two_waiting_at_one_per_second();
-        let mut state = State::default();
+        let mut state = LeakyBucketState::default();
         for _ in 0..3 {
             attempt(&rule, &mut state, T0);
         }
         let leaves = T0 + S;
         assert_eq!(
             rule.check(&state, leaves - 1),
-            Verdict::Deny { retry_after: 1 }
+            Ruling::Deny { retry_after: 1 }
         );
-        assert_eq!(attempt(&rule, &mut state, leaves).0, Verdict::Delay(2 * S));
+        assert_eq!(attempt(&rule, &mut state, leaves).0, Ruling::Delay(2 * S));
     }
 
     #[test]
     fn rejected_request_takes_no_slot() {
         let rule = two_waiting_at_one_per_second();
-        let mut state = State::default();
+        let mut state = LeakyBucketState::default();
         for _ in 0..3 {
             attempt(&rule, &mut state, T0);
         }
@@ -253,21 +259,21 @@ mod tests {
             capacity: 0,
             interval: S,
         };
-        let mut state = State::default();
-        assert_eq!(attempt(&rule, &mut state, T0).0, Verdict::Allow);
+        let mut state = LeakyBucketState::default();
+        assert_eq!(attempt(&rule, &mut state, T0).0, Ruling::Allow);
         assert_eq!(
             attempt(&rule, &mut state, T0 + S / 4).0,
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: 3 * S / 4
             }
         );
-        assert_eq!(attempt(&rule, &mut state, T0 + S).0, Verdict::Allow);
+        assert_eq!(attempt(&rule, &mut state, T0 + S).0, Ruling::Allow);
     }
 
     #[test]
     fn quota_counts_free_places_in_the_queue() {
         let rule = two_waiting_at_one_per_second();
-        let mut state = State::default();
+        let mut state = LeakyBucketState::default();
         for _ in 0..3 {
             attempt(&rule, &mut state, T0);
         }
@@ -289,7 +295,7 @@ mod tests {
     #[test]
     fn a_cancelled_last_waiter_hands_its_slot_back() {
         let rule = two_waiting_at_one_per_second();
-        let mut state = State::default();
+        let mut state = LeakyBucketState::default();
         let tickets: Vec<_> = (0..3)
             .map(|_| attempt(&rule, &mut state, T0).1.unwrap())
             .collect();
@@ -297,14 +303,14 @@ mod tests {
         assert_eq!(state.next_free, T0 + 2 * S);
         assert_eq!(
             attempt(&rule, &mut state, T0 + S / 2),
-            (Verdict::Delay(3 * S / 2), Some(T0 + 2 * S))
+            (Ruling::Delay(3 * S / 2), Some(T0 + 2 * S))
         );
     }
 
     #[test]
     fn a_cancelled_middle_waiter_leaves_a_gap() {
         let rule = two_waiting_at_one_per_second();
-        let mut state = State::default();
+        let mut state = LeakyBucketState::default();
         let tickets: Vec<_> = (0..3)
             .map(|_| attempt(&rule, &mut state, T0).1.unwrap())
             .collect();
@@ -316,18 +322,18 @@ mod tests {
     #[test]
     fn a_request_that_was_already_released_gives_nothing_back() {
         let rule = two_waiting_at_one_per_second();
-        let mut state = State::default();
+        let mut state = LeakyBucketState::default();
         let ticket = attempt(&rule, &mut state, T0).1.unwrap();
         let before = state.clone();
         rule.release(&mut state, ticket, T0);
         rule.release(&mut state, ticket, T0 + S / 2);
         assert_eq!(state, before, "finishing is not cancelling");
-        assert_eq!(rule.check(&state, T0 + S / 2), Verdict::Delay(S / 2));
+        assert_eq!(rule.check(&state, T0 + S / 2), Ruling::Delay(S / 2));
     }
 
     #[test]
     fn a_lowered_capacity_keeps_the_queue_and_denies_newcomers() {
-        let mut state = State::default();
+        let mut state = LeakyBucketState::default();
         for _ in 0..3 {
             attempt(&two_waiting_at_one_per_second(), &mut state, T0);
         }
@@ -337,10 +343,10 @@ mod tests {
         };
         assert_eq!(
             lowered.check(&state, T0),
-            Verdict::Deny { retry_after: 2 * S }
+            Ruling::Deny { retry_after: 2 * S }
         );
         assert_eq!(lowered.quota(&state, T0).remaining, 0);
-        assert_eq!(lowered.check(&state, T0 + 2 * S), Verdict::Delay(S));
+        assert_eq!(lowered.check(&state, T0 + 2 * S), Ruling::Delay(S));
     }
 
     #[derive(Debug, Clone)]
@@ -380,7 +386,7 @@ mod tests {
         prop::collection::vec(op, 1..80)
     }
 
-    struct Admitted {
+    struct Waiter {
         ticket: Nanos,
         gone: bool,
         finished: bool,
@@ -394,23 +400,23 @@ mod tests {
             ops in ops(true),
         ) {
             let rule = LeakyBucket { capacity, interval };
-            let mut state = State::default();
+            let mut state = LeakyBucketState::default();
             let mut now = T0;
-            let mut log: Vec<Admitted> = Vec::new();
+            let mut log: Vec<Waiter> = Vec::new();
             for op in ops {
                 match op {
                     Op::Arrive { gap, burst, refused } => {
                         now += gap;
                         for i in 0..burst {
-                            let verdict = rule.check(&state, now);
-                            let admit = !verdict.is_deny() && i >= refused;
+                            let ruling = rule.check(&state, now);
+                            let admit = !ruling.is_deny() && i >= refused;
                             rule.record(&mut state, now, admit);
                             if admit {
-                                let delay = match verdict {
-                                    Verdict::Delay(d) => d,
+                                let delay = match ruling {
+                                    Ruling::Delay(d) => d,
                                     _ => 0,
                                 };
-                                log.push(Admitted { ticket: now + delay, gone: false, finished: false });
+                                log.push(Waiter { ticket: now + delay, gone: false, finished: false });
                             }
                         }
                     }
@@ -451,7 +457,7 @@ mod tests {
             ops in ops(false),
         ) {
             let rule = LeakyBucket { capacity, interval };
-            let mut state = State::default();
+            let mut state = LeakyBucketState::default();
             let mut now = T0;
             let mut tickets: Vec<Nanos> = Vec::new();
             for op in ops {
@@ -460,11 +466,11 @@ mod tests {
                 for _ in 0..burst {
                     let waiting = tickets.iter().filter(|&&t| t > now).count() as u64;
                     prop_assert_eq!(rule.quota(&state, now).remaining, capacity - waiting);
-                    let verdict = rule.check(&state, now);
+                    let ruling = rule.check(&state, now);
                     let free = tickets.last().is_none_or(|&t| t + interval <= now);
-                    prop_assert_eq!(verdict == Verdict::Allow, free);
-                    prop_assert_eq!(verdict.is_deny(), !free && waiting >= capacity);
-                    if let Verdict::Deny { retry_after } = verdict {
+                    prop_assert_eq!(ruling == Ruling::Allow, free);
+                    prop_assert_eq!(ruling.is_deny(), !free && waiting >= capacity);
+                    if let Ruling::Deny { retry_after } = ruling {
                         prop_assert!(retry_after >= 1);
                         prop_assert!(rule.check(&state, now + retry_after - 1).is_deny());
                         prop_assert!(!rule.check(&state, now + retry_after).is_deny());
@@ -474,7 +480,7 @@ mod tests {
                     let q = rule.quota(&state, now);
                     prop_assert_eq!(q.remaining == capacity, q.reset_after == 0);
                     prop_assert_eq!(rule.quota(&state, now + q.reset_after).remaining, capacity);
-                    prop_assert_eq!(rule.check(&state, rule.expires_at(&state)), Verdict::Allow);
+                    prop_assert_eq!(rule.check(&state, rule.expires_at(&state)), Ruling::Allow);
                 }
             }
         }

@@ -24,7 +24,7 @@
 //!   window's go back to the shared state when the lease ends; a token
 //!   bucket's were taken now and are not given back (the bucket refills them).
 
-use super::{Algorithm, Kind, Nanos};
+use super::{Algorithm, Nanos};
 
 /// `lease: { max: N }` on a limiter: reserve up to `max` units at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,26 +43,15 @@ pub const LEAST_TERM: Nanos = 1_000_000;
 /// units as that many list entries in one command.
 pub const MAX_UNITS: u64 = 1_000;
 
-/// What becomes of the units a lease did not spend by its end.
+/// What becomes of the units a lease did not spend by its end (each
+/// algorithm's [`super::Rule::lease_unspent`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unspent {
-    /// They are taken out of the shared state again.
-    Returned,
+    /// They are taken out of the shared state again, at `place`: the
+    /// window they were counted in, or the log entry they were written as.
+    Returned { place: Nanos },
     /// They stay counted (a token bucket refills them at its rate).
     Lost,
-}
-
-/// Why `lease:` does not apply to this algorithm, or `None` if it does.
-pub fn refusal(kind: Kind) -> Option<&'static str> {
-    match kind {
-        Kind::FixedWindow | Kind::SlidingWindow | Kind::TokenBucket => None,
-        Kind::LeakyBucket => {
-            Some("spaces requests out one by one; a unit reserved ahead would shape nothing")
-        }
-        Kind::Concurrency => {
-            Some("counts requests in flight, which end one by one; a slot cannot be reserved ahead")
-        }
-    }
 }
 
 /// How many units a lease of at most `max` takes when `remaining` units are
@@ -72,37 +61,22 @@ pub fn grant(max: u64, remaining: u64) -> u64 {
 }
 
 /// How long a lease on `algorithm` lasts, from the instant the store
-/// granted it; `None` where leases do not apply. A fixed window's lease
-/// ends earlier when its window does ([`ends_after`]).
+/// granted it; `None` where leases do not apply. An algorithm may end a
+/// lease earlier ([`ends_after`]).
 pub fn term(algorithm: &Algorithm) -> Option<Nanos> {
-    let span = match algorithm {
-        Algorithm::FixedWindow(f) => f.window,
-        Algorithm::SlidingWindow(s) => s.window,
-        Algorithm::TokenBucket(t) => t.capacity.saturating_mul(t.interval),
-        Algorithm::LeakyBucket(_) | Algorithm::Concurrency(_) => return None,
-    };
+    let span = algorithm.lease_span()?;
     Some((span / TERM_PER).max(LEAST_TERM))
 }
 
 /// How long after the store's instant `at` a lease granted then may be
 /// spent: its term, and for a fixed window no later than the window's end.
 pub fn ends_after(algorithm: &Algorithm, at: Nanos) -> Nanos {
-    let term = term(algorithm).unwrap_or(0);
-    match algorithm {
-        Algorithm::FixedWindow(f) => {
-            let window = f.window.max(1);
-            term.min(window - at % window)
-        }
-        _ => term,
-    }
+    algorithm.lease_ends_after(at, term(algorithm).unwrap_or(0))
 }
 
-/// What becomes of the units a lease on `algorithm` did not spend.
-pub fn unspent(algorithm: &Algorithm) -> Unspent {
-    match algorithm {
-        Algorithm::TokenBucket(_) => Unspent::Lost,
-        _ => Unspent::Returned,
-    }
+/// What becomes of the units a lease on `algorithm`, granted at `at`, did not spend.
+pub fn unspent(algorithm: &Algorithm, at: Nanos) -> Unspent {
+    algorithm.lease_unspent(at, term(algorithm).unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -110,6 +84,7 @@ mod tests {
     use super::*;
     use crate::limiter::fixed_window::FixedWindow;
     use crate::limiter::token_bucket::TokenBucket;
+    use crate::limiter::AlgorithmKind;
     use crate::limiter::NANOS_PER_SEC as S;
 
     #[test]
@@ -175,14 +150,40 @@ mod tests {
             interval: S,
             refunds: false,
         });
-        assert_eq!(unspent(&bucket), Unspent::Lost);
+        assert_eq!(unspent(&bucket, 5 * S), Unspent::Lost);
         let window = Algorithm::FixedWindow(FixedWindow {
             limit: 10,
-            window: S,
+            window: 2 * S,
         });
-        assert_eq!(unspent(&window), Unspent::Returned);
-        assert!(refusal(Kind::Concurrency).is_some());
-        assert!(refusal(Kind::LeakyBucket).is_some());
-        assert!(refusal(Kind::SlidingWindow).is_none());
+        assert_eq!(
+            unspent(&window, 5 * S),
+            Unspent::Returned { place: 4 * S },
+            "back to the window they were counted in"
+        );
+    }
+
+    #[test]
+    fn an_algorithm_takes_leases_exactly_when_it_says_so() {
+        for kind in AlgorithmKind::ALL {
+            let algorithm = kind.build(&mut crate::limiter::tests::Reads::default());
+            assert_eq!(
+                kind.lease_refusal().is_none(),
+                term(&algorithm).is_some(),
+                "{}",
+                kind.name()
+            );
+        }
+        assert!(AlgorithmKind::Concurrency.lease_refusal().is_some());
+        assert!(AlgorithmKind::LeakyBucket.lease_refusal().is_some());
+        let leasing: Vec<&str> = AlgorithmKind::ALL
+            .into_iter()
+            .filter(|k| k.lease_refusal().is_none())
+            .map(AlgorithmKind::name)
+            .collect();
+        let (last, rest) = leasing.split_last().expect("some algorithm leases");
+        assert_eq!(
+            AlgorithmKind::leasing(),
+            format!("{} and {last}", rest.join(", "))
+        );
     }
 }

@@ -7,14 +7,14 @@
 //!
 //! Memory: 8 bytes per admitted request still in the window, plus the
 //! `VecDeque` header (32 bytes on 64-bit targets). The log never holds more than
-//! `limit` entries: the newest `limit` admissions alone decide every verdict and
+//! `limit` entries: the newest `limit` admissions alone decide every ruling and
 //! quota under this limit, so older ones are dropped on `record`.
 
 use std::collections::VecDeque;
 
-use super::{
-    span_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Ticket, Unit, Verdict,
-};
+use super::lease::Unspent;
+use super::script::exact;
+use super::{span_words, Given, Hold, Kept, Measure, Nanos, Param, Quota, Rule, Ruling, Ticket};
 
 /// The largest limit: the exact log costs 8 bytes per admitted request and
 /// key, so a larger limit would let one key take megabytes.
@@ -27,10 +27,12 @@ pub struct SlidingWindow {
     pub window: Nanos,
 }
 
-/// Timestamps of admitted requests, oldest first.
+/// Timestamps of admitted requests, oldest first. Boxed: the log is the
+/// one variable-size state, and every other key of a table should not pay
+/// for its header.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct State {
-    pub admitted: VecDeque<Nanos>,
+pub struct SlidingWindowState {
+    pub admitted: Box<VecDeque<Nanos>>,
 }
 
 impl SlidingWindow {
@@ -42,23 +44,26 @@ impl SlidingWindow {
 
     /// Index of the oldest entry that still counts at `now`; the log is sorted,
     /// so everything from here on counts.
-    fn first_counting(&self, state: &State, now: Nanos) -> usize {
+    fn first_counting(&self, state: &SlidingWindowState, now: Nanos) -> usize {
         state.admitted.partition_point(|&t| !self.counts(t, now))
     }
 
-    fn in_window(&self, state: &State, now: Nanos) -> u64 {
+    fn in_window(&self, state: &SlidingWindowState, now: Nanos) -> u64 {
         (state.admitted.len() - self.first_counting(state, now)) as u64
     }
 }
 
 impl Rule for SlidingWindow {
-    type State = State;
+    type State = SlidingWindowState;
     const NAME: &'static str = "sliding_window";
-    const PARAMS: &'static [(&'static str, Unit)] =
-        &[("limit", Unit::Count), ("window", Unit::Span)];
+    const PARAMS: &'static [(&'static str, Measure)] =
+        &[("limit", Measure::Count), ("window", Measure::Span)];
     const COUNT_REFUSAL: Option<&'static str> = None;
     const COUNTS_REFUSED: bool = false;
     const HOLDS: Hold = Hold::Nothing;
+    const SHAPE_TAG: u8 = 2;
+    const SCRIPT_TAG: &'static str = "sw";
+    const LEASE_REFUSAL: Option<&'static str> = None;
     const KEPT: Kept = Kept::Words;
 
     /// At most [`MAX_LIMIT`]: the log costs 8 bytes per admitted request and key.
@@ -76,15 +81,15 @@ impl Rule for SlidingWindow {
         }
     }
 
-    fn check(&self, state: &State, now: Nanos) -> Verdict {
+    fn check(&self, state: &SlidingWindowState, now: Nanos) -> Ruling {
         let first = self.first_counting(state, now);
         let count = (state.admitted.len() - first) as u64;
         if count < self.limit {
-            return Verdict::Allow;
+            return Ruling::Allow;
         }
         if self.limit == 0 {
             // Nothing ever frees a slot; a window is as honest a hint as any.
-            return Verdict::Deny {
+            return Ruling::Deny {
                 retry_after: self.window.max(1),
             };
         }
@@ -92,7 +97,7 @@ impl Rule for SlidingWindow {
         // left: that is the entry `count - limit` places after the oldest one.
         // A lowered limit (count > limit) just makes us wait for a later entry.
         let must_leave = state.admitted[first + (count - self.limit) as usize];
-        Verdict::Deny {
+        Ruling::Deny {
             retry_after: must_leave
                 .saturating_add(self.window)
                 .saturating_sub(now)
@@ -101,7 +106,7 @@ impl Rule for SlidingWindow {
     }
 
     /// Only admissions are logged; a refused request leaves nothing behind.
-    fn record(&self, state: &mut State, now: Nanos, admitted: bool) {
+    fn record(&self, state: &mut SlidingWindowState, now: Nanos, admitted: bool) {
         let stale = self.first_counting(state, now);
         state.admitted.drain(..stale);
         if admitted {
@@ -123,7 +128,7 @@ impl Rule for SlidingWindow {
         }
     }
 
-    fn quota(&self, state: &State, now: Nanos) -> Quota {
+    fn quota(&self, state: &SlidingWindowState, now: Nanos) -> Quota {
         let reset_after = match state.admitted.back() {
             Some(&newest) if self.counts(newest, now) => newest.saturating_add(self.window) - now,
             _ => 0,
@@ -140,24 +145,22 @@ impl Rule for SlidingWindow {
     /// removed (one entry, if several share the instant). An entry already
     /// dropped (out of the window, or beyond the newest `limit`) no longer
     /// weighs on any answer, so nothing is given back for it.
-    fn refund(&self, state: &mut State, ticket: Ticket, _now: Nanos) {
+    fn refund(&self, state: &mut SlidingWindowState, ticket: Ticket, _now: Nanos) {
         if let Some(i) = state.admitted.iter().position(|&t| t == ticket.place) {
             state.admitted.remove(i);
         }
     }
 
     /// Once the newest entry has left the window the log says nothing.
-    fn expires_at(&self, state: &State) -> Nanos {
+    fn expires_at(&self, state: &SlidingWindowState) -> Nanos {
         state
             .admitted
             .back()
             .map_or(0, |&newest| newest.saturating_add(self.window))
     }
 
-    fn shape(&self) -> Shape {
-        Shape::SlidingWindow {
-            window: self.window,
-        }
+    fn shape_span(&self) -> Nanos {
+        self.window
     }
 
     fn describe(&self) -> String {
@@ -184,19 +187,33 @@ impl Rule for SlidingWindow {
     }
 
     /// The log, oldest first.
-    fn words(state: &State) -> Vec<u64> {
+    /// A lease lasts 1/100 of the window; its units are logged at the end
+    /// of its term, so each counts a whole window after any instant it may
+    /// be spent at.
+    fn lease_span(&self) -> Option<Nanos> {
+        Some(self.window)
+    }
+
+    /// Unspent units are taken out of the log again: the entries at the term's end.
+    fn lease_unspent(&self, at: Nanos, term: Nanos) -> Unspent {
+        Unspent::Returned { place: at + term }
+    }
+
+    /// `limit, window`.
+    fn script_params(&self) -> Result<[u64; 5], Nanos> {
+        Ok([self.limit, exact(self.window)?, 0, 0, 0])
+    }
+
+    fn words(state: &SlidingWindowState) -> Vec<u64> {
         state.admitted.iter().copied().collect()
     }
 
-    fn from_words(words: &[u64]) -> Option<State> {
-        Some(State {
-            admitted: words.iter().copied().collect(),
+    fn from_words(words: &[u64]) -> Option<SlidingWindowState> {
+        Some(SlidingWindowState {
+            admitted: Box::new(words.iter().copied().collect()),
         })
     }
 
-    fn wrap(state: State) -> super::State {
-        super::State::SlidingWindow(Box::new(state))
-    }
 }
 
 #[cfg(test)]
@@ -217,13 +234,13 @@ mod tests {
     #[test]
     fn a_refund_removes_the_admission_and_frees_its_slot() {
         let rule = five_per_minute();
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         for i in 0..5 {
             attempt(&rule, &mut state, T0 + i * S);
         }
         assert!(rule.check(&state, T0 + 5 * S).is_deny());
         rule.refund(&mut state, Ticket::at(T0 + 2 * S), T0 + 5 * S);
-        assert_eq!(rule.check(&state, T0 + 5 * S), Verdict::Allow);
+        assert_eq!(rule.check(&state, T0 + 5 * S), Ruling::Allow);
         assert_eq!(state.admitted.len(), 4);
         // An unknown ticket changes nothing.
         rule.refund(&mut state, Ticket::at(T0 + 2 * S), T0 + 5 * S);
@@ -231,22 +248,22 @@ mod tests {
     }
 
     /// check, then record with the limiter's own answer, as a lone limiter does.
-    fn attempt(rule: &SlidingWindow, state: &mut State, now: Nanos) -> Verdict {
-        let verdict = rule.check(state, now);
-        rule.record(state, now, !verdict.is_deny());
-        verdict
+    fn attempt(rule: &SlidingWindow, state: &mut SlidingWindowState, now: Nanos) -> Ruling {
+        let ruling = rule.check(state, now);
+        rule.record(state, now, !ruling.is_deny());
+        ruling
     }
 
     #[test]
     fn accepts_up_to_the_limit_and_rejects_the_next() {
         let rule = five_per_minute();
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         for i in 0..5 {
-            assert_eq!(attempt(&rule, &mut state, T0 + i * S), Verdict::Allow);
+            assert_eq!(attempt(&rule, &mut state, T0 + i * S), Ruling::Allow);
         }
         assert_eq!(
             attempt(&rule, &mut state, T0 + 10 * S),
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: 50 * S
             }
         );
@@ -255,20 +272,20 @@ mod tests {
     #[test]
     fn a_slot_frees_exactly_one_window_after_the_oldest_admission() {
         let rule = five_per_minute();
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         for i in 0..5 {
             attempt(&rule, &mut state, T0 + i * S);
         }
         let free_at = T0 + 60 * S;
         assert_eq!(
             rule.check(&state, free_at - 1),
-            Verdict::Deny { retry_after: 1 }
+            Ruling::Deny { retry_after: 1 }
         );
-        assert_eq!(rule.check(&state, free_at), Verdict::Allow);
-        assert_eq!(attempt(&rule, &mut state, free_at), Verdict::Allow);
+        assert_eq!(rule.check(&state, free_at), Ruling::Allow);
+        assert_eq!(attempt(&rule, &mut state, free_at), Ruling::Allow);
         assert_eq!(
             rule.check(&state, free_at),
-            Verdict::Deny { retry_after: S },
+            Ruling::Deny { retry_after: S },
             "the next slot frees when the second admission leaves"
         );
     }
@@ -276,23 +293,23 @@ mod tests {
     #[test]
     fn no_burst_across_a_window_boundary() {
         let rule = five_per_minute();
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         let end_of_minute = T0 + 40 * S - 1;
         for _ in 0..5 {
-            assert_eq!(attempt(&rule, &mut state, end_of_minute), Verdict::Allow);
+            assert_eq!(attempt(&rule, &mut state, end_of_minute), Ruling::Allow);
         }
         assert!(attempt(&rule, &mut state, end_of_minute + 1).is_deny());
         assert_eq!(
             rule.check(&state, end_of_minute + 60 * S - 1),
-            Verdict::Deny { retry_after: 1 }
+            Ruling::Deny { retry_after: 1 }
         );
-        assert_eq!(rule.check(&state, end_of_minute + 60 * S), Verdict::Allow);
+        assert_eq!(rule.check(&state, end_of_minute + 60 * S), Ruling::Allow);
     }
 
     #[test]
     fn rejected_request_leaves_no_entry() {
         let rule = five_per_minute();
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         for _ in 0..5 {
             attempt(&rule, &mut state, T0);
         }
@@ -306,7 +323,7 @@ mod tests {
     #[test]
     fn quota_counts_what_is_left_and_when_all_of_it_is_back() {
         let rule = five_per_minute();
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         attempt(&rule, &mut state, T0);
         attempt(&rule, &mut state, T0 + 10 * S);
         assert_eq!(
@@ -322,12 +339,12 @@ mod tests {
         let idle = rule.quota(&state, T0 + 70 * S);
         assert_eq!((idle.remaining, idle.reset_after), (5, 0));
         assert_eq!(rule.expires_at(&state), T0 + 70 * S);
-        assert_eq!(rule.expires_at(&State::default()), 0);
+        assert_eq!(rule.expires_at(&SlidingWindowState::default()), 0);
     }
 
     #[test]
     fn a_lowered_limit_denies_until_enough_entries_leave() {
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         for i in 0..5 {
             attempt(&five_per_minute(), &mut state, T0 + i * S);
         }
@@ -338,7 +355,7 @@ mod tests {
         let now = T0 + 10 * S;
         assert_eq!(
             lowered.check(&state, now),
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: 53 * S
             },
             "the fourth admission (T0 + 3 s) must leave for two to count"
@@ -346,13 +363,13 @@ mod tests {
         assert_eq!(lowered.quota(&state, now).remaining, 0);
         lowered.record(&mut state, now, false);
         assert_eq!(
-            state.admitted,
+            *state.admitted,
             [T0 + 3 * S, T0 + 4 * S],
             "only the newest two can matter"
         );
         assert_eq!(
             lowered.check(&state, now),
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: 53 * S
             },
             "trimming the log changes no answer"
@@ -365,10 +382,10 @@ mod tests {
             limit: 0,
             window: 60 * S,
         };
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         assert_eq!(
             attempt(&rule, &mut state, T0),
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: 60 * S
             }
         );
@@ -378,10 +395,10 @@ mod tests {
     #[test]
     fn a_clock_stepping_back_keeps_the_log_sorted() {
         let rule = five_per_minute();
-        let mut state = State::default();
+        let mut state = SlidingWindowState::default();
         attempt(&rule, &mut state, T0 + 5 * S);
         attempt(&rule, &mut state, T0);
-        assert_eq!(state.admitted, [T0, T0 + 5 * S]);
+        assert_eq!(*state.admitted, [T0, T0 + 5 * S]);
     }
 
     /// Sorted arrivals: `(gap, burst)` pairs, each a gap then `burst` requests
@@ -406,7 +423,7 @@ mod tests {
             times in arrivals(),
         ) {
             let rule = SlidingWindow { limit, window };
-            let mut state = State::default();
+            let mut state = SlidingWindowState::default();
             let mut admitted = Vec::new();
             for &now in &times {
                 if !attempt(&rule, &mut state, now).is_deny() {
@@ -427,21 +444,21 @@ mod tests {
             times in arrivals(),
         ) {
             let rule = SlidingWindow { limit, window };
-            let mut state = State::default();
+            let mut state = SlidingWindowState::default();
             let mut admitted: Vec<Nanos> = Vec::new();
             for &now in &times {
                 let counting = admitted.iter().filter(|&&t| now < t + window).count() as u64;
-                let verdict = rule.check(&state, now);
-                prop_assert_eq!(verdict.is_deny(), counting >= limit);
+                let ruling = rule.check(&state, now);
+                prop_assert_eq!(ruling.is_deny(), counting >= limit);
                 prop_assert_eq!(rule.quota(&state, now).remaining, limit - counting.min(limit));
-                if let Verdict::Deny { retry_after } = verdict {
+                if let Ruling::Deny { retry_after } = ruling {
                     prop_assert!(retry_after >= 1);
                     prop_assert!(rule.check(&state, now + retry_after - 1).is_deny());
-                    prop_assert_eq!(rule.check(&state, now + retry_after), Verdict::Allow);
+                    prop_assert_eq!(rule.check(&state, now + retry_after), Ruling::Allow);
                 } else {
                     admitted.push(now);
                 }
-                rule.record(&mut state, now, !verdict.is_deny());
+                rule.record(&mut state, now, !ruling.is_deny());
                 let q = rule.quota(&state, now);
                 prop_assert_eq!(q.remaining == limit, q.reset_after == 0);
                 prop_assert_eq!(rule.quota(&state, now + q.reset_after).remaining, limit);

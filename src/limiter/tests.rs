@@ -32,58 +32,72 @@ fn a_quota_without_one_request_matches_the_state_without_it() {
 
 #[test]
 fn every_algorithm_name_reads_back_as_its_kind() {
-    for kind in Kind::ALL {
-        assert_eq!(Kind::from_name(kind.name()), Some(kind));
+    for kind in AlgorithmKind::ALL {
+        assert_eq!(AlgorithmKind::from_name(kind.name()), Some(kind));
     }
-    assert_eq!(Kind::from_name("gcra"), None);
+    assert_eq!(AlgorithmKind::from_name("gcra"), None);
+    // Every name once, in the order of the list, the last after "or".
+    let names = AlgorithmKind::ALL.map(AlgorithmKind::name);
+    let (last, rest) = names.split_last().expect("algorithms");
     assert_eq!(
-        Kind::choices(),
-        "fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency"
+        AlgorithmKind::choices(),
+        format!("{} or {last}", rest.join(", "))
     );
+    assert!(AlgorithmKind::choices().starts_with("fixed_window, sliding_window, "));
 }
 
 #[test]
 fn shape_fingerprints_are_stable_and_tell_shapes_apart() {
-    let a = Shape::FixedWindow {
-        window: 60 * NANOS_PER_SEC,
-    };
+    let shape = |kind, span| Shape { kind, span };
+    let a = shape(AlgorithmKind::FixedWindow, 60 * NANOS_PER_SEC);
     assert_eq!(a.fingerprint(), a.fingerprint());
     assert_ne!(
         a.fingerprint(),
-        Shape::FixedWindow {
-            window: 120 * NANOS_PER_SEC
-        }
-        .fingerprint()
+        shape(AlgorithmKind::FixedWindow, 120 * NANOS_PER_SEC).fingerprint()
     );
     assert_ne!(
         a.fingerprint(),
-        Shape::SlidingWindow {
-            window: 60 * NANOS_PER_SEC
-        }
-        .fingerprint()
+        shape(AlgorithmKind::SlidingWindow, 60 * NANOS_PER_SEC).fingerprint()
     );
-    assert_ne!(Shape::Concurrency.fingerprint(), 0, "0 means unknown");
+    let slots = shape(AlgorithmKind::Concurrency, 0);
+    assert_ne!(slots.fingerprint(), 0, "0 means unknown");
     // Stored in SQLite files: the digest must not change between builds
     // (FNV-1a of the tag byte and the little-endian parameter).
     assert_eq!(a.fingerprint(), 0x8e4e_208e);
-    assert_eq!(Shape::Concurrency.fingerprint(), 0x2279_bd40);
+    assert_eq!(slots.fingerprint(), 0x2279_bd40);
+}
+
+#[test]
+fn no_two_algorithms_share_a_shape_tag_or_a_script_tag() {
+    let tags = |tag: fn(AlgorithmKind) -> String| {
+        let mut all: Vec<String> = AlgorithmKind::ALL.into_iter().map(tag).collect();
+        all.sort();
+        all.dedup();
+        all.len()
+    };
+    let shape_tag = |k: AlgorithmKind| on_kind!(k, P => P::SHAPE_TAG).to_string();
+    assert_eq!(tags(shape_tag), AlgorithmKind::ALL.len());
+    assert_eq!(
+        tags(|k| k.script_tag().to_string()),
+        AlgorithmKind::ALL.len()
+    );
 }
 
 /// Records which reader each parameter was read with, answering the least value.
 #[derive(Default)]
-struct Reads(Vec<(&'static str, Unit)>);
+pub(crate) struct Reads(Vec<(&'static str, Measure)>);
 
 impl Given for Reads {
     fn number(&mut self, name: &'static str, least: u64) -> u64 {
-        self.0.push((name, Unit::Count));
+        self.0.push((name, Measure::Count));
         least.max(1)
     }
     fn span(&mut self, name: &'static str) -> Nanos {
-        self.0.push((name, Unit::Span));
+        self.0.push((name, Measure::Span));
         NANOS_PER_SEC
     }
     fn rate(&mut self, name: &'static str, _units: u64, _within: &str) -> Nanos {
-        self.0.push((name, Unit::PerSecond));
+        self.0.push((name, Measure::PerSecond));
         NANOS_PER_SEC
     }
     fn refuse(&mut self, _name: &'static str, _why: String) {}
@@ -91,7 +105,7 @@ impl Given for Reads {
 
 #[test]
 fn each_algorithm_reads_exactly_the_parameters_it_declares_in_their_declared_unit() {
-    for kind in Kind::ALL {
+    for kind in AlgorithmKind::ALL {
         let mut reads = Reads::default();
         kind.build(&mut reads);
         let mut read = reads.0;
@@ -105,10 +119,10 @@ fn each_algorithm_reads_exactly_the_parameters_it_declares_in_their_declared_uni
 #[test]
 fn a_parameter_name_means_one_unit_in_every_algorithm_that_takes_it() {
     // The raw config reads a parameter before it knows the algorithm.
-    for kind in Kind::ALL {
+    for kind in AlgorithmKind::ALL {
         for &(name, unit) in kind.params() {
             assert_eq!(
-                Kind::param(name),
+                AlgorithmKind::param(name),
                 Some((name, unit)),
                 "{} in {}",
                 name,
@@ -116,5 +130,5 @@ fn a_parameter_name_means_one_unit_in_every_algorithm_that_takes_it() {
             );
         }
     }
-    assert_eq!(Kind::param("limt"), None);
+    assert_eq!(AlgorithmKind::param("limt"), None);
 }

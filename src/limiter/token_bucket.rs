@@ -30,9 +30,8 @@ mod refunds;
 
 pub use refunds::{Refunds, MAX_HOLES};
 
-use super::{
-    rate_words, Given, Hold, Kept, Nanos, Param, Quota, Rule, Shape, Ticket, Unit, Verdict,
-};
+use super::script::exact;
+use super::{rate_words, Given, Hold, Kept, Measure, Nanos, Param, Quota, Rule, Ruling, Ticket};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenBucket {
@@ -45,7 +44,7 @@ pub struct TokenBucket {
 
 /// `tat`: when the bucket is full again. `0` (or anything `<= now`) is a full bucket.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct State {
+pub struct TokenBucketState {
     pub tat: Nanos,
     /// With `count:`, the current debt's refunds. A debt begun without it
     /// (a reload added `count:`) has none, and its refunds give nothing back.
@@ -60,21 +59,24 @@ impl TokenBucket {
             .saturating_mul(self.interval)
     }
 
-    fn debt(state: &State, now: Nanos) -> Nanos {
+    fn debt(state: &TokenBucketState, now: Nanos) -> Nanos {
         state.tat.saturating_sub(now)
     }
 }
 
 impl Rule for TokenBucket {
-    type State = State;
+    type State = TokenBucketState;
     const NAME: &'static str = "token_bucket";
-    const PARAMS: &'static [(&'static str, Unit)] = &[
-        ("capacity", Unit::Count),
-        ("refill_per_second", Unit::PerSecond),
+    const PARAMS: &'static [(&'static str, Measure)] = &[
+        ("capacity", Measure::Count),
+        ("refill_per_second", Measure::PerSecond),
     ];
     const COUNT_REFUSAL: Option<&'static str> = None;
     const COUNTS_REFUSED: bool = false;
     const HOLDS: Hold = Hold::Nothing;
+    const SHAPE_TAG: u8 = 3;
+    const SCRIPT_TAG: &'static str = "tb";
+    const LEASE_REFUSAL: Option<&'static str> = None;
     const KEPT: Kept = Kept::Words;
 
     fn from_given(given: &mut dyn Given) -> Self {
@@ -94,25 +96,25 @@ impl Rule for TokenBucket {
         self.refunds = true;
     }
 
-    fn check(&self, state: &State, now: Nanos) -> Verdict {
+    fn check(&self, state: &TokenBucketState, now: Nanos) -> Ruling {
         if self.capacity == 0 {
             // No token ever exists; one interval is the policy's only time scale.
-            return Verdict::Deny {
+            return Ruling::Deny {
                 retry_after: self.interval.max(1),
             };
         }
         let debt = Self::debt(state, now);
         if debt <= self.tolerance() {
-            Verdict::Allow
+            Ruling::Allow
         } else {
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: debt - self.tolerance(),
             }
         }
     }
 
     /// A refused request takes no token, so only an admission moves `tat`.
-    fn record(&self, state: &mut State, now: Nanos, admitted: bool) {
+    fn record(&self, state: &mut TokenBucketState, now: Nanos, admitted: bool) {
         if !admitted {
             return;
         }
@@ -127,7 +129,7 @@ impl Rule for TokenBucket {
         state.tat = state.tat.max(now).saturating_add(self.interval);
     }
 
-    fn quota(&self, state: &State, now: Nanos) -> Quota {
+    fn quota(&self, state: &TokenBucketState, now: Nanos) -> Quota {
         let debt = Self::debt(state, now);
         Quota {
             limit: self.capacity,
@@ -145,7 +147,7 @@ impl Rule for TokenBucket {
     /// last full, nothing once its place has passed. Giving back only that
     /// part never hands out a token the bucket would not have had without
     /// the request.
-    fn refund(&self, state: &mut State, ticket: Ticket, now: Nanos) {
+    fn refund(&self, state: &mut TokenBucketState, ticket: Ticket, now: Nanos) {
         let Some(r) = state.refunds.as_deref_mut() else {
             return;
         };
@@ -161,9 +163,9 @@ impl Rule for TokenBucket {
         state.tat = tat;
     }
 
-    /// From `tat` on the bucket is full and the state equals `State::default()`
+    /// From `tat` on the bucket is full and the state equals `TokenBucketState::default()`
     /// in every answer.
-    fn expires_at(&self, state: &State) -> Nanos {
+    fn expires_at(&self, state: &TokenBucketState) -> Nanos {
         state.tat
     }
 
@@ -177,7 +179,7 @@ impl Rule for TokenBucket {
         }
     }
 
-    fn mark(&self, state: &State) -> Nanos {
+    fn mark(&self, state: &TokenBucketState) -> Nanos {
         state.refunds.as_ref().map_or(0, |r| r.total)
     }
 
@@ -193,10 +195,8 @@ impl Rule for TokenBucket {
         }
     }
 
-    fn shape(&self) -> Shape {
-        Shape::TokenBucket {
-            interval: self.interval,
-        }
+    fn shape_span(&self) -> Nanos {
+        self.interval
     }
 
     fn describe(&self) -> String {
@@ -224,7 +224,21 @@ impl Rule for TokenBucket {
     }
 
     /// `tat`, then with `count:` the refunds (`Refunds::words`).
-    fn words(state: &State) -> Vec<u64> {
+    /// A lease lasts 1/100 of the time the bucket takes to refill
+    /// completely, and is charged as if its tokens were taken at the end of
+    /// its term. Unspent tokens are not given back: the bucket refills them
+    /// (the default [`Rule::lease_unspent`]).
+    fn lease_span(&self) -> Option<Nanos> {
+        Some(self.capacity.saturating_mul(self.interval))
+    }
+
+    /// `capacity, interval`.
+    fn script_params(&self) -> Result<[u64; 5], Nanos> {
+        exact(self.capacity.saturating_mul(self.interval))?;
+        Ok([self.capacity, self.interval, 0, 0, 0])
+    }
+
+    fn words(state: &TokenBucketState) -> Vec<u64> {
         let mut words = vec![state.tat];
         if let Some(r) = &state.refunds {
             r.words(&mut words);
@@ -232,17 +246,14 @@ impl Rule for TokenBucket {
         words
     }
 
-    fn from_words(words: &[u64]) -> Option<State> {
+    fn from_words(words: &[u64]) -> Option<TokenBucketState> {
         let (tat, rest) = words.split_first()?;
-        Some(State {
+        Some(TokenBucketState {
             tat: *tat,
             refunds: Refunds::from_words(rest).map(Box::new),
         })
     }
 
-    fn wrap(state: State) -> super::State {
-        super::State::TokenBucket(state)
-    }
 }
 
 #[cfg(test)]
@@ -262,21 +273,21 @@ mod tests {
         }
     }
 
-    fn attempt(rule: &TokenBucket, state: &mut State, now: Nanos) -> Verdict {
-        let verdict = rule.check(state, now);
-        rule.record(state, now, !verdict.is_deny());
-        verdict
+    fn attempt(rule: &TokenBucket, state: &mut TokenBucketState, now: Nanos) -> Ruling {
+        let ruling = rule.check(state, now);
+        rule.record(state, now, !ruling.is_deny());
+        ruling
     }
 
     /// The ticket a store hands out for an admission just recorded at `now`.
-    fn ticket_of(rule: &TokenBucket, state: &State, now: Nanos) -> Ticket {
+    fn ticket_of(rule: &TokenBucket, state: &TokenBucketState, now: Nanos) -> Ticket {
         rule.ticket(now, &rule.quota(state, now), rule.mark(state))
     }
 
     #[test]
     fn a_refund_right_away_leaves_the_bucket_as_if_nothing_happened() {
         let rule = five_at_two_per_second();
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         attempt(&rule, &mut state, T0);
         let before = state.clone();
         attempt(&rule, &mut state, T0);
@@ -284,7 +295,7 @@ mod tests {
         rule.refund(&mut state, ticket, T0);
         assert_eq!(state, before);
         // Once refilled, a late refund gives nothing back.
-        let mut full = State::default();
+        let mut full = TokenBucketState::default();
         attempt(&rule, &mut full, T0);
         let ticket = ticket_of(&rule, &full, T0);
         rule.refund(&mut full, ticket, T0 + S);
@@ -311,13 +322,13 @@ mod tests {
                 events.push((t + delay * ms, 0, i));
             }
             events.sort();
-            let mut ours = State::default();
+            let mut ours = TokenBucketState::default();
             let mut tickets = vec![None; reqs.len()];
             let mut end = T0;
             for (now, kind, i) in events {
                 end = now;
                 if kind == 1 {
-                    if attempt(&rule, &mut ours, now) == Verdict::Allow {
+                    if attempt(&rule, &mut ours, now) == Ruling::Allow {
                         tickets[i] = Some((now, ticket_of(&rule, &ours, now)));
                     }
                 } else if let Some((_, ticket)) = tickets[i] {
@@ -327,7 +338,7 @@ mod tests {
                 }
             }
             // The same admissions, only those that counted, in request order.
-            let mut ideal = State::default();
+            let mut ideal = TokenBucketState::default();
             for (i, t) in tickets.iter().enumerate() {
                 if let (Some((at, _)), true) = (t, reqs[i].1) {
                     rule.record(&mut ideal, *at, true);
@@ -349,7 +360,7 @@ mod tests {
     fn a_token_paid_off_after_earlier_refunds_gives_nothing_back() {
         let rule = five_at_two_per_second();
         let ms = 1_000_000;
-        let mut ours = State::default();
+        let mut ours = TokenBucketState::default();
         let mut tickets = Vec::new();
         for _ in 0..3 {
             attempt(&rule, &mut ours, T0);
@@ -357,9 +368,9 @@ mod tests {
         }
         rule.refund(&mut ours, tickets[1], T0 + 18 * ms);
         rule.refund(&mut ours, tickets[0], T0 + 93 * ms);
-        assert_eq!(attempt(&rule, &mut ours, T0 + 594 * ms), Verdict::Allow);
+        assert_eq!(attempt(&rule, &mut ours, T0 + 594 * ms), Ruling::Allow);
         rule.refund(&mut ours, tickets[2], T0 + 700 * ms);
-        let mut ideal = State::default();
+        let mut ideal = TokenBucketState::default();
         rule.record(&mut ideal, T0 + 594 * ms, true);
         let end = T0 + 700 * ms;
         assert!(
@@ -377,7 +388,7 @@ mod tests {
     fn answers_that_never_count_never_limit_however_many_refunds_came_before() {
         let rule = five_at_two_per_second();
         let ms = 1_000_000;
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         // Four counted tokens keep the bucket in debt throughout.
         for _ in 0..4 {
             attempt(&rule, &mut state, T0);
@@ -386,7 +397,7 @@ mod tests {
             let now = T0 + i * ms;
             assert_eq!(
                 attempt(&rule, &mut state, now),
-                Verdict::Allow,
+                Ruling::Allow,
                 "request {i}"
             );
             let ticket = ticket_of(&rule, &state, now);
@@ -400,7 +411,7 @@ mod tests {
     #[test]
     fn refunds_newest_first_give_every_token_back() {
         let rule = five_at_two_per_second();
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         let mut tickets = Vec::new();
         for _ in 0..4 {
             attempt(&rule, &mut state, T0);
@@ -414,16 +425,16 @@ mod tests {
 
     /// A bucket of `capacity` tokens, `taken` of them at once, and the
     /// tickets they were given.
-    fn taken_at_once(capacity: u64, taken: usize) -> (TokenBucket, State, Vec<Ticket>) {
+    fn taken_at_once(capacity: u64, taken: usize) -> (TokenBucket, TokenBucketState, Vec<Ticket>) {
         let rule = TokenBucket {
             capacity,
             interval: S / 2,
             refunds: true,
         };
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         let mut tickets = Vec::new();
         for _ in 0..taken {
-            assert_eq!(attempt(&rule, &mut state, T0), Verdict::Allow);
+            assert_eq!(attempt(&rule, &mut state, T0), Ruling::Allow);
             tickets.push(ticket_of(&rule, &state, T0));
         }
         (rule, state, tickets)
@@ -475,39 +486,39 @@ mod tests {
     #[test]
     fn a_full_bucket_admits_capacity_at_once_then_rejects() {
         let rule = five_at_two_per_second();
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         for _ in 0..5 {
-            assert_eq!(attempt(&rule, &mut state, T0), Verdict::Allow);
+            assert_eq!(attempt(&rule, &mut state, T0), Ruling::Allow);
         }
         assert_eq!(
             attempt(&rule, &mut state, T0),
-            Verdict::Deny { retry_after: S / 2 }
+            Ruling::Deny { retry_after: S / 2 }
         );
     }
 
     #[test]
     fn a_token_is_back_exactly_one_interval_later() {
         let rule = five_at_two_per_second();
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         for _ in 0..5 {
             attempt(&rule, &mut state, T0);
         }
         let back = T0 + S / 2;
         assert_eq!(
             rule.check(&state, back - 1),
-            Verdict::Deny { retry_after: 1 }
+            Ruling::Deny { retry_after: 1 }
         );
-        assert_eq!(attempt(&rule, &mut state, back), Verdict::Allow);
+        assert_eq!(attempt(&rule, &mut state, back), Ruling::Allow);
         assert_eq!(
             rule.check(&state, back),
-            Verdict::Deny { retry_after: S / 2 }
+            Ruling::Deny { retry_after: S / 2 }
         );
     }
 
     #[test]
     fn rejected_request_takes_no_token() {
         let rule = five_at_two_per_second();
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         for _ in 0..5 {
             attempt(&rule, &mut state, T0);
         }
@@ -516,22 +527,22 @@ mod tests {
             assert!(attempt(&rule, &mut state, T0 + S / 4).is_deny());
         }
         assert_eq!(state, before);
-        assert_eq!(rule.check(&state, T0 + S / 2), Verdict::Allow);
+        assert_eq!(rule.check(&state, T0 + S / 2), Ruling::Allow);
     }
 
     #[test]
     fn a_request_denied_elsewhere_takes_no_token_here() {
         let rule = five_at_two_per_second();
-        let mut state = State::default();
-        assert_eq!(rule.check(&state, T0), Verdict::Allow);
+        let mut state = TokenBucketState::default();
+        assert_eq!(rule.check(&state, T0), Ruling::Allow);
         rule.record(&mut state, T0, false);
-        assert_eq!(state, State::default());
+        assert_eq!(state, TokenBucketState::default());
     }
 
     #[test]
     fn quota_counts_whole_tokens_and_time_to_full() {
         let rule = five_at_two_per_second();
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         for _ in 0..3 {
             attempt(&rule, &mut state, T0);
         }
@@ -563,15 +574,15 @@ mod tests {
             interval: 3,
             refunds: true,
         };
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         for now in [10, 13, 16, 19] {
-            assert_eq!(attempt(&rule, &mut state, now), Verdict::Allow);
+            assert_eq!(attempt(&rule, &mut state, now), Ruling::Allow);
         }
         assert_eq!(
             attempt(&rule, &mut state, 21),
-            Verdict::Deny { retry_after: 1 }
+            Ruling::Deny { retry_after: 1 }
         );
-        assert_eq!(attempt(&rule, &mut state, 23), Verdict::Allow);
+        assert_eq!(attempt(&rule, &mut state, 23), Ruling::Allow);
         assert_eq!(
             state.tat, 26,
             "the next token is due one interval after this admission"
@@ -580,7 +591,7 @@ mod tests {
 
     #[test]
     fn a_lowered_capacity_keeps_the_debt_and_denies_until_it_drains() {
-        let mut state = State::default();
+        let mut state = TokenBucketState::default();
         for _ in 0..4 {
             attempt(&five_at_two_per_second(), &mut state, T0);
         }
@@ -591,7 +602,7 @@ mod tests {
         // Debt 2 s; one token under capacity 2 needs a debt of at most 0.5 s.
         assert_eq!(
             lowered.check(&state, T0),
-            Verdict::Deny {
+            Ruling::Deny {
                 retry_after: 3 * S / 2
             }
         );
@@ -611,18 +622,18 @@ mod tests {
             refunds: true,
         };
         assert_eq!(
-            zero.check(&State::default(), T0),
-            Verdict::Deny { retry_after: S }
+            zero.check(&TokenBucketState::default(), T0),
+            Ruling::Deny { retry_after: S }
         );
-        assert_eq!(zero.quota(&State::default(), T0).remaining, 0);
+        assert_eq!(zero.quota(&TokenBucketState::default(), T0).remaining, 0);
         let huge = TokenBucket {
             capacity: u64::MAX,
             interval: u64::MAX,
             refunds: true,
         };
-        let mut state = State::default();
-        assert_eq!(attempt(&huge, &mut state, T0), Verdict::Allow);
-        assert_eq!(attempt(&huge, &mut state, T0), Verdict::Allow);
+        let mut state = TokenBucketState::default();
+        assert_eq!(attempt(&huge, &mut state, T0), Ruling::Allow);
+        assert_eq!(attempt(&huge, &mut state, T0), Ruling::Allow);
         assert_eq!(state.tat, u64::MAX);
         assert_eq!(huge.quota(&state, T0).window, Some(u64::MAX));
     }
@@ -650,7 +661,7 @@ mod tests {
             refused_elsewhere in prop::collection::vec(any::<bool>(), 0..300),
         ) {
             let rule = TokenBucket { capacity, interval, refunds: true };
-            let mut state = State::default();
+            let mut state = TokenBucketState::default();
             let mut admitted = Vec::new();
             for (i, &now) in times.iter().enumerate() {
                 let mine = !rule.check(&state, now).is_deny();
@@ -679,25 +690,25 @@ mod tests {
         ) {
             let rule = TokenBucket { capacity, interval, refunds: true };
             let full = capacity * interval;
-            let mut state = State::default();
+            let mut state = TokenBucketState::default();
             let (mut level, mut last) = (full, T0);
             for &now in &times {
                 level = full.min(level + (now - last));
                 last = now;
-                let verdict = rule.check(&state, now);
-                prop_assert_eq!(!verdict.is_deny(), level >= interval);
+                let ruling = rule.check(&state, now);
+                prop_assert_eq!(!ruling.is_deny(), level >= interval);
                 prop_assert_eq!(rule.quota(&state, now).remaining, level / interval);
                 prop_assert_eq!(rule.quota(&state, now).reset_after, full - level);
-                if let Verdict::Deny { retry_after } = verdict {
+                if let Ruling::Deny { retry_after } = ruling {
                     prop_assert_eq!(retry_after, interval - level);
                     prop_assert!(rule.check(&state, now + retry_after - 1).is_deny());
-                    prop_assert_eq!(rule.check(&state, now + retry_after), Verdict::Allow);
+                    prop_assert_eq!(rule.check(&state, now + retry_after), Ruling::Allow);
                 } else {
                     level -= interval;
                 }
-                rule.record(&mut state, now, !verdict.is_deny());
+                rule.record(&mut state, now, !ruling.is_deny());
                 let expires = rule.expires_at(&state);
-                prop_assert_eq!(rule.quota(&state, expires), rule.quota(&State::default(), expires));
+                prop_assert_eq!(rule.quota(&state, expires), rule.quota(&TokenBucketState::default(), expires));
             }
         }
     }

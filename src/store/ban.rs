@@ -50,15 +50,15 @@ pub struct ActiveBan {
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct BanEntry {
     state: BanState,
     /// The limiter's ban window, to know when the strikes expire.
     window: Nanos,
 }
 
 #[derive(Debug, Default)]
-struct Shard {
-    map: HashMap<Box<str>, Entry>,
+struct BanShard {
+    map: HashMap<Box<str>, BanEntry>,
     /// Keys whose ban started or was lifted since the writer last looked.
     changed: Vec<Box<str>>,
 }
@@ -68,7 +68,7 @@ pub type BanChange = (Box<str>, Option<Nanos>);
 
 #[derive(Debug)]
 pub struct Bans {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Mutex<BanShard>]>,
     track_changes: bool,
     /// Keys held at most ([`MAX_ENTRIES`] outside tests).
     max: usize,
@@ -92,7 +92,9 @@ impl Bans {
 
     pub fn with_max(track_changes: bool, max: usize) -> Bans {
         Bans {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(BanShard::default()))
+                .collect(),
             track_changes,
             max,
             len: AtomicU64::new(0),
@@ -125,7 +127,7 @@ impl Bans {
             }
         }
         let mut shard = self.shards[shard_of(key)].lock();
-        let Shard { map, changed } = &mut *shard;
+        let BanShard { map, changed } = &mut *shard;
         if !map.contains_key(key) {
             if self.len.load(Ordering::Relaxed) as usize >= self.max {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -133,7 +135,7 @@ impl Bans {
             }
             self.len.fetch_add(1, Ordering::Relaxed);
         }
-        let entry = map.entry(key.into()).or_insert(Entry {
+        let entry = map.entry(key.into()).or_insert(BanEntry {
             state: BanState::default(),
             window,
         });
@@ -157,7 +159,7 @@ impl Bans {
         };
         if shard
             .map
-            .insert(key.into(), Entry { state, window: 0 })
+            .insert(key.into(), BanEntry { state, window: 0 })
             .is_none()
         {
             self.len.fetch_add(1, Ordering::Relaxed);
@@ -177,7 +179,7 @@ impl Bans {
         let mut lifted = 0;
         for key in keys {
             let mut shard = self.shards[shard_of(key)].lock();
-            let Shard { map, changed } = &mut *shard;
+            let BanShard { map, changed } = &mut *shard;
             if let Some(e) = map.remove(key.as_str()) {
                 self.len.fetch_sub(1, Ordering::Relaxed);
                 lifted += 1;
@@ -243,7 +245,7 @@ impl Bans {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
-            let Shard { map, changed } = &mut *shard;
+            let BanShard { map, changed } = &mut *shard;
             for key in changed.drain(..) {
                 let until = map.get(&key).map(|e| e.state.until).filter(|&u| u > 0);
                 out.push((key, until));

@@ -11,6 +11,8 @@
 //! [`schema`] opens the file and reads state back, [`writer`] is the thread.
 
 mod backend;
+pub mod durability;
+mod lock;
 mod schema;
 #[cfg(test)]
 mod tests;
@@ -26,14 +28,15 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::ban::{self, Bans};
-use super::durability::{Durability, Unsaved, MAX_UNSAVED_KEYS};
-use super::lock::FileLock;
-use super::memory::Table;
-use super::StoreError;
+use super::table::Table;
+use super::{StoreError, StoreFailure};
+use crate::config::store::{RawSqlite, Section};
+use durability::{Durability, Unsaved, MAX_UNSAVED_KEYS};
+use lock::FileLock;
 use crate::config::LimiterConfig;
 use crate::limiter::{Kept, Nanos};
 use schema::{connect, file_identity, load, open_error};
-use writer::Writer;
+use writer::DiskWriter;
 
 /// Audit rows waiting for the writer beyond this are dropped (and counted)
 /// rather than ever making a request wait.
@@ -60,7 +63,7 @@ pub struct AuditRow {
     pub request_id: Arc<str>,
 }
 
-enum Msg {
+enum WriterCommand {
     Flush(SyncSender<Result<(), String>>),
     Prune(PrunePlan),
     Shutdown(SyncSender<Unsaved>),
@@ -98,7 +101,7 @@ impl WriterOptions {
 
 pub struct Sqlite {
     path: PathBuf,
-    tx: SyncSender<Msg>,
+    tx: SyncSender<WriterCommand>,
     thread: Mutex<Option<JoinHandle<()>>>,
     table: Arc<Table>,
     durability: Arc<Durability>,
@@ -151,7 +154,7 @@ impl Sqlite {
         let audit_buffer = AuditBuffer::default();
         let durability = Durability::new();
         let audit_dropped = Arc::new(AtomicU64::new(0));
-        let writer = Writer {
+        let writer = DiskWriter {
             conn: Some(conn),
             path: path.to_path_buf(),
             identity: file_identity(path),
@@ -171,7 +174,7 @@ impl Sqlite {
         let thread = std::thread::Builder::new()
             .name("tollgate-sqlite".into())
             .spawn(move || writer.run(rx, interval))
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the SQLite writer: {e}")))?;
+            .map_err(|e| stopped(format!("cannot start the SQLite writer: {e}")))?;
         tracing::debug!(path = %path.display(), "holding the SQLite store's lock");
         Ok(Sqlite {
             path: path.to_path_buf(),
@@ -234,18 +237,18 @@ impl Sqlite {
             audit_cutoff: audit_retention.map(|r| now.saturating_sub(r.as_nanos() as Nanos)),
         };
         // Pruning is housekeeping: if the queue is full it waits for the next round.
-        let _ = self.tx.try_send(Msg::Prune(plan));
+        let _ = self.tx.try_send(WriterCommand::Prune(plan));
     }
 
     /// Writes everything changed so far now (whatever the backoff), and waits for it.
     pub fn flush(&self) -> Result<(), StoreError> {
         let (ack, done) = mpsc::sync_channel(1);
         self.tx
-            .send(Msg::Flush(ack))
-            .map_err(|_| StoreError::Unavailable("the SQLite writer has stopped".into()))?;
+            .send(WriterCommand::Flush(ack))
+            .map_err(|_| stopped("the SQLite writer has stopped".into()))?;
         done.recv()
-            .map_err(|_| StoreError::Unavailable("the SQLite writer has stopped".into()))?
-            .map_err(StoreError::Unavailable)
+            .map_err(|_| stopped("the SQLite writer has stopped".into()))?
+            .map_err(stopped)
     }
 
     /// The last save: writes what the disk will take, stops the writer and
@@ -259,7 +262,7 @@ impl Sqlite {
             return Unsaved::default();
         };
         let (ack, done) = mpsc::sync_channel(1);
-        let answer = match self.tx.send(Msg::Shutdown(ack)) {
+        let answer = match self.tx.send(WriterCommand::Shutdown(ack)) {
             Ok(()) => done.recv().ok(),
             Err(_) => None,
         };
@@ -282,4 +285,13 @@ impl Drop for Sqlite {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The writer cannot take the call: it stopped, or never started.
+fn stopped(why: String) -> StoreError {
+    StoreError::new(
+        StoreFailure::Stopped,
+        RawSqlite::NAME,
+        format!("the store is unavailable: {why}"),
+    )
 }

@@ -15,8 +15,8 @@ use super::common::redis_cluster::Cluster;
 use super::common::redis_server::RedisServer;
 use super::common::wait_for_window_room;
 use super::*;
-use tollgate::config::RedisTopology;
-use tollgate::store::memory::Table;
+use tollgate::config::{RedisConfig, RedisTopology};
+use tollgate::store::table::Table;
 use tollgate::store::Outcome;
 
 const MS: Nanos = 1_000_000;
@@ -58,14 +58,13 @@ enum Kind {
 
 fn open_redis(topology: RedisTopology, timeout: Duration) -> Store {
     let config = StoreConfig {
-        backend: Backend::Redis {
+        backend: BackendConfig::Redis(RedisConfig {
             topology,
             prefix: "contract:".into(),
             timeout,
-        },
+        }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
-        flush_interval: Duration::from_millis(50),
         max_keys: tollgate::config::DEFAULT_MAX_KEYS,
     };
     Store::open(&config, &limiters(), T0).expect("store opens")
@@ -95,7 +94,7 @@ impl Backing {
         let store = open_redis(topology, timeout);
         if let Backing::Cluster(_) = self {
             let mapped = common::eventually(Duration::from_secs(10), || async {
-                let (_, nodes) = store.redis_nodes().expect("a Redis store");
+                let nodes = store.status().nodes;
                 let primaries = nodes.iter().filter(|n| n.role == "primary");
                 primaries.filter(|n| n.breaker_open.is_some()).count() == 3
             })
@@ -188,8 +187,8 @@ impl Twin {
         got
     }
 
-    async fn hit(&self, name: &str) -> Verdict {
-        self.request(&[(name, false)]).await[0].verdict
+    async fn hit(&self, name: &str) -> Ruling {
+        self.request(&[(name, false)]).await[0].ruling
     }
 
     async fn remaining(&self, name: &str) -> u64 {
@@ -209,9 +208,9 @@ impl Twin {
     }
 }
 
-fn retry_after(v: Verdict) -> Duration {
+fn retry_after(v: Ruling) -> Duration {
     match v {
-        Verdict::Deny { retry_after } => Duration::from_nanos(retry_after),
+        Ruling::Deny { retry_after } => Duration::from_nanos(retry_after),
         other => panic!("expected a denial, got {other:?}"),
     }
 }
@@ -220,48 +219,48 @@ async fn fixed_window_allows_its_limit_and_recovers_at_the_window_end(kind: Kind
     let twin = Twin::start(kind).await;
     wait_for_window_room(Duration::from_secs(1), Duration::from_millis(400));
     for _ in 0..3 {
-        assert_eq!(twin.hit("fixed").await, Verdict::Allow);
+        assert_eq!(twin.hit("fixed").await, Ruling::Allow);
     }
     let denied = twin.request(&[("fixed", false)]).await[0];
     let window = S;
     assert_eq!(
-        denied.verdict,
-        Verdict::Deny {
+        denied.ruling,
+        Ruling::Deny {
             retry_after: window - denied.at % window
         },
         "Retry-After is the time to the window's end on Redis' clock"
     );
-    tokio::time::sleep(retry_after(denied.verdict)).await;
-    assert_eq!(twin.hit("fixed").await, Verdict::Allow);
+    tokio::time::sleep(retry_after(denied.ruling)).await;
+    assert_eq!(twin.hit("fixed").await, Ruling::Allow);
 }
 
 async fn sliding_window_recovers_when_the_oldest_admission_leaves(kind: Kind) {
     let twin = Twin::start(kind).await;
     let first = twin.request(&[("sliding", false)]).await[0];
-    assert_eq!(first.verdict, Verdict::Allow);
+    assert_eq!(first.ruling, Ruling::Allow);
     for _ in 0..2 {
-        assert_eq!(twin.hit("sliding").await, Verdict::Allow);
+        assert_eq!(twin.hit("sliding").await, Ruling::Allow);
     }
     let denied = twin.request(&[("sliding", false)]).await[0];
     assert_eq!(
-        denied.verdict,
-        Verdict::Deny {
+        denied.ruling,
+        Ruling::Deny {
             retry_after: first.at + S - denied.at
         }
     );
-    tokio::time::sleep(retry_after(denied.verdict)).await;
-    assert_eq!(twin.hit("sliding").await, Verdict::Allow);
+    tokio::time::sleep(retry_after(denied.ruling)).await;
+    assert_eq!(twin.hit("sliding").await, Ruling::Allow);
 }
 
 async fn token_bucket_refills_one_token_per_interval(kind: Kind) {
     let twin = Twin::start(kind).await;
     for _ in 0..3 {
-        assert_eq!(twin.hit("token").await, Verdict::Allow);
+        assert_eq!(twin.hit("token").await, Ruling::Allow);
     }
     let denied = twin.hit("token").await;
     assert!(retry_after(denied) <= Duration::from_millis(300));
     tokio::time::sleep(retry_after(denied)).await;
-    assert_eq!(twin.hit("token").await, Verdict::Allow);
+    assert_eq!(twin.hit("token").await, Ruling::Allow);
     assert!(
         twin.hit("token").await.is_deny(),
         "one token came back, not two"
@@ -270,19 +269,19 @@ async fn token_bucket_refills_one_token_per_interval(kind: Kind) {
 
 async fn leaky_bucket_queues_up_to_capacity_then_rejects(kind: Kind) {
     let twin = Twin::start(kind).await;
-    assert_eq!(twin.hit("leaky").await, Verdict::Allow);
-    assert!(matches!(twin.hit("leaky").await, Verdict::Delay(d) if d <= 300 * MS));
-    assert!(matches!(twin.hit("leaky").await, Verdict::Delay(d) if d > 300 * MS && d <= 600 * MS));
+    assert_eq!(twin.hit("leaky").await, Ruling::Allow);
+    assert!(matches!(twin.hit("leaky").await, Ruling::Delay(d) if d <= 300 * MS));
+    assert!(matches!(twin.hit("leaky").await, Ruling::Delay(d) if d > 300 * MS && d <= 600 * MS));
     let denied = twin.hit("leaky").await;
     tokio::time::sleep(retry_after(denied)).await;
-    assert!(matches!(twin.hit("leaky").await, Verdict::Delay(_)));
+    assert!(matches!(twin.hit("leaky").await, Ruling::Delay(_)));
 }
 
 async fn a_queued_request_that_leaves_gives_its_place_back(kind: Kind) {
     let twin = Twin::start(kind).await;
     twin.hit("leaky").await;
     twin.hit("leaky").await;
-    let Verdict::Delay(last) = twin.hit("leaky").await else {
+    let Ruling::Delay(last) = twin.hit("leaky").await else {
         panic!("the third request waits")
     };
     assert_eq!(twin.remaining("leaky").await, 0);
@@ -294,13 +293,13 @@ async fn a_queued_request_that_leaves_gives_its_place_back(kind: Kind) {
 
 async fn concurrency_frees_a_slot_on_release(kind: Kind) {
     let twin = Twin::start(kind).await;
-    assert_eq!(twin.hit("conc").await, Verdict::Allow);
-    assert_eq!(twin.hit("conc").await, Verdict::Allow);
+    assert_eq!(twin.hit("conc").await, Ruling::Allow);
+    assert_eq!(twin.hit("conc").await, Ruling::Allow);
     assert!(twin.hit("conc").await.is_deny());
     twin.store.release(&key("conc"), &fast("conc"), T0, T0 + S);
     twin.model.release(&key("conc"), &fast("conc"), T0, T0 + S);
     twin.wait_remaining("conc", 1).await;
-    assert_eq!(twin.hit("conc").await, Verdict::Allow);
+    assert_eq!(twin.hit("conc").await, Ruling::Allow);
     assert!(twin.hit("conc").await.is_deny());
 }
 
@@ -310,7 +309,7 @@ async fn a_refusal_by_one_limiter_is_counted_by_a_fixed_window_but_costs_no_toke
     let both = [("one", false), ("token", false)];
     twin.request(&both).await;
     let second = twin.request(&both).await;
-    assert!(second[0].verdict.is_deny());
+    assert!(second[0].ruling.is_deny());
     assert_eq!(second[0].quota.remaining, 0);
     assert_eq!(
         second[1].quota.remaining, 2,
@@ -318,7 +317,7 @@ async fn a_refusal_by_one_limiter_is_counted_by_a_fixed_window_but_costs_no_toke
     );
     // A shadow limiter reports its denial but lets the request through.
     let shadowed = twin.request(&[("one", true), ("token", false)]).await;
-    assert!(shadowed[0].verdict.is_deny());
+    assert!(shadowed[0].ruling.is_deny());
     assert_eq!(shadowed[1].quota.remaining, 1, "admitted: it took a token");
 }
 
@@ -411,11 +410,11 @@ async fn a_refund_gives_back_exactly_what_the_rust_arithmetic_gives_back(kind: K
         let mut tickets = Vec::new();
         for _ in 0..3 {
             let o = once().await;
-            assert_eq!(o.verdict, Verdict::Allow, "{name}");
+            assert_eq!(o.ruling, Ruling::Allow, "{name}");
             tickets.push((o.at, o.ticket(&a)));
         }
         let refused = once().await;
-        assert!(refused.verdict.is_deny(), "{name} is full");
+        assert!(refused.ruling.is_deny(), "{name} is full");
         if a.counts_refused() {
             let ticket = refused.ticket(&a);
             twin.store.refund(&k, &a, ticket, T0).await.unwrap();
@@ -426,18 +425,18 @@ async fn a_refund_gives_back_exactly_what_the_rust_arithmetic_gives_back(kind: K
         twin.store.refund(&k, &a, ticket, T0).await.unwrap();
         twin.model.refund(&k, &a, ticket, at);
         let o = once().await;
-        assert_eq!(o.verdict, Verdict::Allow, "{name}: one unit came back");
+        assert_eq!(o.ruling, Ruling::Allow, "{name}: one unit came back");
         // The newest unit back too (a token bucket's moves nobody): the
         // next check still reads the same in Redis and in the arithmetic.
         let ticket = o.ticket(&a);
         twin.store.refund(&k, &a, ticket, T0).await.unwrap();
         twin.model.refund(&k, &a, ticket, o.at);
         assert_eq!(
-            once().await.verdict,
-            Verdict::Allow,
+            once().await.ruling,
+            Ruling::Allow,
             "{name}: the newest came back"
         );
-        assert!(once().await.verdict.is_deny(), "{name}: only one");
+        assert!(once().await.ruling.is_deny(), "{name}: only one");
     }
 }
 
@@ -517,7 +516,7 @@ async fn hit_once(store: &Store) -> Result<Outcome, tollgate::store::StoreError>
 async fn wait_healthy(store: &Store, healthy: bool) {
     assert!(
         common::eventually(Duration::from_secs(5), || async {
-            store.healthy() == healthy
+            store.status().healthy == healthy
         })
         .await,
         "the store never became healthy={healthy}"
@@ -544,13 +543,13 @@ async fn a_store_opened_while_redis_is_down_starts_and_recovers_when_redis_comes
     wait_healthy(&store, false).await;
     assert!(matches!(
         hit_once(&store).await,
-        Err(tollgate::store::StoreError::CircuitOpen)
+        Err(e) if e.kind == tollgate::store::StoreFailure::CircuitOpen
     ));
     server.restart();
     wait_healthy(&store, true).await;
     assert_eq!(
-        hit_once(&store).await.expect("Redis answers").verdict,
-        Verdict::Allow
+        hit_once(&store).await.expect("Redis answers").ruling,
+        Ruling::Allow
     );
 }
 
@@ -583,7 +582,7 @@ async fn a_frozen_redis_costs_at_most_the_timeout_then_the_breaker_skips_it(kind
         "after {} failures the breaker answers at once: {waits:?}",
         tollgate::store::redis::BREAKER_THRESHOLD
     );
-    assert!(!store.healthy());
+    assert!(!store.status().healthy);
     wait_healthy(&store, true).await;
     hit_once(&store).await.expect("Redis answers again");
 }

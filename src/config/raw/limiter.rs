@@ -16,7 +16,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::{Dur, OneOrMany, Text};
 use crate::config::{observe, protect};
-use crate::limiter::{Kind, Unit};
+use crate::limiter::{AlgorithmKind, Measure};
 
 #[derive(Debug, Clone, Default)]
 pub struct RawLimiter {
@@ -37,7 +37,7 @@ pub struct RawLimiter {
     pub params: Vec<(&'static str, Written)>,
 }
 
-/// One algorithm parameter as written, by its declared [`Unit`].
+/// One algorithm parameter as written, by its declared [`Measure`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Written {
     Count(u64),
@@ -106,12 +106,12 @@ impl<'de> Visitor<'de> for LimiterVisitor {
                 "count" => raw.count = Some(map.next_value()?),
                 "ban" => raw.ban = Some(map.next_value()?),
                 "lease" => raw.lease = Some(map.next_value()?),
-                other => match Kind::param(other) {
+                other => match AlgorithmKind::param(other) {
                     Some((name, unit)) => {
                         let written = match unit {
-                            Unit::Count => Written::Count(map.next_value()?),
-                            Unit::Span => Written::Span(map.next_value()?),
-                            Unit::PerSecond => Written::PerSecond(map.next_value()?),
+                            Measure::Count => Written::Count(map.next_value()?),
+                            Measure::Span => Written::Span(map.next_value()?),
+                            Measure::PerSecond => Written::PerSecond(map.next_value()?),
                         };
                         raw.params.push((name, written));
                     }
@@ -136,13 +136,13 @@ fn unknown_key(name: &str, raw: &RawLimiter) -> String {
     let written = raw
         .algorithm
         .as_ref()
-        .map_or(Kind::FixedWindow.name(), |t| t.0.as_str());
-    let (kinds, owner) = match Kind::from_name(written) {
+        .map_or(AlgorithmKind::FixedWindow.name(), |t| t.0.as_str());
+    let (kinds, owner) = match AlgorithmKind::from_name(written) {
         Some(kind) => (
             vec![kind],
             format!("; these are the keys of a {written} limiter"),
         ),
-        None => (Kind::ALL.to_vec(), String::new()),
+        None => (AlgorithmKind::ALL.to_vec(), String::new()),
     };
     let mut keys = vec![COMMON[0]];
     for (param, _) in kinds.iter().flat_map(|k| k.params()) {

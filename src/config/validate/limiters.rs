@@ -6,7 +6,7 @@ use super::{nanos, valid_name, Validator};
 use crate::config::raw::{RawLimiter, Written};
 use crate::config::{suggest, MAX_DURATION};
 use crate::config::{KeyPart, LimiterConfig, OverrideConfig};
-use crate::limiter::{Algorithm, Given, Kind, Nanos, NANOS_PER_SEC};
+use crate::limiter::{Algorithm, AlgorithmKind, Given, Nanos, NANOS_PER_SEC};
 
 impl Validator<'_> {
     pub(super) fn limiter(&mut self, name: &str, raw: &RawLimiter) -> Option<LimiterConfig> {
@@ -21,14 +21,14 @@ impl Validator<'_> {
         let written = raw
             .algorithm
             .as_ref()
-            .map_or(Kind::FixedWindow.name(), |t| t.0.as_str());
-        let Some(kind) = Kind::from_name(written) else {
+            .map_or(AlgorithmKind::FixedWindow.name(), |t| t.0.as_str());
+        let Some(kind) = AlgorithmKind::from_name(written) else {
             self.err(
                 at("algorithm"),
                 format!(
                     "unknown algorithm {written:?} ({}){}",
-                    Kind::choices(),
-                    suggest::hint(written, Kind::ALL.map(Kind::name))
+                    AlgorithmKind::choices(),
+                    suggest::hint(written, AlgorithmKind::ALL.map(AlgorithmKind::name))
                 ),
             );
             return None;
@@ -146,7 +146,7 @@ impl Validator<'_> {
     /// Exactly the parameters `kind` takes, all of them needed; one of
     /// another algorithm is an error, because a stray `limit` on a token
     /// bucket would silently do nothing.
-    fn algorithm_fields(&mut self, name: &str, kind: Kind, raw: &RawLimiter) {
+    fn algorithm_fields(&mut self, name: &str, kind: AlgorithmKind, raw: &RawLimiter) {
         let algorithm_name = kind.name();
         for (field, _) in &raw.params {
             if !kind.takes(field) {
@@ -168,7 +168,7 @@ impl Validator<'_> {
 
     /// The algorithm and its parameters: exactly the fields `kind` takes,
     /// each within the bounds its own file sets (see [`Given`]).
-    fn algorithm(&mut self, name: &str, kind: Kind, raw: &RawLimiter) -> Algorithm {
+    fn algorithm(&mut self, name: &str, kind: AlgorithmKind, raw: &RawLimiter) -> Algorithm {
         self.algorithm_fields(name, kind, raw);
         kind.build(&mut FromRaw { v: self, name, raw })
     }

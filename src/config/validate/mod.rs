@@ -8,8 +8,8 @@
 //! same config validates the same way on any machine.
 //!
 //! One section per file: `server` (listeners, TLS, admin), `upstreams`,
-//! `limiters`, `routes`; the store and identity sections are small and live
-//! here. `balance`, `fastcgi`, `observe` and `protect` (beside this folder)
+//! `limiters`, `routes`; the identity section is small and lives
+//! here. `balance`, `fastcgi`, `observe`, `protect` and `store` (beside this folder)
 //! add the sections they own to the same [`Validator`].
 
 use std::collections::HashMap;
@@ -21,16 +21,14 @@ use std::time::Duration;
 use http::HeaderName;
 use ipnet::IpNet;
 
-use super::raw::{Dur, RawBackend, RawConfig, RawIdentity, RawStore, Text};
-use super::suggest;
+use super::raw::{Dur, RawConfig, RawIdentity, Text};
 use super::{
-    ApiKeyEntry, AuditConfig, Backend, Config, ConfigError, ConfigProblem, IdentityConfig,
-    LimiterConfig, OnError, StoreConfig, UpstreamConfig, DEFAULT_MAX_KEYS, MIN_MAX_KEYS,
+    ApiKeyEntry, AuditConfig, Config, ConfigError, ConfigProblem, IdentityConfig, LimiterConfig,
+    UpstreamConfig,
 };
 use crate::limiter::Nanos;
 
 mod limiters;
-mod redis_store;
 mod routes;
 mod server;
 mod upstreams;
@@ -170,8 +168,7 @@ impl Validator<'_> {
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
             let hosts = routes.iter().filter_map(|r| r.host.clone());
             self.acme_domains_from_routes(acme, hosts);
-            let redis_store = matches!(store.backend, crate::config::Backend::Redis { .. });
-            self.acme_fleet(acme, redis_store);
+            self.acme_fleet(acme, store.backend.shared());
         }
         let log = self.log(&raw.log);
         let site = crate::site::Rules {
@@ -195,107 +192,6 @@ impl Validator<'_> {
             log,
             allow_no_routes: raw.allow_no_routes.unwrap_or(false),
         }
-    }
-
-    fn store(&mut self, raw: &RawStore) -> StoreConfig {
-        let backend = self.store_backend(&raw.backend);
-        self.foreign_store_keys(raw, &backend);
-        let on_error = match raw
-            .on_error
-            .as_ref()
-            .map(|t| t.0.as_str())
-            .unwrap_or("allow")
-        {
-            "allow" => OnError::Allow,
-            "deny" => OnError::Deny,
-            "local" => OnError::Local,
-            other => {
-                self.err(
-                    "store.on_error",
-                    format!(
-                        "unknown policy {other:?} (allow, deny or local){}",
-                        suggest::hint(other, ["allow", "deny", "local"])
-                    ),
-                );
-                OnError::Allow
-            }
-        };
-        let flush = match &raw.backend {
-            RawBackend::Sqlite(s) => s.flush_interval,
-            RawBackend::Memory | RawBackend::Redis(_) | RawBackend::Unknown(_) => None,
-        };
-        let flush_interval = dur(flush, Duration::from_millis(100));
-        if flush_interval.is_zero() {
-            self.err("store.flush_interval", "must be greater than zero");
-        }
-        let prune_interval = dur(raw.prune_interval, Duration::from_secs(60));
-        if prune_interval.is_zero() {
-            self.err("store.prune_interval", "must be greater than zero");
-        }
-        let max_keys = self.max_keys(raw.max_keys);
-        StoreConfig {
-            backend,
-            on_error,
-            prune_interval,
-            flush_interval,
-            max_keys,
-        }
-    }
-
-    /// `store.backend` with its own keys, defaults filled in.
-    fn store_backend(&mut self, raw: &RawBackend) -> Backend {
-        match raw {
-            RawBackend::Sqlite(s) => Backend::Sqlite {
-                path: PathBuf::from(s.path.as_ref().map_or("tollgate.db", |t| t.0.as_str())),
-            },
-            RawBackend::Memory => Backend::Memory,
-            RawBackend::Redis(r) => Backend::Redis {
-                topology: self.redis_topology(r),
-                prefix: r
-                    .prefix
-                    .as_ref()
-                    .map_or_else(|| "tollgate:".into(), |t| t.0.clone()),
-                timeout: dur(r.timeout, Duration::from_millis(50)),
-            },
-            RawBackend::Unknown(Text(other)) => {
-                self.err(
-                    "store.backend",
-                    format!(
-                        "unknown backend {other:?} (sqlite, memory or redis){}",
-                        suggest::hint(other, ["sqlite", "memory", "redis"])
-                    ),
-                );
-                Backend::Memory
-            }
-        }
-    }
-
-    /// A key of another backend is an error, not silently ignored: the
-    /// operator meant some other store, or left a key behind when switching.
-    fn foreign_store_keys(&mut self, raw: &RawStore, backend: &Backend) {
-        let spelled = backend.label();
-        for &(key, owner) in &raw.foreign {
-            self.err(
-                format!("store.{key}"),
-                format!(
-                    "`{key}` belongs to `backend: {owner}`, and this store is \
-                     `backend: {spelled}`: remove it, or set `backend: {owner}`"
-                ),
-            );
-        }
-    }
-
-    fn max_keys(&mut self, raw: Option<u64>) -> usize {
-        let n = raw.map_or(DEFAULT_MAX_KEYS, |n| {
-            usize::try_from(n).unwrap_or(usize::MAX)
-        });
-        if n < MIN_MAX_KEYS {
-            self.err(
-                "store.max_keys",
-                format!("{n} is too small: at least {MIN_MAX_KEYS}"),
-            );
-        }
-        n.max(MIN_MAX_KEYS)
     }
 
     pub(in crate::config) fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {

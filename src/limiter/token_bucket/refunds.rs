@@ -25,7 +25,7 @@
 use super::Nanos;
 
 /// Holes kept before the one furthest ahead is folded into `base`. The same
-/// bound is written in `redis.lua`.
+/// bound is written in `token_bucket.lua`.
 pub const MAX_HOLES: usize = 8;
 
 /// The refund bookkeeping of one debt: from the admission that found the

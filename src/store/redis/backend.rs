@@ -1,12 +1,19 @@
 //! The Redis backend: the fleet's shared counters and bans, with the local table as the `on_error: local` fallback.
+//!
+//! A call on the request path waits for a round trip and its timeout: its
+//! future is boxed here, so it does not make every request's future that
+//! much larger on the other stores, whose calls are ready at once; a
+//! request's future is copied whole when it starts (docs/PERFORMANCE.md,
+//! "The request's future").
 
 use std::time::Duration;
 
 use super::Redis;
-use crate::config::LimiterConfig;
+use crate::config::store::RawRedis;
+use crate::config::{LimiterConfig, RedisConfig};
 use crate::limiter::ban::BanRule;
 use crate::limiter::{Algorithm, Nanos, Quota, Ticket};
-use crate::store::backend::{Backend, Local};
+use crate::store::backend::{Backend, BackendStatus, Local};
 use crate::store::ban::{ActiveBan, Banned};
 use crate::store::{Check, Outcome, StoreError};
 
@@ -15,8 +22,22 @@ use crate::store::{Check, Outcome, StoreError};
 /// `on_error: local`, and the local ban table only mirrors the bans this
 /// proxy saw (for the active-bans gauge).
 impl Backend for Redis {
-    fn label(&self) -> &'static str {
-        "redis"
+    type Section = RawRedis;
+
+    /// Only `on_error: local` counts in the local table; the fleet's
+    /// counters live in Redis, which expires them by TTL.
+    fn open(
+        config: &RedisConfig,
+        _local: &Local,
+        _limiters: &[LimiterConfig],
+        _now: Nanos,
+    ) -> Result<Redis, StoreError> {
+        Redis::open(&config.topology, &config.prefix, config.timeout)
+    }
+
+    /// Every store shows the lease families (at zero where nothing leases).
+    fn families_at_zero(metrics: &crate::metrics::Metrics) {
+        super::lease_metrics_at_zero(metrics);
     }
 
     async fn check(
@@ -25,7 +46,7 @@ impl Backend for Redis {
         checks: &[Check<'_>],
         now: Nanos,
     ) -> Result<Vec<Outcome>, StoreError> {
-        Redis::check(self, checks, now).await
+        Box::pin(Redis::check(self, checks, now)).await
     }
 
     /// Counts in the local table and remembers what it admitted, so the
@@ -43,7 +64,7 @@ impl Backend for Redis {
         algorithm: &Algorithm,
         _now: Nanos,
     ) -> Result<Quota, StoreError> {
-        Redis::peek(self, key, algorithm).await
+        Box::pin(Redis::peek(self, key, algorithm)).await
     }
 
     fn release(&self, local: &Local, key: &str, algorithm: &Algorithm, ticket: Nanos, now: Nanos) {
@@ -58,7 +79,7 @@ impl Backend for Redis {
         ticket: Ticket,
         _now: Nanos,
     ) -> Result<(), StoreError> {
-        Redis::refund(self, key, algorithm, ticket).await
+        Box::pin(Redis::refund(self, key, algorithm, ticket)).await
     }
 
     async fn banned(
@@ -67,7 +88,7 @@ impl Backend for Redis {
         keys: &[&str],
         now: Nanos,
     ) -> Result<Vec<Option<Banned>>, StoreError> {
-        let found = Redis::banned(self, keys).await?;
+        let found = Box::pin(Redis::banned(self, keys)).await?;
         for (k, b) in keys.iter().zip(&found) {
             if let Some(b) = b {
                 local.bans.note(k, now + b.remaining);
@@ -84,7 +105,7 @@ impl Backend for Redis {
         window: Nanos,
         now: Nanos,
     ) -> Result<Option<Banned>, StoreError> {
-        let started = Redis::strike(self, key, rule, window).await?;
+        let started = Box::pin(Redis::strike(self, key, rule, window)).await?;
         if let Some(b) = started {
             local.bans.note(key, now + b.remaining);
         }
@@ -124,8 +145,21 @@ impl Backend for Redis {
         self.bind_lease_metrics(metrics)
     }
 
-    /// False while the circuit breaker is open.
-    fn healthy(&self) -> bool {
-        Redis::healthy(self)
+    /// Unhealthy while a circuit breaker is open (the store's, or on a
+    /// cluster any primary's); its topology and nodes as the last probe saw them.
+    fn status(&self) -> BackendStatus {
+        let healthy = Redis::healthy(self);
+        BackendStatus {
+            healthy,
+            breaker_open: Some(!healthy),
+            topology: Some(self.topology()),
+            nodes: self.nodes(),
+            durability: None,
+        }
+    }
+
+    /// The fleet's ACME tasks share their locks and certificates through this connection.
+    fn acme_share(&self) -> Option<Redis> {
+        Some(self.clone())
     }
 }

@@ -3,7 +3,7 @@
 //! The layout of the hash and why it cannot meet a counter key are in
 //! [`crate::store::ban`]; every call is bounded like the counters' (`Redis::call`).
 
-use super::topology::{Conn, NodeHealth};
+use super::topology::{RedisConnection, NodeHealth};
 use super::Redis;
 use crate::limiter::ban::BanRule;
 use crate::limiter::{Nanos, NANOS_PER_SEC};
@@ -71,7 +71,7 @@ impl Redis {
             })
             .await?;
         if reply.len() != 2 + positions.len() {
-            return Err(StoreError::BadReply(reply.len()));
+            return Err(super::bad_reply(reply.len()));
         }
         let now = redis_now(reply[0], reply[1]);
         Ok(reply[2..]
@@ -138,7 +138,7 @@ impl Redis {
             )
             .await?;
         let [sec, usec, started, ms] = reply[..] else {
-            return Err(StoreError::BadReply(reply.len()));
+            return Err(super::bad_reply(reply.len()));
         };
         let now = redis_now(sec, usec);
         Ok((started == 1).then(|| {
@@ -189,8 +189,8 @@ impl Redis {
         let nodes = self
             .call(|con| async move {
                 match con {
-                    Conn::Cluster(mut c) => link.cluster_nodes(&mut c, known, timeout).await,
-                    Conn::Node(_) => Ok(Vec::new()),
+                    RedisConnection::Cluster(mut c) => link.cluster_nodes(&mut c, known, timeout).await,
+                    RedisConnection::Node(_) => Ok(Vec::new()),
                 }
             })
             .await?;

@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 
 use crate::config::LimiterConfig;
 use crate::limiter::lease::{self, Lease, Unspent};
-use crate::limiter::{Algorithm, Nanos, Quota, Verdict};
+use crate::limiter::{Algorithm, Nanos, Quota, Ruling};
 use crate::metrics::{Counter, Metrics};
 use crate::store::{Check, Outcome, StoreError};
 
@@ -42,21 +42,21 @@ pub(super) struct Leases {
     /// algorithm it was configured with (a reload that changes either drops
     /// the limiter's leases).
     rules: ArcSwap<HashMap<String, (Lease, Algorithm)>>,
-    table: Mutex<HashMap<Box<str>, Entry>>,
+    table: Mutex<HashMap<Box<str>, LeaseSlot>>,
     /// Unspent units of ended leases, to give back by the next sweep.
     ended: Mutex<Vec<GiveBack>>,
     next_ask: AtomicU64,
-    metrics: OnceLock<Counters>,
+    metrics: OnceLock<LeaseCounters>,
 }
 
-enum Entry {
+enum LeaseSlot {
     /// A request is asking Redis for this key's lease (its ask number).
     Asking(u64),
-    Open(Held),
+    Open(OpenLease),
 }
 
 /// An open lease.
-struct Held {
+struct OpenLease {
     /// The policy it was granted under: a key whose policy changed (a reload,
     /// an override) no longer spends it.
     algorithm: Algorithm,
@@ -67,7 +67,7 @@ struct Held {
     /// The proxy's clock when it can no longer be spent.
     ends: Nanos,
     /// The monotonic clock when it was taken: a wall clock stepped back
-    /// by less than the lease's age must not stretch it (see [`Held::live`]).
+    /// by less than the lease's age must not stretch it (see [`OpenLease::live`]).
     taken: std::time::Instant,
     /// The quota and Redis' instant reported with the grant.
     quota: Quota,
@@ -75,14 +75,14 @@ struct Held {
 }
 
 /// Unspent units to take out of the shared state again, as a `refund` of
-/// `units` (see `redis.lua`).
+/// `units` (see `redis/modes.lua`).
 pub(super) struct GiveBack {
     pub store_key: Box<str>,
     pub units: u64,
     pub args: [String; 4],
 }
 
-struct Counters {
+struct LeaseCounters {
     saved: Counter,
     taken: Counter,
     granted: Counter,
@@ -92,12 +92,12 @@ struct Counters {
     full: Counter,
 }
 
-impl Counters {
+impl LeaseCounters {
     /// The lease counters of `metrics`, created at zero.
-    fn of(metrics: &Metrics) -> Counters {
+    fn of(metrics: &Metrics) -> LeaseCounters {
         let units =
             |outcome| metrics.counter("tollgate_lease_units_total", &[("outcome", outcome)]);
-        Counters {
+        LeaseCounters {
             saved: metrics.counter("tollgate_lease_calls_saved_total", &[]),
             taken: metrics.counter("tollgate_leases_taken_total", &[]),
             granted: units("granted"),
@@ -111,7 +111,7 @@ impl Counters {
 
 /// Creates the lease families at zero, whatever the store (only Redis leases).
 pub fn metrics_at_zero(metrics: &Metrics) {
-    Counters::of(metrics);
+    LeaseCounters::of(metrics);
 }
 
 impl Leases {
@@ -127,10 +127,10 @@ impl Leases {
 
     /// Counts into the lease counters of `metrics`.
     pub(super) fn bind_metrics(&self, metrics: &Metrics) {
-        let _ = self.metrics.set(Counters::of(metrics));
+        let _ = self.metrics.set(LeaseCounters::of(metrics));
     }
 
-    fn count(&self, pick: impl Fn(&Counters) -> &Counter, n: u64) {
+    fn count(&self, pick: impl Fn(&LeaseCounters) -> &Counter, n: u64) {
         if let Some(c) = self.metrics.get() {
             pick(c).fetch_add(n, Ordering::Relaxed);
         }
@@ -160,7 +160,7 @@ impl Leases {
             .cloned()
             .collect();
         for key in gone {
-            if let Some(Entry::Open(held)) = table.remove(&key) {
+            if let Some(LeaseSlot::Open(held)) = table.remove(&key) {
                 self.end(key, held);
             }
         }
@@ -180,7 +180,7 @@ impl Leases {
         }
         let mut table = self.table.lock();
         let usable = checks.iter().all(|c| match table.get(c.key) {
-            Some(Entry::Open(h)) => h.units > 0 && h.spendable(c.algorithm, now),
+            Some(LeaseSlot::Open(h)) => h.units > 0 && h.spendable(c.algorithm, now),
             _ => false,
         });
         if !usable {
@@ -189,7 +189,7 @@ impl Leases {
         let outcomes = checks
             .iter()
             .map(|c| match table.get_mut(c.key) {
-                Some(Entry::Open(h)) => h.spend(now),
+                Some(LeaseSlot::Open(h)) => h.spend(now),
                 _ => unreachable!("checked above under the same lock"),
             })
             .collect();
@@ -223,10 +223,12 @@ impl Leases {
                 continue;
             };
             match table.get(c.key) {
-                Some(Entry::Asking(_)) => continue,
-                Some(Entry::Open(h)) if h.units > 0 && h.spendable(c.algorithm, now) => continue,
-                Some(Entry::Open(_)) => {
-                    if let Some(Entry::Open(held)) = table.remove(c.key) {
+                Some(LeaseSlot::Asking(_)) => continue,
+                Some(LeaseSlot::Open(h)) if h.units > 0 && h.spendable(c.algorithm, now) => {
+                    continue
+                }
+                Some(LeaseSlot::Open(_)) => {
+                    if let Some(LeaseSlot::Open(held)) = table.remove(c.key) {
                         self.end(c.key.into(), held);
                     }
                 }
@@ -236,7 +238,7 @@ impl Leases {
                 }
                 None => {}
             }
-            table.insert(c.key.into(), Entry::Asking(asking.ask));
+            table.insert(c.key.into(), LeaseSlot::Asking(asking.ask));
             *want = Some(Want {
                 key: c.key.into(),
                 max: rule.max,
@@ -251,11 +253,11 @@ impl Leases {
         let mut table = self.table.lock();
         let ended: Vec<Box<str>> = table
             .iter()
-            .filter(|(_, e)| matches!(e, Entry::Open(h) if !h.live(now)))
+            .filter(|(_, e)| matches!(e, LeaseSlot::Open(h) if !h.live(now)))
             .map(|(k, _)| k.clone())
             .collect();
         for key in ended {
-            if let Some(Entry::Open(held)) = table.remove(&key) {
+            if let Some(LeaseSlot::Open(held)) = table.remove(&key) {
                 self.end(key, held);
             }
         }
@@ -276,37 +278,33 @@ impl Leases {
         }
     }
 
-    /// A lease ended with `held.units` unspent: given back or lost, by algorithm.
-    fn end(&self, store_key: Box<str>, held: Held) {
+    /// A lease ended with `held.units` unspent: given back or lost, as its algorithm says.
+    fn end(&self, store_key: Box<str>, held: OpenLease) {
         if held.units == 0 {
             return;
         }
-        match (lease::unspent(&held.algorithm), give_back_args(&held)) {
-            (Unspent::Returned, Some(args)) => self.ended.lock().push(GiveBack {
+        match give_back_args(&held) {
+            Some(args) => self.ended.lock().push(GiveBack {
                 store_key,
                 units: held.units,
                 args,
             }),
-            _ => self.count(|c| &c.lost, held.units),
+            None => self.count(|c| &c.lost, held.units),
         }
     }
 }
 
-/// The refund arguments that take `held`'s unspent units out again: the
-/// window it was counted in, or the log entry its units were written as.
-fn give_back_args(held: &Held) -> Option<[String; 4]> {
-    let units = held.units.to_string();
-    match &held.algorithm {
-        Algorithm::FixedWindow(f) => {
-            let window = f.window.max(1);
-            let start = held.at - held.at % window;
-            Some(["fw".into(), f.window.to_string(), start.to_string(), units])
-        }
-        Algorithm::SlidingWindow(s) => {
-            let entry = held.at + lease::term(&held.algorithm)?;
-            Some(["sw".into(), s.window.to_string(), entry.to_string(), units])
-        }
-        _ => None,
+/// The refund arguments that take `held`'s unspent units out again, where
+/// its algorithm returns them (see [`crate::limiter::Rule::lease_unspent`]).
+fn give_back_args(held: &OpenLease) -> Option<[String; 4]> {
+    match lease::unspent(&held.algorithm, held.at) {
+        Unspent::Returned { place } => Some([
+            held.algorithm.kind().script_tag().into(),
+            held.algorithm.shape().span.to_string(),
+            place.to_string(),
+            held.units.to_string(),
+        ]),
+        Unspent::Lost => None,
     }
 }
 
@@ -315,7 +313,7 @@ fn limiter_of(store_key: &str) -> &str {
     store_key.split_once(':').map_or(store_key, |(l, _)| l)
 }
 
-impl Held {
+impl OpenLease {
     /// Live by both clocks. The injected clock says when the lease ends;
     /// the monotonic one keeps a wall clock that stepped back from
     /// stretching it (a fixed window's lease into the next window).
@@ -344,7 +342,7 @@ impl Held {
         self.spent += 1;
         let elapsed = now.saturating_sub(self.granted);
         Outcome {
-            verdict: Verdict::Allow,
+            ruling: Ruling::Allow,
             quota: Quota {
                 remaining: self.quota.remaining.saturating_sub(self.spent),
                 reset_after: self.quota.reset_after.saturating_sub(elapsed),
@@ -407,7 +405,7 @@ impl Asking<'_> {
                 continue;
             }
             let units = g.max(0) as u64;
-            let mine = matches!(table.get(c.key), Some(Entry::Asking(a)) if *a == self.ask);
+            let mine = matches!(table.get(c.key), Some(LeaseSlot::Asking(a)) if *a == self.ask);
             if units == 0 {
                 if mine {
                     table.remove(c.key);
@@ -416,7 +414,7 @@ impl Asking<'_> {
             }
             leases.count(|c| &c.taken, 1);
             leases.count(|c| &c.granted, units);
-            let held = Held {
+            let held = OpenLease {
                 algorithm: c.algorithm.clone(),
                 units,
                 spent: 0,
@@ -427,7 +425,7 @@ impl Asking<'_> {
                 at: o.at,
             };
             if mine {
-                table.insert(c.key.into(), Entry::Open(held));
+                table.insert(c.key.into(), LeaseSlot::Open(held));
             } else {
                 // A reload dropped this limiter's leases during the call.
                 leases.end(c.key.into(), held);
@@ -443,7 +441,7 @@ impl Drop for Asking<'_> {
         }
         let mut table = self.leases.table.lock();
         for want in self.wants.iter().flatten() {
-            if matches!(table.get(&want.key), Some(Entry::Asking(a)) if *a == self.ask) {
+            if matches!(table.get(&want.key), Some(LeaseSlot::Asking(a)) if *a == self.ask) {
                 table.remove(&want.key);
             }
         }
@@ -454,7 +452,7 @@ impl Drop for Asking<'_> {
 pub(super) fn split_reply(reply: &[i64], checks: usize) -> Result<(&[i64], &[i64]), StoreError> {
     let head = 2 + super::PER_CHECK * checks;
     if reply.len() != head + checks {
-        return Err(StoreError::BadReply(reply.len()));
+        return Err(super::bad_reply(reply.len()));
     }
     Ok(reply.split_at(head))
 }
@@ -546,7 +544,7 @@ mod tests {
     fn outcome(algorithm: &Algorithm, remaining: u64) -> Outcome {
         let (limit, window) = algorithm.frame();
         Outcome {
-            verdict: Verdict::Allow,
+            ruling: Ruling::Allow,
             quota: Quota {
                 limit,
                 window,
@@ -579,7 +577,7 @@ mod tests {
         assert!(leases.spend(&both, T0 + 1).is_none(), "b holds no lease");
         assert!(leases.spend(&both[..1], T0 + 1).is_some());
         let last = leases.spend(&both[..1], T0 + 2).expect("the second unit");
-        assert_eq!(last[0].verdict, Verdict::Allow);
+        assert_eq!(last[0].ruling, Ruling::Allow);
         assert_eq!(last[0].quota.remaining, 88, "90 when leased, less 2 spent");
         assert!(leases.spend(&both[..1], T0 + 3).is_none(), "spent out");
     }

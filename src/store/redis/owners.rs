@@ -17,7 +17,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use super::breaker_for_redis;
-use crate::store::breaker::Breaker;
+use super::breaker::Breaker;
 
 /// Hash slots in a Redis Cluster.
 pub const SLOTS: usize = 16_384;

@@ -23,8 +23,8 @@ use std::collections::HashMap;
 
 use ::redis::cluster_routing::Slot;
 
-use super::{args, Redis};
-use crate::limiter::{Algorithm, Verdict};
+use super::{args, Holder, Redis};
+use crate::limiter::{Hold, Ruling};
 use crate::store::{Check, Outcome, StoreError};
 
 /// Positions of `keys` by slot, in the order slots first appear.
@@ -62,7 +62,7 @@ pub(super) async fn check_groups(
                 let refused = group
                     .iter()
                     .zip(&found)
-                    .any(|(&i, o)| o.verdict.is_deny() && !checks[i].shadow);
+                    .any(|(&i, o)| o.ruling.is_deny() && !checks[i].shadow);
                 if !refused {
                     took.push(group);
                 }
@@ -90,19 +90,17 @@ pub(super) async fn check_groups(
 /// Undoes what one check recorded for a request that another slot refused.
 fn give_back(redis: &Redis, check: &Check<'_>, key: &str, member: &str, o: &Outcome) {
     let algorithm = check.algorithm;
-    let undo = match algorithm {
-        // Only a unit that opened its key's window: later attempts count on one node too.
-        Algorithm::FixedWindow(f) if o.quota.remaining.saturating_add(1) != f.limit => None,
-        Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_) | Algorithm::TokenBucket(_) => {
+    let release = |holder| args::release(algorithm, holder).map(|a| ("release", a.to_vec()));
+    let undo = match (algorithm.holds(), o.ruling) {
+        // Where a refused attempt would have counted anyway, it stays counted.
+        (Hold::Nothing, _) if !algorithm.undo_when_refused(&o.quota) => None,
+        (Hold::Nothing, _) => {
             args::refund(algorithm, o.ticket(algorithm)).map(|a| ("refund", a.to_vec()))
         }
-        Algorithm::LeakyBucket(_) => match o.verdict {
-            Verdict::Delay(d) => args::release(algorithm, args::Held::Place(o.at + d))
-                .map(|a| ("release", a.to_vec())),
-            Verdict::Allow | Verdict::Deny { .. } => None,
-        },
-        Algorithm::Concurrency(_) => args::release(algorithm, args::Held::Slot(member.to_string()))
-            .map(|a| ("release", a.to_vec())),
+        (Hold::Place, Ruling::Delay(d)) => release(Holder::Place(o.at + d)),
+        // Let through at once: no place in the queue to give back.
+        (Hold::Place, Ruling::Allow | Ruling::Deny { .. }) => None,
+        (Hold::Slot, _) => release(Holder::Slot(member.to_string())),
     };
     if let Some((mode, args)) = undo {
         redis.send_in_background(mode, key.to_string(), args);

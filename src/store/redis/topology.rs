@@ -1,6 +1,6 @@
 //! Where the Redis store's commands go — one node, the primary Sentinel names, or a Redis Cluster — and what each node's health is.
 //!
-//! The store above sees one [`Conn`] whatever the topology: a connection
+//! The store above sees one [`RedisConnection`] whatever the topology: a connection
 //! manager to one node (`store.url`, or the primary a sentinel named), or
 //! the `redis` crate's cluster connection, which follows `MOVED`/`ASK` and
 //! refreshes its slot map by itself. Finding the primary again after a
@@ -43,7 +43,7 @@ pub(super) enum Link {
 
 /// One connection, whatever the topology: cheap to clone, shared by every request.
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(super) enum RedisConnection {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -71,7 +71,7 @@ impl Link {
     pub(super) fn open(topology: &RedisTopology, timeout: Duration) -> Result<Link, StoreError> {
         match topology {
             RedisTopology::Node(url) => Ok(Link::Node(Box::new(
-                ::redis::Client::open(url.as_str()).map_err(StoreError::Redis)?,
+                ::redis::Client::open(url.as_str()).map_err(super::failed)?,
             ))),
             RedisTopology::Sentinel { master, nodes } => Ok(Link::Sentinel {
                 master: master.clone(),
@@ -79,7 +79,7 @@ impl Link {
                     .iter()
                     .map(|u| u.as_str().into_connection_info())
                     .collect::<Result<_, _>>()
-                    .map_err(StoreError::Redis)?,
+                    .map_err(super::failed)?,
             }),
             RedisTopology::Cluster(seeds) => {
                 let seed = seeds
@@ -87,7 +87,7 @@ impl Link {
                     .map(String::as_str)
                     .unwrap_or_default()
                     .into_connection_info()
-                    .map_err(StoreError::Redis)?;
+                    .map_err(super::failed)?;
                 // Retries are quick and few: `store.timeout` bounds each call
                 // anyway, and a slot map being refreshed answers in milliseconds.
                 let client = ClusterClient::builder(seeds.iter().map(String::as_str))
@@ -97,7 +97,7 @@ impl Link {
                     .connection_timeout(background(timeout))
                     .response_timeout(background(timeout))
                     .build()
-                    .map_err(StoreError::Redis)?;
+                    .map_err(super::failed)?;
                 Ok(Link::Cluster {
                     client: Box::new(client),
                     seed: Box::new(seed),
@@ -109,11 +109,11 @@ impl Link {
     /// The connection requests use until a probe finds a better one: lazy,
     /// so opening the store never waits for Redis. A Sentinel topology has
     /// no primary before the first discovery: `None` until then.
-    pub(super) fn first(&self, timeout: Duration) -> Result<Option<Conn>, StoreError> {
+    pub(super) fn first(&self, timeout: Duration) -> Result<Option<RedisConnection>, StoreError> {
         match self {
-            Link::Node(client) => Ok(Some(Conn::Node(manager(client, timeout)?))),
+            Link::Node(client) => Ok(Some(RedisConnection::Node(manager(client, timeout)?))),
             Link::Sentinel { .. } => Ok(None),
-            Link::Cluster { client, .. } => Ok(Some(Conn::Cluster(
+            Link::Cluster { client, .. } => Ok(Some(RedisConnection::Cluster(
                 client.get_pending_async_connection_with_config(cluster_config(timeout)),
             ))),
         }
@@ -128,10 +128,10 @@ impl Link {
     /// are the nodes (`host:port`) to ask when a random one does not answer.
     pub(super) async fn probe(
         &self,
-        current: Option<&Conn>,
+        current: Option<&RedisConnection>,
         known: &[String],
         timeout: Duration,
-    ) -> (Option<Conn>, Vec<NodeHealth>) {
+    ) -> (Option<RedisConnection>, Vec<NodeHealth>) {
         match self {
             Link::Node(client) => {
                 let Ok(mut con) = manager(client, timeout) else {
@@ -139,7 +139,7 @@ impl Link {
                 };
                 let pong: ::redis::RedisResult<String> =
                     ::redis::cmd("PING").query_async(&mut con).await;
-                (pong.ok().map(|_| Conn::Node(con)), Vec::new())
+                (pong.ok().map(|_| RedisConnection::Node(con)), Vec::new())
             }
             Link::Sentinel { master, sentinels } => {
                 sentinel_probe(master, sentinels, timeout).await
@@ -148,10 +148,10 @@ impl Link {
                 // The connection in use reconnects and re-reads the slot map
                 // by itself: a fresh one (connecting to every node again, on
                 // the first requests) only when it does not answer.
-                if let Some(Conn::Cluster(con)) = current {
+                if let Some(RedisConnection::Cluster(con)) = current {
                     let mut con = con.clone();
                     if let Ok(nodes) = self.cluster_nodes(&mut con, known, timeout).await {
-                        return (Some(Conn::Cluster(con)), nodes);
+                        return (Some(RedisConnection::Cluster(con)), nodes);
                     }
                 }
                 let Ok(mut con) = client
@@ -161,7 +161,7 @@ impl Link {
                     return (None, Vec::new());
                 };
                 match self.cluster_nodes(&mut con, known, timeout).await {
-                    Ok(nodes) => (Some(Conn::Cluster(con)), nodes),
+                    Ok(nodes) => (Some(RedisConnection::Cluster(con)), nodes),
                     Err(_) => (None, Vec::new()),
                 }
             }
@@ -204,7 +204,7 @@ fn manager(client: &::redis::Client, timeout: Duration) -> Result<ConnectionMana
         .set_response_timeout(Some(background(timeout)))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_millis(200));
-    ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(StoreError::Redis)
+    ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(super::failed)
 }
 
 /// Asks each sentinel in turn for the primary; the first whose answer is a
@@ -214,7 +214,7 @@ async fn sentinel_probe(
     master: &str,
     sentinels: &[ConnectionInfo],
     timeout: Duration,
-) -> (Option<Conn>, Vec<NodeHealth>) {
+) -> (Option<RedisConnection>, Vec<NodeHealth>) {
     let mut nodes = Vec::new();
     let mut found = None;
     for info in sentinels {
@@ -247,7 +247,7 @@ async fn sentinel_probe(
             importing: false,
             breaker_open: None,
         });
-        found = verified.map(Conn::Node);
+        found = verified.map(RedisConnection::Node);
     }
     (found, nodes)
 }
@@ -430,11 +430,11 @@ fn slot_range(text: &str) -> Option<(u16, u16)> {
 }
 
 /// Every command goes where its topology sends it; a cluster routes by key.
-impl ConnectionLike for Conn {
+impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Node(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConnection::Node(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -445,15 +445,15 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Node(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConnection::Node(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConnection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Node(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            RedisConnection::Node(c) => c.get_db(),
+            RedisConnection::Cluster(c) => c.get_db(),
         }
     }
 }

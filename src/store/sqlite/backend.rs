@@ -3,15 +3,32 @@
 use std::time::Duration;
 
 use super::{AuditRow, Sqlite};
-use crate::config::LimiterConfig;
+use crate::config::store::{RawSqlite, Section};
+use crate::config::{LimiterConfig, SqliteConfig};
 use crate::limiter::Nanos;
-use crate::store::backend::Backend;
-use crate::store::{durability, StoreError};
+use crate::store::backend::{Backend, BackendStatus, Local};
+use crate::store::{StoreError, StoreFailure};
 
 /// The request path is the seam's local default; the hooks reach the writer.
 impl Backend for Sqlite {
-    fn label(&self) -> &'static str {
-        "sqlite"
+    type Section = RawSqlite;
+    /// The writer persists what changed in the table.
+    const TRACKS_CHANGES: bool = true;
+
+    fn open(
+        config: &SqliteConfig,
+        local: &Local,
+        limiters: &[LimiterConfig],
+        now: Nanos,
+    ) -> Result<Sqlite, StoreError> {
+        Sqlite::open(
+            &config.path,
+            local.table.clone(),
+            local.bans.clone(),
+            config.flush_interval,
+            limiters,
+            now,
+        )
     }
 
     fn prune(&self, now: Nanos, limiters: &[LimiterConfig], retention: Option<Duration>) {
@@ -26,9 +43,13 @@ impl Backend for Sqlite {
         Sqlite::audit_dropped(self)
     }
 
-    /// Whether the last write succeeded.
-    fn healthy(&self) -> bool {
-        Sqlite::healthy(self)
+    /// Healthy while the last write succeeded; what waits for a failing disk.
+    fn status(&self) -> BackendStatus {
+        BackendStatus {
+            healthy: Sqlite::healthy(self),
+            durability: Some(Sqlite::durability(self).status()),
+            ..BackendStatus::default()
+        }
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -42,19 +63,21 @@ impl Backend for Sqlite {
         if unsaved.is_empty() {
             return Ok(());
         }
-        Err(StoreError::NotSaved {
-            path: self.path().to_path_buf(),
-            keys: unsaved.keys,
-            audit_rows: unsaved.audit_rows,
-        })
+        Err(StoreError::new(
+            StoreFailure::NotSaved,
+            RawSqlite::NAME,
+            format!(
+                "the last save to the SQLite store {} failed: {} limiter key(s) and \
+                 {} audit row(s) were not saved",
+                self.path().display(),
+                unsaved.keys,
+                unsaved.audit_rows
+            ),
+        ))
     }
 
     /// Counts write failures and given-up keys into the app's registry.
     fn bind_metrics(&self, metrics: &crate::metrics::Metrics) {
         Sqlite::durability(self).bind_metrics(metrics)
-    }
-
-    fn durability(&self) -> Option<durability::Status> {
-        Some(Sqlite::durability(self).status())
     }
 }

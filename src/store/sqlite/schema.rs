@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, OptionalExtension};
 
-use super::super::ban;
-use super::super::memory::Table;
-use super::super::StoreError;
+use crate::config::store::{RawSqlite, Section};
+use crate::store::ban;
+use crate::store::table::Table;
+use crate::store::{StoreError, StoreFailure};
 use crate::clock::parse_iso8601;
 use crate::config::LimiterConfig;
 use crate::limiter::{Algorithm, Kept, Nanos, State, NANOS_PER_SEC};
@@ -120,14 +121,19 @@ pub(super) const AUTO_VACUUM_INCREMENTAL: i64 = 2;
 pub(super) fn open_error(path: &Path, source: rusqlite::Error) -> StoreError {
     use rusqlite::ErrorCode;
     match source.sqlite_error_code() {
-        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
-            path: path.to_path_buf(),
-            source,
-        },
-        _ => StoreError::Open {
-            path: path.to_path_buf(),
-            source,
-        },
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
+            let path = path.display();
+            let context = format!(
+                "the SQLite store {path} is corrupt or not a tollgate database ({source}); \
+                 tollgate does not overwrite it: move it aside (e.g. `mv {path} {path}.bad`) \
+                 to start with empty counters, or restore a backup"
+            );
+            StoreError::new(StoreFailure::Corrupt, RawSqlite::NAME, context).because(source)
+        }
+        _ => {
+            let context = format!("cannot open the SQLite store {}: {source}", path.display());
+            StoreError::new(StoreFailure::Open, RawSqlite::NAME, context).because(source)
+        }
     }
 }
 

@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{params, Connection, Transaction};
 
-use super::super::ban::{self, BanChange, Bans};
-use super::super::durability::{backoff, Durability, Unsaved};
-use super::super::memory::{Change, Forgotten, Rows, Table};
+use super::durability::{backoff, Durability, Unsaved};
+use crate::store::ban::{self, BanChange, Bans};
+use crate::store::table::{Change, Forgotten, Rows, Table};
 use super::schema::{connect, encode, file_identity};
-use super::{AuditBuffer, AuditRow, Msg, PrunePlan, WriterOptions, AUDIT_QUEUE};
+use super::{AuditBuffer, AuditRow, WriterCommand, PrunePlan, WriterOptions, AUDIT_QUEUE};
 use crate::clock::iso8601;
 use crate::limiter::{Kept, Nanos, NANOS_PER_SEC};
 
@@ -25,7 +25,7 @@ const FINAL_SAVE_CHUNK: usize = 256;
 /// explicit flush and the last save always look.
 const FORGOTTEN_GAP: Duration = Duration::from_secs(1);
 
-pub(super) struct Writer {
+pub(super) struct DiskWriter {
     /// `None` while the file is gone and cannot be made again.
     pub(super) conn: Option<Connection>,
     pub(super) path: PathBuf,
@@ -49,22 +49,22 @@ pub(super) struct Writer {
     pub(super) forgotten_checked: Instant,
 }
 
-impl Writer {
-    pub(super) fn run(mut self, rx: Receiver<Msg>, interval: Duration) {
+impl DiskWriter {
+    pub(super) fn run(mut self, rx: Receiver<WriterCommand>, interval: Duration) {
         let mut next_flush = Instant::now() + interval;
         loop {
             let wait = next_flush.saturating_duration_since(Instant::now());
             match rx.recv_timeout(wait) {
-                Ok(Msg::Flush(ack)) => {
+                Ok(WriterCommand::Flush(ack)) => {
                     let _ = ack.send(self.attempt(self.options.max_unsaved, true));
                 }
-                Ok(Msg::Prune(plan)) => {
+                Ok(WriterCommand::Prune(plan)) => {
                     if let Err(e) = self.prune(&plan) {
                         tracing::warn!(error = %e, "pruning the SQLite store failed");
                     }
                     continue;
                 }
-                Ok(Msg::Shutdown(ack)) => {
+                Ok(WriterCommand::Shutdown(ack)) => {
                     let _ = ack.send(self.final_save());
                     return;
                 }

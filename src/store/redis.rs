@@ -1,7 +1,9 @@
 //! The Redis store: every limiter of one request in one atomic Lua call, on the Redis server's clock.
 //!
-//! A fleet of tollgates pointed at one Redis shares every limit exactly:
-//! `redis.lua` ports the arithmetic of `src/limiter/*.rs` and runs check →
+//! A fleet of tollgates pointed at one Redis shares every limit exactly: one
+//! script, assembled at build time from `redis/head.lua`, each algorithm's
+//! Lua beside its arithmetic (`src/limiter/<name>.lua`) and `redis/modes.lua`,
+//! ports the arithmetic of `src/limiter/*.rs` and runs check →
 //! admit → record for all limiters of a request inside one `EVALSHA` (the
 //! `redis` crate reloads the script on `NOSCRIPT`), so no read-then-write
 //! race exists whatever the number of proxies, and time comes from Redis'
@@ -33,6 +35,7 @@ pub mod acme;
 mod args;
 mod backend;
 pub mod ban;
+pub mod breaker;
 mod lease;
 mod owners;
 mod probe;
@@ -50,26 +53,35 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 
-use super::breaker::Breaker;
-use super::memory::Table;
-use super::{Check, Outcome, StoreError};
+use super::table::Table;
+use super::{Check, NodeStatus, Outcome, StoreError, StoreFailure};
+use crate::config::store::{RawRedis, Section};
 use crate::config::RedisTopology;
-use crate::limiter::{Algorithm, Hold, Nanos, Quota, Ticket, Verdict, NANOS_PER_SEC};
+use breaker::Breaker;
+use crate::limiter::{Algorithm, Hold, Nanos, Quota, Ruling, Ticket, NANOS_PER_SEC};
 use owners::{Owner, Owners};
-use topology::{Conn, Link, NodeHealth};
+use topology::{RedisConnection, Link, NodeHealth};
 
-/// `lease.lua` continues `redis.lua`'s chunk (it reads the request's state).
-const SCRIPT: &str = concat!(include_str!("redis.lua"), include_str!("lease.lua"));
+/// The script, assembled from its parts in one chunk (see `redis/head.lua`):
+/// the head, each algorithm's part beside its arithmetic, the modes, and
+/// leases (which read the request's state the modes left in scope).
+macro_rules! script {
+    ([$($variant:ident in $module:ident,)+]) => {
+        concat!(
+            include_str!("redis/head.lua"),
+            $(include_str!(concat!("../limiter/", stringify!($module), ".lua")),)+
+            include_str!("redis/modes.lua"),
+            include_str!("redis/lease.lua"),
+        )
+    };
+}
+
+const SCRIPT: &str = crate::limiter::with_algorithms!(script!);
 
 /// Consecutive failures that open the breaker.
 pub const BREAKER_THRESHOLD: u32 = 3;
 /// How long an open breaker skips Redis before the next probe.
 pub const BREAKER_COOL_DOWN: Duration = Duration::from_secs(1);
-/// A concurrency slot whose release never arrives (a proxy crashed, Redis was
-/// down when it finished) frees itself after this long.
-pub const CONCURRENCY_LEASE: Duration = Duration::from_secs(600);
-/// Lua computes with doubles: relative nanoseconds must stay below 2^53 (~104 days).
-const MAX_EXACT: u64 = 1 << 53;
 /// Past this many remembered tickets, those whose turn has passed are swept.
 const SWEEP_AT: usize = 4096;
 /// How often the probe checks a healthy store's topology (Sentinel's
@@ -85,7 +97,7 @@ pub struct Redis {
 struct Inner {
     link: Link,
     /// `None` only before Sentinel first named a primary.
-    conn: ArcSwapOption<Conn>,
+    conn: ArcSwapOption<RedisConnection>,
     /// The nodes as the last probe saw them (Sentinel, cluster).
     nodes: ArcSwap<Vec<NodeHealth>>,
     /// The primary requests go to (Sentinel: `host:port`, else empty).
@@ -119,7 +131,7 @@ type Tickets = HashMap<(Box<str>, Nanos), Vec<Holder>>;
 /// Who holds what an admitted request must give back, keyed by the store key
 /// and the ticket the app will release with (in the proxy's clock).
 #[derive(Debug, Clone)]
-enum Holder {
+pub(super) enum Holder {
     /// A concurrency slot in Redis: the sorted-set member.
     Slot(String),
     /// A leaky-bucket place in Redis: the ticket in Redis' clock.
@@ -136,7 +148,7 @@ impl Redis {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Redis, StoreError> {
-        let runtime = Handle::try_current().map_err(|_| StoreError::NoRuntime)?;
+        let runtime = Handle::try_current().map_err(|_| not_in_runtime())?;
         let link = Link::open(topology, timeout)?;
         let conn = link.first(timeout)?.map(Arc::new);
         let tag = match prefix.trim_end_matches(':') {
@@ -193,14 +205,22 @@ impl Redis {
 
     /// The nodes the last probe saw (empty for one node: its health is the
     /// breaker's), a cluster's primaries with their own breaker's state.
-    pub fn nodes(&self) -> Vec<NodeHealth> {
-        let mut nodes = self.inner.nodes.load().to_vec();
-        if self.inner.spread {
-            for n in nodes.iter_mut().filter(|n| n.role == "primary") {
-                n.breaker_open = self.inner.owners.at(&n.addr).map(|o| o.breaker.is_open());
-            }
-        }
-        nodes
+    pub fn nodes(&self) -> Vec<NodeStatus> {
+        let inner = &self.inner;
+        inner
+            .nodes
+            .load()
+            .iter()
+            .map(|n| NodeStatus {
+                addr: n.addr.clone(),
+                role: n.role,
+                healthy: n.healthy,
+                breaker_open: match (inner.spread, n.role) {
+                    (true, "primary") => inner.owners.at(&n.addr).map(|o| o.breaker.is_open()),
+                    _ => n.breaker_open,
+                },
+            })
+            .collect()
     }
 
     /// A cluster's known nodes (`host:port`), for a probe whose random node fails.
@@ -223,14 +243,14 @@ impl Redis {
             return Ok(outcomes);
         }
         if !inner.breaker.allows() {
-            return Err(StoreError::CircuitOpen);
+            return Err(circuit_open());
         }
         let keys: Vec<String> = checks.iter().map(|c| self.key(c.key)).collect();
         let groups = spread::slot_groups(&keys);
         // A group on a primary known to be failing: the request applies
         // `on_error` before anything is recorded (nothing to give back).
         if groups.iter().any(|g| !self.owner_allows(&keys[g[0]])) {
-            return Err(StoreError::CircuitOpen);
+            return Err(circuit_open());
         }
         let members: Vec<String> = checks.iter().map(|c| self.member(c.algorithm)).collect();
         let outcomes = match &groups[..] {
@@ -243,13 +263,13 @@ impl Redis {
         };
         if admits(checks, &outcomes) {
             for ((c, o), member) in checks.iter().zip(&outcomes).zip(members) {
-                match (c.algorithm.holds(), o.verdict) {
+                match (c.algorithm.holds(), o.ruling) {
                     (Hold::Slot, _) => self.remember(c.key, now, Holder::Slot(member), now),
-                    (Hold::Place, Verdict::Delay(d)) => {
+                    (Hold::Place, Ruling::Delay(d)) => {
                         self.remember(c.key, now + d, Holder::Place(o.at + d), now)
                     }
                     // Let through at once: no place in the queue to give back.
-                    (Hold::Place, Verdict::Allow | Verdict::Deny { .. }) | (Hold::Nothing, _) => {}
+                    (Hold::Place, Ruling::Allow | Ruling::Deny { .. }) | (Hold::Nothing, _) => {}
                 }
             }
         }
@@ -342,12 +362,12 @@ impl Redis {
         for (c, o) in checks.iter().zip(outcomes) {
             // The release names the key the table counted on.
             let key = if o.overflowed { c.overflow } else { c.key };
-            match (c.algorithm.holds(), o.verdict) {
+            match (c.algorithm.holds(), o.ruling) {
                 (Hold::Slot, _) => self.remember(key, now, Holder::Local { queued: false }, now),
-                (Hold::Place, Verdict::Delay(d)) => {
+                (Hold::Place, Ruling::Delay(d)) => {
                     self.remember(key, now + d, Holder::Local { queued: true }, now)
                 }
-                (Hold::Place, Verdict::Allow | Verdict::Deny { .. }) | (Hold::Nothing, _) => {}
+                (Hold::Place, Ruling::Allow | Ruling::Deny { .. }) | (Hold::Nothing, _) => {}
             }
         }
     }
@@ -398,8 +418,7 @@ impl Redis {
                 table.release(store_key, algorithm, ticket, now);
                 return;
             }
-            Some(Holder::Slot(member)) => args::Held::Slot(member),
-            Some(Holder::Place(at)) => args::Held::Place(at),
+            Some(held) => held,
             // Unknown (already swept): a slot frees itself with its lease, a place with its turn.
             None => return,
         };
@@ -516,18 +535,18 @@ impl Redis {
             .push(holder);
     }
 
-    fn connection(&self) -> Result<Conn, StoreError> {
+    fn connection(&self) -> Result<RedisConnection, StoreError> {
         self.inner
             .conn
             .load_full()
             .map(|c| (*c).clone())
-            .ok_or(StoreError::NoPrimary)
+            .ok_or_else(no_primary)
     }
 
     /// One call that feeds the whole store's breaker.
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(RedisConnection) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
         self.call_via(None, f).await
@@ -537,7 +556,7 @@ impl Redis {
     /// breaker of the primary serving that key's slot.
     async fn call_at<T, F, Fut>(&self, redis_key: &str, f: F) -> Result<T, StoreError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(RedisConnection) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
         self.call_via(self.owner(redis_key), f).await
@@ -551,24 +570,24 @@ impl Redis {
     /// its first request after it.
     async fn call_via<T, F, Fut>(&self, owner: Option<Arc<Owner>>, f: F) -> Result<T, StoreError>
     where
-        F: Fn(Conn) -> Fut,
+        F: Fn(RedisConnection) -> Fut,
         Fut: std::future::Future<Output = ::redis::RedisResult<T>>,
     {
         if owner.as_ref().is_some_and(|o| !o.breaker.allows()) {
-            return Err(StoreError::CircuitOpen);
+            return Err(circuit_open());
         }
         let inner = &self.inner;
         let attempt = async {
             match f(self.connection()?).await {
                 Err(e) if e.is_connection_dropped() || e.is_io_error() => {
-                    f(self.connection()?).await.map_err(StoreError::Redis)
+                    f(self.connection()?).await.map_err(failed)
                 }
-                result => result.map_err(StoreError::Redis),
+                result => result.map_err(failed),
             }
         };
         let result = match tokio::time::timeout(inner.timeout, attempt).await {
             Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(inner.timeout)),
+            Err(_) => Err(timed_out(inner.timeout)),
         };
         match (&result, owner) {
             (Ok(_), None) => {
@@ -615,17 +634,17 @@ fn admits(checks: &[Check<'_>], outcomes: &[Outcome]) -> bool {
     !checks
         .iter()
         .zip(outcomes)
-        .any(|(c, o)| o.verdict.is_deny() && !c.shadow)
+        .any(|(c, o)| o.ruling.is_deny() && !c.shadow)
 }
 
-/// Numbers per check in a check reply: verdict, its nanoseconds,
-/// remaining, reset after, mark (see `redis.lua`).
+/// Numbers per check in a check reply: ruling, its nanoseconds,
+/// remaining, reset after, mark (see `redis/head.lua`).
 pub(super) const PER_CHECK: usize = 5;
 
 /// The reply's Redis time (Unix ns) and one outcome per check.
 fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), StoreError> {
     if reply.len() != 2 + PER_CHECK * checks.len() {
-        return Err(StoreError::BadReply(reply.len()));
+        return Err(bad_reply(reply.len()));
     }
     let n = |v: i64| v.max(0) as u64;
     let at = n(reply[0]) * NANOS_PER_SEC + n(reply[1]) * 1_000;
@@ -633,16 +652,16 @@ fn parse(reply: &[i64], checks: &[Check<'_>]) -> Result<(Nanos, Vec<Outcome>), S
         .iter()
         .zip(reply[2..].chunks_exact(PER_CHECK))
         .map(|(c, r)| {
-            let verdict = match r[0] {
-                0 => Verdict::Allow,
-                1 => Verdict::Delay(n(r[1])),
-                _ => Verdict::Deny {
+            let ruling = match r[0] {
+                0 => Ruling::Allow,
+                1 => Ruling::Delay(n(r[1])),
+                _ => Ruling::Deny {
                     retry_after: n(r[1]).max(1),
                 },
             };
             let (limit, window) = c.algorithm.frame();
             Outcome {
-                verdict,
+                ruling,
                 quota: Quota {
                     limit,
                     window,
@@ -664,4 +683,59 @@ fn instance_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{:x}-{:x}", std::process::id(), nanos)
+}
+
+/// Redis failed: the call's error, or a connection that failed.
+pub(super) fn failed(e: ::redis::RedisError) -> StoreError {
+    StoreError::new(StoreFailure::Failed, RawRedis::NAME, format!("Redis failed: {e}")).because(e)
+}
+
+fn timed_out(timeout: Duration) -> StoreError {
+    StoreError::new(
+        StoreFailure::Timeout,
+        RawRedis::NAME,
+        format!("Redis did not answer within {timeout:?}"),
+    )
+}
+
+fn circuit_open() -> StoreError {
+    StoreError::new(
+        StoreFailure::CircuitOpen,
+        RawRedis::NAME,
+        "Redis is skipped for a moment after repeated failures (circuit breaker open)",
+    )
+}
+
+/// A window or rate whose nanoseconds the script cannot compute with exactly.
+pub(super) fn too_long(ns: Nanos) -> StoreError {
+    StoreError::new(
+        StoreFailure::TooLong,
+        RawRedis::NAME,
+        format!("a window or rate of {ns} ns is too long for the Redis store (at most ~52 days)"),
+    )
+}
+
+/// An answer of `values` numbers, not what the script returns.
+pub(super) fn bad_reply(values: usize) -> StoreError {
+    StoreError::new(
+        StoreFailure::BadReply,
+        RawRedis::NAME,
+        format!("Redis answered with {values} values, not what the script returns"),
+    )
+}
+
+fn not_in_runtime() -> StoreError {
+    StoreError::new(
+        StoreFailure::Open,
+        RawRedis::NAME,
+        "the Redis store must be opened inside the async runtime",
+    )
+}
+
+fn no_primary() -> StoreError {
+    StoreError::new(
+        StoreFailure::NoServer,
+        RawRedis::NAME,
+        "no Redis primary yet: no sentinel has named a node that answers as primary",
+    )
 }

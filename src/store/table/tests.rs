@@ -32,9 +32,9 @@ fn a_denial_by_one_limiter_is_still_counted_by_a_fixed_window_beside_it() {
         ]
     };
     let first = table.check(&checks(()), now);
-    assert!(first.iter().all(|o| o.verdict == Verdict::Allow));
+    assert!(first.iter().all(|o| o.ruling == Ruling::Allow));
     let second = table.check(&checks(()), now);
-    assert!(second[0].verdict.is_deny());
+    assert!(second[0].ruling.is_deny());
     assert_eq!(
         second[1].quota.remaining, 98,
         "fixed windows count attempts"
@@ -66,11 +66,11 @@ fn a_request_refused_by_one_limiter_creates_no_key_in_the_others() {
             now,
         )
     };
-    assert!(request("first").iter().all(|o| o.verdict == Verdict::Allow));
+    assert!(request("first").iter().all(|o| o.ruling == Ruling::Allow));
     assert_eq!(table.len(), 2);
     for i in 0..100 {
         let out = request(&format!("new-{i}"));
-        assert!(out[0].verdict.is_deny());
+        assert!(out[0].ruling.is_deny());
         assert!(!out[1].overflowed);
         assert_eq!(out[1].quota.remaining, 100, "nothing was counted on it");
     }
@@ -96,7 +96,7 @@ fn a_shadow_limiter_reports_a_denial_but_does_not_block() {
     }];
     table.check(&shadow, now);
     let second = table.check(&shadow, now);
-    assert!(second[0].verdict.is_deny());
+    assert!(second[0].ruling.is_deny());
     assert_eq!(second[0].quota.remaining, 0);
 }
 
@@ -221,20 +221,20 @@ fn when_nothing_rests_new_keys_share_the_limiters_overflow_counter() {
     let strict = fixed(1);
     let limited = "l:ip:203.0.113.9";
     hit(&table, limited, &strict, T0);
-    assert!(hit(&table, limited, &strict, T0).verdict.is_deny());
+    assert!(hit(&table, limited, &strict, T0).ruling.is_deny());
 
     let [a, b]: [String; 2] = neighbours(&table, limited, 2).try_into().unwrap();
     let first = hit(&table, &a, &strict, T0 + S);
-    assert!(first.overflowed && first.verdict == Verdict::Allow);
+    assert!(first.overflowed && first.ruling == Ruling::Allow);
     let second = hit(&table, &b, &strict, T0 + S);
     assert!(
-        second.overflowed && second.verdict.is_deny(),
+        second.overflowed && second.ruling.is_deny(),
         "b is counted on the counter a used, not on a fresh one"
     );
     assert_eq!(table.counters().overflowed.load(Ordering::Relaxed), 2);
     assert_eq!(evicted(&table), 0);
     assert!(table.holds(limited));
-    assert!(hit(&table, limited, &strict, T0 + S).verdict.is_deny());
+    assert!(hit(&table, limited, &strict, T0 + S).ruling.is_deny());
 
     // The next window: the limited key is at rest and gives its slot up.
     let out = hit(&table, &a, &strict, T0 + 60 * S);
@@ -317,7 +317,7 @@ fn a_flood_of_one_request_clients_never_grows_the_table_past_its_bound() {
         assert!(table.len() <= max);
     }
     assert!(hit(&table, "l:ip:203.0.113.9", &strict, T0 + 30 * S)
-        .verdict
+        .ruling
         .is_deny());
     // At 1 of 5 each, the flood's keys are the lightest: it evicts itself.
     assert!(table.counters().evicted_live.load(Ordering::Relaxed) > 19_000);
@@ -367,7 +367,7 @@ fn two_limiters_of_one_request_in_one_full_shard_stay_atomic() {
     assert!(!out[0].overflowed && out[1].overflowed);
     let len = table.len();
     let again = table.check(&checks, T0);
-    assert!(again[0].verdict.is_deny());
+    assert!(again[0].ruling.is_deny());
     assert!(
         !again[1].overflowed && table.len() == len,
         "refused by a: b is counted nowhere"
@@ -432,7 +432,7 @@ fn a_key_at_half_its_quota_or_limited_is_never_evicted_while_live() {
     );
     assert_eq!(evicted_live(&table), 0);
     assert!(table.holds(&keys[0]) && table.holds(&keys[1]));
-    assert!(hit(&table, &keys[1], &fixed(10), T0 + S).verdict.is_deny());
+    assert!(hit(&table, &keys[1], &fixed(10), T0 + S).ruling.is_deny());
 }
 
 #[test]

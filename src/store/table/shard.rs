@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use super::key_hash::{BuildPassThrough, KeyHash};
 use super::{note_rows, Forgotten, Rows};
-use crate::limiter::{Algorithm, Kept, Nanos, Quota, State, Ticket, Verdict};
+use crate::limiter::{Algorithm, Kept, Nanos, Quota, Ruling, State, Ticket};
 use crate::store::{Check, Outcome};
 
 #[derive(Debug, Default)]
@@ -106,12 +106,12 @@ fn decide_entry(
     next_rest: &mut Nanos,
     track: bool,
 ) -> Outcome {
-    let verdict = if usable(e, c.algorithm) {
+    let ruling = if usable(e, c.algorithm) {
         c.algorithm.check(&e.state, now)
     } else {
         c.algorithm.check(&c.algorithm.fresh_state(), now)
     };
-    let admitted = !verdict.is_deny() || c.shadow;
+    let admitted = !ruling.is_deny() || c.shadow;
     let (quota, mark) = record_entry(
         e,
         c.key,
@@ -123,7 +123,7 @@ fn decide_entry(
         track,
     );
     Outcome {
-        verdict,
+        ruling,
         quota,
         at: now,
         mark,
@@ -262,7 +262,7 @@ impl Shard {
         }
     }
 
-    pub(super) fn verdict(&self, h: KeyHash, algorithm: &Algorithm, now: Nanos) -> Verdict {
+    pub(super) fn ruling(&self, h: KeyHash, algorithm: &Algorithm, now: Nanos) -> Ruling {
         match self.map.get(&h) {
             Some(e) if usable(e, algorithm) => algorithm.check(&e.state, now),
             _ => algorithm.check(&algorithm.fresh_state(), now),

@@ -33,7 +33,8 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::StoreError;
+use crate::config::store::{RawSqlite, Section};
+use crate::store::{StoreError, StoreFailure};
 
 /// The byte locked: past every byte SQLite locks (its lock bytes start at
 /// 1 GiB and span 512 bytes), and past any database tollgate writes; a
@@ -53,9 +54,9 @@ impl FileLock {
     /// Takes the lock on the database at `db` (created empty if missing:
     /// SQLite takes an empty file as a new database), or explains who holds it.
     pub fn acquire(db: &Path) -> Result<FileLock, StoreError> {
-        let cannot = |source| StoreError::Lock {
-            path: db.to_path_buf(),
-            source,
+        let cannot = |source: std::io::Error| {
+            let context = format!("cannot lock the SQLite store {}: {source}", db.display());
+            StoreError::new(StoreFailure::Open, RawSqlite::NAME, context).because(source)
         };
         let file = OpenOptions::new()
             .read(true)
@@ -71,16 +72,27 @@ impl FileLock {
                 Ok(false) if started.elapsed() < RETRY_FOR => {
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Ok(false) => {
-                    return Err(StoreError::InUse {
-                        path: db.to_path_buf(),
-                        file: std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf()),
-                    })
-                }
+                Ok(false) => return Err(in_use(db)),
                 Err(e) => return Err(cannot(e)),
             }
         }
     }
+}
+
+/// Another process holds the lock on `db`: say which file, under whatever name.
+fn in_use(db: &Path) -> StoreError {
+    let file = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
+    StoreError::new(
+        StoreFailure::InUse,
+        RawSqlite::NAME,
+        format!(
+            "another process is already using the SQLite store {} (the file {}, under this \
+             or any other name: it holds the file's lock); one tollgate per file: give each \
+             instance its own store.path, or share counters with backend: redis",
+            db.display(),
+            file.display()
+        ),
+    )
 }
 
 /// One attempt at the lock: `Ok(false)` when another descriptor holds it.
@@ -115,7 +127,7 @@ mod tests {
         let db = dir.path().join("t.db");
         let first = FileLock::acquire(&db).unwrap();
         let err = FileLock::acquire(&db).unwrap_err();
-        assert!(matches!(err, StoreError::InUse { .. }), "{err}");
+        assert_eq!(err.kind, StoreFailure::InUse, "{err}");
         assert!(err.to_string().contains(&db.display().to_string()), "{err}");
         drop(first);
         FileLock::acquire(&db).expect("free again once the first is gone");
@@ -132,7 +144,7 @@ mod tests {
         std::fs::hard_link(&db, &hard).unwrap();
         for other in [soft, hard] {
             let err = FileLock::acquire(&other).unwrap_err();
-            assert!(matches!(err, StoreError::InUse { .. }), "{err}");
+            assert_eq!(err.kind, StoreFailure::InUse, "{err}");
             assert!(
                 err.to_string().contains(&other.display().to_string()),
                 "{err}"
