@@ -84,7 +84,6 @@ pub struct AccessRecord {
     /// The site rule that answered or changed the request (`redirect`,
     /// `respond`, `rewrite`, `access`, `site.access`, `auth`); written only when set.
     pub rule: Option<&'static str>,
-        }
     /// The client's ASN and country, when `identity.geoip` is configured.
     pub network: Option<crate::networks::Network>,
 }
@@ -406,7 +405,6 @@ impl AccessRecord {
             "referer": header(&self.referer),
             "user_agent": header(&self.user_agent),
         });
-        let mut v = v;
         if let Some(rule) = self.rule {
             v["rule"] = rule.into();
         }

@@ -288,6 +288,11 @@ impl<I> Prefixed<I> {
     pub fn new(front: Bytes, io: I) -> Prefixed<I> {
         Prefixed { front, io }
     }
+
+    /// What is still in front, and the stream behind it.
+    pub fn into_parts(self) -> (Bytes, I) {
+        (self.front, self.io)
+    }
 }
 
 impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {

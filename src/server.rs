@@ -18,6 +18,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 
+use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -28,6 +29,7 @@ use crate::body::Body;
 use crate::config::Serve;
 use crate::connections::{watch, Activity, Closing, Permit, Watched};
 use crate::problem::Problem;
+use crate::proxy_protocol::Prefixed;
 use crate::tls::Terminator;
 use crate::workers::Workers;
 
@@ -297,6 +299,7 @@ async fn serve_accepted(
     proxied: bool,
 ) {
     if !proxied {
+        let stream = Prefixed::new(Bytes::new(), stream);
         return serve_stream(stream, conn, serve, app, timeouts, drain, permit, acme).await;
     }
     let activity = permit.activity();
@@ -316,8 +319,8 @@ async fn serve_accepted(
 /// Serves one connection as its listener says: plain, TLS, or
 /// redirect, while `permit` holds its place (its activity is what may be displaced).
 #[allow(clippy::too_many_arguments)] // the connection's parts, each used once
-async fn serve_stream<I>(
-    stream: I,
+async fn serve_stream(
+    stream: Prefixed<TcpStream>,
     conn: ConnInfo,
     serve: Serving,
     app: App,
@@ -325,15 +328,16 @@ async fn serve_stream<I>(
     drain: CancellationToken,
     permit: &Permit,
     acme: Arc<Managed>,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
+) {
     let timeout = timeouts.header;
     let peer = conn.peer;
     let activity = permit.activity();
     // The socket comes back here when hyper is done with it, for a lingering close.
     let handoff = Arc::new(Handoff::default());
-    let stream = Lingering::new(stream, handoff.clone());
+    // What came with a PROXY header is read first, from above the socket
+    // the lingering close takes back.
+    let (front, stream) = stream.into_parts();
+    let stream = Prefixed::new(front, Lingering::new(stream, handoff.clone()));
     let serving = Connection {
         app,
         conn,

@@ -32,6 +32,8 @@ fn record(path: &str) -> AccessRecord {
         bytes_out: 0,
         referer: None,
         user_agent: None,
+        rule: None,
+        network: None,
     }
 }
 

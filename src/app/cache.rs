@@ -311,6 +311,7 @@ impl App {
             client,
             headers: req.headers(),
             now: x.now,
+            sender_only: false,
         };
         if self.gate().is_banned(&snap, &facts).await {
             return None;

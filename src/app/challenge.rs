@@ -146,7 +146,7 @@ impl App {
             shadow: false,
         };
         match self.shared.store.check(&[check], now).await {
-            Ok(outcomes) => outcomes.first().is_some_and(|o| !o.verdict.is_deny()),
+            Ok(outcomes) => outcomes.first().is_some_and(|o| !o.ruling.is_deny()),
             Err(e) => {
                 tracing::warn!(error = %e, "counting a new pass failed; the pass counts as its address");
                 false
