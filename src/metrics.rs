@@ -247,6 +247,8 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_challenge_solve_seconds", "Time the challenge page reported it took to solve (the browser's own measure, capped at the challenge's lifetime)."),
     ("tollgate_pass_issue_refused_total", "Solved challenges whose address block had used its allowance of new passes (identity.pass.issue_limit per ttl): the pass given counts as the client's address."),
     ("tollgate_crawler_checks_total", "Crawler checks of requests that would be challenged, by result (cidr, confirmed and refused by forward-confirmed reverse DNS, cached, error)."),
+    ("tollgate_proxy_protocol_accepted_total", "Connections from a server.proxy_protocol peer whose PROXY header was read, by version (1, 2)."),
+    ("tollgate_proxy_protocol_refused_total", "Connections from a server.proxy_protocol peer closed without a valid PROXY header, by reason (missing, invalid, too_long, timeout, closed)."),
     ("tollgate_acme_orders_total", "ACME certificate orders by result (ok, error, rate_limited: the CA said rateLimited)."),
     ("tollgate_cache_requests_total", "Requests on caching routes by route and result (hit: answered from the cache, also when another request's render was shared; miss: asked the upstream; stale: a stale answer served while it refreshes or because the upstream failed; bypass: not for the cache, by method, Authorization or a bypass cookie)."),
     ("tollgate_cache_evictions_total", "Stored answers evicted to make room within cache.max_size."),

@@ -567,10 +567,13 @@ async fn a_frozen_redis_costs_at_most_the_timeout_then_the_breaker_skips_it(kind
         waits.push(call.elapsed());
     }
     thaw();
+    // The bound is the timeout plus a loaded machine's scheduling slack (a
+    // 200.7 ms call was seen beside a build); a call that waited for Redis
+    // itself would take seconds.
     assert!(
         waits
             .iter()
-            .all(|w| *w < timeout + Duration::from_millis(100)),
+            .all(|w| *w < timeout + Duration::from_millis(400)),
         "{waits:?}"
     );
     assert!(
