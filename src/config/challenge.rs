@@ -20,7 +20,8 @@ use super::{dur, Dur, KeyPart, LimiterConfig, RouteConfig, Text, Validator};
 /// page's own SHA-256 (the slower of its two) does ~170,000 hashes per CPU
 /// second in V8 on the project's build machine, so ~0.1 s there and well
 /// under a second on a phone several times slower; 16 bits would be ~0.4 s
-/// there and over a second on such a phone (README, "Scrapers and crawler fleets").
+/// there and over a second on such a phone (docs/IDENTITY.md,
+/// "Scrapers and crawler fleets").
 pub const DEFAULT_DIFFICULTY: u8 = 14;
 /// 2^24 hashes is already minutes on a phone: more is a denial of service on people.
 pub const MAX_DIFFICULTY: u8 = 24;
