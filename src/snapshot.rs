@@ -186,16 +186,7 @@ impl Snapshot {
             .iter()
             .map(|r| Route::new(r, &config.site, metrics))
             .collect();
-        // Reloads keep the cache (and what it holds); new bounds resize it in place.
-        let cache = config
-            .cache
-            .map(|c| match previous.and_then(|p| p.cache.clone()) {
-                Some(kept) => {
-                    kept.reconfigure(&c);
-                    kept
-                }
-                None => Arc::new(crate::cache::ResponseCache::new(&c, metrics)),
-            });
+        let cache = kept_cache(config.cache.as_ref(), previous, metrics);
         let upstream_durations = config
             .upstreams
             .iter()
@@ -399,6 +390,23 @@ impl Limiter {
     pub fn describe_policy(algorithm: &Algorithm) -> String {
         algorithm.describe()
     }
+}
+
+/// The response cache of a new snapshot: a reload keeps the one in force
+/// (and what it holds), resized in place to new bounds.
+fn kept_cache(
+    config: Option<&crate::config::cache::CacheConfig>,
+    previous: Option<&Snapshot>,
+    metrics: &Metrics,
+) -> Option<Arc<crate::cache::ResponseCache>> {
+    let c = config?;
+    Some(match previous.and_then(|p| p.cache.clone()) {
+        Some(kept) => {
+            kept.reconfigure(c);
+            kept
+        }
+        None => Arc::new(crate::cache::ResponseCache::new(c, metrics)),
+    })
 }
 
 #[cfg(test)]

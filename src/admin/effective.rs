@@ -489,25 +489,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         asn,
         country,
     } = r;
-    let (upstream, respond, redirect) = match action {
-        Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None, None),
-        Action::Respond {
-            status,
-            body,
-            content_type,
-        } => (
-            None,
-            Some(json!({"status": status.as_u16(), "body": body, "content_type": content_type})),
-            None,
-        ),
-        Action::Redirect(r) => (
-            None,
-            None,
-            Some(
-                json!({"to": r.to.written, "status": r.status.as_u16(), "append_query": r.to.append_query()}),
-            ),
-        ),
-    };
+    let (upstream, respond, redirect) = action_view(action, c);
     let headers = match rate_limit_headers {
         HeaderSets::Both => "both",
         HeaderSets::XRateLimit => "x-ratelimit",
@@ -553,6 +535,32 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "challenge": challenge.map(|c| json!({"when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str()})),
         "cache": cache.as_ref().map(route_cache),
     })
+}
+
+/// A route's action as the three keys that spell it: `upstream`, `respond`, `redirect`.
+fn action_view<'c>(
+    action: &Action,
+    c: &'c Config,
+) -> (Option<&'c str>, Option<Value>, Option<Value>) {
+    match action {
+        Action::Upstream(i) => (Some(c.upstreams[*i].name.as_str()), None, None),
+        Action::Respond {
+            status,
+            body,
+            content_type,
+        } => (
+            None,
+            Some(json!({"status": status.as_u16(), "body": body, "content_type": content_type})),
+            None,
+        ),
+        Action::Redirect(r) => (
+            None,
+            None,
+            Some(
+                json!({"to": r.to.written, "status": r.status.as_u16(), "append_query": r.to.append_query()}),
+            ),
+        ),
+    }
 }
 
 /// `routes[].cache` as the config spells it.

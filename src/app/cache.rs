@@ -164,26 +164,9 @@ impl App {
             cache,
         } = v;
         prepare(&mut admitted.req, client, &lookup);
-        let head = lookup.asked.head;
-        let lead = match (head, cache.flights.join(&key)) {
-            // A HEAD is forwarded as it is and stores nothing.
-            (true, _) => None,
-            (false, Joined::Lead(lead)) => Some(lead),
-            (false, Joined::Follow(rx)) => {
-                if let Some(Landed::Stored(e)) =
-                    flight::wait(rx, cache.settings().lock_timeout).await
-                {
-                    // Another request's render, shared: no render of its own.
-                    inc(&rc.hit);
-                    return answer(
-                        &e,
-                        &lookup,
-                        x,
-                        &format!("tollgate; fwd=miss; collapsed; ttl={}", e.ttl(x.now)),
-                    );
-                }
-                None
-            }
+        let lead = match lead_or_shared(x, cache, rc, &key, &lookup).await {
+            Ok(lead) => lead,
+            Err(shared) => return shared,
         };
         inc(&rc.miss);
         let uri = admitted.req.uri().clone();
@@ -403,6 +386,33 @@ fn prepare(req: &mut Request<RequestBody>, client: &Client, lookup: &Lookup) {
 }
 
 /// A stored answer for this request, marked `status`.
+/// One render for concurrent misses: the lead of `key`'s flight (`None` for
+/// a HEAD, forwarded as it is, or a follower whose lead stored nothing), or
+/// for a follower the answer the lead's render stored (`Err`).
+async fn lead_or_shared(
+    x: &Exchange,
+    cache: &ResponseCache,
+    rc: &RouteCache,
+    key: &Key,
+    lookup: &Lookup,
+) -> Result<Option<flight::Lead>, Response<Body>> {
+    match (lookup.asked.head, cache.flights.join(key)) {
+        (true, _) => Ok(None),
+        (false, Joined::Lead(lead)) => Ok(Some(lead)),
+        (false, Joined::Follow(rx)) => {
+            match flight::wait(rx, cache.settings().lock_timeout).await {
+                // Another request's render, shared: no render of its own.
+                Some(Landed::Stored(e)) => {
+                    inc(&rc.hit);
+                    let status = format!("tollgate; fwd=miss; collapsed; ttl={}", e.ttl(x.now));
+                    Err(answer(&e, lookup, x, &status))
+                }
+                _ => Ok(None),
+            }
+        }
+    }
+}
+
 fn answer(e: &Entry, lookup: &Lookup, x: &Exchange, status: &str) -> Response<Body> {
     let value = HeaderValue::from_str(status).unwrap_or(HeaderValue::from_static("tollgate"));
     e.answer(

@@ -61,19 +61,7 @@ pub async fn serve(
     }
     match validators.preconditions(headers) {
         Precondition::Proceed => {}
-        Precondition::NotModified => {
-            let mut resp = bare(StatusCode::NOT_MODIFIED, head);
-            // The compression filter gives it the ETag its 200 would have
-            // had (weak, when that 200 would be compressed on the fly); a
-            // precompressed sibling's 200 is not, and its tag is its own.
-            if variant.coding.is_none() {
-                resp.extensions_mut().insert(crate::compression::Spared {
-                    content_type: file.content_type,
-                    length: file.len,
-                });
-            }
-            return resp;
-        }
+        Precondition::NotModified => return not_modified(&variant, head),
         Precondition::Failed => return bare(StatusCode::PRECONDITION_FAILED, HeaderMap::new()),
     }
     head.insert(
@@ -125,6 +113,21 @@ pub async fn serve(
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = head;
+    resp
+}
+
+/// A `304` with the validators and caching headers its `200` would carry.
+fn not_modified(variant: &Variant, head: HeaderMap) -> Response<Streamed> {
+    let mut resp = bare(StatusCode::NOT_MODIFIED, head);
+    // The compression filter gives it the ETag its 200 would have had
+    // (weak, when that 200 would be compressed on the fly); a precompressed
+    // sibling's 200 is not, and its tag is its own.
+    if variant.coding.is_none() {
+        resp.extensions_mut().insert(crate::compression::Spared {
+            content_type: variant.file.content_type,
+            length: variant.file.len,
+        });
+    }
     resp
 }
 

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use http::{Method, StatusCode};
 
 use super::{valid_name, Validator};
+use crate::config::cache::RouteCacheConfig;
 use crate::config::raw::{RawLimiter, RawMatch, RawRoute, RawUpstream, Text};
 use crate::config::suggest;
 use crate::config::{Action, LimiterConfig, RouteConfig, UpstreamConfig};
@@ -52,19 +53,6 @@ impl Validator<'_> {
             let country = self.route_country(i, m.country.as_ref());
             let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
             let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
-            if r.cache.is_some() && r.respond.is_some() {
-                self.err(
-                    at("cache"),
-                    "a route that answers itself (`respond`) has nothing to cache",
-                );
-            }
-            if r.cache.is_some() && r.auth.is_some() {
-                // Its pages are one user's: a shared cache must not hand them to another.
-                self.err(
-                    at("cache"),
-                    "a route behind `auth` serves each user their own pages; a shared cache cannot hold them",
-                );
-            }
             let rate_limit_headers =
                 self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
             let errors = self.error_answers(
@@ -94,13 +82,32 @@ impl Validator<'_> {
                     path_regex,
                     query_regex,
                     site,
-                    cache: r.cache.as_ref().map(|c| self.route_cache(&at("cache"), c)),
+                    cache: self.route_cache_of(&at("cache"), r),
                     asn,
                     country,
                 });
             }
         }
         out
+    }
+
+    /// `cache`: only on a route whose answers are the same for every visitor.
+    fn route_cache_of(&mut self, at: &str, r: &RawRoute) -> Option<RouteCacheConfig> {
+        let c = r.cache.as_ref()?;
+        if r.respond.is_some() {
+            self.err(
+                at,
+                "a route that answers itself (`respond`) has nothing to cache",
+            );
+        }
+        if r.auth.is_some() {
+            // Its pages are one user's: a shared cache must not hand them to another.
+            self.err(
+                at,
+                "a route behind `auth` serves each user their own pages; a shared cache cannot hold them",
+            );
+        }
+        Some(self.route_cache(at, c))
     }
 
     /// `match.methods`: each a valid method, upper-cased.
