@@ -504,3 +504,23 @@ fn a_route_says_what_unverified_crawlers_get_and_a_typo_is_located() {
         "{p:?}"
     );
 }
+
+#[test]
+fn a_route_behind_basic_auth_cannot_cache_nor_can_one_that_answers_itself() {
+    let yaml = r#"
+upstreams: { app: { url: "http://127.0.0.1:9" } }
+routes:
+  - name: staff
+    match: { path_prefix: /staff }
+    upstream: app
+    auth: { basic: { realm: Staff, users_file: /nonexistent/htpasswd } }
+    cache: { ttl: 10s }
+  - { name: ping, match: { path: /ping }, respond: { status: 200, body: pong }, cache: { ttl: 10s } }
+  - { name: page, match: { path_prefix: / }, upstream: app, cache: { ttl: 10s } }
+"#;
+    let p = problems(yaml);
+    let at = |path: &str, word: &str| p.iter().any(|m| m.contains(path) && m.contains(word));
+    assert!(at("routes[0].cache", "auth"), "{p:?}");
+    assert!(at("routes[1].cache", "respond"), "{p:?}");
+    assert!(!p.iter().any(|m| m.contains("routes[2]")), "{p:?}");
+}
