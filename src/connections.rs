@@ -8,15 +8,16 @@
 //! for it, so it answers while the public side is full.
 //!
 //! At `max_connections` a new connection makes room instead of being
-//! refused: it displaces the connection that has waited longest for a
-//! request head (since it was accepted, for one that never finished a head;
-//! since its last response, for one idle between requests). A connection
+//! refused: it displaces a connection with nothing in progress, chosen by
+//! [`waiting::Waiting`] so that it falls on a flood (the address holding
+//! the most, one that never completed a request first) and last on a
+//! client holding one connection that has completed requests. A connection
 //! with a request in progress is never displaced, so only when every open
 //! connection is busy is the newcomer refused. Without this, a flood of
 //! connections that say nothing would hold the public port shut until
 //! `request_header_timeout` closed them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -28,7 +29,9 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::{inc, Counter, Metrics};
 
 mod timers;
+mod waiting;
 pub use timers::{watch, Closing, Watched};
+use waiting::Waiting;
 
 /// What the server knows about the connection a request came on.
 #[derive(Debug, Clone, Copy)]
@@ -59,65 +62,8 @@ pub struct Connections {
     closed_slow_head: Counter,
     closed_idle: Counter,
     closed_send_timeout: Counter,
-    /// Displaced at the cap, by [`Stage`].
+    /// Displaced at the cap, by [`waiting::Stage`].
     displaced: [Counter; 2],
-}
-
-/// What a connection with nothing in progress is waiting for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Its first complete request head (it may have sent part of one).
-    Head = 0,
-    /// Its next request, after at least one finished.
-    Between = 1,
-}
-
-/// The connections with no request in progress, oldest first: keyed by a
-/// sequence number taken when each was filed, at accept (waiting for its
-/// first head) or when its last request ended (waiting for the next). Every
-/// change to a connection's place here is made under the one lock, so a
-/// connection is displaced at most once, and never after it started a
-/// request or closed.
-///
-/// One queue, not one per [`Stage`] with heads displaced first: with a cap
-/// full of connections idle between requests, the only connection waiting
-/// for a head would be the one just accepted, and the next newcomer would
-/// displace it before it had a chance to send its request (a test measured
-/// 26 of 200 probes served that way).
-#[derive(Default)]
-struct Waiting {
-    next: u64,
-    queue: BTreeMap<u64, Arc<Activity>>,
-}
-
-impl Waiting {
-    fn file(&mut self, activity: &Arc<Activity>, stage: Stage) {
-        self.next += 1;
-        let seq = self.next;
-        self.queue.insert(seq, activity.clone());
-        activity
-            .filed
-            .store(seq << 1 | stage as u64, Ordering::Relaxed);
-    }
-
-    fn unfile(&mut self, activity: &Activity) {
-        let filed = activity.filed.swap(0, Ordering::Relaxed);
-        if filed != 0 {
-            self.queue.remove(&(filed >> 1));
-        }
-    }
-
-    /// Takes the connection to displace: the one waiting longest.
-    fn oldest(&mut self) -> Option<(Arc<Activity>, Stage)> {
-        let (_, activity) = self.queue.pop_first()?;
-        let filed = activity.filed.swap(0, Ordering::Relaxed);
-        let stage = if filed & 1 == 0 {
-            Stage::Head
-        } else {
-            Stage::Between
-        };
-        Some((activity, stage))
-    }
 }
 
 /// Why a connection was refused.
@@ -179,11 +125,11 @@ impl Connections {
             connections: self.clone(),
             ip: None,
             counted: false,
-            activity: Activity::new(self.clone()),
+            activity: Activity::new(self.clone(), address_key(ip)),
         };
         // The per-address cap first: a connection it refuses displaces nobody.
         if let Some(max) = per_ip {
-            let key = address_key(ip);
+            let key = permit.activity.ip;
             let mut table = self.per_ip.lock();
             let n = table.entry(key).or_insert(0);
             if *n >= max {
@@ -206,15 +152,15 @@ impl Connections {
             return Err(Refusal::Full);
         }
         permit.counted = true;
-        waiting.file(&permit.activity, Stage::Head);
+        waiting.opened(&permit.activity);
         Ok(permit)
     }
 
-    /// Frees the place of the connection that has waited longest (see
-    /// [`Waiting::oldest`]) for the caller to take: its permit no longer
-    /// counts, and it is told to close. False when every connection is busy.
+    /// Frees the place of the connection [`Waiting::victim`] names for the
+    /// caller to take: its permit no longer counts, and it is told to
+    /// close. False when every connection is busy.
     fn displace(&self, waiting: &mut Waiting) -> bool {
-        let Some((victim, stage)) = waiting.oldest() else {
+        let Some((victim, stage)) = waiting.victim() else {
             return false;
         };
         victim.released.store(true, Ordering::Relaxed);
@@ -247,7 +193,10 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let released = {
             let mut waiting = self.connections.waiting.lock();
-            waiting.unfile(&self.activity);
+            // Only a counted permit was opened there (a refused one never was).
+            if self.counted {
+                waiting.closed(&self.activity);
+            }
             self.activity.closed.store(true, Ordering::Relaxed);
             self.activity.released.load(Ordering::Relaxed)
         };
@@ -344,9 +293,13 @@ pub struct Activity {
     /// the start of a head, so only the idle timer applies.
     multiplexed: AtomicBool,
     connections: Arc<Connections>,
-    /// Where it is filed in [`Waiting`] (`seq << 1 | stage`), 0 when not.
-    /// This and the three below change only under the `waiting` lock.
+    /// The client address it counts for in [`Waiting`] (IPv6: its /64).
+    ip: IpAddr,
+    /// Where it is filed in [`Waiting`] (its sequence number), 0 when not.
+    /// This and the four below change only under the `waiting` lock.
     filed: AtomicU64,
+    /// Requests ended on it; changes only while it is not filed.
+    completed: AtomicU64,
     /// Its permit was dropped: never filed again.
     closed: AtomicBool,
     /// Displaced: its place was given to a newcomer.
@@ -363,7 +316,7 @@ const NO_HEAD: u64 = u64::MAX;
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 impl Activity {
-    fn new(connections: Arc<Connections>) -> Arc<Activity> {
+    fn new(connections: Arc<Connections>, ip: IpAddr) -> Arc<Activity> {
         Arc::new(Activity {
             started: Instant::now(),
             last: AtomicU64::new(0),
@@ -373,7 +326,9 @@ impl Activity {
             head_since: AtomicU64::new(NO_HEAD),
             multiplexed: AtomicBool::new(false),
             connections,
+            ip,
             filed: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             released: AtomicBool::new(false),
             displaced: CancellationToken::new(),
@@ -469,11 +424,13 @@ impl Drop for Busy {
         let activity = &self.0;
         activity.touch();
         let mut waiting = activity.connections.waiting.lock();
+        // Not filed while a request is in progress (see `Activity::request`).
+        activity.completed.fetch_add(1, Ordering::Relaxed);
         if activity.busy.fetch_sub(1, Ordering::Relaxed) == 1
             && !activity.closed.load(Ordering::Relaxed)
             && !activity.displaced.is_cancelled()
         {
-            waiting.file(activity, Stage::Between);
+            waiting.file(activity);
         }
     }
 }
@@ -483,7 +440,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn at_the_cap_the_connection_waiting_longest_makes_room_and_a_busy_one_never_does() {
+    fn at_the_cap_an_idle_connection_makes_room_and_a_busy_one_never_does() {
         let c = Connections::new(&Metrics::default());
         let ip: IpAddr = "203.0.113.9".parse().unwrap();
         let a = c.admit(ip, 2, None).unwrap();
@@ -497,8 +454,8 @@ mod tests {
         assert!(!a.activity.displaced.is_cancelled());
         drop(b);
         assert_eq!(c.open(), 2);
-        // The longest waiting goes first: `third` (waiting since accepted)
-        // before `a` (idle since its request ended, later).
+        // One that never completed a request goes first: `third` (waiting
+        // since accepted) before `a` (idle since its request ended).
         drop(busy);
         let fourth = c.admit(ip, 2, None).unwrap();
         assert!(third.activity.displaced.is_cancelled());

@@ -74,15 +74,20 @@ async fn no_failure(proxy: &Proxy) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_restarts_with_three_names_fail_no_handshake_from_the_moment_the_port_accepts() {
-    let scene = Scene::new().await;
-    let yaml = config(
+/// The config of the scene's three names (http-01, validated on the plain listener).
+fn three_names(scene: &Scene) -> String {
+    config(
         &scene.acme(&NAMES, "http-01", ""),
         &scene.upstream.url(),
         "",
         "",
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_restarts_with_three_names_fail_no_handshake_from_the_moment_the_port_accepts() {
+    let scene = Scene::new().await;
+    let yaml = three_names(&scene);
     let first = start(&yaml, tempfile::tempdir().unwrap()).await;
     let pebble = scene.pebble(&validation(&first, 0));
     for name in NAMES {
@@ -107,12 +112,7 @@ async fn ten_restarts_with_three_names_fail_no_handshake_from_the_moment_the_por
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_the_storage_never_fail_a_write_and_order_each_name_once() {
     let scene = Scene::new().await;
-    let yaml = config(
-        &scene.acme(&NAMES, "http-01", ""),
-        &scene.upstream.url(),
-        "",
-        "",
-    );
+    let yaml = three_names(&scene);
     let a = start(&yaml, tempfile::tempdir().unwrap()).await;
     let b = start(&yaml, tempfile::tempdir().unwrap()).await;
     // pebble validates on `a`'s port; `b`'s orders are answered from the shared storage.

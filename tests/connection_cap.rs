@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, Proxy};
+use common::{connect_from, eventually, read_until, Proxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// An upstream that holds every request until `release` is sent, then
@@ -53,31 +53,6 @@ impl HeldUpstream {
             release,
         }
     }
-}
-
-/// A connection to `to` from the loopback address `from` (all of 127/8 is local).
-async fn connect_from(from: Ipv4Addr, to: SocketAddr) -> TcpStream {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::from((from, 0))).unwrap();
-    socket.connect(to).await.unwrap()
-}
-
-/// Reads until `marker` arrived (true) or the connection closed or 5 s passed (false).
-async fn read_until(s: &mut TcpStream, marker: &[u8]) -> bool {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    let read = async {
-        while !got.windows(marker.len()).any(|w| w == marker) {
-            match s.read(&mut buf).await {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
-        }
-        true
-    };
-    tokio::time::timeout(Duration::from_secs(5), read)
-        .await
-        .unwrap_or(false)
 }
 
 /// An idle connection from `from`: every third one finishes a request first

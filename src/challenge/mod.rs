@@ -185,7 +185,7 @@ pub struct Solved {
 
 /// The valid pass a request carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Held {
+pub struct CarriedPass {
     /// `pass:<id>`, what `key: pass` counts on; `None` for a pass that
     /// counts as its holder's address (issued past the block's allowance).
     pub key: Option<String>,
@@ -397,13 +397,19 @@ impl Gate {
     /// (at most [`MAX_PASS_COOKIES`] are checked; each that does not hold is
     /// counted by reason): a bad cookie beside a good one, stale or planted,
     /// does not hide the good one.
-    pub fn pass_of(&self, headers: &HeaderMap, host: &str, ip: IpAddr, now: Nanos) -> Option<Held> {
+    pub fn pass_of(
+        &self,
+        headers: &HeaderMap,
+        host: &str,
+        ip: IpAddr,
+        now: Nanos,
+    ) -> Option<CarriedPass> {
         pass_cookies(headers)
             .take(MAX_PASS_COOKIES)
             .find_map(|text| self.check_pass(text, host, ip, now))
     }
 
-    fn check_pass(&self, text: &str, host: &str, ip: IpAddr, now: Nanos) -> Option<Held> {
+    fn check_pass(&self, text: &str, host: &str, ip: IpAddr, now: Nanos) -> Option<CarriedPass> {
         let checked = token::read_pass(text, &self.keys)
             .and_then(|p| bound(p.expires, p.site, p.prefix, self, host, ip, now).map(|()| p));
         match checked {
@@ -411,7 +417,7 @@ impl Gate {
                 inc(&self.metrics.verified);
                 let key = (p.id != token::COUNTS_AS_ADDRESS)
                     .then(|| format!("{}{}", crate::key::PASS, p.id));
-                Some(Held { key, bits: p.bits })
+                Some(CarriedPass { key, bits: p.bits })
             }
             Err(r) => {
                 inc(&self.metrics.rejected[r as usize]);

@@ -225,7 +225,7 @@ fn past_the_allowance_a_pass_still_holds_but_counts_as_its_address() {
         ip("203.0.113.9"),
         NOW,
     );
-    assert_eq!(held, Some(Held { key: None, bits: 4 }));
+    assert_eq!(held, Some(CarriedPass { key: None, bits: 4 }));
     assert_eq!(counter(&m, ISSUE_REFUSED, &[]), 1);
 }
 

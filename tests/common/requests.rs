@@ -246,3 +246,30 @@ pub async fn read_head(s: &mut TcpStream) -> bool {
     }
     true
 }
+
+/// A connection to `to` from the loopback address `from` (all of 127/8 is
+/// local): a test plays several clients on one machine.
+pub async fn connect_from(from: std::net::Ipv4Addr, to: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((from, 0))).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// Reads from `s` until `marker` arrived (true) or the connection closed
+/// or 5 s passed (false).
+pub async fn read_until(s: &mut TcpStream, marker: &[u8]) -> bool {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        while !got.windows(marker.len()).any(|w| w == marker) {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        true
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .unwrap_or(false)
+}
