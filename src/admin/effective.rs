@@ -550,7 +550,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "error_format": errors.format.map(error_format),
         "error_pages": error_pages(errors),
         "compression": compression,
-        "challenge": challenge.map(|c| json!({"when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str()})),
+        "challenge": challenge.map(|c| json!({"mode": c.mode.as_str(), "when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str(), "exempt_public": c.exempt_public})),
         "cache": cache.as_ref().map(route_cache),
     })
 }

@@ -81,7 +81,7 @@ impl App {
         let difficulty = snap.config.routes[route]
             .challenge
             .map_or(crate::config::challenge::DEFAULT_DIFFICULTY, |c| {
-                c.difficulty
+                c.work_difficulty()
             });
         let host = request_host(req).unwrap_or_default();
         let token = gate.issue(&host, client.ip, difficulty, x.now);

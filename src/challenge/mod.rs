@@ -37,7 +37,12 @@ use token::{hex, Key};
 
 pub mod crawler;
 pub mod page;
+pub mod public;
+pub mod refresh;
 pub mod token;
+
+pub use public::is_public;
+pub use refresh::REFRESH_PATH;
 
 /// The tollgate-owned path a solution is posted to (never forwarded).
 pub const PASS_PATH: &str = "/.well-known/tollgate/pass";
@@ -83,6 +88,8 @@ struct GateMetrics {
     /// By the hash the page used: `subtle` (WebCrypto) or `js` (its own SHA-256).
     solved_subtle: Counter,
     solved_js: Counter,
+    /// Refresh URLs followed (`challenge.mode: metarefresh`).
+    solved_refresh: Counter,
     failed: [Counter; Refusal::ALL.len()],
     verified: Counter,
     rejected: [Counter; Refusal::ALL.len()],
@@ -105,6 +112,7 @@ impl GateMetrics {
             issued: m.counter(ISSUED, &[]),
             solved_subtle: m.counter(SOLVED, &[("via", "subtle")]),
             solved_js: m.counter(SOLVED, &[("via", "js")]),
+            solved_refresh: m.counter(SOLVED, &[("via", "metarefresh")]),
             failed: Refusal::ALL.map(|r| m.counter(FAILED, &[("reason", r.as_str())])),
             verified: m.counter(VERIFIED, &[]),
             // A pass has no nonce: `unsolved` never happens to one.

@@ -76,13 +76,15 @@ pub struct RawVerify {
     pub domains: Vec<Text>,
 }
 
-/// `routes[].challenge: { when: always | over_limit, difficulty: 16, unverified_crawlers: challenge }`.
+/// `routes[].challenge: { mode: proof_of_work | metarefresh, when: always | over_limit, difficulty: 16, unverified_crawlers: challenge, exempt_public: true }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawChallenge {
+    pub mode: Option<Text>,
     pub when: Option<Text>,
     pub difficulty: Option<u8>,
     pub unverified_crawlers: Option<Text>,
+    pub exempt_public: Option<bool>,
 }
 
 /// Signed passes and challenges: the keys, how long a pass lasts, and the
@@ -208,12 +210,50 @@ impl UnverifiedCrawlers {
     }
 }
 
+/// What a browser is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeMode {
+    /// Find a nonce in JavaScript (`difficulty` leading zero bits).
+    ProofOfWork,
+    /// Follow a `<meta http-equiv="refresh">` and keep a cookie: no
+    /// JavaScript, no work; its pass is of difficulty 0 and opens no
+    /// proof-of-work route.
+    MetaRefresh,
+}
+
+impl ChallengeMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChallengeMode::ProofOfWork => "proof_of_work",
+            ChallengeMode::MetaRefresh => "metarefresh",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChallengeConfig {
+    pub mode: ChallengeMode,
     pub when: ChallengeWhen,
-    /// Leading zero bits the solution's hash needs.
+    /// Leading zero bits the solution's hash needs; 0 under `metarefresh`
+    /// (so any pass opens the route).
     pub difficulty: u8,
     pub unverified_crawlers: UnverifiedCrawlers,
+    /// robots.txt, `/.well-known/`, favicon.ico and feeds are never
+    /// challenged (see `challenge::is_public`).
+    pub exempt_public: bool,
+}
+
+impl ChallengeConfig {
+    /// The difficulty of a proof-of-work page shown on this route for
+    /// another reason (a CrowdSec `captcha`): the route's own, or the
+    /// default on a `metarefresh` route, whose tier is too weak for that.
+    pub fn work_difficulty(&self) -> u8 {
+        match self.mode {
+            ChallengeMode::ProofOfWork => self.difficulty,
+            ChallengeMode::MetaRefresh => DEFAULT_DIFFICULTY,
+        }
+    }
 }
 
 /// One secret of the pass key file, known by an id derived from it.
@@ -383,6 +423,7 @@ impl Validator<'_> {
                 ChallengeWhen::OverLimit
             }
         };
+        let mode = self.challenge_mode(path, raw);
         let difficulty = raw.difficulty.unwrap_or(DEFAULT_DIFFICULTY);
         if !(1..=MAX_DIFFICULTY).contains(&difficulty) {
             self.err(
@@ -390,10 +431,38 @@ impl Validator<'_> {
                 format!("must be between 1 and {MAX_DIFFICULTY} bits"),
             );
         }
+        let difficulty = match mode {
+            ChallengeMode::ProofOfWork => difficulty.clamp(1, MAX_DIFFICULTY),
+            ChallengeMode::MetaRefresh => 0,
+        };
         ChallengeConfig {
+            mode,
             when,
-            difficulty: difficulty.clamp(1, MAX_DIFFICULTY),
+            difficulty,
             unverified_crawlers: self.unverified_crawlers(path, raw),
+            exempt_public: raw.exempt_public.unwrap_or(true),
+        }
+    }
+
+    fn challenge_mode(&mut self, path: &str, raw: &RawChallenge) -> ChallengeMode {
+        match raw.mode.as_ref().map(|t| t.0.as_str()) {
+            None | Some("proof_of_work") => ChallengeMode::ProofOfWork,
+            Some("metarefresh") => {
+                if raw.difficulty.is_some() {
+                    self.err(
+                        format!("{path}.difficulty"),
+                        "`metarefresh` asks no work: leave `difficulty` out (or use `mode: proof_of_work`)",
+                    );
+                }
+                ChallengeMode::MetaRefresh
+            }
+            Some(other) => {
+                self.err(
+                    format!("{path}.mode"),
+                    format!("unknown value {other:?} (proof_of_work or metarefresh)"),
+                );
+                ChallengeMode::ProofOfWork
+            }
         }
     }
 
