@@ -571,9 +571,10 @@ fn route_cache(c: &crate::config::cache::RouteCacheConfig) -> Value {
     })
 }
 
-/// `access` as networks.
+/// `access` as written (networks truncated, `asn:`, `country:`).
 fn access(a: &crate::site::Access) -> Value {
-    let nets = |l: &[ipnet::IpNet]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let nets =
+        |l: &[crate::site::access::Entry]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
     json!({"allow": nets(&a.allow), "deny": nets(&a.deny)})
 }
 

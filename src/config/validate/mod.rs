@@ -176,6 +176,9 @@ impl Validator<'_> {
             headers: raw.headers.as_ref().map(|h| self.headers("headers", h)),
             ..Default::default()
         };
+        if let Some(a) = &site.access {
+            self.need_geoip_for_access(identity.geoip.as_ref(), "access", a);
+        }
         let cache = self.cache(raw.cache.as_ref(), routes.iter().any(|r| r.cache.is_some()));
         Config {
             site,
