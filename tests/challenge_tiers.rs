@@ -178,3 +178,72 @@ async fn curl_with_a_cookie_jar_passes_the_no_javascript_tier_and_without_one_ne
     let again = curl(&["-b", jar, &proxy.url("/easy/other"), "-w", code]).await;
     assert_eq!(again, "easy page\n\n200");
 }
+
+/// A link-preview fetcher verified by its network: `verify` with `asn`,
+/// on an `always` route that refuses crawlers its network refutes.
+#[tokio::test(start_paused = true)]
+async fn a_link_preview_fetcher_passes_only_from_the_network_its_rule_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let asn = dir.path().join("asn.mmdb");
+    common::geoip::write_asn_db(
+        &asn,
+        &[("203.0.113.0/24", 64500), ("198.51.100.0/24", 64501)],
+    );
+    let app = app(&format!(
+        r#"
+identity:
+  geoip: {{ asn_db: "{}" }}
+  pass:
+    secret_file: "{}"
+    crawlers: {{ verify: [{{ user_agent: facebookexternalhit, asn: [64500] }}] }}
+routes:
+  - name: page
+    match: {{ path_prefix: / }}
+    respond: {{ status: 200, body: "page\n" }}
+    challenge: {{ when: always, unverified_crawlers: refuse }}
+"#,
+        asn.display(),
+        secret_file(dir.path()).display()
+    ));
+    let preview = |peer: &'static str| {
+        let app = app.clone();
+        async move {
+            let ua = ("user-agent", "facebookexternalhit/1.1");
+            let resp = app
+                .handle(get("/post/1", &[ua, ("accept", HTML)]), from(peer))
+                .await;
+            let status = resp.status();
+            (status, text(resp).await)
+        }
+    };
+    assert_eq!(
+        preview("203.0.113.7:4000").await,
+        (StatusCode::OK, "page\n".into())
+    );
+    let (status, body) = preview("198.51.100.7:4000").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(
+        body.contains("names a crawler that this address does not belong to"),
+        "{body}"
+    );
+    // A browser from the fetcher's network is still challenged.
+    let (status, body, _) = browse(&app, "/post/1", None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body.contains("name=\"c\""), "{body}");
+}
+
+#[test]
+fn a_crawler_verified_by_network_without_the_asn_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "identity:\n  pass:\n    secret_file: \"{}\"\n    crawlers: {{ verify: [{{ user_agent: twitterbot, asn: [AS13414] }}, {{ user_agent: x }}] }}\n",
+        secret_file(dir.path()).display()
+    );
+    let err = tollgate::config::parse(&yaml).unwrap_err().to_string();
+    assert!(
+        err.contains("identity.pass.crawlers.verify[0].asn"),
+        "{err}"
+    );
+    assert!(err.contains("needs `identity.geoip.asn_db`"), "{err}");
+    assert!(err.contains("at least one domain or asn"), "{err}");
+}

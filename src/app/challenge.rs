@@ -228,7 +228,7 @@ impl App {
         }
         // Boxed: a reverse-DNS check's future (its socket, a 1,500-byte
         // buffer) would otherwise be part of every request's future.
-        match Box::pin(gate.crawler(client.ip, req.headers(), x.now)).await {
+        match Box::pin(gate.crawler(client.ip, &client.network, req.headers(), x.now)).await {
             Crawler::Verified => return None,
             Crawler::Unverified => match config.unverified_crawlers {
                 UnverifiedCrawlers::Challenge => return Some(Due::page_for(req.method())),

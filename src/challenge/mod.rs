@@ -234,13 +234,19 @@ impl Gate {
     }
 
     /// What the client is as a crawler: let through without a challenge
-    /// (`crawlers.cidrs`, or a `verify` user-agent its reverse DNS
-    /// confirms), a refuted claim, or no claim.
-    pub async fn crawler(&self, ip: IpAddr, headers: &HeaderMap, now: Nanos) -> crawler::Crawler {
+    /// (`crawlers.cidrs`, or a `verify` user-agent its network or its
+    /// reverse DNS confirms), a refuted claim, or no claim.
+    pub async fn crawler(
+        &self,
+        ip: IpAddr,
+        network: &crate::networks::Network,
+        headers: &HeaderMap,
+        now: Nanos,
+    ) -> crawler::Crawler {
         let ua = headers
             .get(http::header::USER_AGENT)
             .and_then(|v| v.to_str().ok());
-        self.crawlers.check(ip, ua, now).await
+        self.crawlers.check(ip, network, ua, now).await
     }
 
     /// A fresh CSP nonce for one page (16 random bytes in hex).

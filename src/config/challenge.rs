@@ -73,7 +73,11 @@ pub struct RawCrawlers {
 #[serde(deny_unknown_fields)]
 pub struct RawVerify {
     pub user_agent: Text,
+    #[serde(default)]
     pub domains: Vec<Text>,
+    /// AS numbers (`identity.geoip.asn_db`) the crawler's addresses lie in.
+    #[serde(default)]
+    pub asn: Vec<Text>,
 }
 
 /// `routes[].challenge: { mode: proof_of_work | metarefresh, when: always | over_limit, difficulty: 16, unverified_crawlers: challenge, exempt_public: true }`.
@@ -163,6 +167,10 @@ impl Default for CrawlerConfig {
 pub struct VerifyRule {
     pub user_agent: String,
     pub domains: Vec<String>,
+    /// The client's AS (from `identity.geoip.asn_db`) is one of these: a
+    /// check without DNS, for fetchers whose operator publishes its network
+    /// but no reverse DNS.
+    pub asn: Vec<u32>,
 }
 
 /// When a route challenges a browser that has no valid pass.
@@ -385,13 +393,30 @@ impl Validator<'_> {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                if v.user_agent.0.trim().is_empty() || v.domains.is_empty() {
+                if v.user_agent.0.trim().is_empty() || (v.domains.is_empty() && v.asn.is_empty()) {
                     self.err(
                         format!("{at}.verify[{i}]"),
-                        "needs a user_agent and at least one domain",
+                        "needs a user_agent and at least one domain or asn",
                     );
                 }
+                let asn = v
+                    .asn
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(j, t)| {
+                        let digits = t.0.trim().trim_start_matches("AS").trim_start_matches("as");
+                        let n = digits.parse::<u32>().ok();
+                        if n.is_none() {
+                            self.err(
+                                format!("{at}.verify[{i}].asn[{j}]"),
+                                format!("{:?} is not an AS number (e.g. 32934 or AS32934)", t.0),
+                            );
+                        }
+                        n
+                    })
+                    .collect();
                 VerifyRule {
+                    asn,
                     user_agent: v.user_agent.0.trim().to_ascii_lowercase(),
                     domains: v
                         .domains

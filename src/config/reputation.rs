@@ -278,6 +278,24 @@ impl Validator<'_> {
         }
     }
 
+    /// A crawler verified by `asn` needs the database that answers it.
+    pub(super) fn need_geoip_for_crawlers(
+        &mut self,
+        geoip: Option<&GeoipConfig>,
+        pass: Option<&super::PassConfig>,
+    ) {
+        let Some(pass) = pass else { return };
+        let has = geoip.is_some_and(|g| g.asn_db.is_some());
+        for (i, rule) in pass.crawlers.verify.iter().enumerate() {
+            if !rule.asn.is_empty() && !has {
+                self.err(
+                    format!("identity.pass.crawlers.verify[{i}].asn"),
+                    "needs `identity.geoip.asn_db`",
+                );
+            }
+        }
+    }
+
     /// `asn:` and `country:` entries of `access` (at `at`) need the database
     /// that answers them.
     pub(super) fn need_geoip_for_access(

@@ -163,6 +163,7 @@ impl Validator<'_> {
         );
         self.need_pass(identity.pass.as_ref(), &routes, &limiters);
         self.need_geoip(identity.geoip.as_ref(), &routes, &limiters);
+        self.need_geoip_for_crawlers(identity.geoip.as_ref(), identity.pass.as_ref());
         self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
         let mut server = server;
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
