@@ -1,4 +1,4 @@
-//! The gentler challenge: the no-JavaScript tier (`mode: metarefresh`) passed by a client that follows the refresh and keeps cookies, never by one that does not; its pass opens no proof-of-work route; robots.txt, `/.well-known/`, favicon.ico and feeds never challenged.
+//! The gentler challenge: the no-JavaScript tier (`mode: metarefresh`) passed by a client that follows the refresh and keeps cookies, never by one that does not; its pass opens no proof-of-work route; robots.txt, `/.well-known/`, favicon.ico and feeds never challenged; link-preview fetchers let through only from the network their rule names.
 
 mod common;
 

@@ -82,7 +82,7 @@ fn failed_check(x: &mut Exchange, reason: Refusal) -> Response<Body> {
 impl App {
     /// The pass the request carries (`Client::pass`, what `key: pass`
     /// counts on) and the difficulty it was solved at (0 without one), and
-    /// the pass path, answered here: `Err` is its answer.
+    /// the pass and refresh paths, answered here: `Err` is their answer.
     pub(super) async fn pass_gate(
         &self,
         x: &mut Exchange,

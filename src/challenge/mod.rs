@@ -18,7 +18,10 @@
 //! The request path uses it through `app/challenge.rs`: the pass a request
 //! carries becomes `Client::pass` (what `key: pass` counts on), the pass
 //! path ([`PASS_PATH`]) turns a solution into a cookie, and a route's
-//! `challenge:` answers browsers without a pass with [`page`].
+//! `challenge:` answers browsers without a pass with [`page`] — or, under
+//! `mode: metarefresh`, with [`refresh`]'s page, whose URL
+//! ([`REFRESH_PATH`]) earns a pass of difficulty 0 — except for what
+//! [`public`] lets through.
 
 use std::net::IpAddr;
 use std::sync::Arc;
