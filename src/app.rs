@@ -207,7 +207,7 @@ impl App {
         // Site rules: a refused address is answered before anything counts it.
         self.access(x, route, &client)?;
         // Reputation: a CrowdSec decision on the client's address.
-        if let Some(resp) = self.reputation(x, route, &client, &admitted.req) {
+        if let Some(resp) = self.reputation(x, route, &client, pass_bits, &admitted.req) {
             return Ok(resp);
         }
         // Challenge: a browser without a pass proves itself, now (`always`)

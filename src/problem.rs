@@ -307,7 +307,7 @@ impl Problem {
             Problem::UnverifiedCrawler => fail(
                 "unverified-crawler",
                 "The user-agent names a crawler that this address does not belong to \
-                 (its reverse DNS does not confirm it)."
+                 (neither its network nor its reverse DNS confirms it)."
                     .into(),
             ),
             Problem::Denied => fail(

@@ -165,9 +165,58 @@ async fn a_captcha_decision_gets_the_challenge_page_and_a_solved_one_lets_throug
     );
 }
 
+#[tokio::test]
+async fn a_pass_of_the_no_javascript_tier_does_not_answer_a_captcha() {
+    let lapi = Lapi::start();
+    let easy = "routes:\n  - { name: easy, match: { path_prefix: /easy/ }, respond: { status: 200, body: easy }, challenge: { mode: metarefresh, when: always } }\n";
+    let proxy = Proxy::start(&yaml(&lapi, "").replacen("routes:\n", easy, 1)).await;
+    let ip = "198.51.100.9";
+    let page = browse_path(&proxy, "/easy/", ip, None).await;
+    let at = page.body.find("url=").expect("the refresh page") + 4;
+    let url = page.body[at..]
+        .split('"')
+        .next()
+        .unwrap()
+        .replace("&amp;", "&");
+    let granted = browse_path(&proxy, &url, ip, None).await;
+    assert_eq!(granted.status, 303, "{}", granted.body);
+    let set = granted.headers["set-cookie"].to_str().unwrap();
+    let cookie = set.split(';').next().unwrap().to_string();
+    assert_eq!(
+        browse_path(&proxy, "/easy/", ip, Some(&cookie))
+            .await
+            .status,
+        200
+    );
+    lapi.cscli(&[
+        "decisions",
+        "add",
+        "--ip",
+        ip,
+        "--type",
+        "captcha",
+        "--duration",
+        "1h",
+    ]);
+    assert!(becomes(&proxy, ip, 403).await);
+    for path in ["/easy/", "/"] {
+        let answer = browse_path(&proxy, path, ip, Some(&cookie)).await;
+        assert_eq!(answer.status, 403, "{path}");
+        assert!(
+            answer.body.contains("name=\"c\""),
+            "the proof of work: {}",
+            answer.body
+        );
+    }
+}
+
 async fn browse(proxy: &Proxy, ip: &str, cookie: Option<&str>) -> common::Answer {
+    browse_path(proxy, "/", ip, cookie).await
+}
+
+async fn browse_path(proxy: &Proxy, path: &str, ip: &str, cookie: Option<&str>) -> common::Answer {
     let mut req = client()
-        .get(proxy.url("/"))
+        .get(proxy.url(path))
         .header("accept", "text/html")
         .header("x-forwarded-for", ip);
     if let Some(c) = cookie {

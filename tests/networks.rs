@@ -108,6 +108,42 @@ async fn a_route_matches_on_the_clients_country_or_network() {
     assert_eq!(body("192.0.2.7").await, "rest", "no entry matches no list");
 }
 
+#[tokio::test(start_paused = true)]
+async fn access_rules_allow_and_deny_by_network_and_country() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = app(&format!(
+        "{}access: {{ deny: [country:FR] }}\nroutes:\n  - {{ name: staff, match: {{ path_prefix: /admin }}, access: {{ allow: [asn:64500, 192.0.2.9], deny: [all] }}, respond: {{ status: 200 }} }}\n  - {{ name: rest, match: {{ path_prefix: / }}, respond: {{ status: 200 }} }}\n",
+        geoip(dir.path())
+    ));
+    assert_eq!(status(&app, "/admin", "203.0.113.7").await, 200, "its AS");
+    assert_eq!(
+        status(&app, "/admin", "2001:db8::7").await,
+        200,
+        "its AS, IPv6"
+    );
+    assert_eq!(
+        status(&app, "/admin", "192.0.2.9").await,
+        200,
+        "its address"
+    );
+    assert_eq!(
+        status(&app, "/admin", "192.0.2.10").await,
+        403,
+        "no entry: no AS"
+    );
+    assert_eq!(
+        status(&app, "/", "198.51.100.7").await,
+        403,
+        "the site denies FR"
+    );
+    assert_eq!(status(&app, "/", "203.0.113.7").await, 200);
+    assert_eq!(
+        status(&app, "/", "192.0.2.10").await,
+        200,
+        "no country: not FR"
+    );
+}
+
 #[test]
 fn a_network_key_or_match_without_its_database_is_refused() {
     let keyed = "limiters:\n  l: { limit: 1, window: 1s, key: asn }\nroutes:\n  - { name: r, match: { path_prefix: / }, respond: { status: 200 }, limiters: [l] }\n";
@@ -117,6 +153,16 @@ fn a_network_key_or_match_without_its_database_is_refused() {
     let err = tollgate::config::parse(matched).unwrap_err().to_string();
     assert!(err.contains("not a two-letter country code"), "{err}");
     assert!(err.contains("needs `identity.geoip.country_db`"), "{err}");
+    let access = "access: { deny: [country:FR] }\nroutes:\n  - { name: r, match: { path_prefix: / }, access: { allow: [asn:64500], deny: [all] }, respond: { status: 200 } }\n";
+    let err = tollgate::config::parse(access).unwrap_err().to_string();
+    assert!(
+        err.contains("`country:` entry needs `identity.geoip.country_db`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`asn:` entry needs `identity.geoip.asn_db`"),
+        "{err}"
+    );
     let broken = "identity:\n  geoip: { asn_db: /dev/null }\n";
     let err = tollgate::config::parse(broken).unwrap_err().to_string();
     assert!(err.contains("identity.geoip.asn_db"), "{err}");

@@ -532,7 +532,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "error_format": errors.format.map(error_format),
         "error_pages": error_pages(errors),
         "compression": compression,
-        "challenge": challenge.map(|c| json!({"when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str()})),
+        "challenge": challenge.map(|c| json!({"mode": c.mode.as_str(), "when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str(), "exempt_public": c.exempt_public})),
         "cache": cache.as_ref().map(route_cache),
     })
 }
@@ -579,9 +579,10 @@ fn route_cache(c: &crate::config::cache::RouteCacheConfig) -> Value {
     })
 }
 
-/// `access` as networks.
+/// `access` as written (networks truncated, `asn:`, `country:`).
 fn access(a: &crate::site::Access) -> Value {
-    let nets = |l: &[ipnet::IpNet]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let nets =
+        |l: &[crate::site::access::Entry]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
     json!({"allow": nets(&a.allow), "deny": nets(&a.deny)})
 }
 

@@ -1,4 +1,4 @@
-//! The challenge phase: the pass a request carries becomes its identity, the pass path turns a solution into a cookie, and a browser without a pass gets the proof-of-work page (`always`, or instead of a limiter's refusal).
+//! The challenge phase: the pass a request carries becomes its identity, the pass and refresh paths turn a solution into a cookie, and a browser without a pass gets the route's challenge page (`always`, or instead of a limiter's refusal).
 //!
 //! The pass cookie is tollgate's: it is taken out of the request before
 //! anything is forwarded. Issuing a pass with an identity of its own is
@@ -8,7 +8,10 @@
 //!
 //! Who is challenged: a `GET` or `HEAD` from a client whose `Accept`
 //! prefers `text/html`, on a route with `challenge:`, that has no valid
-//! pass, no verified API key and is not exempt. Such a browser sending
+//! pass, no verified API key and is not exempt, asking for no public file
+//! (robots.txt, `/.well-known/`, favicon.ico, a feed: `challenge::public`).
+//! The page is the route's tier: a proof of work, or a meta refresh whose
+//! URL sets the pass (`challenge::refresh`). Such a browser sending
 //! another method (a form's POST) on an `always` route gets `403` with a
 //! page asking to reload: its body could not follow the check's redirect.
 //! A user-agent that names a crawler its reverse DNS refutes is challenged
@@ -25,9 +28,10 @@ use super::{Admitted, App, Exchange};
 use crate::body::Body;
 use crate::challenge::crawler::Crawler;
 use crate::challenge::{
-    page, prefers_html, safe_return, strip_pass_cookies, Gate, Solution, FORM_LIMIT, PASS_PATH,
+    is_public, page, prefers_html, refresh, safe_return, strip_pass_cookies, Gate, Refusal,
+    Solution, Solved, FORM_LIMIT, PASS_PATH, REFRESH_PATH,
 };
-use crate::config::{ChallengeWhen, UnverifiedCrawlers};
+use crate::config::{ChallengeMode, ChallengeWhen, UnverifiedCrawlers};
 use crate::identity::Client;
 use crate::metrics::Decision;
 use crate::problem::Problem;
@@ -66,10 +70,19 @@ fn is_page_method(method: &Method) -> bool {
     method == Method::GET || method == Method::HEAD
 }
 
+/// A solution or refresh URL that does not hold: `400`, saying why.
+fn failed_check(x: &mut Exchange, reason: Refusal) -> Response<Body> {
+    let why = format!(
+        "The browser check failed ({}); reload the page for a new one.",
+        reason.as_str()
+    );
+    x.trail.answer(Problem::BadRequest(why))
+}
+
 impl App {
     /// The pass the request carries (`Client::pass`, what `key: pass`
     /// counts on) and the difficulty it was solved at (0 without one), and
-    /// the pass path, answered here: `Err` is its answer.
+    /// the pass and refresh paths, answered here: `Err` is their answer.
     pub(super) async fn pass_gate(
         &self,
         x: &mut Exchange,
@@ -86,7 +99,13 @@ impl App {
         let bits = held.as_ref().map_or(0, |h| h.bits);
         // A pass issued past its block's allowance counts as the address.
         client.pass = held.map(|h| h.key.unwrap_or_else(|| client.ip_key.clone()));
-        if admitted.req.uri().path() != PASS_PATH {
+        let path = admitted.req.uri().path();
+        if path == REFRESH_PATH {
+            return Err(self
+                .follow_refresh(x, gate, client, &admitted.req, &host)
+                .await);
+        }
+        if path != PASS_PATH {
             return Ok((admitted, bits));
         }
         if admitted.req.method() != Method::POST {
@@ -102,34 +121,52 @@ impl App {
             }
         };
         let solution = Solution::from_form(&form);
-        let secure = x.conn.proto == "https";
         match gate.solve(&solution, &host, client.ip, x.now) {
-            Ok(solved) => {
-                let fresh = self.may_issue(gate, &solved.prefix, x.now).await;
-                let granted = gate.grant(&solved, fresh, x.now, secure);
-                // Not a route: no route counter; the log says the client was let through.
-                x.trail.record.decision = Decision::Allowed;
-                let mut resp = Response::new(Body::full(Bytes::new()));
-                *resp.status_mut() = StatusCode::SEE_OTHER;
-                let h = resp.headers_mut();
-                if let Ok(v) = HeaderValue::from_str(&granted.cookie) {
-                    h.insert(SET_COOKIE, v);
-                }
-                // `back` is a local path already (`safe_return`); one builder all the same.
-                if let Some(v) = crate::location::local(&granted.back, None) {
-                    h.insert(LOCATION, v);
-                }
-                h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-                Err(resp)
-            }
-            Err(reason) => {
-                let why = format!(
-                    "The browser check failed ({}); reload the page for a new one.",
-                    reason.as_str()
-                );
-                Err(x.trail.answer(Problem::BadRequest(why)))
-            }
+            Ok(solved) => Err(self.granted(x, gate, &solved).await),
+            Err(reason) => Err(failed_check(x, reason)),
         }
+    }
+
+    /// The refresh URL of the no-JavaScript tier, followed: the pass
+    /// cookie and a redirect back, or `400` (a stale or copied URL).
+    async fn follow_refresh(
+        &self,
+        x: &mut Exchange,
+        gate: &Gate,
+        client: &Client,
+        req: &Request<RequestBody>,
+        host: &str,
+    ) -> Response<Body> {
+        if !is_page_method(req.method()) {
+            let method = req.method().to_string();
+            return x.trail.answer(Problem::MethodNotAllowed { method });
+        }
+        let query = req.uri().query().unwrap_or("");
+        match gate.follow_refresh(query, host, client.ip, x.now) {
+            Ok(solved) => self.granted(x, gate, &solved).await,
+            Err(reason) => failed_check(x, reason),
+        }
+    }
+
+    /// The pass `solved` earns, as a `303` back with its cookie.
+    async fn granted(&self, x: &mut Exchange, gate: &Gate, solved: &Solved) -> Response<Body> {
+        let fresh = self.may_issue(gate, &solved.prefix, x.now).await;
+        let secure = x.conn.proto == "https";
+        let granted = gate.grant(solved, fresh, x.now, secure);
+        // Not a route: no route counter; the log says the client was let through.
+        x.trail.record.decision = Decision::Allowed;
+        let mut resp = Response::new(Body::full(Bytes::new()));
+        *resp.status_mut() = StatusCode::SEE_OTHER;
+        let h = resp.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(&granted.cookie) {
+            h.insert(SET_COOKIE, v);
+        }
+        // `back` is a local path already (`safe_return`); one builder all the same.
+        if let Some(v) = crate::location::local(&granted.back, None) {
+            h.insert(LOCATION, v);
+        }
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        resp
     }
 
     /// Counts one new pass for the address block `prefix`: whether its
@@ -182,6 +219,7 @@ impl App {
         if client.exempt || client.key_verified || client.pass.is_some() {
             return None;
         }
+
         let browser = prefers_html(req.headers());
         let sorts_crawlers = config.unverified_crawlers != UnverifiedCrawlers::AsOthers;
         if !browser && !sorts_crawlers {
@@ -190,7 +228,7 @@ impl App {
         }
         // Boxed: a reverse-DNS check's future (its socket, a 1,500-byte
         // buffer) would otherwise be part of every request's future.
-        match Box::pin(gate.crawler(client.ip, req.headers(), x.now)).await {
+        match Box::pin(gate.crawler(client.ip, &client.network, req.headers(), x.now)).await {
             Crawler::Verified => return None,
             Crawler::Unverified => match config.unverified_crawlers {
                 UnverifiedCrawlers::Challenge => return Some(Due::page_for(req.method())),
@@ -201,7 +239,9 @@ impl App {
             },
             Crawler::NotClaimed | Crawler::Unknown => {}
         }
-        if !browser {
+        // Feeds and fixed files: a reader of them cannot pass a page (a
+        // crawler its DNS refutes was sorted above: it lies, feed or not).
+        if !browser || (config.exempt_public && is_public(req.uri().path(), req.headers())) {
             return None;
         }
         match config.when {
@@ -247,10 +287,19 @@ impl App {
             return refused.unwrap_or_else(|| x.trail.answer(Problem::NoRoute));
         };
         let host = request_host(req).unwrap_or_default();
-        let token = gate.issue(&host, client.ip, config.difficulty, x.now);
         let back = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        let nonce = gate.page_nonce();
-        let html = page::render(&token, config.difficulty, safe_return(back), &nonce);
+        let (html, nonce) = match config.mode {
+            ChallengeMode::ProofOfWork => {
+                let token = gate.issue(&host, client.ip, config.difficulty, x.now);
+                let nonce = gate.page_nonce();
+                let html = page::render(&token, config.difficulty, safe_return(back), &nonce);
+                (html, Some(nonce))
+            }
+            ChallengeMode::MetaRefresh => {
+                let url = gate.refresh_url(&host, client.ip, back, x.now);
+                (refresh::render(&url), None)
+            }
+        };
         let mut resp = match refused {
             Some(refusal) => refusal.map(|_| Body::full(Bytes::from(html))),
             None => {
@@ -261,7 +310,10 @@ impl App {
                 resp
             }
         };
-        page::headers(resp.headers_mut(), &nonce);
+        match nonce {
+            Some(nonce) => page::headers(resp.headers_mut(), &nonce),
+            None => refresh::headers(resp.headers_mut()),
+        }
         resp
     }
 }

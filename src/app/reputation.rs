@@ -23,12 +23,14 @@ use crate::router::request_host;
 pub const CROWDSEC: &str = "crowdsec";
 
 impl App {
-    /// The answer to a CrowdSec decision on this client, if one applies.
+    /// The answer to a CrowdSec decision on this client, if one applies
+    /// (`pass_bits`: the difficulty the request's pass was solved at).
     pub(super) fn reputation(
         &self,
         x: &mut Exchange,
         route: usize,
         client: &Client,
+        pass_bits: u8,
         req: &Request<RequestBody>,
     ) -> Option<Response<Body>> {
         let crowdsec = x.snap.crowdsec.clone()?;
@@ -36,7 +38,9 @@ impl App {
             return None;
         }
         let held = crowdsec.check(client.ip, x.now)?;
-        if held.remedy == Remedy::Captcha && client.pass.is_some() {
+        // A pass of the no-JavaScript tier (difficulty 0) proves no work:
+        // it does not answer a captcha.
+        if held.remedy == Remedy::Captcha && client.pass.is_some() && pass_bits > 0 {
             return None;
         }
         crowdsec.applied(held.remedy);
@@ -81,7 +85,7 @@ impl App {
         let difficulty = snap.config.routes[route]
             .challenge
             .map_or(crate::config::challenge::DEFAULT_DIFFICULTY, |c| {
-                c.difficulty
+                c.work_difficulty()
             });
         let host = request_host(req).unwrap_or_default();
         let token = gate.issue(&host, client.ip, difficulty, x.now);

@@ -49,7 +49,7 @@ impl App {
             (config.routes[route].site.access.as_ref(), "access"),
         ];
         for (list, rule) in lists {
-            if list.is_some_and(|a| !a.allows(client.ip)) {
+            if list.is_some_and(|a| !a.allows(client.ip, &client.network)) {
                 x.trail.record.rule = Some(rule);
                 x.snap.routes[route].metrics.answered(SiteAnswer::Denied);
                 return Err(Problem::Denied);

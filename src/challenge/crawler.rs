@@ -21,6 +21,7 @@ use tokio::net::UdpSocket;
 use crate::config::CrawlerConfig;
 use crate::limiter::Nanos;
 use crate::metrics::{inc, Counter, Metrics};
+use crate::networks::Network;
 
 const TYPE_A: u16 = 1;
 const TYPE_PTR: u16 = 12;
@@ -93,10 +94,17 @@ impl Crawlers {
     }
 
     /// What the client is as a crawler: let through (its address is in
-    /// `cidrs`, or its user-agent names a `verify` rule whose domains its
-    /// address's forward-confirmed reverse DNS lies in), a claim the DNS
-    /// refutes, or nothing of the kind.
-    pub async fn check(&self, ip: IpAddr, user_agent: Option<&str>, now: Nanos) -> Crawler {
+    /// `cidrs`, or its user-agent names a `verify` rule whose `asn` holds
+    /// its network or whose domains its address's forward-confirmed reverse
+    /// DNS lies in), a claim its network and the DNS refute, or nothing of
+    /// the kind.
+    pub async fn check(
+        &self,
+        ip: IpAddr,
+        network: &Network,
+        user_agent: Option<&str>,
+        now: Nanos,
+    ) -> Crawler {
         if self.config.cidrs.iter().any(|n: &IpNet| n.contains(&ip)) {
             self.count(Found::Cidr);
             return Crawler::Verified;
@@ -113,6 +121,15 @@ impl Crawlers {
         else {
             return Crawler::NotClaimed;
         };
+        // Its network, when the rule names one: no lookup, nothing to cache.
+        if network.asn.is_some_and(|a| rule.asn.contains(&a)) {
+            self.count(Found::Confirmed);
+            return Crawler::Verified;
+        }
+        if rule.domains.is_empty() {
+            self.count(Found::Refused);
+            return Crawler::Unverified;
+        }
         if let Some(&(ok, until)) = self.cache.lock().get(&ip) {
             if until > now {
                 self.count(Found::Cached);

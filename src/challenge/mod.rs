@@ -18,7 +18,10 @@
 //! The request path uses it through `app/challenge.rs`: the pass a request
 //! carries becomes `Client::pass` (what `key: pass` counts on), the pass
 //! path ([`PASS_PATH`]) turns a solution into a cookie, and a route's
-//! `challenge:` answers browsers without a pass with [`page`].
+//! `challenge:` answers browsers without a pass with [`page`] — or, under
+//! `mode: metarefresh`, with [`refresh`]'s page, whose URL
+//! ([`REFRESH_PATH`]) earns a pass of difficulty 0 — except for what
+//! [`public`] lets through.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -37,7 +40,12 @@ use token::{hex, Key};
 
 pub mod crawler;
 pub mod page;
+pub mod public;
+pub mod refresh;
 pub mod token;
+
+pub use public::is_public;
+pub use refresh::REFRESH_PATH;
 
 /// The tollgate-owned path a solution is posted to (never forwarded).
 pub const PASS_PATH: &str = "/.well-known/tollgate/pass";
@@ -83,6 +91,8 @@ struct GateMetrics {
     /// By the hash the page used: `subtle` (WebCrypto) or `js` (its own SHA-256).
     solved_subtle: Counter,
     solved_js: Counter,
+    /// Refresh URLs followed (`challenge.mode: metarefresh`).
+    solved_refresh: Counter,
     failed: [Counter; Refusal::ALL.len()],
     verified: Counter,
     rejected: [Counter; Refusal::ALL.len()],
@@ -105,6 +115,7 @@ impl GateMetrics {
             issued: m.counter(ISSUED, &[]),
             solved_subtle: m.counter(SOLVED, &[("via", "subtle")]),
             solved_js: m.counter(SOLVED, &[("via", "js")]),
+            solved_refresh: m.counter(SOLVED, &[("via", "metarefresh")]),
             failed: Refusal::ALL.map(|r| m.counter(FAILED, &[("reason", r.as_str())])),
             verified: m.counter(VERIFIED, &[]),
             // A pass has no nonce: `unsolved` never happens to one.
@@ -226,13 +237,19 @@ impl Gate {
     }
 
     /// What the client is as a crawler: let through without a challenge
-    /// (`crawlers.cidrs`, or a `verify` user-agent its reverse DNS
-    /// confirms), a refuted claim, or no claim.
-    pub async fn crawler(&self, ip: IpAddr, headers: &HeaderMap, now: Nanos) -> crawler::Crawler {
+    /// (`crawlers.cidrs`, or a `verify` user-agent its network or its
+    /// reverse DNS confirms), a refuted claim, or no claim.
+    pub async fn crawler(
+        &self,
+        ip: IpAddr,
+        network: &crate::networks::Network,
+        headers: &HeaderMap,
+        now: Nanos,
+    ) -> crawler::Crawler {
         let ua = headers
             .get(http::header::USER_AGENT)
             .and_then(|v| v.to_str().ok());
-        self.crawlers.check(ip, ua, now).await
+        self.crawlers.check(ip, network, ua, now).await
     }
 
     /// A fresh CSP nonce for one page (16 random bytes in hex).

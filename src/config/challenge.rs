@@ -74,16 +74,22 @@ pub struct RawCrawlers {
 #[serde(deny_unknown_fields)]
 pub struct RawVerify {
     pub user_agent: Text,
+    #[serde(default)]
     pub domains: Vec<Text>,
+    /// AS numbers (`identity.geoip.asn_db`) the crawler's addresses lie in.
+    #[serde(default)]
+    pub asn: Vec<Text>,
 }
 
-/// `routes[].challenge: { when: always | over_limit, difficulty: 16, unverified_crawlers: challenge }`.
+/// `routes[].challenge: { mode: proof_of_work | metarefresh, when: always | over_limit, difficulty: 16, unverified_crawlers: challenge, exempt_public: true }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawChallenge {
+    pub mode: Option<Text>,
     pub when: Option<Text>,
     pub difficulty: Option<u8>,
     pub unverified_crawlers: Option<Text>,
+    pub exempt_public: Option<bool>,
 }
 
 /// Signed passes and challenges: the keys, how long a pass lasts, and the
@@ -162,6 +168,10 @@ impl Default for CrawlerConfig {
 pub struct VerifyRule {
     pub user_agent: String,
     pub domains: Vec<String>,
+    /// The client's AS (from `identity.geoip.asn_db`) is one of these: a
+    /// check without DNS, for fetchers whose operator publishes its network
+    /// but no reverse DNS.
+    pub asn: Vec<u32>,
 }
 
 /// When a route challenges a browser that has no valid pass.
@@ -209,12 +219,50 @@ impl UnverifiedCrawlers {
     }
 }
 
+/// What a browser is asked to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeMode {
+    /// Find a nonce in JavaScript (`difficulty` leading zero bits).
+    ProofOfWork,
+    /// Follow a `<meta http-equiv="refresh">` and keep a cookie: no
+    /// JavaScript, no work; its pass is of difficulty 0 and opens no
+    /// proof-of-work route.
+    MetaRefresh,
+}
+
+impl ChallengeMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChallengeMode::ProofOfWork => "proof_of_work",
+            ChallengeMode::MetaRefresh => "metarefresh",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChallengeConfig {
+    pub mode: ChallengeMode,
     pub when: ChallengeWhen,
-    /// Leading zero bits the solution's hash needs.
+    /// Leading zero bits the solution's hash needs; 0 under `metarefresh`
+    /// (so any pass opens the route).
     pub difficulty: u8,
     pub unverified_crawlers: UnverifiedCrawlers,
+    /// robots.txt, `/.well-known/`, favicon.ico and feeds are never
+    /// challenged (see `challenge::is_public`).
+    pub exempt_public: bool,
+}
+
+impl ChallengeConfig {
+    /// The difficulty of a proof-of-work page shown on this route for
+    /// another reason (a CrowdSec `captcha`): the route's own, or the
+    /// default on a `metarefresh` route, whose tier is too weak for that.
+    pub fn work_difficulty(&self) -> u8 {
+        match self.mode {
+            ChallengeMode::ProofOfWork => self.difficulty,
+            ChallengeMode::MetaRefresh => DEFAULT_DIFFICULTY,
+        }
+    }
 }
 
 /// One secret of the pass key file, known by an id derived from it.
@@ -346,13 +394,30 @@ impl Validator<'_> {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                if v.user_agent.0.trim().is_empty() || v.domains.is_empty() {
+                if v.user_agent.0.trim().is_empty() || (v.domains.is_empty() && v.asn.is_empty()) {
                     self.err(
                         format!("{at}.verify[{i}]"),
-                        "needs a user_agent and at least one domain",
+                        "needs a user_agent and at least one domain or asn",
                     );
                 }
+                let asn = v
+                    .asn
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(j, t)| {
+                        let digits = t.0.trim().trim_start_matches("AS").trim_start_matches("as");
+                        let n = digits.parse::<u32>().ok();
+                        if n.is_none() {
+                            self.err(
+                                format!("{at}.verify[{i}].asn[{j}]"),
+                                format!("{:?} is not an AS number (e.g. 32934 or AS32934)", t.0),
+                            );
+                        }
+                        n
+                    })
+                    .collect();
                 VerifyRule {
+                    asn,
                     user_agent: v.user_agent.0.trim().to_ascii_lowercase(),
                     domains: v
                         .domains
@@ -384,6 +449,7 @@ impl Validator<'_> {
                 ChallengeWhen::OverLimit
             }
         };
+        let mode = self.challenge_mode(path, raw);
         let difficulty = raw.difficulty.unwrap_or(DEFAULT_DIFFICULTY);
         if !(1..=MAX_DIFFICULTY).contains(&difficulty) {
             self.err(
@@ -391,10 +457,38 @@ impl Validator<'_> {
                 format!("must be between 1 and {MAX_DIFFICULTY} bits"),
             );
         }
+        let difficulty = match mode {
+            ChallengeMode::ProofOfWork => difficulty.clamp(1, MAX_DIFFICULTY),
+            ChallengeMode::MetaRefresh => 0,
+        };
         ChallengeConfig {
+            mode,
             when,
-            difficulty: difficulty.clamp(1, MAX_DIFFICULTY),
+            difficulty,
             unverified_crawlers: self.unverified_crawlers(path, raw),
+            exempt_public: raw.exempt_public.unwrap_or(true),
+        }
+    }
+
+    fn challenge_mode(&mut self, path: &str, raw: &RawChallenge) -> ChallengeMode {
+        match raw.mode.as_ref().map(|t| t.0.as_str()) {
+            None | Some("proof_of_work") => ChallengeMode::ProofOfWork,
+            Some("metarefresh") => {
+                if raw.difficulty.is_some() {
+                    self.err(
+                        format!("{path}.difficulty"),
+                        "`metarefresh` asks no work: leave `difficulty` out (or use `mode: proof_of_work`)",
+                    );
+                }
+                ChallengeMode::MetaRefresh
+            }
+            Some(other) => {
+                self.err(
+                    format!("{path}.mode"),
+                    format!("unknown value {other:?} (proof_of_work or metarefresh)"),
+                );
+                ChallengeMode::ProofOfWork
+            }
         }
     }
 

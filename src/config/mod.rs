@@ -64,7 +64,7 @@ pub mod site;
 pub use balance::{BalanceConfig, HealthCheck, Policy};
 pub use bodies::{BodyConfig, Lingering};
 pub use challenge::{
-    ChallengeConfig, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys,
+    ChallengeConfig, ChallengeMode, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys,
     UnverifiedCrawlers, VerifyRule, ISSUE_LIMITER,
 };
 pub use error::{ConfigError, ConfigProblem};

@@ -272,6 +272,44 @@ impl Validator<'_> {
                     "needs `identity.geoip.country_db`",
                 );
             }
+            if let Some(a) = &r.site.access {
+                self.need_geoip_for_access(geoip, &format!("routes[{i}].access"), a);
+            }
+        }
+    }
+
+    /// A crawler verified by `asn` needs the database that answers it.
+    pub(super) fn need_geoip_for_crawlers(
+        &mut self,
+        geoip: Option<&GeoipConfig>,
+        pass: Option<&super::PassConfig>,
+    ) {
+        let Some(pass) = pass else { return };
+        let has = geoip.is_some_and(|g| g.asn_db.is_some());
+        for (i, rule) in pass.crawlers.verify.iter().enumerate() {
+            if !rule.asn.is_empty() && !has {
+                self.err(
+                    format!("identity.pass.crawlers.verify[{i}].asn"),
+                    "needs `identity.geoip.asn_db`",
+                );
+            }
+        }
+    }
+
+    /// `asn:` and `country:` entries of `access` (at `at`) need the database
+    /// that answers them.
+    pub(super) fn need_geoip_for_access(
+        &mut self,
+        geoip: Option<&GeoipConfig>,
+        at: &str,
+        access: &crate::site::Access,
+    ) {
+        let (names_asn, names_country) = access.names();
+        if names_asn && geoip.is_none_or(|g| g.asn_db.is_none()) {
+            self.err(at, "an `asn:` entry needs `identity.geoip.asn_db`");
+        }
+        if names_country && geoip.is_none_or(|g| g.country_db.is_none()) {
+            self.err(at, "a `country:` entry needs `identity.geoip.country_db`");
         }
     }
 }

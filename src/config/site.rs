@@ -129,7 +129,7 @@ impl Validator<'_> {
         }
     }
 
-    /// `access`: every entry an address, a network or `all`.
+    /// `access`: every entry an address, a network, `asn:<n>`, `country:<code>` or `all`.
     pub(super) fn access(&mut self, at: &str, raw: &RawAccess) -> Access {
         let mut list = |field: &str, entries: &[super::raw::Text]| {
             let mut nets = Vec::new();

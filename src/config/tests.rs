@@ -524,3 +524,37 @@ routes:
     assert!(at("routes[1].cache", "respond"), "{p:?}");
     assert!(!p.iter().any(|m| m.contains("routes[2]")), "{p:?}");
 }
+
+#[test]
+fn a_metarefresh_route_asks_no_difficulty_and_public_files_are_exempt_unless_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("pass.keys");
+    std::fs::write(&keys, format!("{}\n", "k".repeat(40))).unwrap();
+    let yaml = |value: &str| {
+        format!(
+            "identity: {{ pass: {{ secret_file: \"{}\" }} }}\nroutes:\n  - {{ name: wiki, match: {{ path_prefix: / }}, respond: {{ status: 200 }}, challenge: {value} }}\n",
+            keys.display()
+        )
+    };
+    let c = parse(&yaml("{ mode: metarefresh }")).unwrap();
+    let challenge = c.routes[0].challenge.unwrap();
+    assert_eq!(challenge.mode, ChallengeMode::MetaRefresh);
+    assert_eq!(challenge.difficulty, 0, "any pass opens it");
+    assert!(challenge.exempt_public);
+    let c = parse(&yaml("{ exempt_public: false }")).unwrap();
+    let challenge = c.routes[0].challenge.unwrap();
+    assert_eq!(challenge.mode, ChallengeMode::ProofOfWork);
+    assert!(!challenge.exempt_public);
+    let p = problems(&yaml("{ mode: metarefresh, difficulty: 8 }"));
+    assert!(
+        p.iter()
+            .any(|m| m.contains("routes[0].challenge.difficulty")),
+        "{p:?}"
+    );
+    let p = problems(&yaml("{ mode: cookie }"));
+    assert!(
+        p.iter()
+            .any(|m| m.contains("routes[0].challenge.mode") && m.contains("metarefresh")),
+        "{p:?}"
+    );
+}

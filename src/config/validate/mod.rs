@@ -163,6 +163,7 @@ impl Validator<'_> {
         );
         self.need_pass(identity.pass.as_ref(), &routes, &limiters);
         self.need_geoip(identity.geoip.as_ref(), &routes, &limiters);
+        self.need_geoip_for_crawlers(identity.geoip.as_ref(), identity.pass.as_ref());
         self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
         let mut server = server;
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
@@ -176,6 +177,9 @@ impl Validator<'_> {
             headers: raw.headers.as_ref().map(|h| self.headers("headers", h)),
             ..Default::default()
         };
+        if let Some(a) = &site.access {
+            self.need_geoip_for_access(identity.geoip.as_ref(), "access", a);
+        }
         let cache = self.cache(raw.cache.as_ref(), routes.iter().any(|r| r.cache.is_some()));
         Config {
             site,
