@@ -99,6 +99,12 @@
 //! - [`build_info`]: what `--version` says (version, commit, build date);
 //!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
+// One module layout: `x.rs` beside its `x/`, never `x/mod.rs`. Set here
+// rather than in Cargo.toml's `[lints]`, which would reach the integration
+// tests too: their shared helpers must stay `tests/common/mod.rs`, since a
+// `tests/common.rs` would be a test target of its own.
+#![deny(clippy::mod_module_files)]
+
 pub mod access;
 pub mod acme;
 pub mod activity;
