@@ -16,11 +16,10 @@
 //!
 //! Each module imports only modules on the lines below its own (so no cycles,
 //! and none reaches up into its caller); `tests/module_map.rs` checks every
-//! `crate::` path in `src/` against this list. Two edges still point up,
-//! each a cycle to undo, and that test names them: [`networks`] reads its
-//! files through `config` (`GeoFile`, `read_named_file`) while `config`
-//! holds the databases it loaded, and `config/site.rs` normalizes redirect
-//! targets with `router::normalize`. The admin API reaches the server as
+//! `crate::` path in `src/` against this list. One edge still points up,
+//! a cycle to undo, and that test names it: [`networks`] reads its files
+//! through `config` (`GeoFile`, `read_named_file`) while `config` holds the
+//! databases it loaded. The admin API reaches the server as
 //! a handler `run` passes in, and reloads reach the listeners through the
 //! [`reload::Reloader`] `run` owns.
 //!
@@ -106,7 +105,8 @@
 //!   `limiter/lease.rs` leased quotas' arithmetic. Algorithms are declared once, one line each in
 //!   `limiter.rs`'s `with_algorithms!`, which generates the enums and their one exhaustive `match`
 //!   per question: a new algorithm is its `.rs`, its `.lua` and that line;
-//! - [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`;
+//! - [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`normal_path`]: the one spelling
+//!   of a request path routes and redirects compare (`router` re-exports it);
 //! - [`build_info`]: what `--version` says (version, commit, build date); [`sd_notify`]: systemd
 //!   readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
@@ -146,6 +146,7 @@ pub mod location;
 pub mod logging;
 pub mod metrics;
 pub mod networks;
+pub mod normal_path;
 pub mod page;
 pub mod pool;
 pub mod problem;

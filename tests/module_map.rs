@@ -8,8 +8,6 @@ use std::path::{Path, PathBuf};
 const CYCLES: &[(&str, &str)] = &[
     // `GeoFile` and `read_named_file`; `config` holds the loaded databases.
     ("networks", "config"),
-    // `config/site.rs` normalizes redirect targets with `router::normalize`.
-    ("config", "router"),
 ];
 
 fn src() -> PathBuf {
