@@ -16,10 +16,7 @@
 //!
 //! Each module imports only modules on the lines below its own (so no cycles,
 //! and none reaches up into its caller); `tests/module_map.rs` checks every
-//! `crate::` path in `src/` against this list. One edge still points up,
-//! a cycle to undo, and that test names it: [`networks`] reads its files
-//! through `config` (`GeoFile`, `read_named_file`) while `config` holds the
-//! databases it loaded. The admin API reaches the server as
+//! `crate::` path in `src/` against this list. The admin API reaches the server as
 //! a handler `run` passes in, and reloads reach the listeners through the
 //! [`reload::Reloader`] `run` owns.
 //!
@@ -84,18 +81,19 @@
 //! - [`identity`]: who the client is (verified API key, trusted-proxy real IP, IPv6 prefix, exempt);
 //! - [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
 //! - [`compression`]: the response filter phase (gzip/brotli by `Accept-Encoding`, streamed);
+//! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted; [`tunnel`]:
+//!   WebSockets and other upgrades;
+//! - [`header_value`]: numbers and built values as header values, with one allocation or none;
+//! - [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded when
+//!   they change, and the busiest networks;
 //! - [`config`]: raw YAML (`raw.rs`; `raw/limiter.rs`: a limiter's keys, its parameters read as its
 //!   algorithm declares them) → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
 //!   and certificate pairs and CA bundles as data in `certs.rs`; `store.rs`: `store:` and the one
 //!   list of backends (`with_backends!`), each backend's section (its keys as written, validation,
 //!   `/config` view, name) in `store/<backend>.rs`;
-//! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted; [`tunnel`]:
-//!   WebSockets and other upgrades;
-//! - [`header_value`]: numbers and built values as header values, with one allocation or none;
 //! - [`site`]: site rules a route carries (redirect, rewrite, access lists, basic auth, header
 //!   rules), built once per config; `app/site.rs` is their phases (docs/SITE.md: the order);
-//! - [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded when
-//!   they change, and the busiest networks;
+//! - [`geodb`]: what a MaxMind DB file says about an address (ASN, country), as data `config` holds;
 //! - [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer
 //!   (`metrics/text.rs`);
 //! - [`limiter`]: the algorithms as pure arithmetic on an injected clock, one file each implementing
@@ -105,8 +103,8 @@
 //!   `limiter/lease.rs` leased quotas' arithmetic. Algorithms are declared once, one line each in
 //!   `limiter.rs`'s `with_algorithms!`, which generates the enums and their one exhaustive `match`
 //!   per question: a new algorithm is its `.rs`, its `.lua` and that line;
-//! - [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`normal_path`]: the one spelling
-//!   of a request path routes and redirects compare (`router` re-exports it);
+//! - [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`normal_path`]: the one spelling of a
+//!   request path routes and redirects compare (`router` re-exports it);
 //! - [`build_info`]: what `--version` says (version, commit, build date); [`sd_notify`]: systemd
 //!   readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
 
@@ -137,6 +135,7 @@ pub mod decide;
 pub mod fastcgi;
 pub mod forward_error;
 pub mod framing;
+pub mod geodb;
 pub mod header_value;
 pub mod identity;
 pub mod import;

@@ -23,7 +23,7 @@ use std::borrow::Cow;
 use http::Method;
 
 use crate::config::{EncodedSeparators, RouteConfig};
-use crate::networks::{Country, Network};
+use crate::geodb::{Country, Network};
 pub use crate::normal_path::{normalize, segments};
 
 #[derive(Debug)]
