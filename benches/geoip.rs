@@ -66,7 +66,7 @@ fn networks(dir: &Path) -> Networks {
     write(&country, true);
     let file = |p: &Path| GeoFile {
         path: p.to_path_buf(),
-        loaded: Arc::new(GeoDb::read(p).expect("database")),
+        loaded: Arc::new(GeoDb::read(p, tollgate::config::read_named_file).expect("database")),
     };
     let config = GeoipConfig {
         asn_db: Some(file(&asn)),

@@ -85,7 +85,7 @@ pub struct AccessRecord {
     /// `respond`, `rewrite`, `access`, `site.access`, `auth`); written only when set.
     pub rule: Option<&'static str>,
     /// The client's ASN and country, when `identity.geoip` is configured.
-    pub network: Option<crate::networks::Network>,
+    pub network: Option<crate::geodb::Network>,
 }
 
 /// The queue to the writer thread, and what it dropped.

@@ -68,7 +68,7 @@ pub struct Client {
     pub pass: Option<String>,
     /// The client's ASN and country (set by the identify phase when
     /// `identity.geoip` is configured; empty otherwise): `key: asn`, `match.country`.
-    pub network: crate::networks::Network,
+    pub network: crate::geodb::Network,
 }
 
 impl Client {

@@ -181,7 +181,7 @@ pub fn for_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String
             }
             KeyPart::Country => {
                 let code = value.strip_prefix(COUNTRY).unwrap_or(value);
-                push_country(&mut out, crate::networks::Country::parse(code))
+                push_country(&mut out, crate::geodb::Country::parse(code))
             }
         }
     }
@@ -283,7 +283,7 @@ fn push_asn(out: &mut String, asn: Option<u32>) {
     }
 }
 
-fn push_country(out: &mut String, country: Option<crate::networks::Country>) {
+fn push_country(out: &mut String, country: Option<crate::geodb::Country>) {
     out.push_str(COUNTRY);
     out.push_str(country.as_ref().map_or(NO_ENTRY, |c| c.as_str()));
 }
@@ -482,7 +482,7 @@ mod tests {
         let none = for_request("l", &parts, &c, "api", &HeaderMap::new()).unwrap();
         assert_eq!(none, "l:asn:none|route:api");
         c.network.asn = Some(64500);
-        c.network.country = crate::networks::Country::parse("de");
+        c.network.country = crate::geodb::Country::parse("de");
         let key = for_request("l", &parts, &c, "api", &HeaderMap::new()).unwrap();
         assert_eq!(key, "l:asn:64500|route:api");
         let country = for_request("l", &[KeyPart::Country], &c, "r", &HeaderMap::new()).unwrap();

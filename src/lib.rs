@@ -14,90 +14,105 @@
 //! The binary (`main.rs`) only parses the command line, sets up logging and
 //! signals, and calls [`run`] with the listeners it bound.
 //!
-//! Each module imports only modules on the lines below its own: no cycles,
-//! and none reaches up into its caller. The admin API reaches the server as
+//! Each module imports only modules on the lines below its own (so no cycles,
+//! and none reaches up into its caller); `tests/module_map.rs` checks every
+//! `crate::` path in `src/` against this list. The admin API reaches the server as
 //! a handler `run` passes in, and reloads reach the listeners through the
 //! [`reload::Reloader`] `run` owns.
 //!
-//! - [`admin`]: status, metrics, health, reload, config, upstreams; `admin/bans.rs`
-//!   (`GET /bans`, `DELETE /bans/{key}`), `admin/guard.rs` (token, loopback-Host rule),
-//!   `admin/exposition.rs` (what `/metrics` shows);
-//! - [`reload`]: file watch / SIGHUP / admin → read (on a blocking thread) → validate → swap, or keep the old;
-//! - [`server`]: the accept loops (public and admin), HTTP/1.1 + HTTP/2, graceful drain, the listener set;
-//!   [`dashboard`]: the live dashboard (HTML, JS, CSS compiled in) and its sampler;
-//!   [`prune`]: one task removing expired limiter state, removed limiters' state, old audit rows;
+//! - [`admin`]: status, metrics, health, reload, config, upstreams; `admin/bans.rs` (`GET /bans`,
+//!   `DELETE /bans/{key}`), `admin/guard.rs` (token, loopback-Host rule), `admin/exposition.rs` (what
+//!   `/metrics` shows);
+//! - [`reload`]: file watch / SIGHUP / admin → read (on a blocking thread) → validate → swap, or keep
+//!   the old;
+//! - [`server`]: the accept loops (public and admin), HTTP/1.1 + HTTP/2, graceful drain, the listener
+//!   set; [`dashboard`]: the live dashboard (HTML, JS, CSS compiled in) and its sampler; [`prune`]:
+//!   one task removing expired limiter state, removed limiters' state, old audit rows;
 //! - [`app`]: the request lifecycle as named phases, callable without sockets; `app/trail.rs` (the
 //!   log phase), `app/upstream.rs` (the upstream phase: body, share, forward, a failure's answer),
 //!   `app/refuse.rs` (a refusal's answer);
 //! - [`decide`]: the limit phase's one decision, a value: the ban check, the limiter checks in one
 //!   store call, `on_error`, strikes, refunds, places given back; `decide/ban.rs` (`ban:`),
 //!   `decide/refund.rs` (`count:`), `decide/release.rs` (queued places, concurrency slots);
-//! - [`snapshot`]: one immutable view of the running config;
-//!   [`buffering`]: request bodies read whole before an upstream is taken (memory, then a temp file), 408;
+//! - [`snapshot`]: one immutable view of the running config; [`buffering`]: request bodies read whole
+//!   before an upstream is taken (memory, then a temp file), 408;
 //! - [`balance`]: several servers per upstream: policy, health, the `max_conns` queue, retries;
-//! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
-//! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
-//! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each kind gets;
-//! - [`store`]: where limiter state lives: `Store` over one `Backend` (`store/backend.rs`, with
-//!   the status each reports), one module each, generated from the list in `config/store.rs`:
-//!   `memory.rs`; `sqlite/` (write-behind, schema, writer thread, durability, file lock);
-//!   `redis/` (a fleet's counters and bans, breaker, leases, the script assembled from
-//!   `redis/*.lua` and each algorithm's Lua); `table/` the in-process table every backend
-//!   keeps (exact, sharded, bounded), `ban.rs` the local bans, `error.rs` the one `StoreError`;
-//!   [`access`]: the access log (bounded queue, writer thread, JSON or text; stdout or a file
-//!   reopened on SIGUSR1);
-//!   [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
-//! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
-//!   writer of refusals (429s); [`key`]: store keys `<limiter>:<key value>`;
-//!   [`location`]: every `Location` header tollgate writes (never off the site by accident);
-//!   [`page`]: tollgate's own HTML pages (whether `Accept` prefers one, the built-in error pages,
-//!   operators' templates);
-//!   [`pool`]: the per-worker HTTP/1.1 connection pool;
-//! - [`identity`]: who the client is (verified API key, trusted-proxy real IP, IPv6 prefix, exempt);
-//!   [`router`]: path normalization and first-match routing; [`reject`]: a 429's bytes and the
-//!   rate-limit headers, written without a formatter; [`connections`]: connection caps
-//!   (`connections/timers.rs`: first-byte, head, idle and send timers);
-//!   [`logging`]: one-line log records, text or JSON;
-//!   [`tls`]: rustls termination (the certificates in force, swapped by reloads) and https://
-//!   upstream trust; [`acme`]: automatic HTTPS (one task per name: storage, order with
-//!   instant-acme, renewal, backoff, the fleet lock), whose `acme/state.rs` table the TLS
-//!   resolver, the plain listener's http-01 answer and `GET /certificates` read;
-//! - [`config`]: raw YAML (`raw.rs`; `raw/limiter.rs`: a limiter's keys, its parameters read as
-//!   its algorithm declares them) → pure validation (`validate/`) → `Config`, with the I/O in
-//!   `load.rs` and certificate pairs and CA bundles as data in `certs.rs`; `store.rs`: `store:`
-//!   and the one list of backends (`with_backends!`), each backend's section (its keys as
-//!   written, validation, `/config` view, name) in `store/<backend>.rs`;
-//!   [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer (`metrics/text.rs`);
-//!   [`activity`]: what the dashboard shows besides counters;
-//! - [`limiter`]: the algorithms as pure arithmetic on an injected clock, one file each
-//!   implementing `Rule` (`limiter/rule.rs`): its arithmetic and every fact about it (parameter
-//!   names, measures and bounds, policy words, ban window, stored form, lease facts, the Redis
-//!   script's arguments), with its part of the Redis script beside it (`limiter/<name>.lua`,
-//!   see `limiter/script.rs`); `limiter/lease.rs` leased quotas' arithmetic. Algorithms are
-//!   declared once, one line each in `limiter.rs`'s `with_algorithms!`, which generates the
-//!   enums and their one exhaustive `match` per question: a new algorithm is its `.rs`, its
-//!   `.lua` and that line;
-//!   [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
-//! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted;
-//!   [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`request_id`]: `X-Request-Id`;
-//!   [`header_value`]: numbers and built values as header values, with one allocation or none;
-//!   [`compression`]: the response filter phase (gzip/brotli by `Accept-Encoding`, streamed);
-//!   [`tunnel`]: WebSockets and other upgrades; [`workers`]: one single-threaded runtime per core;
+//! - [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
+//! - [`logging`]: one-line log records, text or JSON;
+//! - [`activity`]: what the dashboard shows besides counters;
+//! - [`request_id`]: `X-Request-Id`; [`cache`]: the one shared response cache (a bounded S3-FIFO map
+//!   of stored answers by key, the renders under way, purges); `app/cache.rs` is its phase;
+//!   [`workers`]: one single-threaded runtime per core;
 //! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
-//!   (`key: pass`); `app/challenge.rs` is its phase (the pass a request carries, the pass path,
-//!   the page instead of a refusal);
-//! - [`site`]: site rules a route carries (redirect, rewrite, access lists, basic auth,
-//!   header rules), built once per config; `app/site.rs` is their phases (docs/SITE.md: the order);
+//!   (`key: pass`); `app/challenge.rs` is its phase (the pass a request carries, the pass path, the
+//!   page instead of a refusal);
 //! - [`import`]: `tollgate import htaccess`: an `.htaccess` as routes (a config `check` accepts);
 //! - [`proxy_protocol`]: the PROXY protocol header (v1, v2) listed load balancers open each
-//!   connection with, read under a bound; its source is the client;
-//!   [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded
-//!   when they change, and the busiest networks; [`crowdsec`]: a CrowdSec Local API's decisions
-//!   held and checked per request (`crowdsec/decisions.rs`), tollgate's bans pushed back as
-//!   alerts (`crowdsec/push.rs`), one task following it (`crowdsec/lapi.rs` the calls);
+//!   connection with, read under a bound; its source is the client; [`crowdsec`]: a CrowdSec Local
+//!   API's decisions held and checked per request (`crowdsec/decisions.rs`), tollgate's bans pushed
+//!   back as alerts (`crowdsec/push.rs`), one task following it (`crowdsec/lapi.rs` the calls);
 //!   `app/reputation.rs` is the phase that enforces a decision;
-//! - [`build_info`]: what `--version` says (version, commit, build date);
-//!   [`sd_notify`]: systemd readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
+//! - [`proxy`]: forwarding to one server: hop-by-hop and edge-owned headers, timeouts, pooling;
+//! - [`fastcgi`]: FastCGI to php-fpm: codec, pooled client, CGI response, the script/static decision;
+//! - [`forward_error`]: the one forwarding error (kind, origin, retry, cause) and the answer each
+//!   kind gets;
+//! - [`access`]: the access log (bounded queue, writer thread, JSON or text; stdout or a file
+//!   reopened on SIGUSR1);
+//! - [`problem`]: every answer tollgate writes itself, each failure's status and origin, and the one
+//!   writer of refusals (429s);
+//! - [`page`]: tollgate's own HTML pages (whether `Accept` prefers one, the built-in error pages,
+//!   operators' templates); [`pool`]: the per-worker HTTP/1.1 connection pool;
+//! - [`router`]: path normalization and first-match routing;
+//! - [`location`]: every `Location` header tollgate writes (never off the site by accident);
+//! - [`reject`]: a 429's bytes and the rate-limit headers, written without a formatter;
+//!   [`connections`]: connection caps (`connections/timers.rs`: first-byte, head, idle and send
+//!   timers); [`tls`]: rustls termination (the certificates in force, swapped by reloads) and
+//!   https:// upstream trust;
+//! - [`acme`]: automatic HTTPS (one task per name: storage, order with instant-acme, renewal,
+//!   backoff, the fleet lock), whose `acme/state.rs` table the TLS resolver, the plain listener's
+//!   http-01 answer and `GET /certificates` read;
+//! - [`store`]: where limiter state lives: `Store` over one `Backend` (`store/backend.rs`, with the
+//!   status each reports), one module each, generated from the list in `config/store.rs`:
+//!   `memory.rs`; `sqlite/` (write-behind, schema, writer thread, durability, file lock); `redis/` (a
+//!   fleet's counters and bans, breaker, leases, the script assembled from `redis/*.lua` and each
+//!   algorithm's Lua); `table/` the in-process table every backend keeps (exact, sharded, bounded),
+//!   `ban.rs` the local bans, `error.rs` the one `StoreError`;
+//! - [`key`]: store keys `<limiter>:<key value>`;
+//! - [`identity`]: who the client is (verified API key, trusted-proxy real IP, IPv6 prefix, exempt);
+//! - [`request_body`]: the request body as forwarded (none, in memory, a temp file, streamed);
+//! - [`compression`]: the response filter phase (gzip/brotli by `Accept-Encoding`, streamed);
+//! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted; [`tunnel`]:
+//!   WebSockets and other upgrades;
+//! - [`header_value`]: numbers and built values as header values, with one allocation or none;
+//! - [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded when
+//!   they change, and the busiest networks;
+//! - [`config`]: raw YAML (`raw.rs`; `raw/limiter.rs`: a limiter's keys, its parameters read as its
+//!   algorithm declares them) → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
+//!   and certificate pairs and CA bundles as data in `certs.rs`; `store.rs`: `store:` and the one
+//!   list of backends (`with_backends!`), each backend's section (its keys as written, validation,
+//!   `/config` view, name) in `store/<backend>.rs`;
+//! - [`site`]: site rules a route carries (redirect, rewrite, access lists, basic auth, header
+//!   rules), built once per config; `app/site.rs` is their phases (docs/SITE.md: the order);
+//! - [`geodb`]: what a MaxMind DB file says about an address (ASN, country), as data `config` holds;
+//! - [`metrics`]: Prometheus counters, gauges, histograms, and the one text writer
+//!   (`metrics/text.rs`);
+//! - [`limiter`]: the algorithms as pure arithmetic on an injected clock, one file each implementing
+//!   `Rule` (`limiter/rule.rs`): its arithmetic and every fact about it (parameter names, measures
+//!   and bounds, policy words, ban window, stored form, lease facts, the Redis script's arguments),
+//!   with its part of the Redis script beside it (`limiter/<name>.lua`, see `limiter/script.rs`);
+//!   `limiter/lease.rs` leased quotas' arithmetic. Algorithms are declared once, one line each in
+//!   `limiter.rs`'s `with_algorithms!`, which generates the enums and their one exhaustive `match`
+//!   per question: a new algorithm is its `.rs`, its `.lua` and that line;
+//! - [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`normal_path`]: the one spelling of a
+//!   request path routes and redirects compare (`router` re-exports it);
+//! - [`build_info`]: what `--version` says (version, commit, build date); [`sd_notify`]: systemd
+//!   readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
+
+// One module layout: `x.rs` beside its `x/`, never `x/mod.rs`. Set here
+// rather than in Cargo.toml's `[lints]`, which would reach the integration
+// tests too: their shared helpers must stay `tests/common/mod.rs`, since a
+// `tests/common.rs` would be a test target of its own.
+#![deny(clippy::mod_module_files)]
 
 pub mod access;
 pub mod acme;
@@ -120,6 +135,7 @@ pub mod decide;
 pub mod fastcgi;
 pub mod forward_error;
 pub mod framing;
+pub mod geodb;
 pub mod header_value;
 pub mod identity;
 pub mod import;
@@ -129,6 +145,7 @@ pub mod location;
 pub mod logging;
 pub mod metrics;
 pub mod networks;
+pub mod normal_path;
 pub mod page;
 pub mod pool;
 pub mod problem;

@@ -181,15 +181,15 @@ fn a_records_network_is_logged_only_when_geoip_looked_it_up() {
     plain.format_into(&mut line);
     assert!(!line.contains("asn="), "{line}");
     let mut r = record(LogFormat::Text);
-    r.network = Some(crate::networks::Network {
+    r.network = Some(crate::geodb::Network {
         asn: Some(64500),
-        country: crate::networks::Country::parse("DE"),
+        country: crate::geodb::Country::parse("DE"),
     });
     let mut line = String::new();
     r.format_into(&mut line);
     assert!(line.ends_with(" asn=64500 country=DE\n"), "{line}");
     r.format = LogFormat::Json;
-    r.network = Some(crate::networks::Network::default());
+    r.network = Some(crate::geodb::Network::default());
     let mut json = String::new();
     r.format_into(&mut json);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();

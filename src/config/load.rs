@@ -444,7 +444,7 @@ fn read_shared_key_file(config: &mut Config) -> Option<ConfigProblem> {
     None
 }
 
-/// Reads `identity.geoip`'s databases (see [`crate::networks::GeoDb::read`]);
+/// Reads `identity.geoip`'s databases (see [`crate::geodb::GeoDb::read`]);
 /// read on every load and reload, and watched in between.
 fn read_geoip_files(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
     let Some(geoip) = identity.geoip.as_mut() else {
@@ -456,7 +456,7 @@ fn read_geoip_files(identity: &mut IdentityConfig) -> Vec<ConfigProblem> {
         ("country_db", &mut geoip.country_db),
     ] {
         let Some(file) = file else { continue };
-        match crate::networks::GeoDb::read(&file.path) {
+        match crate::geodb::GeoDb::read(&file.path, read_named_file) {
             Ok(db) => file.loaded = Arc::new(db),
             Err(e) => problems.push(ConfigProblem::at(format!("identity.geoip.{key}"), e)),
         }

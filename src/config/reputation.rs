@@ -54,7 +54,7 @@ pub struct GeoipConfig {
 pub struct GeoFile {
     pub path: PathBuf,
     /// Empty straight out of `validate`.
-    pub loaded: Arc<crate::networks::GeoDb>,
+    pub loaded: Arc<crate::geodb::GeoDb>,
 }
 
 impl std::fmt::Debug for GeoFile {
@@ -219,20 +219,21 @@ impl Validator<'_> {
         &mut self,
         i: usize,
         raw: Option<&OneOrMany>,
-    ) -> Option<Vec<crate::networks::Country>> {
+    ) -> Option<Vec<crate::geodb::Country>> {
         let entries = raw?.entries(&format!("routes[{i}].match.country"));
-        let parsed = entries.into_iter().filter_map(|(path, s)| {
-            match crate::networks::Country::parse(s.trim()) {
-                Some(c) => Some(c),
-                None => {
-                    self.err(
-                        path,
-                        format!("{s:?} is not a two-letter country code (e.g. DE)"),
-                    );
-                    None
+        let parsed =
+            entries.into_iter().filter_map(|(path, s)| {
+                match crate::geodb::Country::parse(s.trim()) {
+                    Some(c) => Some(c),
+                    None => {
+                        self.err(
+                            path,
+                            format!("{s:?} is not a two-letter country code (e.g. DE)"),
+                        );
+                        None
+                    }
                 }
-            }
-        });
+            });
         Some(parsed.collect())
     }
 

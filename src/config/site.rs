@@ -324,7 +324,7 @@ impl Validator<'_> {
                 continue;
             }
             let target = redirect.to.expand("", None, None).path;
-            if matches_path(r, &crate::router::normalize(&target)) && r.query.is_empty() {
+            if matches_path(r, &crate::normal_path::normalize(&target)) && r.query.is_empty() {
                 let at = position(raw, &r.name);
                 self.warn(
                     format!("routes[{at}].redirect.to"),

@@ -113,6 +113,19 @@ pub struct KeyCounters {
     pub refused: AtomicU64,
 }
 
+/// One key's state read back from a file at start, for [`Table::load_all`].
+#[derive(Debug, Clone)]
+pub struct Loaded<'a> {
+    pub key: String,
+    pub algorithm: &'a Algorithm,
+    pub state: State,
+    /// The fingerprint of the shape it was built under; 0: none kept (a
+    /// window row, which names its window instead).
+    pub shape: u32,
+    /// When it rests (see [`crate::limiter::Rule::rests_at`]).
+    pub rests_at: Nanos,
+}
+
 /// One key's state as the writer persists it; `state: None` means deleted.
 #[derive(Debug, Clone)]
 pub struct Change {
@@ -445,19 +458,35 @@ impl Table {
             .refund(h, key, algorithm, ticket, now, track);
     }
 
-    /// Puts loaded state (with its shape fingerprint and when it rests) in
-    /// place at start-up, without marking it changed. State already at rest
-    /// is not worth a slot, and state that does not fit is dropped: both are
-    /// deleted from the file with the next write, so the file never holds a
-    /// key the table does not. Returns whether it was kept.
-    pub fn load(
-        &self,
-        key: &str,
-        algorithm: &Algorithm,
-        (state, shape, rests_at): (State, u32, Nanos),
-        now: Nanos,
-    ) -> bool {
-        let (h, s) = self.locate(key);
+    /// Puts the state read back at start-up in place, without marking it
+    /// changed, the heaviest first (see [`shard::weight`]): when the file
+    /// holds more keys than `store.max_keys` (the bound was lowered), each
+    /// shard keeps its most limited keys, as eviction would have. State
+    /// already at rest is not worth a slot, and state that does not fit is
+    /// dropped: both are deleted from the file with the next write, so the
+    /// file never holds a key the table does not. Returns how many were kept.
+    pub fn load_all(&self, rows: Vec<Loaded<'_>>, now: Nanos) -> usize {
+        let mut weighed: Vec<(u8, Loaded<'_>)> = rows
+            .into_iter()
+            .map(|row| (shard::weight(&row.algorithm.quota(&row.state, now)), row))
+            .collect();
+        weighed.sort_by_key(|(weight, _)| std::cmp::Reverse(*weight));
+        let kept = weighed
+            .into_iter()
+            .map(|(weight, row)| self.load(row, weight, now));
+        kept.filter(|&kept| kept).count()
+    }
+
+    /// One key of [`Table::load_all`]; whether it was kept.
+    fn load(&self, row: Loaded<'_>, weight: u8, now: Nanos) -> bool {
+        let Loaded {
+            key,
+            state,
+            shape,
+            rests_at,
+            ..
+        } = row;
+        let (h, s) = self.locate(&key);
         let mut shard = self.shards[s].lock();
         let fits = shard.map.contains_key(&h) || shard.map.len() < self.cap(s);
         if rests_at <= now || !fits {
@@ -466,8 +495,7 @@ impl Table {
             }
             return false;
         }
-        let weight = shard::weight(&algorithm.quota(&state, now));
-        shard.load(h, key, (state, shape, rests_at), weight);
+        shard.load(h, &key, (state, shape, rests_at), weight);
         true
     }
 

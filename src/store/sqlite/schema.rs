@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension};
 
 use crate::config::store::{RawSqlite, Section};
 use crate::store::ban;
-use crate::store::table::Table;
+use crate::store::table::{Loaded, Table};
 use crate::store::{StoreError, StoreFailure};
 use crate::clock::parse_iso8601;
 use crate::config::LimiterConfig;
@@ -172,10 +172,12 @@ pub(super) fn load(
         .map(|l| (l.name.as_str(), &l.algorithm))
         .collect();
     let limiter_of = |key: &str| by_name.get(crate::key::limiter_of(key)).copied();
-    // The table keeps what fits in `store.max_keys` and queues the rest for
-    // deletion, so the file stays as bounded as memory.
-    let loaded =
-        load_windows(conn, table, &limiter_of, now)? + load_states(conn, table, &limiter_of, now)?;
+    // The table keeps what fits in `store.max_keys`, the heaviest keys
+    // first, and queues the rest for deletion, so the file stays as bounded
+    // as memory.
+    let mut rows = read_windows(conn, &limiter_of)?;
+    rows.extend(read_states(conn, &limiter_of, now)?);
+    let loaded = table.load_all(rows, now);
     let calls: Option<i64> = conn
         .query_row("SELECT count(*) FROM api_calls", [], |r| r.get(0))
         .optional()?;
@@ -188,13 +190,11 @@ pub(super) fn load(
 }
 
 /// The latest `rate_limit_windows` row of each key whose algorithm keeps
-/// [`Kept::Windows`]; returns how many the table took.
-fn load_windows<'a>(
+/// [`Kept::Windows`].
+fn read_windows<'a>(
     conn: &Connection,
-    table: &Table,
     limiter_of: &impl Fn(&str) -> Option<&'a Algorithm>,
-    now: Nanos,
-) -> rusqlite::Result<usize> {
+) -> rusqlite::Result<Vec<Loaded<'a>>> {
     let mut latest: HashMap<String, (Nanos, u64)> = HashMap::new();
     let mut stmt = conn.prepare("SELECT key, window_start, count FROM rate_limit_windows")?;
     let mut rows = stmt.query([])?;
@@ -210,7 +210,7 @@ fn load_windows<'a>(
             *entry = (start, count as u64);
         }
     }
-    let mut loaded = 0;
+    let mut loaded = Vec::new();
     for (key, (window_start, count)) in latest {
         let Some(algorithm) = limiter_of(&key) else {
             continue;
@@ -224,27 +224,28 @@ fn load_windows<'a>(
         };
         // The window start itself tells whether it is still current,
         // so no shape is needed: a changed window simply won't match.
-        let rests_at = algorithm.rests_at(&state);
-        if table.load(&key, algorithm, (state, 0, rests_at), now) {
-            loaded += 1;
-        }
+        loaded.push(Loaded {
+            rests_at: algorithm.rests_at(&state),
+            key,
+            algorithm,
+            state,
+            shape: 0,
+        });
     }
     Ok(loaded)
 }
 
-/// The live `limiter_state` rows whose limiter kept its algorithm and
-/// shape; returns how many the table took.
-fn load_states<'a>(
+/// The live `limiter_state` rows whose limiter kept its algorithm and shape.
+fn read_states<'a>(
     conn: &Connection,
-    table: &Table,
     limiter_of: &impl Fn(&str) -> Option<&'a Algorithm>,
     now: Nanos,
-) -> rusqlite::Result<usize> {
+) -> rusqlite::Result<Vec<Loaded<'a>>> {
     let mut stmt = conn.prepare(
         "SELECT key, algorithm, shape, state, expires_at FROM limiter_state WHERE expires_at > ?1",
     )?;
     let mut rows = stmt.query([now as i64])?;
-    let mut loaded = 0;
+    let mut loaded = Vec::new();
     while let Some(row) = rows.next()? {
         let key: String = row.get(0)?;
         let name: String = row.get(1)?;
@@ -261,14 +262,13 @@ fn load_states<'a>(
         let Some(state) = decode(algorithm, &blob) else {
             continue;
         };
-        if table.load(
-            &key,
+        loaded.push(Loaded {
+            key,
             algorithm,
-            (state, fingerprint, expires_at as Nanos),
-            now,
-        ) {
-            loaded += 1;
-        }
+            state,
+            shape: fingerprint,
+            rests_at: expires_at as Nanos,
+        });
     }
     Ok(loaded)
 }

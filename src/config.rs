@@ -458,7 +458,7 @@ pub struct RouteConfig {
     /// `match.asn`: the client's AS is one of these.
     pub asn: Option<Vec<u32>>,
     /// `match.country`: the client's country is one of these.
-    pub country: Option<Vec<crate::networks::Country>>,
+    pub country: Option<Vec<crate::geodb::Country>>,
 }
 
 #[derive(Debug, Clone)]
