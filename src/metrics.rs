@@ -229,6 +229,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_leases_taken_total", "Leases taken from Redis (lease:), each in the call of the request that asked for it."),
     ("tollgate_lease_units_total", "Leased units by outcome: granted, spent, returned (given back when the lease ended), lost (never spent and not given back: a token bucket's, or a give-back that failed)."),
     ("tollgate_lease_table_full_total", "Keys checked per request without asking for a lease because the lease table was full (65536 keys)."),
+    ("tollgate_lease_waits_total", "Requests that waited for their key's lease being fetched by another request and found a lease open after it."),
     ("tollgate_config_reloads_total", "Config reloads by result (ok, error)."),
     ("tollgate_tls_handshake_failures_total", "TLS handshakes that failed, by reason (error, timeout)."),
     ("tollgate_lingering_closes_total", "Connections closed the lingering way after an answer sent before the request body's end, by how the discarding ended (eof, reset, timeout, time, size, error, cut)."),

@@ -41,15 +41,19 @@ fn three_for_an_hour() -> BanRule {
 const MS: Nanos = 1_000_000;
 
 fn open_cluster(cluster: &Cluster) -> Store {
+    open_seeded(vec![cluster.nodes[0].url()], Duration::from_secs(5))
+}
+
+fn open_seeded(seeds: Vec<String>, timeout: Duration) -> Store {
     let config = StoreConfig {
         backend: BackendConfig::Redis(RedisConfig {
-            topology: RedisTopology::Cluster(vec![cluster.nodes[0].url()]),
+            topology: RedisTopology::Cluster(seeds),
             prefix: "contract:".into(),
             // No test here measures latency: a generous bound for a loaded
             // machine. (The ban list's SCAN that once outlasted 2 s and then
             // 5 s went to a replica that a fresh cluster's node still listed
             // as a primary without slots; `ban::holders` no longer asks one.)
-            timeout: Duration::from_secs(5),
+            timeout,
         }),
         on_error: OnError::Deny,
         prune_interval: Duration::from_secs(60),
@@ -213,4 +217,36 @@ async fn bans_and_resets_reach_every_primary() {
     store.reset(&keys).await.unwrap();
     let after = store.banned(&refs, T0).await.unwrap();
     assert!(after.iter().all(Option::is_none), "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_store_whose_first_seed_never_answers_still_lists_every_ban() {
+    let cluster = Cluster::start();
+    let rule = three_for_an_hour();
+    let keys: Vec<String> = (1..=6).map(|i| format!("one:ip:192.0.2.{i}")).collect();
+    let warm = open_cluster(&cluster);
+    for k in &keys {
+        for _ in 0..3 {
+            warm.strike(k, &rule, 60 * S, T0).await.unwrap();
+        }
+    }
+    // A seed that takes connections (the kernel completes them) and never
+    // answers: the fresh store's cluster connection waits a second for it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = format!("redis://{}", listener.local_addr().unwrap());
+    let fresh = open_seeded(
+        vec![silent, cluster.nodes[0].url()],
+        Duration::from_millis(250),
+    );
+    let mut listed: Vec<String> = fresh
+        .ban_list(T0)
+        .await
+        .expect("the ban list, asked of the seeds in turn")
+        .into_iter()
+        .map(|b| b.key)
+        .collect();
+    listed.sort();
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(listed, want, "every ban, from every primary");
 }

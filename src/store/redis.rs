@@ -239,7 +239,8 @@ impl Redis {
         let inner = &self.inner;
         // Leased units are counted in Redis already: spending them needs no
         // call, and stays exact while Redis is unreachable.
-        if let Some(outcomes) = inner.leases.spend(checks, now) {
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        if let Some(outcomes) = self.spend_leased(checks, now, deadline).await {
             return Ok(outcomes);
         }
         if !inner.breaker.allows() {
@@ -255,7 +256,16 @@ impl Redis {
         let members: Vec<String> = checks.iter().map(|c| self.member(c.algorithm)).collect();
         let outcomes = match &groups[..] {
             // Leases are asked for only where one call sees every limiter.
-            [_] => self.check_whole(checks, &keys, &members, now).await?,
+            // A key whose lease another request began fetching meanwhile:
+            // wait for that one too (within the same deadline).
+            [_] => loop {
+                if let Some(o) = self.check_whole(checks, &keys, &members, now, deadline).await? {
+                    break o;
+                }
+                if let Some(o) = self.spend_leased(checks, now, deadline).await {
+                    return Ok(o);
+                }
+            },
             _ => {
                 self.give_back(inner.leases.take_ended());
                 spread::check_groups(self, checks, &keys, &members, &groups).await?
@@ -274,6 +284,27 @@ impl Redis {
             }
         }
         Ok(outcomes)
+    }
+
+    /// Decides the request from leases: at once, or after waiting (up to
+    /// `store.timeout` in all) for the lease being fetched on its key, and
+    /// for the next one while each fetch opens a lease (a hot key's requests
+    /// wait on one fetch instead of each calling Redis). `None`: call Redis.
+    async fn spend_leased(
+        &self,
+        checks: &[Check<'_>],
+        now: Nanos,
+        deadline: tokio::time::Instant,
+    ) -> Option<Vec<Outcome>> {
+        let leases = &self.inner.leases;
+        loop {
+            if let Some(outcomes) = leases.spend(checks, now) {
+                return Some(outcomes);
+            }
+            if leases.wait_for_ask(checks, deadline).await == lease::Waited::No {
+                return None;
+            }
+        }
     }
 
     /// A concurrency slot's member id, unique in the fleet; empty for other algorithms.
@@ -295,13 +326,20 @@ impl Redis {
         keys: &[String],
         members: &[String],
         now: Nanos,
-    ) -> Result<Vec<Outcome>, StoreError> {
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<Vec<Outcome>>, StoreError> {
         let inner = &self.inner;
         let asking = inner.leases.ask(checks, now);
         self.give_back(inner.leases.take_ended());
+        if !asking.any()
+            && tokio::time::Instant::now() < deadline
+            && inner.leases.fetching(checks)
+        {
+            return Ok(None);
+        }
         if !asking.any() {
             let all: Vec<usize> = (0..checks.len()).collect();
-            return self.check_group(checks, keys, members, &all).await;
+            return self.check_group(checks, keys, members, &all).await.map(Some);
         }
         let mut call = inner.script.prepare_invoke();
         call.arg("lease");
@@ -319,7 +357,7 @@ impl Redis {
         let (head, grants) = lease::split_reply(&reply, checks.len())?;
         let (_, outcomes) = parse(head, checks)?;
         asking.settle(checks, grants, &outcomes, now);
-        Ok(outcomes)
+        Ok(Some(outcomes))
     }
 
     /// The checks at `positions` (keys of one slot) in one atomic script

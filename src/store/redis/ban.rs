@@ -186,6 +186,12 @@ impl Redis {
         }
         let known = self.known_nodes();
         let (known, link, timeout) = (&known, &self.inner.link, self.inner.timeout);
+        if known.is_empty() {
+            // A fresh store: its cluster connection may still be connecting
+            // (to every seed, up to a second each), well past `store.timeout`.
+            let nodes = link.seed_nodes(timeout).await.map_err(super::failed)?;
+            return Ok(holders(&nodes));
+        }
         let nodes = self
             .call(|con| async move {
                 match con {

@@ -8,9 +8,13 @@
 //!   it meets holds an open lease with a unit left on its key; each of them
 //!   then spends one. Otherwise the request goes to Redis as usual, and each
 //!   leased limiter without an open lease asks for one in the same call.
-//! - One ask per key at a time: while a request asks for a key's lease,
-//!   other requests on that key go to Redis without asking (no two leases
-//!   of one key in one tollgate).
+//! - One ask per key at a time (no two leases of one key in one tollgate).
+//!   While a request asks for a key's lease, up to [`MAX_WAITERS`] other
+//!   requests on that key wait for it, each at most `store.timeout`
+//!   ([`Leases::wait_for_ask`]), then spend from it; a waiter the lease
+//!   cannot serve (no grant, too few units, timed out, call failed) goes to
+//!   Redis as usual. The file is past 700 lines for this: the wait shares
+//!   the table's private slots.
 //! - The table holds at most [`MAX_LEASES`] keys. When it is full, a key
 //!   without a lease is checked per request, as without leases, and
 //!   `tollgate_lease_table_full_total` counts it.
@@ -36,6 +40,9 @@ use crate::store::{Check, Outcome, StoreError};
 
 /// The most keys this tollgate holds leases on (or is asking for).
 pub const MAX_LEASES: usize = 65_536;
+/// The most requests that wait for one key's lease being fetched; the
+/// others go to Redis as usual.
+pub const MAX_WAITERS: usize = 1_024;
 
 pub(super) struct Leases {
     /// `lease:` of each limiter that has one, by limiter name, with the
@@ -50,9 +57,60 @@ pub(super) struct Leases {
 }
 
 enum LeaseSlot {
-    /// A request is asking Redis for this key's lease (its ask number).
-    Asking(u64),
+    /// A request is asking Redis for this key's lease.
+    Asking(Ask),
     Open(OpenLease),
+}
+
+/// A lease being fetched: the asking request's number, and what the
+/// requests waiting for it wait on.
+struct Ask {
+    id: u64,
+    signal: std::sync::Arc<AskSignal>,
+    waiters: usize,
+}
+
+/// Woken when a fetch ends (settled, failed, or dropped); `granted` says
+/// whether it opened a lease (worth waiting for the key's next fetch).
+#[derive(Default)]
+struct AskSignal {
+    done: tokio::sync::Notify,
+    granted: std::sync::atomic::AtomicBool,
+}
+
+impl LeaseSlot {
+    fn asking(id: u64) -> LeaseSlot {
+        LeaseSlot::Asking(Ask {
+            id,
+            signal: Default::default(),
+            waiters: 0,
+        })
+    }
+
+    fn is_ask(&self, id: u64) -> bool {
+        matches!(self, LeaseSlot::Asking(a) if a.id == id)
+    }
+
+    /// Wakes the requests waiting on this slot's fetch, if it is one.
+    fn wake(self, granted: bool) -> Option<OpenLease> {
+        match self {
+            LeaseSlot::Asking(a) => {
+                a.signal.granted.store(granted, Ordering::Relaxed);
+                a.signal.done.notify_waiters();
+                None
+            }
+            LeaseSlot::Open(held) => Some(held),
+        }
+    }
+}
+
+/// What a request that waited for a key's lease fetch saw.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Waited {
+    /// The fetch opened a lease: spend from it (or wait for the next one).
+    Granted,
+    /// Nothing to wait for, no room, no grant, or the time is up: ask Redis.
+    No,
 }
 
 /// An open lease.
@@ -90,6 +148,7 @@ struct LeaseCounters {
     returned: Counter,
     lost: Counter,
     full: Counter,
+    waited: Counter,
 }
 
 impl LeaseCounters {
@@ -105,6 +164,7 @@ impl LeaseCounters {
             returned: units("returned"),
             lost: units("lost"),
             full: metrics.counter("tollgate_lease_table_full_total", &[]),
+            waited: metrics.counter("tollgate_lease_waits_total", &[]),
         }
     }
 }
@@ -160,9 +220,66 @@ impl Leases {
             .cloned()
             .collect();
         for key in gone {
-            if let Some(LeaseSlot::Open(held)) = table.remove(&key) {
+            if let Some(held) = table.remove(&key).and_then(|s| s.wake(false)) {
                 self.end(key, held);
             }
+        }
+    }
+
+    /// Whether a request on `checks` could wait for a lease being fetched
+    /// (see [`Leases::wait_for_ask`]).
+    pub(super) fn fetching(&self, checks: &[Check<'_>]) -> bool {
+        let rules = self.rules.load();
+        if checks.is_empty() || !checks.iter().all(|c| Self::rule(&rules, c.key).is_some()) {
+            return false;
+        }
+        let table = self.table.lock();
+        checks.iter().any(|c| {
+            matches!(table.get(c.key), Some(LeaseSlot::Asking(a)) if a.waiters < MAX_WAITERS)
+        })
+    }
+
+    /// Waits, until `deadline` at most, for the lease being fetched on one
+    /// of `checks`' keys, when every check leases (else no lease can decide
+    /// the request) and the fetch has room for one more waiter.
+    pub(super) async fn wait_for_ask(
+        &self,
+        checks: &[Check<'_>],
+        deadline: tokio::time::Instant,
+    ) -> Waited {
+        let rules = self.rules.load();
+        if checks.is_empty() || !checks.iter().all(|c| Self::rule(&rules, c.key).is_some()) {
+            return Waited::No;
+        }
+        let signal = {
+            let mut table = self.table.lock();
+            let key = checks.iter().find(|c| {
+                matches!(table.get(c.key), Some(LeaseSlot::Asking(a)) if a.waiters < MAX_WAITERS)
+            });
+            let Some(Some(LeaseSlot::Asking(ask))) = key.map(|c| table.get_mut(c.key)) else {
+                return Waited::No;
+            };
+            ask.waiters += 1;
+            ask.signal.clone()
+        };
+        // Registered before the lock is taken again: a fetch that ends from
+        // here on wakes it (`notify_waiters` wakes every future created).
+        let woken = signal.done.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        // The fetch may have ended between the lock and the registration.
+        let ended = !self.table.lock().values().any(|s| match s {
+            LeaseSlot::Asking(a) => std::sync::Arc::ptr_eq(&a.signal, &signal),
+            LeaseSlot::Open(_) => false,
+        });
+        if !ended && tokio::time::timeout_at(deadline, woken).await.is_err() {
+            return Waited::No;
+        }
+        if signal.granted.load(Ordering::Relaxed) {
+            self.count(|c| &c.waited, 1);
+            Waited::Granted
+        } else {
+            Waited::No
         }
     }
 
@@ -238,7 +355,7 @@ impl Leases {
                 }
                 None => {}
             }
-            table.insert(c.key.into(), LeaseSlot::Asking(asking.ask));
+            table.insert(c.key.into(), LeaseSlot::asking(asking.ask));
             *want = Some(Want {
                 key: c.key.into(),
                 max: rule.max,
@@ -405,10 +522,10 @@ impl Asking<'_> {
                 continue;
             }
             let units = g.max(0) as u64;
-            let mine = matches!(table.get(c.key), Some(LeaseSlot::Asking(a)) if *a == self.ask);
+            let mine = table.get(c.key).is_some_and(|s| s.is_ask(self.ask));
             if units == 0 {
                 if mine {
-                    table.remove(c.key);
+                    table.remove(c.key).map(|s| s.wake(false));
                 }
                 continue;
             }
@@ -425,7 +542,9 @@ impl Asking<'_> {
                 at: o.at,
             };
             if mine {
-                table.insert(c.key.into(), LeaseSlot::Open(held));
+                table
+                    .insert(c.key.into(), LeaseSlot::Open(held))
+                    .map(|s| s.wake(true));
             } else {
                 // A reload dropped this limiter's leases during the call.
                 leases.end(c.key.into(), held);
@@ -441,8 +560,8 @@ impl Drop for Asking<'_> {
         }
         let mut table = self.leases.table.lock();
         for want in self.wants.iter().flatten() {
-            if matches!(table.get(&want.key), Some(LeaseSlot::Asking(a)) if *a == self.ask) {
-                table.remove(&want.key);
+            if table.get(&want.key).is_some_and(|s| s.is_ask(self.ask)) {
+                table.remove(&want.key).map(|s| s.wake(false));
             }
         }
     }

@@ -38,6 +38,9 @@ pub(super) enum Link {
         /// The first seed's settings (TLS, credentials): what a connection
         /// of its own to one node is made with (see [`Link::dial`]).
         seed: Box<ConnectionInfo>,
+        /// Every seed as `host:port`: whom the ban list asks for the nodes
+        /// before any probe has read them (see [`Link::seed_nodes`]).
+        seeds: Vec<String>,
     },
 }
 
@@ -98,9 +101,15 @@ impl Link {
                     .response_timeout(background(timeout))
                     .build()
                     .map_err(super::failed)?;
+                let seeds = seeds
+                    .iter()
+                    .map(|s| s.as_str().into_connection_info().map(|i| addr_text(i.addr())))
+                    .collect::<Result<_, _>>()
+                    .map_err(super::failed)?;
                 Ok(Link::Cluster {
                     client: Box::new(client),
                     seed: Box::new(seed),
+                    seeds,
                 })
             }
         }
@@ -332,15 +341,46 @@ impl Link {
     ) -> ::redis::RedisResult<Vec<NodeHealth>> {
         let cmd = ::redis::cmd("CLUSTER").arg("NODES").clone();
         let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-        let mut last = match con.route_command(cmd.clone(), random).await {
+        let last = match con.route_command(cmd, random).await {
             Ok(reply) => return read_nodes(reply),
             Err(e) => e,
         };
-        for addr in known {
+        self.ask_each(known, timeout).await.map_err(|e| e.unwrap_or(last))
+    }
+
+    /// The cluster's nodes as the first configured seed that answers sees
+    /// them, each asked on a connection of its own with the background
+    /// timeouts (at least 1 s to connect, 1 s to answer), one after another.
+    /// For a store that has not read the nodes yet: its cluster connection
+    /// is still connecting to every seed (and waits for the slowest, up to
+    /// that same second), so a random node asked through it cannot answer
+    /// within `store.timeout`.
+    pub(super) async fn seed_nodes(
+        &self,
+        timeout: Duration,
+    ) -> ::redis::RedisResult<Vec<NodeHealth>> {
+        let Link::Cluster { seeds, .. } = self else {
+            return Ok(Vec::new());
+        };
+        self.ask_each(seeds, timeout).await.map_err(|e| {
+            e.unwrap_or_else(|| (::redis::ErrorKind::Client, "no seed").into())
+        })
+    }
+
+    /// `CLUSTER NODES` of each of `addrs` in turn until one answers; the
+    /// last error otherwise (`None` when there was no one to ask).
+    async fn ask_each(
+        &self,
+        addrs: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<NodeHealth>, Option<::redis::RedisError>> {
+        let cmd = ::redis::cmd("CLUSTER").arg("NODES").clone();
+        let mut last = None;
+        for addr in addrs {
             let asked = async { cmd.query_async(&mut self.dial(addr, timeout).await?).await };
-            match asked.await {
-                Ok(reply) => return read_nodes(reply),
-                Err(e) => last = e,
+            match asked.await.and_then(read_nodes) {
+                Ok(nodes) => return Ok(nodes),
+                Err(e) => last = Some(e),
             }
         }
         Err(last)
