@@ -23,7 +23,7 @@ use crate::cache::key::{self, Key, KeyParts};
 use crate::cache::policy::{self, Bypass};
 use crate::cache::{Entry, Found, ResponseCache, RouteCache, Standing, CACHE_STATUS};
 use crate::compression::Asked;
-use crate::decide::Pass;
+use crate::decide::Clearance;
 use crate::identity::Client;
 use crate::metrics::inc;
 use crate::request_body::RequestBody;
@@ -62,7 +62,7 @@ impl App {
         x: &mut Exchange,
         v: Via<'_>,
         mut admitted: Admitted,
-        pass: &mut Pass,
+        pass: &mut Clearance,
     ) -> Response<Body> {
         let Via {
             index,
@@ -117,7 +117,7 @@ impl App {
         x: &mut Exchange,
         v: Via<'_>,
         admitted: Admitted,
-        pass: &mut Pass,
+        pass: &mut Clearance,
         why: Bypass,
     ) -> Response<Body> {
         let Via {
@@ -151,7 +151,7 @@ impl App {
         &self,
         x: &mut Exchange,
         v: Via<'_>,
-        (mut admitted, pass): (Admitted, &mut Pass),
+        (mut admitted, pass): (Admitted, &mut Clearance),
         lookup: Lookup,
         key: Key,
         stale: Option<Arc<Entry>>,
