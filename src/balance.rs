@@ -322,13 +322,13 @@ impl Balancer {
             )
             .on(&self.name));
         }
-        struct Waiting<'a>(&'a AtomicU32);
-        impl Drop for Waiting<'_> {
+        struct WaitingGuard<'a>(&'a AtomicU32);
+        impl Drop for WaitingGuard<'_> {
             fn drop(&mut self) {
                 self.0.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        let _waiting = Waiting(&self.waiting);
+        let _waiting = WaitingGuard(&self.waiting);
         let deadline = tokio::time::Instant::now() + self.balance.queue_timeout;
         loop {
             let notified = self.freed.notified();

@@ -36,7 +36,7 @@ use crate::config::PassConfig;
 use crate::limiter::{Algorithm, Nanos};
 use crate::metrics::{inc, Counter, Histogram, Metrics};
 pub use token::TokenFault;
-use token::{hex, Key};
+use token::{hex, SigningKey};
 
 pub mod crawler;
 pub mod page;
@@ -68,7 +68,7 @@ const NANOS: u64 = 1_000_000_000;
 /// The pass and challenge rules of one config snapshot.
 pub struct ChallengeGate {
     /// Oldest first; the last one signs.
-    keys: Vec<Key>,
+    keys: Vec<SigningKey>,
     ttl: Duration,
     ipv4_prefix: u8,
     ipv6_prefix: u8,
@@ -224,7 +224,7 @@ impl ChallengeGate {
                 .keys
                 .0
                 .iter()
-                .map(|k| Key::new(&k.id, &k.secret))
+                .map(|k| SigningKey::new(&k.id, &k.secret))
                 .collect(),
             ttl: config.ttl,
             ipv4_prefix: config.ipv4_prefix,
@@ -259,7 +259,7 @@ impl ChallengeGate {
         hex(&n)
     }
 
-    fn signing_key(&self) -> &Key {
+    fn signing_key(&self) -> &SigningKey {
         self.keys.last().expect("a gate has at least one key")
     }
 

@@ -73,14 +73,14 @@ impl TokenFault {
 }
 
 /// A signing key and the id tokens name it by.
-pub struct Key {
+pub struct SigningKey {
     pub id: String,
     mac: hmac::Key,
 }
 
-impl Key {
-    pub fn new(id: &str, secret: &[u8]) -> Key {
-        Key {
+impl SigningKey {
+    pub fn new(id: &str, secret: &[u8]) -> SigningKey {
+        SigningKey {
             id: id.to_string(),
             mac: hmac::Key::new(hmac::HMAC_SHA256, secret),
         }
@@ -125,7 +125,7 @@ const PASS_TAG: &str = "p2~";
 /// holder as its address, as it does a client without a pass.
 pub const COUNTS_AS_ADDRESS: &str = "-";
 
-pub fn write_challenge(key: &Key, c: &Challenge<'_>) -> String {
+pub fn write_challenge(key: &SigningKey, c: &Challenge<'_>) -> String {
     let body = format!(
         "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
         key.id, c.expires, c.bits, c.random, c.site, c.prefix
@@ -134,7 +134,7 @@ pub fn write_challenge(key: &Key, c: &Challenge<'_>) -> String {
     format!("{body}{SEP}{mac}")
 }
 
-pub fn write_pass(key: &Key, p: &Pass<'_>) -> String {
+pub fn write_pass(key: &SigningKey, p: &Pass<'_>) -> String {
     let body = format!(
         "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
         key.id, p.id, p.expires, p.bits, p.site, p.prefix
@@ -148,7 +148,7 @@ pub fn write_pass(key: &Key, p: &Pass<'_>) -> String {
 fn open<'t, const N: usize>(
     text: &'t str,
     tag: &str,
-    keys: &[Key],
+    keys: &[SigningKey],
 ) -> Result<[&'t str; N], TokenFault> {
     if text.len() > MAX_LEN || !text.is_ascii() {
         return Err(TokenFault::Malformed);
@@ -173,7 +173,7 @@ fn open<'t, const N: usize>(
 }
 
 /// A challenge whose MAC holds (expiry and binding are the caller's to check).
-pub fn read_challenge<'t>(text: &'t str, keys: &[Key]) -> Result<Challenge<'t>, TokenFault> {
+pub fn read_challenge<'t>(text: &'t str, keys: &[SigningKey]) -> Result<Challenge<'t>, TokenFault> {
     let [key_id, expires, bits, random, site, prefix] = open::<6>(text, CHALLENGE_TAG, keys)?;
     Ok(Challenge {
         key_id,
@@ -186,7 +186,7 @@ pub fn read_challenge<'t>(text: &'t str, keys: &[Key]) -> Result<Challenge<'t>, 
 }
 
 /// A pass whose MAC holds (expiry and binding are the caller's to check).
-pub fn read_pass<'t>(text: &'t str, keys: &[Key]) -> Result<Pass<'t>, TokenFault> {
+pub fn read_pass<'t>(text: &'t str, keys: &[SigningKey]) -> Result<Pass<'t>, TokenFault> {
     let [key_id, id, expires, bits, site, prefix] = open::<6>(text, PASS_TAG, keys)?;
     Ok(Pass {
         key_id,
@@ -230,10 +230,10 @@ pub fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    fn keys() -> Vec<Key> {
+    fn keys() -> Vec<SigningKey> {
         vec![
-            Key::new("0a0b0c0d", b"old secret"),
-            Key::new("01020304", b"new"),
+            SigningKey::new("0a0b0c0d", b"old secret"),
+            SigningKey::new("01020304", b"new"),
         ]
     }
 
