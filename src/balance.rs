@@ -119,7 +119,7 @@ impl Drop for Place {
 }
 
 /// An active health check's client and schedule.
-struct Health {
+struct HealthProbe {
     path: String,
     interval: Duration,
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
@@ -137,7 +137,7 @@ pub struct Balancer {
     next: AtomicUsize,
     waiting: AtomicU32,
     freed: Arc<Notify>,
-    health: Option<Health>,
+    health: Option<HealthProbe>,
     retries: Counter,
     busy: Counter,
 }
@@ -182,7 +182,7 @@ impl Balancer {
                 })
             })
             .collect::<Vec<_>>();
-        let health = config.balance.health.as_ref().map(|h| Health {
+        let health = config.balance.health.as_ref().map(|h| HealthProbe {
             path: h.path.clone(),
             interval: h.interval,
             client: probe_client(config),

@@ -162,7 +162,7 @@ impl Crawlers {
     async fn confirm(&self, ip: IpAddr, domains: &[String]) -> std::io::Result<bool> {
         let names = self.ask(&reverse_name(ip), TYPE_PTR).await?;
         let qtype = if ip.is_ipv4() { TYPE_A } else { TYPE_AAAA };
-        for name in names.iter().filter_map(Record::name) {
+        for name in names.iter().filter_map(DnsRecord::name) {
             let name = name.trim_end_matches('.').to_ascii_lowercase();
             let under = domains
                 .iter()
@@ -171,30 +171,30 @@ impl Crawlers {
                 continue;
             }
             let forward = self.ask(&name, qtype).await?;
-            if forward.contains(&Record::Addr(ip)) {
+            if forward.contains(&DnsRecord::Addr(ip)) {
                 return Ok(true);
             }
         }
         Ok(false)
     }
 
-    async fn ask(&self, name: &str, qtype: u16) -> std::io::Result<Vec<Record>> {
+    async fn ask(&self, name: &str, qtype: u16) -> std::io::Result<Vec<DnsRecord>> {
         ask(self.config.resolver, name, qtype, self.config.timeout).await
     }
 }
 
 /// One DNS answer record of the asked type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
+pub enum DnsRecord {
     Name(String),
     Addr(IpAddr),
 }
 
-impl Record {
+impl DnsRecord {
     fn name(&self) -> Option<&str> {
         match self {
-            Record::Name(n) => Some(n),
-            Record::Addr(_) => None,
+            DnsRecord::Name(n) => Some(n),
+            DnsRecord::Addr(_) => None,
         }
     }
 }
@@ -205,7 +205,7 @@ pub async fn ask(
     name: &str,
     qtype: u16,
     timeout: Duration,
-) -> std::io::Result<Vec<Record>> {
+) -> std::io::Result<Vec<DnsRecord>> {
     let bind: SocketAddr = if resolver.is_ipv4() {
         "0.0.0.0:0".parse().expect("address")
     } else {
@@ -267,7 +267,7 @@ pub fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
 }
 
 /// The records of `qtype` in an answer to query `id`; `None` when it is not one.
-pub fn answers(p: &[u8], id: u16, qtype: u16) -> Option<Vec<Record>> {
+pub fn answers(p: &[u8], id: u16, qtype: u16) -> Option<Vec<DnsRecord>> {
     if p.len() < 12 || u16::from_be_bytes([p[0], p[1]]) != id || p[2] & 0x80 == 0 {
         return None;
     }
@@ -287,13 +287,13 @@ pub fn answers(p: &[u8], id: u16, qtype: u16) -> Option<Vec<Record>> {
         let rdata = p.get(data..data + len)?;
         match rtype {
             t if t != qtype => {}
-            TYPE_A if len == 4 => {
-                out.push(Record::Addr(IpAddr::from(<[u8; 4]>::try_from(rdata).ok()?)))
-            }
-            TYPE_AAAA if len == 16 => out.push(Record::Addr(IpAddr::from(
+            TYPE_A if len == 4 => out.push(DnsRecord::Addr(IpAddr::from(
+                <[u8; 4]>::try_from(rdata).ok()?,
+            ))),
+            TYPE_AAAA if len == 16 => out.push(DnsRecord::Addr(IpAddr::from(
                 <[u8; 16]>::try_from(rdata).ok()?,
             ))),
-            TYPE_PTR => out.push(Record::Name(read_name(p, data)?)),
+            TYPE_PTR => out.push(DnsRecord::Name(read_name(p, data)?)),
             _ => {}
         }
         at = data + len;
@@ -375,7 +375,7 @@ mod tests {
         p.extend_from_slice(&rdata);
         assert_eq!(
             answers(&p, 7, TYPE_PTR),
-            Some(vec![Record::Name("crawl-1.googlebot.com".into())])
+            Some(vec![DnsRecord::Name("crawl-1.googlebot.com".into())])
         );
         assert_eq!(answers(&p, 8, TYPE_PTR), None, "another query's id");
     }
