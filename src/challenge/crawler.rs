@@ -63,7 +63,7 @@ impl Crawler {
 
 /// What the check of one request found (the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Found {
+enum CrawlerFinding {
     Cidr = 0,
     Confirmed = 1,
     Refused = 2,
@@ -89,7 +89,7 @@ impl Crawlers {
         }
     }
 
-    fn count(&self, found: Found) {
+    fn count(&self, found: CrawlerFinding) {
         inc(&self.results[found as usize]);
     }
 
@@ -106,7 +106,7 @@ impl Crawlers {
         now: Nanos,
     ) -> Crawler {
         if self.config.cidrs.iter().any(|n: &IpNet| n.contains(&ip)) {
-            self.count(Found::Cidr);
+            self.count(CrawlerFinding::Cidr);
             return Crawler::Verified;
         }
         let Some(ua) = user_agent else {
@@ -123,16 +123,16 @@ impl Crawlers {
         };
         // Its network, when the rule names one: no lookup, nothing to cache.
         if network.asn.is_some_and(|a| rule.asn.contains(&a)) {
-            self.count(Found::Confirmed);
+            self.count(CrawlerFinding::Confirmed);
             return Crawler::Verified;
         }
         if rule.domains.is_empty() {
-            self.count(Found::Refused);
+            self.count(CrawlerFinding::Refused);
             return Crawler::Unverified;
         }
         if let Some(&(ok, until)) = self.cache.lock().get(&ip) {
             if until > now {
-                self.count(Found::Cached);
+                self.count(CrawlerFinding::Cached);
                 return Crawler::confirmed(ok);
             }
         }
@@ -140,11 +140,15 @@ impl Crawlers {
             Ok(ok) => ok,
             Err(_) => {
                 // Not cached: the resolver may be back for the next request.
-                self.count(Found::Error);
+                self.count(CrawlerFinding::Error);
                 return Crawler::Unknown;
             }
         };
-        self.count(if ok { Found::Confirmed } else { Found::Refused });
+        self.count(if ok {
+            CrawlerFinding::Confirmed
+        } else {
+            CrawlerFinding::Refused
+        });
         let mut cache = self.cache.lock();
         if cache.len() >= self.config.cache_size {
             cache.retain(|_, (_, until)| *until > now);
