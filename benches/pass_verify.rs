@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
-use tollgate::challenge::{token, Gate, Solution};
+use tollgate::challenge::{token, ChallengeGate, Solution};
 use tollgate::config::{PassConfig, PassKey, PassKeys};
 use tollgate::metrics::Metrics;
 
 const NOW: u64 = 1_767_225_600 * 1_000_000_000;
 const HOST: &str = "wiki.example";
 
-fn gate() -> Gate {
+fn gate() -> ChallengeGate {
     let config = PassConfig {
         secret_file: "/dev/null".into(),
         keys: Arc::new(PassKeys(vec![
@@ -39,11 +39,11 @@ fn gate() -> Gate {
         issue_limit: 2,
         crawlers: Default::default(),
     };
-    Gate::new(&config, &Metrics::default()).expect("keys")
+    ChallengeGate::new(&config, &Metrics::default()).expect("keys")
 }
 
 /// A real pass cookie for `ip`, earned by solving a challenge of 4 bits.
-fn pass_cookie(g: &Gate, ip: IpAddr) -> HeaderMap {
+fn pass_cookie(g: &ChallengeGate, ip: IpAddr) -> HeaderMap {
     let c = g.issue(HOST, ip, 4, NOW);
     let nonce = (0u64..)
         .find(|n| {
@@ -68,7 +68,7 @@ fn pass_cookie(g: &Gate, ip: IpAddr) -> HeaderMap {
     h
 }
 
-fn run(what: &str, n: u64, g: &Gate) {
+fn run(what: &str, n: u64, g: &ChallengeGate) {
     let ip: IpAddr = "203.0.113.9".parse().unwrap();
     let cookie = pass_cookie(g, ip);
     let challenge = g.issue(HOST, ip, 16, NOW);

@@ -348,19 +348,24 @@ impl DomainTask {
     }
 
     /// The name's lock: in Redis for a fleet, else a file lock in the storage.
-    async fn try_lock(&self, storage: &Storage) -> Result<Option<Held>, OrderError> {
+    async fn try_lock(&self, storage: &Storage) -> Result<Option<OrderHold>, OrderError> {
         if let Some(fleet) = &self.fleet {
-            return Ok(fleet.try_lock(&self.domain).await?.map(Held::Fleet));
+            return Ok(fleet.try_lock(&self.domain).await?.map(OrderHold::Fleet));
         }
         let (st, d) = (storage.clone(), self.domain.clone());
         let lock = self.blocking(move || st.try_lock(&d)).await;
         Ok(lock
             .map_err(OrderError::Storage)?
-            .map(|l| Held::File { _lock: l }))
+            .map(|l| OrderHold::File { _lock: l }))
     }
 
     /// Orders, puts the certificate in force, saves and shares it; holds `lock` throughout.
-    async fn order_under(&self, lock: Held, storage: &Storage, failures: &mut u32) -> Duration {
+    async fn order_under(
+        &self,
+        lock: OrderHold,
+        storage: &Storage,
+        failures: &mut u32,
+    ) -> Duration {
         let now = self.now_secs();
         self.managed
             .update(&self.domain, |s| s.last_attempt = Some(now));
@@ -588,7 +593,7 @@ impl DomainTask {
 }
 
 /// The lock an order runs under.
-enum Held {
+enum OrderHold {
     /// Released when the file is closed (dropped).
     File {
         _lock: storage::OrderLock,
@@ -596,12 +601,12 @@ enum Held {
     Fleet(FleetLock),
 }
 
-impl Held {
+impl OrderHold {
     /// Cancelled when a fleet lock is lost (a file lock cannot be).
     fn lost(&self) -> Option<CancellationToken> {
         match self {
-            Held::File { .. } => None,
-            Held::Fleet(l) => Some(l.lost()),
+            OrderHold::File { .. } => None,
+            OrderHold::Fleet(l) => Some(l.lost()),
         }
     }
 }

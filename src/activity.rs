@@ -80,7 +80,7 @@ impl Activity {
 
     /// One sample of the route counters at `unix_ms`.
     pub fn record_sample(&self, unix_ms: u64, routes: Vec<(Arc<str>, RouteCounts)>) {
-        self.history.lock().push(Sample { unix_ms, routes });
+        self.history.lock().push(RouteSample { unix_ms, routes });
     }
 
     /// Per route in `names`: the sample times (ms), requests/s and
@@ -198,18 +198,18 @@ impl LimitedKeys {
 }
 
 /// Route counters at one instant.
-struct Sample {
+struct RouteSample {
     unix_ms: u64,
     routes: Vec<(Arc<str>, RouteCounts)>,
 }
 
 #[derive(Default)]
 struct History {
-    samples: VecDeque<Sample>,
+    samples: VecDeque<RouteSample>,
 }
 
 impl History {
-    fn push(&mut self, sample: Sample) {
+    fn push(&mut self, sample: RouteSample) {
         if self.samples.len() == HISTORY_SAMPLES + 1 {
             self.samples.pop_front();
         }
@@ -224,7 +224,7 @@ impl History {
         let routes = names
             .iter()
             .map(|name| {
-                let find = |s: &Sample| s.routes.iter().find(|r| r.0 == *name).map(|r| r.1);
+                let find = |s: &RouteSample| s.routes.iter().find(|r| r.0 == *name).map(|r| r.1);
                 let (mut requests, mut rejections) = (Vec::new(), Vec::new());
                 let mut challenges = Vec::new();
                 for (a, b) in self.samples.iter().zip(self.samples.iter().skip(1)) {
@@ -322,15 +322,15 @@ mod tests {
     fn rates_are_differences_of_consecutive_samples_per_second() {
         let a: Arc<str> = Arc::from("a");
         let mut h = History::default();
-        h.push(Sample {
+        h.push(RouteSample {
             unix_ms: 0,
             routes: vec![(a.clone(), counts(10, 0, 10, 0))],
         });
-        h.push(Sample {
+        h.push(RouteSample {
             unix_ms: 2000,
             routes: vec![(a.clone(), counts(30, 4, 30, 3))],
         });
-        h.push(Sample {
+        h.push(RouteSample {
             unix_ms: 4000,
             routes: vec![],
         });
@@ -344,7 +344,7 @@ mod tests {
             "3 of 20 responses"
         );
         for i in 0..(2 * HISTORY_SAMPLES as u64) {
-            h.push(Sample {
+            h.push(RouteSample {
                 unix_ms: i,
                 routes: vec![],
             });

@@ -21,7 +21,7 @@ use crate::problem::admin_error;
 use crate::reload::Reloader;
 use crate::snapshot::Snapshot;
 use crate::store::BackendStatus;
-use guard::Refusal;
+use guard::AdminRefusal;
 
 mod bans;
 mod cache;
@@ -153,7 +153,7 @@ fn refusal(req: &Request<Incoming>, snap: &Snapshot, peer: SocketAddr) -> Option
     let token = snap.config.admin.token.as_deref();
     match guard::admit(req, token, open) {
         Ok(()) => {}
-        Err(Refusal::Unauthorized) => {
+        Err(AdminRefusal::Unauthorized) => {
             let mut resp = admin_error(
                 StatusCode::UNAUTHORIZED,
                 "This admin call needs `Authorization: Bearer <token>`.",
@@ -162,14 +162,14 @@ fn refusal(req: &Request<Incoming>, snap: &Snapshot, peer: SocketAddr) -> Option
                 .insert("www-authenticate", HeaderValue::from_static("Bearer"));
             return Some(resp);
         }
-        Err(Refusal::CrossSite) => {
+        Err(AdminRefusal::CrossSite) => {
             tracing::warn!(%peer, origin = ?req.headers().get(http::header::ORIGIN), site = ?req.headers().get("sec-fetch-site"), method = %req.method(), path, "admin call refused: sent by a page of another site (cross-site request forgery?)");
             return Some(admin_error(
                 StatusCode::FORBIDDEN,
                 "This admin call changes state and was sent by a page of another origin; call it from the dashboard, curl or `tollgate reload`.",
             ));
         }
-        Err(Refusal::ForeignHost) => {
+        Err(AdminRefusal::ForeignHost) => {
             tracing::warn!(%peer, host = ?req.headers().get(http::header::HOST), path, "admin call refused: no token is set and the Host is not a loopback name");
             return Some(admin_error(
                 StatusCode::FORBIDDEN,

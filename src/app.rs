@@ -19,7 +19,7 @@ use crate::body::Body;
 use crate::buffering::Share;
 use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::decide::{Gate, Pass, RequestFacts, Verdict};
+use crate::decide::{Clearance, Gate, RequestFacts, Verdict};
 use crate::identity::{Client, IdentityError};
 use crate::limiter::Nanos;
 use crate::metrics::{Decision, Metrics};
@@ -369,7 +369,7 @@ impl App {
         index: usize,
         client: &Client,
         admitted: Admitted,
-        pass: &mut Pass,
+        pass: &mut Clearance,
     ) -> Response<Body> {
         let snap = x.snap.clone();
         match &snap.routes[index].action {
@@ -399,7 +399,12 @@ impl App {
 
     /// Settle: `count:` units are given back unless the answer counts, and
     /// the answer gets the rate-limit headers.
-    async fn settle(&self, x: &Exchange, pass: Pass, mut resp: Response<Body>) -> Response<Body> {
+    async fn settle(
+        &self,
+        x: &Exchange,
+        pass: Clearance,
+        mut resp: Response<Body>,
+    ) -> Response<Body> {
         let status = resp.status();
         self.gate()
             .settle(&x.snap, pass, status, resp.headers_mut())
@@ -448,7 +453,7 @@ struct Admitted {
 /// What the limit phase decided.
 enum Admission {
     /// On to dispatch, with what the limiters took.
-    Admitted(Pass),
+    Admitted(Clearance),
     /// Answered already: the rejection, with its headers.
     Refused(Response<Body>),
 }

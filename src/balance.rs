@@ -119,7 +119,7 @@ impl Drop for Place {
 }
 
 /// An active health check's client and schedule.
-struct Health {
+struct HealthProbe {
     path: String,
     interval: Duration,
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
@@ -137,7 +137,7 @@ pub struct Balancer {
     next: AtomicUsize,
     waiting: AtomicU32,
     freed: Arc<Notify>,
-    health: Option<Health>,
+    health: Option<HealthProbe>,
     retries: Counter,
     busy: Counter,
 }
@@ -182,7 +182,7 @@ impl Balancer {
                 })
             })
             .collect::<Vec<_>>();
-        let health = config.balance.health.as_ref().map(|h| Health {
+        let health = config.balance.health.as_ref().map(|h| HealthProbe {
             path: h.path.clone(),
             interval: h.interval,
             client: probe_client(config),
@@ -322,13 +322,13 @@ impl Balancer {
             )
             .on(&self.name));
         }
-        struct Waiting<'a>(&'a AtomicU32);
-        impl Drop for Waiting<'_> {
+        struct WaitingGuard<'a>(&'a AtomicU32);
+        impl Drop for WaitingGuard<'_> {
             fn drop(&mut self) {
                 self.0.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        let _waiting = Waiting(&self.waiting);
+        let _waiting = WaitingGuard(&self.waiting);
         let deadline = tokio::time::Instant::now() + self.balance.queue_timeout;
         loop {
             let notified = self.freed.notified();

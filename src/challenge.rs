@@ -35,8 +35,8 @@ use sha2::{Digest, Sha256};
 use crate::config::PassConfig;
 use crate::limiter::{Algorithm, Nanos};
 use crate::metrics::{inc, Counter, Histogram, Metrics};
-pub use token::Refusal;
-use token::{hex, Key};
+pub use token::TokenFault;
+use token::{hex, SigningKey};
 
 pub mod crawler;
 pub mod page;
@@ -66,23 +66,23 @@ pub const MAX_PASS_COOKIES: usize = 8;
 const NANOS: u64 = 1_000_000_000;
 
 /// The pass and challenge rules of one config snapshot.
-pub struct Gate {
+pub struct ChallengeGate {
     /// Oldest first; the last one signs.
-    keys: Vec<Key>,
+    keys: Vec<SigningKey>,
     ttl: Duration,
     ipv4_prefix: u8,
     ipv6_prefix: u8,
-    /// `issue_limit` new passes per address block per `ttl` (see [`Gate::grant`]).
+    /// `issue_limit` new passes per address block per `ttl` (see [`ChallengeGate::grant`]).
     issue: Algorithm,
     rng: SystemRandom,
     metrics: GateMetrics,
     crawlers: crawler::Crawlers,
 }
 
-impl std::fmt::Debug for Gate {
+impl std::fmt::Debug for ChallengeGate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ids: Vec<&str> = self.keys.iter().map(|k| k.id.as_str()).collect();
-        write!(f, "Gate(keys: {ids:?})")
+        write!(f, "ChallengeGate(keys: {ids:?})")
     }
 }
 
@@ -93,9 +93,9 @@ struct GateMetrics {
     solved_js: Counter,
     /// Refresh URLs followed (`challenge.mode: metarefresh`).
     solved_refresh: Counter,
-    failed: [Counter; Refusal::ALL.len()],
+    failed: [Counter; TokenFault::ALL.len()],
     verified: Counter,
-    rejected: [Counter; Refusal::ALL.len()],
+    rejected: [Counter; TokenFault::ALL.len()],
     solve_time: Arc<Histogram>,
     /// Solutions whose address block had used its allowance of new passes.
     issue_refused: Counter,
@@ -116,11 +116,11 @@ impl GateMetrics {
             solved_subtle: m.counter(SOLVED, &[("via", "subtle")]),
             solved_js: m.counter(SOLVED, &[("via", "js")]),
             solved_refresh: m.counter(SOLVED, &[("via", "metarefresh")]),
-            failed: Refusal::ALL.map(|r| m.counter(FAILED, &[("reason", r.as_str())])),
+            failed: TokenFault::ALL.map(|r| m.counter(FAILED, &[("reason", r.as_str())])),
             verified: m.counter(VERIFIED, &[]),
             // A pass has no nonce: `unsolved` never happens to one.
-            rejected: Refusal::ALL.map(|r| match r {
-                Refusal::Unsolved => Counter::default(),
+            rejected: TokenFault::ALL.map(|r| match r {
+                TokenFault::Unsolved => Counter::default(),
                 r => m.counter(REJECTED, &[("reason", r.as_str())]),
             }),
             solve_time: m.histogram(SOLVE_TIME, &[]),
@@ -213,18 +213,18 @@ pub struct Granted {
     pub back: String,
 }
 
-impl Gate {
+impl ChallengeGate {
     /// `None` when the config has no pass keys (validated but not loaded).
-    pub fn new(config: &PassConfig, metrics: &Metrics) -> Option<Gate> {
+    pub fn new(config: &PassConfig, metrics: &Metrics) -> Option<ChallengeGate> {
         if config.keys.0.is_empty() {
             return None;
         }
-        Some(Gate {
+        Some(ChallengeGate {
             keys: config
                 .keys
                 .0
                 .iter()
-                .map(|k| Key::new(&k.id, &k.secret))
+                .map(|k| SigningKey::new(&k.id, &k.secret))
                 .collect(),
             ttl: config.ttl,
             ipv4_prefix: config.ipv4_prefix,
@@ -259,7 +259,7 @@ impl Gate {
         hex(&n)
     }
 
-    fn signing_key(&self) -> &Key {
+    fn signing_key(&self) -> &SigningKey {
         self.keys.last().expect("a gate has at least one key")
     }
 
@@ -295,7 +295,7 @@ impl Gate {
         )
     }
 
-    /// A solved challenge's pass, with a fresh identity (see [`Gate::grant`]).
+    /// A solved challenge's pass, with a fresh identity (see [`ChallengeGate::grant`]).
     pub fn redeem(
         &self,
         s: &Solution,
@@ -303,7 +303,7 @@ impl Gate {
         ip: IpAddr,
         now: Nanos,
         secure: bool,
-    ) -> Result<Granted, Refusal> {
+    ) -> Result<Granted, TokenFault> {
         let solved = self.solve(s, host, ip, now)?;
         Ok(self.grant(&solved, true, now, secure))
     }
@@ -315,7 +315,7 @@ impl Gate {
         host: &str,
         ip: IpAddr,
         now: Nanos,
-    ) -> Result<Solved, Refusal> {
+    ) -> Result<Solved, TokenFault> {
         let c = match self.check_solution(s, host, ip, now) {
             Ok(c) => c,
             Err(r) => {
@@ -393,10 +393,10 @@ impl Gate {
         host: &str,
         ip: IpAddr,
         now: Nanos,
-    ) -> Result<token::Challenge<'s>, Refusal> {
+    ) -> Result<token::Challenge<'s>, TokenFault> {
         if s.nonce.is_empty() || s.nonce.len() > 20 || !s.nonce.bytes().all(|b| b.is_ascii_digit())
         {
-            return Err(Refusal::Malformed);
+            return Err(TokenFault::Malformed);
         }
         let c = token::read_challenge(&s.challenge, &self.keys)?;
         bound(c.expires, c.site, c.prefix, self, host, ip, now)?;
@@ -405,7 +405,7 @@ impl Gate {
             .chain_update(s.nonce.as_bytes())
             .finalize();
         if token::leading_zero_bits(&digest) < u32::from(c.bits) {
-            return Err(Refusal::Unsolved);
+            return Err(TokenFault::Unsolved);
         }
         Ok(c)
     }
@@ -449,19 +449,19 @@ fn bound(
     expires: u64,
     token_site: &str,
     prefix: &str,
-    gate: &Gate,
+    gate: &ChallengeGate,
     host: &str,
     ip: IpAddr,
     now: Nanos,
-) -> Result<(), Refusal> {
+) -> Result<(), TokenFault> {
     if expires <= now / NANOS {
-        return Err(Refusal::Expired);
+        return Err(TokenFault::Expired);
     }
     if token_site != site(host) {
-        return Err(Refusal::OtherSite);
+        return Err(TokenFault::OtherSite);
     }
     if prefix != gate.prefix(ip) {
-        return Err(Refusal::OtherPrefix);
+        return Err(TokenFault::OtherPrefix);
     }
     Ok(())
 }

@@ -68,7 +68,7 @@ pub struct Connections {
 
 /// Why a connection was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum ConnectionRefusal {
     /// `server.max_connections` are open, each with a request in progress.
     Full,
     /// `server.max_connections_per_ip` are open from this address.
@@ -120,7 +120,7 @@ impl Connections {
         ip: IpAddr,
         max_total: usize,
         per_ip: Option<usize>,
-    ) -> Result<Permit, Refusal> {
+    ) -> Result<Permit, ConnectionRefusal> {
         let mut permit = Permit {
             connections: self.clone(),
             ip: None,
@@ -135,7 +135,7 @@ impl Connections {
             if *n >= max {
                 drop(table);
                 inc(&self.refused_per_ip);
-                return Err(Refusal::PerIp);
+                return Err(ConnectionRefusal::PerIp);
             }
             *n += 1;
             permit.ip = Some(key);
@@ -149,7 +149,7 @@ impl Connections {
         if taken.is_err() && !self.displace(&mut waiting) {
             drop(waiting);
             inc(&self.refused_total);
-            return Err(Refusal::Full);
+            return Err(ConnectionRefusal::Full);
         }
         permit.counted = true;
         waiting.opened(&permit.activity);
@@ -463,7 +463,7 @@ mod tests {
         drop(third);
         // Both busy: refused.
         let (_x, _y) = (a.activity().request(), fourth.activity().request());
-        assert_eq!(c.admit(ip, 2, None).err(), Some(Refusal::Full));
+        assert_eq!(c.admit(ip, 2, None).err(), Some(ConnectionRefusal::Full));
         assert_eq!(c.open(), 2);
         drop(a);
         assert_eq!(c.open(), 1);
@@ -477,7 +477,10 @@ mod tests {
         let same_64: IpAddr = "2001:db8::ffff:1".parse().unwrap();
         let other: IpAddr = "2001:db8:0:1::1".parse().unwrap();
         let _a = c.admit(one, 100, Some(1)).unwrap();
-        assert_eq!(c.admit(same_64, 100, Some(1)).err(), Some(Refusal::PerIp));
+        assert_eq!(
+            c.admit(same_64, 100, Some(1)).err(),
+            Some(ConnectionRefusal::PerIp)
+        );
         let b = c.admit(other, 100, Some(1)).unwrap();
         // A refused connection gave its total place back.
         assert_eq!(c.open(), 2);

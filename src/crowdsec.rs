@@ -35,7 +35,7 @@ use crate::clock::SharedClock;
 use crate::config::CrowdsecConfig;
 use crate::limiter::Nanos;
 use crate::metrics::{inc, Counter, Metrics};
-use decisions::{Added, Table};
+use decisions::{Added, DecisionTable};
 pub use decisions::{Held, Remedy};
 use lapi::{Delta, Lapi, LapiError};
 pub use push::OwnBan;
@@ -48,7 +48,7 @@ const ALERTS_PER_CALL: usize = 100;
 /// One Local API: its decisions held, its health, the bans waiting for it.
 pub struct CrowdSec {
     config: CrowdsecConfig,
-    table: RwLock<Table>,
+    table: RwLock<DecisionTable>,
     lapi: Lapi,
     /// The Local API answered the last pull.
     up: AtomicBool,
@@ -59,10 +59,10 @@ pub struct CrowdSec {
     push: Option<push::Queue>,
     /// The machine's token, once logged in.
     token: Mutex<Option<String>>,
-    counters: Counters,
+    counters: CrowdsecCounters,
 }
 
-struct Counters {
+struct CrowdsecCounters {
     pulls_ok: Counter,
     pulls_error: Counter,
     /// Requests a decision applied to, by [`Remedy::ALL`].
@@ -81,10 +81,10 @@ pub const DROPPED: &str = "tollgate_crowdsec_decisions_dropped_total";
 pub const IGNORED: &str = "tollgate_crowdsec_decisions_ignored_total";
 pub const PUSHED: &str = "tollgate_crowdsec_bans_pushed_total";
 
-impl Counters {
-    fn new(m: &Metrics) -> Counters {
+impl CrowdsecCounters {
+    fn new(m: &Metrics) -> CrowdsecCounters {
         let pushed = |r| m.counter(PUSHED, &[("result", r)]);
-        Counters {
+        CrowdsecCounters {
             pulls_ok: m.counter(PULLS, &[("result", "ok")]),
             pulls_error: m.counter(PULLS, &[("result", "error")]),
             applied: Remedy::ALL.map(|r| m.counter(APPLIED, &[("type", r.as_str())])),
@@ -117,13 +117,13 @@ impl CrowdSec {
             .max(1 << 20);
         Arc::new(CrowdSec {
             lapi: Lapi::new(&config.url, &config.api_key, config.timeout, limit),
-            table: RwLock::new(Table::new(config.max_decisions)),
+            table: RwLock::new(DecisionTable::new(config.max_decisions)),
             up: AtomicBool::new(false),
             said_down: AtomicBool::new(false),
             last_pull: AtomicU64::new(0),
             push: config.push.as_ref().map(|p| push::Queue::new(p.queue)),
             token: Mutex::new(None),
-            counters: Counters::new(metrics),
+            counters: CrowdsecCounters::new(metrics),
             config: config.clone(),
         })
     }

@@ -71,7 +71,7 @@ pub struct RequestFacts<'a> {
 /// The limit phase's answer for one request.
 pub enum Verdict {
     /// On to dispatch, holding what the limiters took.
-    Pass(Pass),
+    Pass(Clearance),
     /// Refused: by a ban or by the route's limiters.
     Refuse(Refusal),
     /// The store failed and `on_error: deny` fails closed (a 503).
@@ -112,7 +112,7 @@ pub enum Reason {
 }
 
 /// A request let through, and what it holds until it is settled.
-pub struct Pass {
+pub struct Clearance {
     /// Allowed, shadow-rejected or exempt.
     pub decision: Decision,
     route: usize,
@@ -164,15 +164,15 @@ impl Gate<'_> {
         let route = &snap.routes[facts.route];
         if facts.client.exempt {
             tracing::debug!(client = %facts.client.ip, route = %route.name, "exempt client passed without limits");
-            return Verdict::Pass(Pass::unlimited(facts.route, Decision::Exempt));
+            return Verdict::Pass(Clearance::unlimited(facts.route, Decision::Exempt));
         }
         if route.limiters.is_empty() {
-            return Verdict::Pass(Pass::unlimited(facts.route, Decision::Allowed));
+            return Verdict::Pass(Clearance::unlimited(facts.route, Decision::Allowed));
         }
         let applied = applied_limiters(snap, route, facts);
         if applied.is_empty() && facts.sender_only {
             // Failed auth, and no limiter keys on the sender: nothing counts it.
-            return Verdict::Pass(Pass::unlimited(facts.route, Decision::Allowed));
+            return Verdict::Pass(Clearance::unlimited(facts.route, Decision::Allowed));
         }
         if let Some(ban) = ban::banned(self.store, snap, &applied, facts.now).await {
             return Verdict::Refuse(Refusal {
@@ -186,7 +186,7 @@ impl Gate<'_> {
             Counted::Outcomes(outcomes, shared) => (outcomes, shared),
             Counted::FailClosed => return Verdict::StoreUnavailable,
             Counted::FailOpen => {
-                return Verdict::Pass(Pass::unlimited(facts.route, Decision::Allowed));
+                return Verdict::Pass(Clearance::unlimited(facts.route, Decision::Allowed));
             }
         };
         let mut tally = Tally::of(self, snap, facts, &applied, &checks, &outcomes, shared);
@@ -198,7 +198,7 @@ impl Gate<'_> {
         };
         match tally.denial.take() {
             Some(denial) => self.refused(snap, facts, taken, tally, denial).await,
-            None => Verdict::Pass(Pass {
+            None => Verdict::Pass(Clearance {
                 decision: tally.decision,
                 route: facts.route,
                 delay: tally.delay,
@@ -246,7 +246,7 @@ impl Gate<'_> {
     pub async fn settle(
         &self,
         snap: &Snapshot,
-        mut pass: Pass,
+        mut pass: Clearance,
         status: StatusCode,
         headers: &mut HeaderMap,
     ) {
@@ -385,10 +385,10 @@ impl Tally {
     }
 }
 
-impl Pass {
+impl Clearance {
     /// A pass no limiter was asked about.
-    fn unlimited(route: usize, decision: Decision) -> Pass {
-        Pass {
+    fn unlimited(route: usize, decision: Decision) -> Clearance {
+        Clearance {
             decision,
             route,
             taken: None,

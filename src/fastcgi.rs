@@ -106,7 +106,7 @@ impl FastCgiError {
 #[derive(Debug)]
 pub struct FastCgi {
     name: Arc<str>,
-    pool: Arc<client::Pool>,
+    pool: Arc<client::FastCgiPool>,
     config: FastCgiConfig,
     /// `root` as a string without a trailing `/`, the prefix of SCRIPT_FILENAME.
     root: String,
@@ -123,7 +123,7 @@ impl FastCgi {
     ) -> FastCgi {
         FastCgi {
             name: Arc::from(name),
-            pool: client::Pool::new(
+            pool: client::FastCgiPool::new(
                 config.address.clone(),
                 connect_timeout,
                 config.max_conns,

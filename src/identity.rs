@@ -64,7 +64,7 @@ pub struct Client {
     pub peer_trusted: bool,
     pub exempt: bool,
     /// `pass:<id>`: the verified pass the request carried (set by the
-    /// identify phase through `challenge::Gate`); `key: pass` counts on it.
+    /// identify phase through `challenge::ChallengeGate`); `key: pass` counts on it.
     pub pass: Option<String>,
     /// The client's ASN and country (set by the identify phase when
     /// `identity.geoip` is configured; empty otherwise): `key: asn`, `match.country`.

@@ -207,7 +207,7 @@ impl Problem {
     }
 
     /// The answer: a refusal through the one writer of refusals
-    /// (`Refusal::respond`), anything else through `Failure::respond`.
+    /// (`RateRefusal::respond`), anything else through `Failure::respond`.
     pub fn respond(self, with: &Answering<'_>) -> Response<Body> {
         match self.sort() {
             Sorted::Refusal(r) => r.respond(with),
@@ -224,12 +224,12 @@ impl Problem {
         let fail =
             |kind, detail: Cow<'static, str>| Sorted::Failure(Failure::new(status, kind, detail));
         match self {
-            Problem::RateLimited(d) => Sorted::Refusal(Refusal::Limited(d)),
-            Problem::Banned(b) => Sorted::Refusal(Refusal::Banned(b)),
+            Problem::RateLimited(d) => Sorted::Refusal(RateRefusal::Limited(d)),
+            Problem::Banned(b) => Sorted::Refusal(RateRefusal::Banned(b)),
             Problem::TooManyUnknownKeys {
                 ip_key,
                 retry_after,
-            } => Sorted::Refusal(Refusal::UnknownKeys {
+            } => Sorted::Refusal(RateRefusal::UnknownKeys {
                 ip_key,
                 retry_after,
             }),
@@ -385,22 +385,22 @@ impl Answering<'_> {
 
 /// A problem sorted by the writer that answers it.
 enum Sorted {
-    Refusal(Refusal),
+    Refusal(RateRefusal),
     Failure(Failure),
 }
 
 /// A request refused for its rate: a limiter's 429 (its window, bucket,
 /// queue or concurrency slots are full), a ban, or an IP probing unknown
 /// keys. All of them, and the 503 or 403 a `reject` or `ban` may choose
-/// instead, are written by [`Refusal::respond`], body and headers, so a
+/// instead, are written by [`RateRefusal::respond`], body and headers, so a
 /// header added there reaches every kind.
-enum Refusal {
+enum RateRefusal {
     Limited(Box<Denial>),
     Banned(Box<BanDenial>),
     UnknownKeys { ip_key: String, retry_after: Nanos },
 }
 
-impl Refusal {
+impl RateRefusal {
     /// The one writer of refusals: the `reject` page, or the negotiated
     /// page or problem+json, then the headers every refusal carries.
     fn respond(self, with: &Answering<'_>) -> Response<Body> {
@@ -441,36 +441,36 @@ impl Refusal {
     /// A limiter's refusal takes the `reject` status; a ban has its own (429 or 403).
     fn status(&self, shape: Option<&RejectShape>) -> StatusCode {
         match self {
-            Refusal::Limited(_) => shape.map_or(StatusCode::TOO_MANY_REQUESTS, |s| s.status),
-            Refusal::Banned(b) => b.status,
-            Refusal::UnknownKeys { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RateRefusal::Limited(_) => shape.map_or(StatusCode::TOO_MANY_REQUESTS, |s| s.status),
+            RateRefusal::Banned(b) => b.status,
+            RateRefusal::UnknownKeys { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
     fn retry_after(&self) -> Nanos {
         match self {
-            Refusal::Limited(d) => d.retry_after,
-            Refusal::Banned(b) => b.retry_after,
-            Refusal::UnknownKeys { retry_after, .. } => *retry_after,
+            RateRefusal::Limited(d) => d.retry_after,
+            RateRefusal::Banned(b) => b.retry_after,
+            RateRefusal::UnknownKeys { retry_after, .. } => *retry_after,
         }
     }
 
     /// The limiter a `reject` template names (none for unknown keys, which have no page).
     fn limiter(&self) -> &str {
         match self {
-            Refusal::Limited(d) => &d.limiter,
-            Refusal::Banned(b) => &b.limiter,
-            Refusal::UnknownKeys { .. } => "",
+            RateRefusal::Limited(d) => &d.limiter,
+            RateRefusal::Banned(b) => &b.limiter,
+            RateRefusal::UnknownKeys { .. } => "",
         }
     }
 
     /// The sentence a problem+json body's `detail` holds (and a page shows).
     fn detail(&self) -> String {
         match self {
-            Refusal::Limited(d) => {
+            RateRefusal::Limited(d) => {
                 format!("Rate limit of {} exceeded for key '{}'.", d.policy, d.key)
             }
-            Refusal::Banned(b) => match b.source {
+            RateRefusal::Banned(b) => match b.source {
                 BanSource::Limiter => format!(
                     "Key '{}' is banned until {} after repeated rejections by '{}'.",
                     b.key,
@@ -483,7 +483,7 @@ impl Refusal {
                     crate::clock::iso8601(b.until.div_ceil(NANOS_PER_SEC)),
                 ),
             },
-            Refusal::UnknownKeys { ip_key, .. } => {
+            RateRefusal::UnknownKeys { ip_key, .. } => {
                 format!("Too many unknown API keys from '{ip_key}'; try again later.")
             }
         }
@@ -494,17 +494,17 @@ impl Refusal {
         let title = status.canonical_reason().unwrap_or("Error");
         let mut v = match self {
             // The hot reject path: written straight into one buffer (see `reject`), no serializer.
-            Refusal::Limited(d) => {
+            RateRefusal::Limited(d) => {
                 return crate::reject::problem_body(d, status, title, secs, request_id)
             }
-            Refusal::Banned(b) => {
+            RateRefusal::Banned(b) => {
                 let mut v = base("client-banned", title, status, &self.detail());
                 v["limiter"] = json!(&*b.limiter);
                 v["banned_until"] = json!(b.until.div_ceil(NANOS_PER_SEC));
                 v["retry_after"] = json!(secs);
                 v
             }
-            Refusal::UnknownKeys { .. } => {
+            RateRefusal::UnknownKeys { .. } => {
                 base("unknown-api-keys-exceeded", title, status, &self.detail())
             }
         };
@@ -629,7 +629,7 @@ fn problem_json(status: StatusCode, body: Vec<u8>) -> Response<Body> {
 }
 
 /// Headers an answer of ours may carry: its type, `Vary` and what
-/// [`Refusal::respond`] adds (the app's `X-Request-Id` included).
+/// [`RateRefusal::respond`] adds (the app's `X-Request-Id` included).
 const OWN_HEADERS: usize = 2 + crate::reject::LIMIT_HEADERS;
 
 /// An answer of ours: `body` handed to `Bytes` without a second allocation

@@ -371,7 +371,7 @@ pub async fn watch(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        let files = Watched::of(&app, &path);
+        let files = WatchedFiles::of(&app, &path);
         let Ok(now) = within(RELOAD_DEADLINE, move || files.read()).await else {
             continue;
         };
@@ -388,7 +388,7 @@ pub async fn watch(
 
 /// The files one poll of the watch reads: the config, the TLS certificate
 /// and key files and the API key file the running config names.
-struct Watched {
+struct WatchedFiles {
     config: PathBuf,
     /// Certificate, key, certificate, key… (`None` without TLS).
     tls: Option<Vec<PathBuf>>,
@@ -417,8 +417,8 @@ fn users_in_force(config: &crate::config::Config) -> Vec<String> {
         .collect()
 }
 
-impl Watched {
-    fn of(app: &App, config: &Path) -> Watched {
+impl WatchedFiles {
+    fn of(app: &App, config: &Path) -> WatchedFiles {
         let snap = app.snapshot();
         let tls = snap.config.server.tls.as_ref().map(|t| {
             t.certs
@@ -426,7 +426,7 @@ impl Watched {
                 .flat_map(|pair| [pair.cert.clone(), pair.key.clone()])
                 .collect()
         });
-        Watched {
+        WatchedFiles {
             config: config.to_path_buf(),
             tls,
             api_keys: snap

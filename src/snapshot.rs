@@ -24,7 +24,7 @@ pub struct Snapshot {
     pub config: Arc<Config>,
     pub identity: Identity,
     /// Challenges and passes (`identity.pass`); `None` without one.
-    pub gate: Option<crate::challenge::Gate>,
+    pub challenge_gate: Option<crate::challenge::ChallengeGate>,
     pub router: Router,
     pub routes: Vec<Route>,
     pub limiters: Vec<Limiter>,
@@ -144,11 +144,11 @@ impl Snapshot {
     ) -> Snapshot {
         let identity = Identity::new(&config.identity, previous.map(|p| &p.identity), metrics);
         crate::challenge::start_at_zero(metrics);
-        let gate = config
+        let challenge_gate = config
             .identity
             .pass
             .as_ref()
-            .and_then(|p| crate::challenge::Gate::new(p, metrics));
+            .and_then(|p| crate::challenge::ChallengeGate::new(p, metrics));
         let networks = config.identity.geoip.as_ref().map(|g| {
             let old = previous.and_then(|p| p.networks.as_deref());
             Arc::new(crate::networks::Networks::new(g, old, metrics))
@@ -196,7 +196,7 @@ impl Snapshot {
             cache,
             networks,
             crowdsec,
-            gate,
+            challenge_gate,
             upstream_durations,
             unrouted: metrics.route_series(crate::metrics::NO_ROUTE),
             version,

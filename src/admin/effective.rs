@@ -581,8 +581,9 @@ fn route_cache(c: &crate::config::cache::RouteCacheConfig) -> Value {
 
 /// `access` as written (networks truncated, `asn:`, `country:`).
 fn access(a: &crate::site::Access) -> Value {
-    let nets =
-        |l: &[crate::site::access::Entry]| l.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let nets = |l: &[crate::site::access::AccessEntry]| {
+        l.iter().map(ToString::to_string).collect::<Vec<_>>()
+    };
     json!({"allow": nets(&a.allow), "deny": nets(&a.deny)})
 }
 

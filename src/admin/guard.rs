@@ -21,7 +21,7 @@ use http::{Method, Request};
 
 /// Why a request does not get in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum AdminRefusal {
     /// A token is set and the request did not carry it.
     Unauthorized,
     /// No token is set and the Host is not a loopback name or address.
@@ -31,9 +31,9 @@ pub enum Refusal {
 }
 
 /// Lets the request in, or says why not. `open` paths (probes) skip the token, not the Host rule.
-pub fn admit<B>(req: &Request<B>, token: Option<&str>, open: bool) -> Result<(), Refusal> {
+pub fn admit<B>(req: &Request<B>, token: Option<&str>, open: bool) -> Result<(), AdminRefusal> {
     if changes_state(req.method()) && from_another_site(req) {
-        return Err(Refusal::CrossSite);
+        return Err(AdminRefusal::CrossSite);
     }
     match token {
         Some(_) if open => Ok(()),
@@ -47,14 +47,14 @@ pub fn admit<B>(req: &Request<B>, token: Option<&str>, open: bool) -> Result<(),
             if constant_time_eq(given.as_bytes(), token.as_bytes()) {
                 Ok(())
             } else {
-                Err(Refusal::Unauthorized)
+                Err(AdminRefusal::Unauthorized)
             }
         }
         None => {
             if authority(req).is_some_and(is_loopback_host) {
                 Ok(())
             } else {
-                Err(Refusal::ForeignHost)
+                Err(AdminRefusal::ForeignHost)
             }
         }
     }
@@ -176,15 +176,18 @@ mod tests {
         };
         assert_eq!(
             admit(&req(None), Some("t"), false),
-            Err(Refusal::Unauthorized)
+            Err(AdminRefusal::Unauthorized)
         );
         assert_eq!(
             admit(&req(Some("Bearer x")), Some("t"), false),
-            Err(Refusal::Unauthorized)
+            Err(AdminRefusal::Unauthorized)
         );
         assert_eq!(admit(&req(Some("Bearer t")), Some("t"), false), Ok(()));
         assert_eq!(admit(&req(None), Some("t"), true), Ok(()));
-        assert_eq!(admit(&req(None), None, true), Err(Refusal::ForeignHost));
+        assert_eq!(
+            admit(&req(None), None, true),
+            Err(AdminRefusal::ForeignHost)
+        );
     }
 
     /// A request as Chromium sends it: `POST` to the admin listener with
@@ -217,8 +220,8 @@ mod tests {
         ] {
             let req = post(site, origin);
             assert!(from_another_site(&req), "{site:?} {origin:?}");
-            assert_eq!(admit(&req, None, false), Err(Refusal::CrossSite));
-            assert_eq!(admit(&req, Some("t"), false), Err(Refusal::CrossSite));
+            assert_eq!(admit(&req, None, false), Err(AdminRefusal::CrossSite));
+            assert_eq!(admit(&req, Some("t"), false), Err(AdminRefusal::CrossSite));
         }
     }
 

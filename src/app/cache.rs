@@ -23,14 +23,14 @@ use crate::cache::key::{self, Key, KeyParts};
 use crate::cache::policy::{self, Bypass};
 use crate::cache::{Entry, Found, ResponseCache, RouteCache, Standing, CACHE_STATUS};
 use crate::compression::Asked;
-use crate::decide::Pass;
+use crate::decide::Clearance;
 use crate::identity::Client;
 use crate::metrics::inc;
 use crate::request_body::RequestBody;
 
 mod keep;
 
-use keep::{keep, Kept};
+use keep::{keep, KeptAnswer};
 
 /// Where a request on a caching route goes: the route (`index`), its
 /// upstream, the client, the route's `cache:` and the shared cache.
@@ -44,7 +44,7 @@ pub(super) struct Via<'a> {
 }
 
 /// What a cacheable request brings to the phase.
-struct Lookup {
+struct CacheLookup {
     base: Key,
     /// The query as keyed (and as the upstream gets it).
     query: Option<String>,
@@ -62,7 +62,7 @@ impl App {
         x: &mut Exchange,
         v: Via<'_>,
         mut admitted: Admitted,
-        pass: &mut Pass,
+        pass: &mut Clearance,
     ) -> Response<Body> {
         let Via {
             index,
@@ -117,7 +117,7 @@ impl App {
         x: &mut Exchange,
         v: Via<'_>,
         admitted: Admitted,
-        pass: &mut Pass,
+        pass: &mut Clearance,
         why: Bypass,
     ) -> Response<Body> {
         let Via {
@@ -151,8 +151,8 @@ impl App {
         &self,
         x: &mut Exchange,
         v: Via<'_>,
-        (mut admitted, pass): (Admitted, &mut Pass),
-        lookup: Lookup,
+        (mut admitted, pass): (Admitted, &mut Clearance),
+        lookup: CacheLookup,
         key: Key,
         stale: Option<Arc<Entry>>,
     ) -> Response<Body> {
@@ -199,7 +199,7 @@ impl App {
         )
         .await
         {
-            Kept::Stored(e) => {
+            KeptAnswer::Stored(e) => {
                 if let Some(lead) = lead {
                     lead.land(Landed::Stored(e.clone()));
                 }
@@ -209,7 +209,7 @@ impl App {
                 );
                 answer(&e, &lookup, x, &status)
             }
-            Kept::Passed(resp) => marked(
+            KeptAnswer::Passed(resp) => marked(
                 resp,
                 &format!("tollgate; fwd=miss; fwd-status={fwd_status}"),
             ),
@@ -258,7 +258,7 @@ impl App {
                 _ => return stale.release_refresh(),
             };
             let now = app.shared.clock.now();
-            if let Kept::Passed(_) = keep(
+            if let KeptAnswer::Passed(_) = keep(
                 &cache, &rc.config, &base, &uri, &headers, resp, compress, now,
             )
             .await
@@ -321,7 +321,7 @@ fn lookup(
     client: &Client,
     req: &Request<RequestBody>,
     rc: &RouteCache,
-) -> Lookup {
+) -> CacheLookup {
     let query = key::query(req.uri().query(), &rc.config);
     let host = req
         .headers()
@@ -336,7 +336,7 @@ fn lookup(
         headers: req.headers(),
         peer_trusted: client.peer_trusted,
     };
-    Lookup {
+    CacheLookup {
         base: Key::base(&parts, query.as_deref()),
         query,
         headers: req.headers().clone(),
@@ -346,7 +346,7 @@ fn lookup(
 }
 
 /// The request as the upstream gets it when its answer may be stored.
-fn prepare(req: &mut Request<RequestBody>, client: &Client, lookup: &Lookup) {
+fn prepare(req: &mut Request<RequestBody>, client: &Client, lookup: &CacheLookup) {
     let h = req.headers_mut();
     for name in &key::UNKEYED {
         h.remove(name);
@@ -394,7 +394,7 @@ async fn lead_or_shared(
     cache: &ResponseCache,
     rc: &RouteCache,
     key: &Key,
-    lookup: &Lookup,
+    lookup: &CacheLookup,
 ) -> Result<Option<flight::Lead>, Response<Body>> {
     match (lookup.asked.head, cache.flights.join(key)) {
         (true, _) => Ok(None),
@@ -413,7 +413,7 @@ async fn lead_or_shared(
     }
 }
 
-fn answer(e: &Entry, lookup: &Lookup, x: &Exchange, status: &str) -> Response<Body> {
+fn answer(e: &Entry, lookup: &CacheLookup, x: &Exchange, status: &str) -> Response<Body> {
     let value = HeaderValue::from_str(status).unwrap_or(HeaderValue::from_static("tollgate"));
     e.answer(
         &lookup.headers,

@@ -28,8 +28,8 @@ use super::{Admitted, App, Exchange};
 use crate::body::Body;
 use crate::challenge::crawler::Crawler;
 use crate::challenge::{
-    is_public, page, prefers_html, refresh, safe_return, strip_pass_cookies, Gate, Refusal,
-    Solution, Solved, FORM_LIMIT, PASS_PATH, REFRESH_PATH,
+    is_public, page, prefers_html, refresh, safe_return, strip_pass_cookies, ChallengeGate,
+    Solution, Solved, TokenFault, FORM_LIMIT, PASS_PATH, REFRESH_PATH,
 };
 use crate::config::{ChallengeMode, ChallengeWhen, UnverifiedCrawlers};
 use crate::identity::Client;
@@ -71,7 +71,7 @@ fn is_page_method(method: &Method) -> bool {
 }
 
 /// A solution or refresh URL that does not hold: `400`, saying why.
-fn failed_check(x: &mut Exchange, reason: Refusal) -> Response<Body> {
+fn failed_check(x: &mut Exchange, reason: TokenFault) -> Response<Body> {
     let why = format!(
         "The browser check failed ({}); reload the page for a new one.",
         reason.as_str()
@@ -90,7 +90,7 @@ impl App {
         mut admitted: Admitted,
     ) -> Result<(Admitted, u8), Response<Body>> {
         let snap = x.snap.clone();
-        let Some(gate) = snap.gate.as_ref() else {
+        let Some(gate) = snap.challenge_gate.as_ref() else {
             return Ok((admitted, 0));
         };
         let host = request_host(&admitted.req).unwrap_or_default();
@@ -132,7 +132,7 @@ impl App {
     async fn follow_refresh(
         &self,
         x: &mut Exchange,
-        gate: &Gate,
+        gate: &ChallengeGate,
         client: &Client,
         req: &Request<RequestBody>,
         host: &str,
@@ -149,7 +149,12 @@ impl App {
     }
 
     /// The pass `solved` earns, as a `303` back with its cookie.
-    async fn granted(&self, x: &mut Exchange, gate: &Gate, solved: &Solved) -> Response<Body> {
+    async fn granted(
+        &self,
+        x: &mut Exchange,
+        gate: &ChallengeGate,
+        solved: &Solved,
+    ) -> Response<Body> {
         let fresh = self.may_issue(gate, &solved.prefix, x.now).await;
         let secure = x.conn.proto == "https";
         let granted = gate.grant(solved, fresh, x.now, secure);
@@ -173,7 +178,12 @@ impl App {
     /// allowance had room. A store that cannot answer gives no room (the
     /// pass then counts as its address, the safe side for quotas, and the
     /// browser still gets through).
-    async fn may_issue(&self, gate: &Gate, prefix: &str, now: crate::limiter::Nanos) -> bool {
+    async fn may_issue(
+        &self,
+        gate: &ChallengeGate,
+        prefix: &str,
+        now: crate::limiter::Nanos,
+    ) -> bool {
         let key = crate::key::for_pass_issue(prefix);
         let overflow = crate::key::StoreKey::overflow(crate::config::ISSUE_LIMITER);
         let check = crate::store::Check {
@@ -214,7 +224,7 @@ impl App {
         req: &Request<RequestBody>,
     ) -> Option<Due> {
         let snap = x.snap.clone();
-        let gate = snap.gate.as_ref()?;
+        let gate = snap.challenge_gate.as_ref()?;
         let config = snap.config.routes[route].challenge?;
         if client.exempt || client.key_verified || client.pass.is_some() {
             return None;
@@ -281,8 +291,10 @@ impl App {
         refused: Option<Response<Body>>,
     ) -> Response<Body> {
         let snap = x.snap.clone();
-        let (Some(gate), Some(config)) = (snap.gate.as_ref(), snap.config.routes[route].challenge)
-        else {
+        let (Some(gate), Some(config)) = (
+            snap.challenge_gate.as_ref(),
+            snap.config.routes[route].challenge,
+        ) else {
             // `challenge_due` said yes, so both are there; answer as without a challenge.
             return refused.unwrap_or_else(|| x.trail.answer(Problem::NoRoute));
         };

@@ -81,7 +81,7 @@ impl App {
         req: &Request<RequestBody>,
     ) -> Option<Response<Body>> {
         let snap = x.snap.clone();
-        let gate = snap.gate.as_ref()?;
+        let gate = snap.challenge_gate.as_ref()?;
         let difficulty = snap.config.routes[route]
             .challenge
             .map_or(crate::config::challenge::DEFAULT_DIFFICULTY, |c| {

@@ -6,7 +6,7 @@ use http::{Request, Response};
 
 use super::{Admitted, App, Exchange};
 use crate::body::Body;
-use crate::decide::Pass;
+use crate::decide::Clearance;
 use crate::forward_error::ForwardError;
 use crate::identity::Client;
 use crate::metrics::inc;
@@ -25,7 +25,7 @@ impl App {
         u: usize,
         client: &Client,
         Admitted { mut req, upgrade }: Admitted,
-        pass: &mut Pass,
+        pass: &mut Clearance,
     ) -> Response<Body> {
         let snap = x.snap.clone();
         if !snap.config.server.underscores_in_headers {

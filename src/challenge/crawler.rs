@@ -63,7 +63,7 @@ impl Crawler {
 
 /// What the check of one request found (the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Found {
+enum CrawlerFinding {
     Cidr = 0,
     Confirmed = 1,
     Refused = 2,
@@ -89,7 +89,7 @@ impl Crawlers {
         }
     }
 
-    fn count(&self, found: Found) {
+    fn count(&self, found: CrawlerFinding) {
         inc(&self.results[found as usize]);
     }
 
@@ -106,7 +106,7 @@ impl Crawlers {
         now: Nanos,
     ) -> Crawler {
         if self.config.cidrs.iter().any(|n: &IpNet| n.contains(&ip)) {
-            self.count(Found::Cidr);
+            self.count(CrawlerFinding::Cidr);
             return Crawler::Verified;
         }
         let Some(ua) = user_agent else {
@@ -123,16 +123,16 @@ impl Crawlers {
         };
         // Its network, when the rule names one: no lookup, nothing to cache.
         if network.asn.is_some_and(|a| rule.asn.contains(&a)) {
-            self.count(Found::Confirmed);
+            self.count(CrawlerFinding::Confirmed);
             return Crawler::Verified;
         }
         if rule.domains.is_empty() {
-            self.count(Found::Refused);
+            self.count(CrawlerFinding::Refused);
             return Crawler::Unverified;
         }
         if let Some(&(ok, until)) = self.cache.lock().get(&ip) {
             if until > now {
-                self.count(Found::Cached);
+                self.count(CrawlerFinding::Cached);
                 return Crawler::confirmed(ok);
             }
         }
@@ -140,11 +140,15 @@ impl Crawlers {
             Ok(ok) => ok,
             Err(_) => {
                 // Not cached: the resolver may be back for the next request.
-                self.count(Found::Error);
+                self.count(CrawlerFinding::Error);
                 return Crawler::Unknown;
             }
         };
-        self.count(if ok { Found::Confirmed } else { Found::Refused });
+        self.count(if ok {
+            CrawlerFinding::Confirmed
+        } else {
+            CrawlerFinding::Refused
+        });
         let mut cache = self.cache.lock();
         if cache.len() >= self.config.cache_size {
             cache.retain(|_, (_, until)| *until > now);
@@ -162,7 +166,7 @@ impl Crawlers {
     async fn confirm(&self, ip: IpAddr, domains: &[String]) -> std::io::Result<bool> {
         let names = self.ask(&reverse_name(ip), TYPE_PTR).await?;
         let qtype = if ip.is_ipv4() { TYPE_A } else { TYPE_AAAA };
-        for name in names.iter().filter_map(Record::name) {
+        for name in names.iter().filter_map(DnsRecord::name) {
             let name = name.trim_end_matches('.').to_ascii_lowercase();
             let under = domains
                 .iter()
@@ -171,30 +175,30 @@ impl Crawlers {
                 continue;
             }
             let forward = self.ask(&name, qtype).await?;
-            if forward.contains(&Record::Addr(ip)) {
+            if forward.contains(&DnsRecord::Addr(ip)) {
                 return Ok(true);
             }
         }
         Ok(false)
     }
 
-    async fn ask(&self, name: &str, qtype: u16) -> std::io::Result<Vec<Record>> {
+    async fn ask(&self, name: &str, qtype: u16) -> std::io::Result<Vec<DnsRecord>> {
         ask(self.config.resolver, name, qtype, self.config.timeout).await
     }
 }
 
 /// One DNS answer record of the asked type.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
+pub enum DnsRecord {
     Name(String),
     Addr(IpAddr),
 }
 
-impl Record {
+impl DnsRecord {
     fn name(&self) -> Option<&str> {
         match self {
-            Record::Name(n) => Some(n),
-            Record::Addr(_) => None,
+            DnsRecord::Name(n) => Some(n),
+            DnsRecord::Addr(_) => None,
         }
     }
 }
@@ -205,7 +209,7 @@ pub async fn ask(
     name: &str,
     qtype: u16,
     timeout: Duration,
-) -> std::io::Result<Vec<Record>> {
+) -> std::io::Result<Vec<DnsRecord>> {
     let bind: SocketAddr = if resolver.is_ipv4() {
         "0.0.0.0:0".parse().expect("address")
     } else {
@@ -267,7 +271,7 @@ pub fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
 }
 
 /// The records of `qtype` in an answer to query `id`; `None` when it is not one.
-pub fn answers(p: &[u8], id: u16, qtype: u16) -> Option<Vec<Record>> {
+pub fn answers(p: &[u8], id: u16, qtype: u16) -> Option<Vec<DnsRecord>> {
     if p.len() < 12 || u16::from_be_bytes([p[0], p[1]]) != id || p[2] & 0x80 == 0 {
         return None;
     }
@@ -287,13 +291,13 @@ pub fn answers(p: &[u8], id: u16, qtype: u16) -> Option<Vec<Record>> {
         let rdata = p.get(data..data + len)?;
         match rtype {
             t if t != qtype => {}
-            TYPE_A if len == 4 => {
-                out.push(Record::Addr(IpAddr::from(<[u8; 4]>::try_from(rdata).ok()?)))
-            }
-            TYPE_AAAA if len == 16 => out.push(Record::Addr(IpAddr::from(
+            TYPE_A if len == 4 => out.push(DnsRecord::Addr(IpAddr::from(
+                <[u8; 4]>::try_from(rdata).ok()?,
+            ))),
+            TYPE_AAAA if len == 16 => out.push(DnsRecord::Addr(IpAddr::from(
                 <[u8; 16]>::try_from(rdata).ok()?,
             ))),
-            TYPE_PTR => out.push(Record::Name(read_name(p, data)?)),
+            TYPE_PTR => out.push(DnsRecord::Name(read_name(p, data)?)),
             _ => {}
         }
         at = data + len;
@@ -375,7 +379,7 @@ mod tests {
         p.extend_from_slice(&rdata);
         assert_eq!(
             answers(&p, 7, TYPE_PTR),
-            Some(vec![Record::Name("crawl-1.googlebot.com".into())])
+            Some(vec![DnsRecord::Name("crawl-1.googlebot.com".into())])
         );
         assert_eq!(answers(&p, 8, TYPE_PTR), None, "another query's id");
     }

@@ -18,7 +18,9 @@ use http::{HeaderMap, HeaderValue};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use ring::rand::SecureRandom;
 
-use super::{bound, hex, inc, safe_return, site, token, Gate, Refusal, Solution, Solved, NANOS};
+use super::{
+    bound, hex, inc, safe_return, site, token, ChallengeGate, Solution, Solved, TokenFault, NANOS,
+};
 use crate::limiter::Nanos;
 
 /// The tollgate-owned path the refresh leads to (never forwarded).
@@ -35,7 +37,7 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-impl Gate {
+impl ChallengeGate {
     /// The refresh URL for a browser at `ip` on `host` going to `back`
     /// (a local path, `/` when it is not safe to follow).
     pub fn refresh_url(&self, host: &str, ip: IpAddr, back: &str, now: Nanos) -> String {
@@ -68,12 +70,12 @@ impl Gate {
         host: &str,
         ip: IpAddr,
         now: Nanos,
-    ) -> Result<Solved, Refusal> {
+    ) -> Result<Solved, TokenFault> {
         let s = Solution::from_form(query.as_bytes());
         let checked = token::read_challenge(&s.challenge, &self.keys).and_then(|c| {
             bound(c.expires, c.site, c.prefix, self, host, ip, now)?;
             if c.bits != 0 {
-                return Err(Refusal::Malformed);
+                return Err(TokenFault::Malformed);
             }
             Ok(c)
         });

@@ -10,7 +10,7 @@ const NOW: Nanos = 1_767_225_600 * NANOS;
 const OLD: &str = "an old secret that is long enough for the file";
 const NEW: &str = "a new secret that is also long enough for the file";
 
-fn gate(secrets: &[&str]) -> (Gate, Metrics) {
+fn gate(secrets: &[&str]) -> (ChallengeGate, Metrics) {
     let metrics = Metrics::default();
     let config = PassConfig {
         secret_file: "/dev/null".into(),
@@ -23,7 +23,7 @@ fn gate(secrets: &[&str]) -> (Gate, Metrics) {
         issue_limit: 2,
         crawlers: Default::default(),
     };
-    (Gate::new(&config, &metrics).unwrap(), metrics)
+    (ChallengeGate::new(&config, &metrics).unwrap(), metrics)
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -117,20 +117,20 @@ fn a_solution_for_another_block_an_unsolved_or_an_expired_challenge_is_refused()
     let c = g.issue("wiki.example", ip("203.0.113.9"), 8, NOW);
     let s = solve(&c, 8);
     let at = |who: &str, when| g.redeem(&s, "wiki.example", ip(who), when, false);
-    assert_eq!(at("198.51.100.1", NOW), Err(Refusal::OtherPrefix));
+    assert_eq!(at("198.51.100.1", NOW), Err(TokenFault::OtherPrefix));
     let later = NOW + CHALLENGE_TTL.as_nanos() as u64;
-    assert_eq!(at("203.0.113.9", later), Err(Refusal::Expired));
+    assert_eq!(at("203.0.113.9", later), Err(TokenFault::Expired));
     let mut wrong = s.clone();
     wrong.nonce = (s.nonce.parse::<u64>().unwrap() + 1).to_string();
     let wrong_result = g.redeem(&wrong, "wiki.example", ip("203.0.113.9"), NOW, false);
     // The next nonce may happen to solve it too (1 in 256): then it is no test.
     if let Err(r) = wrong_result {
-        assert_eq!(r, Refusal::Unsolved);
+        assert_eq!(r, TokenFault::Unsolved);
     }
     let mut easier = s.clone();
     easier.challenge = c.replacen("~8~", "~1~", 1);
     let forged = g.redeem(&easier, "wiki.example", ip("203.0.113.9"), NOW, false);
-    assert_eq!(forged, Err(Refusal::Forged));
+    assert_eq!(forged, Err(TokenFault::Forged));
     assert_eq!(counter(&m, FAILED, &[("reason", "forged")]), 1);
 }
 
@@ -155,7 +155,7 @@ fn the_newest_key_signs_every_key_verifies_and_a_removed_key_is_refused() {
         .redeem(&solve(&c, 4), "wiki.example", ip("203.0.113.9"), NOW, false)
         .unwrap();
     let h = cookie_header(&granted);
-    let at = |g: &Gate| g.pass_of(&h, "wiki.example", ip("203.0.113.9"), NOW);
+    let at = |g: &ChallengeGate| g.pass_of(&h, "wiki.example", ip("203.0.113.9"), NOW);
     assert!(
         at(&rotated).is_some(),
         "a fleet sharing the file accepts it"

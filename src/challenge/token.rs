@@ -32,7 +32,7 @@ pub const MAX_LEN: usize = 160;
 
 /// Why a challenge's solution or a pass is not accepted; each is a metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum TokenFault {
     /// Not the shape tollgate writes (cut, padded, a field missing).
     Malformed,
     /// Signed by a key the secret file no longer holds (or never did).
@@ -48,39 +48,39 @@ pub enum Refusal {
     Unsolved,
 }
 
-impl Refusal {
-    pub const ALL: [Refusal; 7] = [
-        Refusal::Malformed,
-        Refusal::UnknownKey,
-        Refusal::Forged,
-        Refusal::Expired,
-        Refusal::OtherSite,
-        Refusal::OtherPrefix,
-        Refusal::Unsolved,
+impl TokenFault {
+    pub const ALL: [TokenFault; 7] = [
+        TokenFault::Malformed,
+        TokenFault::UnknownKey,
+        TokenFault::Forged,
+        TokenFault::Expired,
+        TokenFault::OtherSite,
+        TokenFault::OtherPrefix,
+        TokenFault::Unsolved,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Refusal::Malformed => "malformed",
-            Refusal::UnknownKey => "unknown_key",
-            Refusal::Forged => "forged",
-            Refusal::Expired => "expired",
-            Refusal::OtherSite => "other_site",
-            Refusal::OtherPrefix => "other_prefix",
-            Refusal::Unsolved => "unsolved",
+            TokenFault::Malformed => "malformed",
+            TokenFault::UnknownKey => "unknown_key",
+            TokenFault::Forged => "forged",
+            TokenFault::Expired => "expired",
+            TokenFault::OtherSite => "other_site",
+            TokenFault::OtherPrefix => "other_prefix",
+            TokenFault::Unsolved => "unsolved",
         }
     }
 }
 
 /// A signing key and the id tokens name it by.
-pub struct Key {
+pub struct SigningKey {
     pub id: String,
     mac: hmac::Key,
 }
 
-impl Key {
-    pub fn new(id: &str, secret: &[u8]) -> Key {
-        Key {
+impl SigningKey {
+    pub fn new(id: &str, secret: &[u8]) -> SigningKey {
+        SigningKey {
             id: id.to_string(),
             mac: hmac::Key::new(hmac::HMAC_SHA256, secret),
         }
@@ -125,7 +125,7 @@ const PASS_TAG: &str = "p2~";
 /// holder as its address, as it does a client without a pass.
 pub const COUNTS_AS_ADDRESS: &str = "-";
 
-pub fn write_challenge(key: &Key, c: &Challenge<'_>) -> String {
+pub fn write_challenge(key: &SigningKey, c: &Challenge<'_>) -> String {
     let body = format!(
         "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
         key.id, c.expires, c.bits, c.random, c.site, c.prefix
@@ -134,7 +134,7 @@ pub fn write_challenge(key: &Key, c: &Challenge<'_>) -> String {
     format!("{body}{SEP}{mac}")
 }
 
-pub fn write_pass(key: &Key, p: &Pass<'_>) -> String {
+pub fn write_pass(key: &SigningKey, p: &Pass<'_>) -> String {
     let body = format!(
         "{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}{SEP}{}",
         key.id, p.id, p.expires, p.bits, p.site, p.prefix
@@ -148,37 +148,37 @@ pub fn write_pass(key: &Key, p: &Pass<'_>) -> String {
 fn open<'t, const N: usize>(
     text: &'t str,
     tag: &str,
-    keys: &[Key],
-) -> Result<[&'t str; N], Refusal> {
+    keys: &[SigningKey],
+) -> Result<[&'t str; N], TokenFault> {
     if text.len() > MAX_LEN || !text.is_ascii() {
-        return Err(Refusal::Malformed);
+        return Err(TokenFault::Malformed);
     }
-    let (body, mac) = text.rsplit_once(SEP).ok_or(Refusal::Malformed)?;
+    let (body, mac) = text.rsplit_once(SEP).ok_or(TokenFault::Malformed)?;
     let mut fields = [""; N];
     let mut parts = body.split(SEP);
     for f in fields.iter_mut() {
-        *f = parts.next().ok_or(Refusal::Malformed)?;
+        *f = parts.next().ok_or(TokenFault::Malformed)?;
     }
     if parts.next().is_some() || mac.len() != MAC_LEN * 2 {
-        return Err(Refusal::Malformed);
+        return Err(TokenFault::Malformed);
     }
     let key = keys
         .iter()
         .find(|k| k.id == fields[0])
-        .ok_or(Refusal::UnknownKey)?;
+        .ok_or(TokenFault::UnknownKey)?;
     if !same(key.mac(tag, body).as_bytes(), mac.as_bytes()) {
-        return Err(Refusal::Forged);
+        return Err(TokenFault::Forged);
     }
     Ok(fields)
 }
 
 /// A challenge whose MAC holds (expiry and binding are the caller's to check).
-pub fn read_challenge<'t>(text: &'t str, keys: &[Key]) -> Result<Challenge<'t>, Refusal> {
+pub fn read_challenge<'t>(text: &'t str, keys: &[SigningKey]) -> Result<Challenge<'t>, TokenFault> {
     let [key_id, expires, bits, random, site, prefix] = open::<6>(text, CHALLENGE_TAG, keys)?;
     Ok(Challenge {
         key_id,
-        expires: expires.parse().map_err(|_| Refusal::Malformed)?,
-        bits: bits.parse().map_err(|_| Refusal::Malformed)?,
+        expires: expires.parse().map_err(|_| TokenFault::Malformed)?,
+        bits: bits.parse().map_err(|_| TokenFault::Malformed)?,
         random,
         site,
         prefix,
@@ -186,13 +186,13 @@ pub fn read_challenge<'t>(text: &'t str, keys: &[Key]) -> Result<Challenge<'t>, 
 }
 
 /// A pass whose MAC holds (expiry and binding are the caller's to check).
-pub fn read_pass<'t>(text: &'t str, keys: &[Key]) -> Result<Pass<'t>, Refusal> {
+pub fn read_pass<'t>(text: &'t str, keys: &[SigningKey]) -> Result<Pass<'t>, TokenFault> {
     let [key_id, id, expires, bits, site, prefix] = open::<6>(text, PASS_TAG, keys)?;
     Ok(Pass {
         key_id,
         id,
-        expires: expires.parse().map_err(|_| Refusal::Malformed)?,
-        bits: bits.parse().map_err(|_| Refusal::Malformed)?,
+        expires: expires.parse().map_err(|_| TokenFault::Malformed)?,
+        bits: bits.parse().map_err(|_| TokenFault::Malformed)?,
         site,
         prefix,
     })
@@ -230,10 +230,10 @@ pub fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    fn keys() -> Vec<Key> {
+    fn keys() -> Vec<SigningKey> {
         vec![
-            Key::new("0a0b0c0d", b"old secret"),
-            Key::new("01020304", b"new"),
+            SigningKey::new("0a0b0c0d", b"old secret"),
+            SigningKey::new("01020304", b"new"),
         ]
     }
 
@@ -253,7 +253,7 @@ mod tests {
         let k = keys();
         let text = write_pass(&k[1], &pass());
         assert_eq!(read_pass(&text, &k), Ok(pass()));
-        assert_eq!(read_pass(&text, &k[..1]), Err(Refusal::UnknownKey));
+        assert_eq!(read_pass(&text, &k[..1]), Err(TokenFault::UnknownKey));
     }
 
     #[test]
@@ -261,13 +261,16 @@ mod tests {
         let k = keys();
         let text = write_pass(&k[1], &pass());
         let tampered = text.replace("203.0.113.0/24", "198.51.100.0/24");
-        assert_eq!(read_pass(&tampered, &k), Err(Refusal::Forged));
+        assert_eq!(read_pass(&tampered, &k), Err(TokenFault::Forged));
         let longer = text.replace("~1767225600~", "~1767225601~");
-        assert_eq!(read_pass(&longer, &k), Err(Refusal::Forged));
+        assert_eq!(read_pass(&longer, &k), Err(TokenFault::Forged));
         let harder = text.replace("~14~", "~24~");
-        assert_eq!(read_pass(&harder, &k), Err(Refusal::Forged));
-        assert_eq!(read_pass("nonsense", &k), Err(Refusal::Malformed));
-        assert_eq!(read_pass(&format!("{text}~x"), &k), Err(Refusal::Malformed));
+        assert_eq!(read_pass(&harder, &k), Err(TokenFault::Forged));
+        assert_eq!(read_pass("nonsense", &k), Err(TokenFault::Malformed));
+        assert_eq!(
+            read_pass(&format!("{text}~x"), &k),
+            Err(TokenFault::Malformed)
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use yaml_rust2::parser::{Event, MarkedEventReceiver};
 use yaml_rust2::scanner::Marker;
 
-enum Frame {
+enum PathFrame {
     Map { prefix: String, key: Option<String> },
     Seq { prefix: String, index: usize },
 }
@@ -17,7 +17,7 @@ pub struct Index {
     marks: HashMap<String, (usize, usize)>,
     /// Where each mapping key itself is written (`marks` holds its value's place).
     keys: HashMap<String, (usize, usize)>,
-    stack: Vec<Frame>,
+    stack: Vec<PathFrame>,
     /// The first document has ended: serde reads only one, so later ones are not indexed.
     done: bool,
 }
@@ -49,11 +49,11 @@ impl Index {
     fn next_path(&mut self) -> (Option<String>, bool) {
         match self.stack.last_mut() {
             None => (Some(String::new()), false),
-            Some(Frame::Map { prefix, key }) => match key.take() {
+            Some(PathFrame::Map { prefix, key }) => match key.take() {
                 None => (None, true),
                 Some(k) => (Some(join(prefix, &k)), false),
             },
-            Some(Frame::Seq { prefix, index }) => {
+            Some(PathFrame::Seq { prefix, index }) => {
                 let p = format!("{prefix}[{index}]");
                 *index += 1;
                 (Some(p), false)
@@ -80,7 +80,7 @@ impl MarkedEventReceiver for Index {
             Event::Scalar(value, ..) => {
                 let (path, is_key) = self.next_path();
                 if is_key {
-                    if let Some(Frame::Map { prefix, key }) = self.stack.last_mut() {
+                    if let Some(PathFrame::Map { prefix, key }) = self.stack.last_mut() {
                         let path = join(prefix, &value);
                         self.keys.entry(path.clone()).or_insert(pos);
                         self.marks.entry(path).or_insert(pos);
@@ -101,9 +101,9 @@ impl MarkedEventReceiver for Index {
                 let prefix = path.unwrap_or_default();
                 self.marks.entry(prefix.clone()).or_insert(pos);
                 self.stack.push(if matches!(ev, Event::MappingStart(..)) {
-                    Frame::Map { prefix, key: None }
+                    PathFrame::Map { prefix, key: None }
                 } else {
-                    Frame::Seq { prefix, index: 0 }
+                    PathFrame::Seq { prefix, index: 0 }
                 });
             }
             Event::MappingEnd | Event::SequenceEnd => {

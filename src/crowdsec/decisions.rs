@@ -48,22 +48,22 @@ impl Remedy {
 
 /// An address or range: the family, the prefix length, the network's bits (left-aligned in a u128).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Key {
+struct NetKey {
     v6: bool,
     len: u8,
     bits: u128,
 }
 
-impl Key {
-    fn of(net: IpNet) -> Key {
+impl NetKey {
+    fn of(net: IpNet) -> NetKey {
         let net = net.trunc();
         match net {
-            IpNet::V4(n) => Key {
+            IpNet::V4(n) => NetKey {
                 v6: false,
                 len: n.prefix_len(),
                 bits: u128::from(u32::from(n.network())) << 96,
             },
-            IpNet::V6(n) => Key {
+            IpNet::V6(n) => NetKey {
                 v6: true,
                 len: n.prefix_len(),
                 bits: u128::from(n.network()),
@@ -72,13 +72,13 @@ impl Key {
     }
 
     /// `ip`'s network of `len` bits (`ip`: IPv4 left-aligned like a key's).
-    fn masked(v6: bool, bits: u128, len: u8) -> Key {
+    fn masked(v6: bool, bits: u128, len: u8) -> NetKey {
         let mask = if len == 0 {
             0
         } else {
             u128::MAX << (128 - u32::from(len))
         };
-        Key {
+        NetKey {
             v6,
             len,
             bits: bits & mask,
@@ -114,8 +114,8 @@ pub enum Added {
 }
 
 /// The decisions in force.
-pub struct Table {
-    entries: HashMap<Key, Held>,
+pub struct DecisionTable {
+    entries: HashMap<NetKey, Held>,
     /// Decisions per prefix length, IPv4 (`[0]`, lengths 0..=32) and IPv6 (`[1]`, 0..=128).
     lengths: [[u32; 129]; 2],
     /// The prefix lengths in use, longest first, per family.
@@ -123,9 +123,9 @@ pub struct Table {
     max: usize,
 }
 
-impl Table {
-    pub fn new(max: usize) -> Table {
-        Table {
+impl DecisionTable {
+    pub fn new(max: usize) -> DecisionTable {
+        DecisionTable {
             entries: HashMap::new(),
             lengths: [[0; 129]; 2],
             in_use: [Vec::new(), Vec::new()],
@@ -143,7 +143,7 @@ impl Table {
 
     /// Holds one decision on `net` (IPv4-mapped IPv6 is IPv4).
     pub fn add(&mut self, net: IpNet, held: Held) -> Added {
-        let key = Key::of(canonical_net(net));
+        let key = NetKey::of(canonical_net(net));
         let full = self.entries.len() >= self.max;
         match self.entries.get_mut(&key) {
             Some(old) if held.id == old.id || held.outranks(old) => {
@@ -162,7 +162,7 @@ impl Table {
 
     /// Removes the decision `id` on `net`; `false` when another one (or none) stands there.
     pub fn remove(&mut self, net: IpNet, id: i64) -> bool {
-        let key = Key::of(canonical_net(net));
+        let key = NetKey::of(canonical_net(net));
         if self.entries.get(&key).is_some_and(|h| h.id == id) {
             self.entries.remove(&key);
             self.counted(key, false);
@@ -173,7 +173,7 @@ impl Table {
 
     /// Drops every decision that has expired by `now`; how many.
     pub fn sweep(&mut self, now: Nanos) -> usize {
-        let expired: Vec<Key> = self
+        let expired: Vec<NetKey> = self
             .entries
             .iter()
             .filter(|(_, h)| h.until <= now)
@@ -194,7 +194,7 @@ impl Table {
         };
         let mut found: Option<Held> = None;
         for &len in &self.in_use[usize::from(v6)] {
-            let Some(held) = self.entries.get(&Key::masked(v6, bits, len)) else {
+            let Some(held) = self.entries.get(&NetKey::masked(v6, bits, len)) else {
                 continue;
             };
             if held.until > now && found.is_none_or(|f| held.outranks(&f)) {
@@ -206,10 +206,10 @@ impl Table {
 
     /// Every decision, for a full resync: replaced at once.
     pub fn clear(&mut self) {
-        *self = Table::new(self.max);
+        *self = DecisionTable::new(self.max);
     }
 
-    fn counted(&mut self, key: Key, added: bool) {
+    fn counted(&mut self, key: NetKey, added: bool) {
         let family = usize::from(key.v6);
         let n = &mut self.lengths[family][usize::from(key.len)];
         let was = *n;
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn an_address_is_found_by_its_own_decision_or_a_range_around_it() {
-        let mut t = Table::new(100);
+        let mut t = DecisionTable::new(100);
         t.add(net("203.0.113.7"), held(1, Remedy::Ban, NOW + HOUR));
         t.add(net("198.51.100.0/24"), held(2, Remedy::Captcha, NOW + HOUR));
         t.add(net("2001:db8:1::/48"), held(3, Remedy::Ban, NOW + HOUR));
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_ban_outranks_a_captcha_and_an_expired_decision_is_gone() {
-        let mut t = Table::new(100);
+        let mut t = DecisionTable::new(100);
         t.add(net("198.51.100.0/24"), held(1, Remedy::Captcha, NOW + HOUR));
         t.add(net("198.51.100.7"), held(2, Remedy::Ban, NOW + 1));
         assert_eq!(
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_deletion_lifts_only_the_decision_it_names() {
-        let mut t = Table::new(100);
+        let mut t = DecisionTable::new(100);
         t.add(net("203.0.113.7"), held(1, Remedy::Ban, NOW + HOUR));
         assert_eq!(
             t.add(net("203.0.113.7"), held(2, Remedy::Captcha, NOW + 2 * HOUR)),
@@ -326,7 +326,7 @@ mod tests {
 
     #[test]
     fn a_full_table_drops_new_decisions_and_keeps_the_ones_it_has() {
-        let mut t = Table::new(2);
+        let mut t = DecisionTable::new(2);
         assert_eq!(
             t.add(net("192.0.2.1"), held(1, Remedy::Ban, NOW + HOUR)),
             Added::Held
@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_zero_length_range_covers_its_whole_family_only() {
-        let mut t = Table::new(10);
+        let mut t = DecisionTable::new(10);
         t.add(net("0.0.0.0/0"), held(1, Remedy::Captcha, NOW + HOUR));
         assert!(t.check(ip("8.8.8.8"), NOW).is_some());
         assert!(t.check(ip("2001:db8::1"), NOW).is_none());

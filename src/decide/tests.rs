@@ -81,7 +81,7 @@ fn refusal(v: Verdict) -> Refusal {
     }
 }
 
-fn pass(v: Verdict) -> Pass {
+fn pass(v: Verdict) -> Clearance {
     match v {
         Verdict::Pass(p) => p,
         Verdict::Refuse(r) => panic!("refused by limiter {}", r.limiter),

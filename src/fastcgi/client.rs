@@ -162,7 +162,7 @@ impl Conn {
     }
 }
 
-pub struct Pool {
+pub struct FastCgiPool {
     address: Address,
     connect_timeout: Duration,
     idle: Vec<Mutex<Vec<Conn>>>,
@@ -173,15 +173,15 @@ pub struct Pool {
     permits: Arc<Semaphore>,
 }
 
-impl std::fmt::Debug for Pool {
+impl std::fmt::Debug for FastCgiPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool")
+        f.debug_struct("FastCgiPool")
             .field("address", &self.address)
             .finish()
     }
 }
 
-impl Pool {
+impl FastCgiPool {
     /// One idle list per worker runtime (`workers` of them) and one for the
     /// runtime `run` was called on.
     pub fn new(
@@ -189,8 +189,8 @@ impl Pool {
         connect_timeout: Duration,
         max_conns: usize,
         workers: usize,
-    ) -> Arc<Pool> {
-        Arc::new(Pool {
+    ) -> Arc<FastCgiPool> {
+        Arc::new(FastCgiPool {
             address,
             connect_timeout,
             permits: Arc::new(Semaphore::new(max_conns.max(1))),
@@ -261,7 +261,7 @@ impl Pool {
     /// `replayable`: an idempotent request without a body, which may be
     /// sent again if a kept connection turns out dead before any answer.
     pub async fn exchange(
-        self: &Arc<Pool>,
+        self: &Arc<FastCgiPool>,
         head: Bytes,
         mut body: Option<crate::request_body::UpstreamBody>,
         replayable: bool,
@@ -419,7 +419,7 @@ pub struct ResponseBody {
     /// None once END_REQUEST was read (the connection went back) or the
     /// exchange failed (the connection was dropped).
     conn: Option<Conn>,
-    pool: Arc<Pool>,
+    pool: Arc<FastCgiPool>,
     slot: usize,
     pending: Option<Bytes>,
     upstream: Arc<str>,

@@ -11,13 +11,13 @@ use crate::networks::{Country, Network};
 /// holds is allowed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
-    pub allow: Vec<Entry>,
-    pub deny: Vec<Entry>,
+    pub allow: Vec<AccessEntry>,
+    pub deny: Vec<AccessEntry>,
 }
 
 /// One entry: an address block, or every address of an AS or a country.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
+pub enum AccessEntry {
     Net(IpNet),
     /// `asn:13335`: the ASN database names this AS for the address.
     Asn(u32),
@@ -25,24 +25,24 @@ pub enum Entry {
     Country(Country),
 }
 
-impl Entry {
+impl AccessEntry {
     /// `ip` canonical; an address the databases have no entry for is in no AS or country.
     fn holds(&self, ip: &IpAddr, network: &Network) -> bool {
         match self {
-            Entry::Net(n) => n.contains(ip),
-            Entry::Asn(a) => network.asn == Some(*a),
-            Entry::Country(c) => network.country == Some(*c),
+            AccessEntry::Net(n) => n.contains(ip),
+            AccessEntry::Asn(a) => network.asn == Some(*a),
+            AccessEntry::Country(c) => network.country == Some(*c),
         }
     }
 }
 
-impl std::fmt::Display for Entry {
+impl std::fmt::Display for AccessEntry {
     /// As an operator writes it (a network truncated to its prefix).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Entry::Net(n) => write!(f, "{n}"),
-            Entry::Asn(a) => write!(f, "asn:{a}"),
-            Entry::Country(c) => write!(f, "country:{}", c.as_str()),
+            AccessEntry::Net(n) => write!(f, "{n}"),
+            AccessEntry::Asn(a) => write!(f, "asn:{a}"),
+            AccessEntry::Country(c) => write!(f, "country:{}", c.as_str()),
         }
     }
 }
@@ -63,41 +63,41 @@ impl Access {
     pub fn names(&self) -> (bool, bool) {
         let all = || self.allow.iter().chain(&self.deny);
         (
-            all().any(|e| matches!(e, Entry::Asn(_))),
-            all().any(|e| matches!(e, Entry::Country(_))),
+            all().any(|e| matches!(e, AccessEntry::Asn(_))),
+            all().any(|e| matches!(e, AccessEntry::Country(_))),
         )
     }
 }
 
 /// One entry as an operator writes it: `all`, an address, a network,
 /// `asn:13335` (or `asn:AS13335`) or `country:DE`.
-pub fn parse_entry(s: &str) -> Result<Vec<Entry>, String> {
+pub fn parse_entry(s: &str) -> Result<Vec<AccessEntry>, String> {
     let s = s.trim();
     if s.eq_ignore_ascii_case("all") {
         return Ok(vec![
-            Entry::Net("0.0.0.0/0".parse().expect("literal")),
-            Entry::Net("::/0".parse().expect("literal")),
+            AccessEntry::Net("0.0.0.0/0".parse().expect("literal")),
+            AccessEntry::Net("::/0".parse().expect("literal")),
         ]);
     }
     if let Some(number) = s.strip_prefix("asn:") {
         let digits = number.trim_start_matches("AS").trim_start_matches("as");
         return digits
             .parse()
-            .map(|n| vec![Entry::Asn(n)])
+            .map(|n| vec![AccessEntry::Asn(n)])
             .map_err(|_| format!("{s:?}: {number:?} is not an AS number (asn:13335)"));
     }
     if let Some(code) = s.strip_prefix("country:") {
         return Country::parse(code)
-            .map(|c| vec![Entry::Country(c)])
+            .map(|c| vec![AccessEntry::Country(c)])
             .ok_or_else(|| {
                 format!("{s:?}: {code:?} is not a two-letter country code (country:DE)")
             });
     }
     if let Ok(net) = s.parse::<IpNet>() {
-        return Ok(vec![Entry::Net(net.trunc())]);
+        return Ok(vec![AccessEntry::Net(net.trunc())]);
     }
     s.parse::<IpAddr>()
-        .map(|ip| vec![Entry::Net(IpNet::from(ip.to_canonical()))])
+        .map(|ip| vec![AccessEntry::Net(IpNet::from(ip.to_canonical()))])
         .map_err(|_| {
             format!(
                 "{s:?} is not an address, a network (192.0.2.0/24, 2001:db8::/32), asn:<number>, country:<code> or `all`"
@@ -159,7 +159,7 @@ mod tests {
         assert!(parse_entry("10.0.0.1").is_ok());
         assert_eq!(
             parse_entry("10.0.0.1/8").unwrap()[0],
-            Entry::Net("10.0.0.0/8".parse().unwrap())
+            AccessEntry::Net("10.0.0.0/8".parse().unwrap())
         );
         assert_eq!(parse_entry("ALL").unwrap().len(), 2);
         assert!(parse_entry("example.com").is_err());

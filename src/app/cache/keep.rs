@@ -16,7 +16,7 @@ use crate::config::cache::RouteCacheConfig;
 use crate::limiter::Nanos;
 
 /// What became of an answer.
-pub(super) enum Kept {
+pub(super) enum KeptAnswer {
     Stored(Arc<Entry>),
     /// Not stored: the answer, its body whole as it came.
     Passed(Response<Body>),
@@ -36,19 +36,19 @@ pub(super) async fn keep(
     resp: Response<Body>,
     compress: bool,
     now: Nanos,
-) -> Kept {
+) -> KeptAnswer {
     let from_upstream = matches!(resp.body(), Body::Upstream { .. });
     let freshness = policy::freshness(uri, resp.status(), resp.headers(), rc, now);
     let (Some(freshness), Some(vary), true) =
         (freshness, policy::vary(resp.headers()), from_upstream)
     else {
-        return Kept::Passed(resp);
+        return KeptAnswer::Passed(resp);
     };
     let (parts, body) = resp.into_parts();
     let max = cache.settings().max_entry_size;
     let body = match whole(body, max).await {
         Ok(bytes) => bytes,
-        Err(resumed) => return Kept::Passed(Response::from_parts(parts, resumed)),
+        Err(resumed) => return KeptAnswer::Passed(Response::from_parts(parts, resumed)),
     };
     let key_len = base.len();
     let entry = Arc::new(Entry::new(
@@ -61,8 +61,8 @@ pub(super) async fn keep(
         key_len,
     ));
     match cache.store(base, &vary, request, entry.clone()) {
-        Some(_) => Kept::Stored(entry),
-        None => Kept::Passed(Response::from_parts(
+        Some(_) => KeptAnswer::Stored(entry),
+        None => KeptAnswer::Passed(Response::from_parts(
             http::response::Parts::clone_head(&entry),
             Body::full(entry.body.clone()),
         )),

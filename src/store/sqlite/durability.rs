@@ -37,7 +37,7 @@ pub fn backoff(interval: Duration, failures: u32) -> Duration {
 
 /// The writer's counters as metrics; fresh handles until the app binds the registry's.
 #[derive(Debug, Default)]
-struct Counters {
+struct FlushCounters {
     /// Failed flushes (`tollgate_store_errors_total{backend="sqlite"}`).
     errors: Counter,
     /// Keys whose change was given up at the cap (`tollgate_store_unsaved_dropped_total`).
@@ -50,7 +50,7 @@ pub struct Durability {
     healthy: AtomicBool,
     unsaved: AtomicU64,
     at_cap: AtomicBool,
-    counters: ArcSwap<Counters>,
+    counters: ArcSwap<FlushCounters>,
     last_error: Mutex<Option<String>>,
 }
 
@@ -60,7 +60,7 @@ impl Default for Durability {
             healthy: AtomicBool::new(true),
             unsaved: AtomicU64::new(0),
             at_cap: AtomicBool::new(false),
-            counters: ArcSwap::from_pointee(Counters::default()),
+            counters: ArcSwap::from_pointee(FlushCounters::default()),
             last_error: Mutex::new(None),
         }
     }
@@ -93,7 +93,7 @@ impl Durability {
             &[("backend", "sqlite"), ("policy", "none")],
         );
         let dropped = metrics.counter("tollgate_store_unsaved_dropped_total", &[]);
-        let old = self.counters.swap(Arc::new(Counters {
+        let old = self.counters.swap(Arc::new(FlushCounters {
             errors: errors.clone(),
             dropped: dropped.clone(),
         }));

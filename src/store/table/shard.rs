@@ -9,7 +9,7 @@ use crate::store::{Check, Outcome};
 
 #[derive(Debug, Default)]
 pub(super) struct Shard {
-    pub(super) map: HashMap<KeyHash, Entry, BuildPassThrough>,
+    pub(super) map: HashMap<KeyHash, ShardEntry, BuildPassThrough>,
     /// The names of the limiters with keys here; an entry holds its limiter's
     /// index (prune finds a removed limiter's keys by name, and a key's text
     /// is not kept).
@@ -31,7 +31,7 @@ pub(super) struct Shard {
     light_search: Option<(Nanos, bool)>,
 }
 
-/// [`Entry::standing`]'s bit for an entry pinned by a request in progress.
+/// [`ShardEntry::standing`]'s bit for an entry pinned by a request in progress.
 const PINNED: u8 = 0x80;
 /// The weight of a key with nothing left (limited): never evicted while live.
 const LIMITED: u8 = 127;
@@ -43,7 +43,7 @@ pub(super) const EVICTABLE_BELOW: u8 = 63;
 const LIGHT_BATCH: usize = 16;
 
 #[derive(Debug, Clone)]
-pub(super) struct Entry {
+pub(super) struct ShardEntry {
     pub(super) state: State,
     /// The fingerprint of the shape the state was built under; 0 = loaded
     /// without one (kept). A fingerprint, not the shape: at a million keys
@@ -62,7 +62,7 @@ pub(super) struct Entry {
     standing: u8,
 }
 
-impl Entry {
+impl ShardEntry {
     fn pinned(&self) -> bool {
         self.standing & PINNED != 0
     }
@@ -87,11 +87,11 @@ pub(super) fn weight(q: &Quota) -> u8 {
 
 /// State built under another shape (a reload changed the window or the
 /// algorithm) no longer means anything: the limiter starts afresh for the key.
-fn usable(e: &Entry, algorithm: &Algorithm) -> bool {
+fn usable(e: &ShardEntry, algorithm: &Algorithm) -> bool {
     algorithm.fits(&e.state) && (e.shape == 0 || e.shape == algorithm.shape().fingerprint())
 }
 
-fn mark(e: &mut Entry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
+fn mark(e: &mut ShardEntry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
     if track && !e.changed {
         e.changed = true;
         changed.push(key.into());
@@ -99,7 +99,7 @@ fn mark(e: &mut Entry, key: &str, changed: &mut Vec<Box<str>>, track: bool) {
 }
 
 fn decide_entry(
-    e: &mut Entry,
+    e: &mut ShardEntry,
     c: &Check<'_>,
     now: Nanos,
     changed: &mut Vec<Box<str>>,
@@ -133,7 +133,7 @@ fn decide_entry(
 
 #[allow(clippy::too_many_arguments)] // the split borrows of one shard
 fn record_entry(
-    e: &mut Entry,
+    e: &mut ShardEntry,
     key: &str,
     algorithm: &Algorithm,
     now: Nanos,
@@ -156,7 +156,7 @@ fn record_entry(
 }
 
 /// Notes what the writer may delete for an entry forgotten at rest.
-fn note_forgotten(list: &mut Vec<Forgotten>, limiter: &str, e: &Entry) {
+fn note_forgotten(list: &mut Vec<Forgotten>, limiter: &str, e: &ShardEntry) {
     let rows = match e.state.kind().kept() {
         Kept::Never => return,
         // A window row is named by its start, the first word.
@@ -200,8 +200,8 @@ impl Shard {
         self.limiters = kept;
     }
 
-    fn new_entry(&mut self, key: &str, algorithm: &Algorithm, pinned: bool) -> Entry {
-        Entry {
+    fn new_entry(&mut self, key: &str, algorithm: &Algorithm, pinned: bool) -> ShardEntry {
+        ShardEntry {
             state: algorithm.fresh_state(),
             shape: algorithm.shape().fingerprint(),
             rests_at: 0,
@@ -244,7 +244,7 @@ impl Shard {
         let limiter = self.limiter_id(key);
         self.map.insert(
             h,
-            Entry {
+            ShardEntry {
                 state,
                 shape,
                 rests_at,
@@ -372,7 +372,7 @@ impl Shard {
         (h, key): (KeyHash, &str),
         algorithm: &Algorithm,
         track: bool,
-        accepts: impl FnOnce(&Entry, &Algorithm) -> bool,
+        accepts: impl FnOnce(&ShardEntry, &Algorithm) -> bool,
         give: impl FnOnce(&mut State),
     ) -> bool {
         let Shard {
@@ -489,7 +489,7 @@ impl Shard {
     pub(super) fn evict_lightest(&mut self, now: Nanos, gap: Nanos, track: bool) -> bool {
         loop {
             while let Some(h) = self.light.pop() {
-                if !self.map.get(&h).is_some_and(Entry::light) {
+                if !self.map.get(&h).is_some_and(ShardEntry::light) {
                     continue;
                 }
                 let e = self.map.remove(&h).expect("found just above");

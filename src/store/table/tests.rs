@@ -460,5 +460,5 @@ fn a_key_is_light_exactly_while_less_than_half_its_quota_is_used() {
 /// grows (a token bucket's refund bookkeeping did once) must be boxed.
 #[test]
 fn a_table_entry_stays_40_bytes() {
-    assert_eq!(std::mem::size_of::<super::shard::Entry>(), 40);
+    assert_eq!(std::mem::size_of::<super::shard::ShardEntry>(), 40);
 }
