@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tollgate::config::CrowdsecConfig;
-use tollgate::crowdsec::lapi::{Decision, Delta};
+use tollgate::crowdsec::lapi::{Delta, LapiDecision};
 use tollgate::crowdsec::CrowdSec;
 use tollgate::metrics::Metrics;
 
@@ -59,7 +59,7 @@ fn decisions(n: u32) -> Delta {
                 ),
                 _ => ("Ip", Ipv4Addr::from(0x0A00_0000 + i).to_string()),
             };
-            Decision {
+            LapiDecision {
                 id: i64::from(i),
                 scope: scope.into(),
                 value,

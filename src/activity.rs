@@ -39,7 +39,7 @@ pub const HISTORY_SAMPLES: usize = 150;
 
 /// What the dashboard tracks besides the counters the routes keep.
 #[derive(Default)]
-pub struct Activity {
+pub struct RouteActivity {
     limited: Mutex<LimitedKeys>,
     history: Mutex<History>,
     last_reload: Mutex<Option<LastReload>>,
@@ -68,7 +68,7 @@ pub struct LastReload {
     pub ok: bool,
 }
 
-impl Activity {
+impl RouteActivity {
     /// One rejection of `key` (its display form) by `limiter` on `route`, at `now`.
     pub fn rejected(&self, key: &str, limiter: &str, route: &Arc<str>, now: Nanos) {
         self.limited.lock().record(key, limiter, route, now);

@@ -59,7 +59,7 @@ pub struct Shared {
     /// Open public connections and their caps.
     pub connections: Arc<crate::connections::Connections>,
     /// What the admin dashboard shows besides the counters: recent rates, limited keys.
-    pub activity: crate::activity::Activity,
+    pub activity: crate::activity::RouteActivity,
     /// The access log's queue and writer thread.
     pub access: AccessLog,
     /// Upgraded connections (WebSockets) still open; closed at shutdown.

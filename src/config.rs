@@ -62,7 +62,7 @@ mod fastcgi;
 pub mod site;
 
 pub use balance::{BalanceConfig, HealthCheck, Policy};
-pub use bodies::{BodyConfig, Lingering};
+pub use bodies::{BodyConfig, LingeringConfig};
 pub use challenge::{
     ChallengeConfig, ChallengeMode, ChallengeWhen, CrawlerConfig, PassConfig, PassKey, PassKeys,
     UnverifiedCrawlers, VerifyRule, ISSUE_LIMITER,

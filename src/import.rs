@@ -1,6 +1,6 @@
 //! `tollgate import`: another server's site rules (an Apache `.htaccess`) as a tollgate config that `check` accepts as it stands, with a finding for every line it could not translate.
 //!
-//! The translators build [`Route`]s, a plain description of what each route
+//! The translators build [`ImportedRoute`]s, a plain description of what each route
 //! matches and does; [`Site::to_yaml`] writes them out once, so every
 //! translator's output has the same shape: one FastCGI upstream (php-fpm on
 //! the site's root), the site-wide `access` and `headers`, and the routes in
@@ -31,7 +31,7 @@ pub struct Finding {
 
 /// What a route does with the requests it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub enum ImportedAction {
     /// Whatever the catch-all route does (the upstream, and its front
     /// controller when there is one).
     CatchAll,
@@ -51,34 +51,34 @@ pub enum Action {
 
 /// One route of the output.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Route {
+pub struct ImportedRoute {
     /// The line it came from (its name is `line-N`).
     pub line: usize,
     pub path_prefix: Option<String>,
     pub path_regex: Option<String>,
     pub query_regex: Option<String>,
     pub host: Option<String>,
-    pub action: Option<Action>,
-    /// `rewrite.unless_exists`, with `Action::Rewrite`.
+    pub action: Option<ImportedAction>,
+    /// `rewrite.unless_exists`, with `ImportedAction::Rewrite`.
     pub unless_exists: bool,
-    pub access: Option<Access>,
-    pub response_headers: HeaderRules,
+    pub access: Option<ImportedAccess>,
+    pub response_headers: ImportedHeaders,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Access {
+pub struct ImportedAccess {
     pub allow: Vec<String>,
     pub deny: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HeaderRules {
+pub struct ImportedHeaders {
     pub set: Vec<(String, String)>,
     pub add: Vec<(String, String)>,
     pub remove: Vec<String>,
 }
 
-impl HeaderRules {
+impl ImportedHeaders {
     fn is_empty(&self) -> bool {
         self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
     }
@@ -112,12 +112,12 @@ pub struct Site {
     /// php-fpm's address (`fastcgi://…`) and the document root.
     pub upstream_url: String,
     pub root: String,
-    pub access: Option<Access>,
-    pub response_headers: HeaderRules,
-    pub request_headers: HeaderRules,
+    pub access: Option<ImportedAccess>,
+    pub response_headers: ImportedHeaders,
+    pub request_headers: ImportedHeaders,
     /// `auth.basic` on every route: (realm, users file).
     pub auth: Option<(String, String)>,
-    pub routes: Vec<Route>,
+    pub routes: Vec<ImportedRoute>,
     /// The catch-all's front controller: `rewrite.to`, query appended.
     pub front: Option<(String, bool)>,
     /// The catch-all's `path_regex` when the front controller names captures.
@@ -159,10 +159,10 @@ impl Site {
         for r in &self.routes {
             self.route_yaml(&mut out, r, &format!("line-{}", r.line));
         }
-        let catch_all = Route {
+        let catch_all = ImportedRoute {
             path_prefix: self.front_regex.is_none().then(|| self.prefix.clone()),
             path_regex: self.front_regex.clone(),
-            action: Some(Action::CatchAll),
+            action: Some(ImportedAction::CatchAll),
             ..Default::default()
         };
         // A front controller's pattern matches every path: nothing after it.
@@ -170,7 +170,7 @@ impl Site {
         out
     }
 
-    fn route_yaml(&self, out: &mut String, r: &Route, name: &str) {
+    fn route_yaml(&self, out: &mut String, r: &ImportedRoute, name: &str) {
         let _ = writeln!(out, "  - name: {name}");
         let mut m = Vec::new();
         if let Some(p) = &r.path_prefix {
@@ -209,12 +209,12 @@ impl Site {
 
     /// A route's action: `upstream` (with the front controller for the
     /// catch-all's), `respond`, `redirect` or `rewrite`.
-    fn action_yaml(&self, out: &mut String, r: &Route) {
+    fn action_yaml(&self, out: &mut String, r: &ImportedRoute) {
         // Another route's own captures are not the front controller's.
         let front_fits = self.front_regex.is_none() || r.path_regex == self.front_regex;
         let upstream = "    upstream: php\n";
-        match r.action.as_ref().unwrap_or(&Action::CatchAll) {
-            Action::CatchAll => match self.front.as_ref().filter(|_| front_fits) {
+        match r.action.as_ref().unwrap_or(&ImportedAction::CatchAll) {
+            ImportedAction::CatchAll => match self.front.as_ref().filter(|_| front_fits) {
                 Some((to, append)) => {
                     let append = if *append { ", append_query: true" } else { "" };
                     let _ = writeln!(
@@ -226,11 +226,11 @@ impl Site {
                 }
                 None => out.push_str(upstream),
             },
-            Action::Upstream => out.push_str(upstream),
-            Action::Respond(status) => {
+            ImportedAction::Upstream => out.push_str(upstream),
+            ImportedAction::Respond(status) => {
                 let _ = writeln!(out, "    respond: {{ status: {status} }}");
             }
-            Action::Redirect {
+            ImportedAction::Redirect {
                 to,
                 status,
                 append_query,
@@ -246,7 +246,7 @@ impl Site {
                     q(to)
                 );
             }
-            Action::Rewrite { to, append_query } => {
+            ImportedAction::Rewrite { to, append_query } => {
                 let exists = if r.unless_exists {
                     ", unless_exists: true"
                 } else {
@@ -277,7 +277,7 @@ impl Site {
     }
 }
 
-fn access_yaml(a: &Access) -> String {
+fn access_yaml(a: &ImportedAccess) -> String {
     let list = |l: &[String]| l.iter().map(|s| q(s)).collect::<Vec<_>>().join(", ");
     format!(
         "{{ allow: [{}], deny: [{}] }}",

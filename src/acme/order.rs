@@ -14,7 +14,7 @@ use rustls::sign::CertifiedKey;
 use super::fleet::{Fleet, FleetError, SharedChallenge};
 use super::state::Managed;
 use super::storage::{Storage, Stored};
-use crate::config::acme::{AcmeConfig, Challenge};
+use crate::config::acme::{AcmeChallenge, AcmeConfig};
 
 /// `urn:ietf:params:acme:error:rateLimited`: the CA asks us to slow down.
 const RATE_LIMITED: &str = "urn:ietf:params:acme:error:rateLimited";
@@ -227,7 +227,7 @@ async fn share_http_answer(managed: &Managed, token: &str, answer: &str) -> Resu
 pub async fn obtain(
     account: &Account,
     domain: &str,
-    challenge: Challenge,
+    challenge: AcmeChallenge,
     managed: &Managed,
     fleet: Option<&Arc<Fleet>>,
 ) -> Result<Stored, OrderError> {
@@ -244,7 +244,7 @@ pub async fn obtain(
 async fn place(
     account: &Account,
     domain: &str,
-    challenge: Challenge,
+    challenge: AcmeChallenge,
     managed: &Managed,
     fleet: Option<&Arc<Fleet>>,
 ) -> Result<Stored, OrderError> {
@@ -257,8 +257,8 @@ async fn place(
         fleet: None,
     };
     let kind = match challenge {
-        Challenge::Http01 => ChallengeType::Http01,
-        Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+        AcmeChallenge::Http01 => ChallengeType::Http01,
+        AcmeChallenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
     };
     let mut authorizations = order.authorizations();
     while let Some(authz) = authorizations.next().await {
@@ -274,7 +274,7 @@ async fn place(
             })?;
         let key_auth = ch.key_authorization();
         let shared = match challenge {
-            Challenge::Http01 => {
+            AcmeChallenge::Http01 => {
                 managed.set_http_answer(&ch.token, Some(key_auth.as_str().to_string()));
                 answer.token = Some(ch.token.clone());
                 share_http_answer(managed, &ch.token, key_auth.as_str()).await?;
@@ -283,7 +283,7 @@ async fn place(
                     answer: key_auth.as_str().to_string(),
                 }
             }
-            Challenge::TlsAlpn01 => {
+            AcmeChallenge::TlsAlpn01 => {
                 let (chain_pem, key_pem) = alpn_certificate(domain, key_auth.digest().as_ref())?;
                 let cert = certified_key(&chain_pem, &key_pem)?;
                 managed.set_alpn_certificate(domain, Some(Arc::new(cert)));

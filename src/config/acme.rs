@@ -15,18 +15,18 @@ pub const DEFAULT_STORAGE: &str = "/var/lib/tollgate/acme";
 
 /// How the CA checks that tollgate controls a name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Challenge {
+pub enum AcmeChallenge {
     /// A self-signed certificate on the TLS listener, chosen by ALPN `acme-tls/1`.
     TlsAlpn01,
     /// `/.well-known/acme-challenge/<token>` on a plain listener (port 80).
     Http01,
 }
 
-impl Challenge {
+impl AcmeChallenge {
     pub fn as_str(self) -> &'static str {
         match self {
-            Challenge::TlsAlpn01 => "tls-alpn-01",
-            Challenge::Http01 => "http-01",
+            AcmeChallenge::TlsAlpn01 => "tls-alpn-01",
+            AcmeChallenge::Http01 => "http-01",
         }
     }
 }
@@ -41,7 +41,7 @@ pub struct AcmeConfig {
     /// Lower-case DNS names, each validated alone (never a wildcard): the
     /// explicit list, or every exact `host` the routes name.
     pub domains: Vec<String>,
-    pub challenge: Challenge,
+    pub challenge: AcmeChallenge,
     pub storage: PathBuf,
     /// Renew when this much validity is left; `None`: at two thirds of the lifetime.
     pub renew_before: Option<Duration>,
@@ -154,17 +154,17 @@ impl Validator<'_> {
             }
         }
         let challenge = match raw.challenge.as_ref().map(|t| t.0.as_str()) {
-            None | Some("tls-alpn-01") => Challenge::TlsAlpn01,
-            Some("http-01") => Challenge::Http01,
+            None | Some("tls-alpn-01") => AcmeChallenge::TlsAlpn01,
+            Some("http-01") => AcmeChallenge::Http01,
             Some(other) => {
                 self.err(
                     "server.tls.acme.challenge",
                     format!("unknown challenge {other:?}; use tls-alpn-01 or http-01"),
                 );
-                Challenge::TlsAlpn01
+                AcmeChallenge::TlsAlpn01
             }
         };
-        if challenge == Challenge::Http01 && !has_plain_listener {
+        if challenge == AcmeChallenge::Http01 && !has_plain_listener {
             self.err(
                 "server.tls.acme.challenge",
                 "http-01 needs a plain listener (port 80): set server.tls.listen so server.listen stays plain, or use tls-alpn-01",

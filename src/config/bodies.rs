@@ -26,7 +26,7 @@ pub struct BodyConfig {
     pub upstream_per_connection: usize,
     /// How long the rest of a body answered early is read and discarded
     /// before the connection closes.
-    pub lingering: Lingering,
+    pub lingering: LingeringConfig,
 }
 
 /// `server.lingering_time` and `server.lingering_timeout` (nginx's names and
@@ -34,7 +34,7 @@ pub struct BodyConfig {
 /// 429, 401 …), the rest of the body is read and thrown away, so the client
 /// can finish sending and read the answer instead of meeting a reset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lingering {
+pub struct LingeringConfig {
     /// The longest a connection lingers in all; `0s`: it never does.
     pub time: Duration,
     /// The longest wait for the client's next bytes while lingering.
@@ -49,7 +49,7 @@ impl Default for BodyConfig {
             min_rate: 500,
             send_timeout: Duration::from_secs(60),
             upstream_per_connection: 16,
-            lingering: Lingering {
+            lingering: LingeringConfig {
                 time: Duration::from_secs(30),
                 timeout: Duration::from_secs(5),
             },
@@ -82,7 +82,7 @@ impl Validator<'_> {
                 raw.upstream_requests_per_connection,
             )
             .unwrap_or(d.upstream_per_connection);
-        let lingering = Lingering {
+        let lingering = LingeringConfig {
             time: dur(raw.lingering_time, d.lingering.time),
             timeout: dur(raw.lingering_timeout, d.lingering.timeout),
         };
@@ -136,7 +136,7 @@ mod tests {
             crate::config::parse("server: { lingering_time: 0s, lingering_timeout: 1s }").unwrap();
         assert_eq!(
             c.server.bodies.lingering,
-            Lingering {
+            LingeringConfig {
                 time: Duration::ZERO,
                 timeout: Duration::from_secs(1),
             }

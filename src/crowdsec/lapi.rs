@@ -17,7 +17,7 @@ const API_KEY: &str = "x-api-key";
 
 /// One decision as the stream lists it.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Decision {
+pub struct LapiDecision {
     #[serde(default)]
     pub id: i64,
     #[serde(default)]
@@ -35,14 +35,14 @@ pub struct Decision {
 #[derive(Debug, Default, Deserialize)]
 pub struct Delta {
     #[serde(default, deserialize_with = "null_as_empty")]
-    pub new: Vec<Decision>,
+    pub new: Vec<LapiDecision>,
     #[serde(default, deserialize_with = "null_as_empty")]
-    pub deleted: Vec<Decision>,
+    pub deleted: Vec<LapiDecision>,
 }
 
 /// The stream writes `null` for an empty list.
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Decision>, D::Error> {
-    Ok(Option::<Vec<Decision>>::deserialize(d)?.unwrap_or_default())
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<LapiDecision>, D::Error> {
+    Ok(Option::<Vec<LapiDecision>>::deserialize(d)?.unwrap_or_default())
 }
 
 /// Why a call failed.

@@ -7,7 +7,9 @@
 //! pattern the `regex` crate cannot run (look-around) is translated without
 //! it only where that denies more, never less.
 
-use super::{Access, Action, Finding, HeaderRules, Route, Severity, Site};
+use super::{
+    Finding, ImportedAccess, ImportedAction, ImportedHeaders, ImportedRoute, Severity, Site,
+};
 
 /// What the command line says about the site.
 #[derive(Debug, Clone)]
@@ -38,8 +40,8 @@ struct FilesBlock {
     /// The block's file-name pattern, as a `path_regex`.
     path_regex: String,
     denied: bool,
-    access: Option<Access>,
-    headers: HeaderRules,
+    access: Option<ImportedAccess>,
+    headers: ImportedHeaders,
 }
 
 /// The state of one pass over the file.
@@ -312,18 +314,18 @@ impl Reader {
             );
         }
         let action = if denied && access.is_none() {
-            Action::Respond(403)
+            ImportedAction::Respond(403)
         } else {
-            Action::CatchAll
+            ImportedAction::CatchAll
         };
-        if action == Action::CatchAll && access.is_none() && headers.is_empty() {
+        if action == ImportedAction::CatchAll && access.is_none() && headers.is_empty() {
             return;
         }
         let access = access.map(|mut a| {
             a.deny = vec!["all".into()];
             a
         });
-        self.site.routes.push(Route {
+        self.site.routes.push(ImportedRoute {
             line,
             path_regex: Some(path_regex),
             action: Some(action),
@@ -335,7 +337,7 @@ impl Reader {
 
     /// `Require`, `Order`, `Allow from`, `Deny from`: into `access`
     /// (`denied`: everyone is refused but the allowed).
-    fn access(&mut self, n: usize, a: &[String], access: &mut Access, denied: &mut bool) {
+    fn access(&mut self, n: usize, a: &[String], access: &mut ImportedAccess, denied: &mut bool) {
         let words: Vec<String> = a.iter().map(|w| w.to_ascii_lowercase()).collect();
         match words
             .iter()
@@ -362,7 +364,7 @@ impl Reader {
         }
     }
 
-    fn header(&mut self, n: usize, a: &[String], rules: &mut HeaderRules) {
+    fn header(&mut self, n: usize, a: &[String], rules: &mut ImportedHeaders) {
         let mut words: Vec<&str> = a[1..].iter().map(String::as_str).collect();
         if words.first().is_some_and(|w| {
             w.eq_ignore_ascii_case("always") || w.eq_ignore_ascii_case("onsuccess")

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-pub use crate::config::Lingering as Bounds;
+pub use crate::config::LingeringConfig as Bounds;
 use crate::metrics::{inc, Metrics};
 
 /// The most bytes one connection discards while lingering: past it the

@@ -408,7 +408,10 @@ fn acme_names_default_to_the_exact_hosts_the_routes_match() {
     let acme = config.server.tls.unwrap().acme.unwrap();
     assert_eq!(acme.domains, ["shop.example"]);
     assert_eq!(acme.directory, crate::config::acme::LETS_ENCRYPT);
-    assert_eq!(acme.challenge, crate::config::acme::Challenge::TlsAlpn01);
+    assert_eq!(
+        acme.challenge,
+        crate::config::acme::AcmeChallenge::TlsAlpn01
+    );
 }
 
 #[test]

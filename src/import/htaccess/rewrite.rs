@@ -1,7 +1,7 @@
 //! mod_rewrite and mod_alias lines: `RewriteCond`, `RewriteRule` with its flags, `Redirect`, `RedirectMatch`.
 
 use super::{drop_lookarounds, Cond, Reader};
-use crate::import::{Action, Route};
+use crate::import::{ImportedAction, ImportedRoute};
 
 /// Patterns that match every path: the rule's conditions decide alone.
 const EVERYTHING: &[&str] = &[
@@ -224,7 +224,7 @@ impl Reader {
         let matches_all = everything || EVERYTHING.contains(&pattern);
         let front =
             matches_all && c.missing && c.query.is_none() && c.host.is_none() && c.path.is_none();
-        if let (true, Action::Rewrite { to, append_query }) = (front, &action) {
+        if let (true, ImportedAction::Rewrite { to, append_query }) = (front, &action) {
             self.site.front = Some((to.clone(), *append_query));
             self.site.front_regex = regex.clone();
             for (line, p) in &c.not_path {
@@ -236,7 +236,7 @@ impl Reader {
             return;
         }
         let prefix = regex.is_none().then(|| self.base.clone());
-        self.site.routes.push(Route {
+        self.site.routes.push(ImportedRoute {
             line: n,
             path_prefix: prefix,
             path_regex: regex,
@@ -249,21 +249,21 @@ impl Reader {
     }
 
     /// What a rule does: deny (`F`, `G`), pass (`-`), redirect (`R`) or rewrite.
-    fn action(&self, target: &str, f: &Flags) -> Action {
+    fn action(&self, target: &str, f: &Flags) -> ImportedAction {
         if f.forbidden {
-            Action::Respond(403)
+            ImportedAction::Respond(403)
         } else if f.gone {
-            Action::Respond(410)
+            ImportedAction::Respond(410)
         } else if target == "-" {
-            Action::Upstream
+            ImportedAction::Upstream
         } else if let Some(status) = f.redirect {
-            Action::Redirect {
+            ImportedAction::Redirect {
                 to: self.target(target),
                 status,
                 append_query: f.append_query,
             }
         } else {
-            Action::Rewrite {
+            ImportedAction::Rewrite {
                 to: self.target(target),
                 append_query: f.append_query,
             }
@@ -279,10 +279,10 @@ impl Reader {
             (true, _) => {
                 for (line, p) in &c.not_path {
                     self.note(*line, format!("`!{p}`: an exception to the deny on line {n}, a route before it that goes where the catch-all goes"));
-                    let guard = Route {
+                    let guard = ImportedRoute {
                         line: *line,
                         path_regex: Some(p.clone()),
-                        action: Some(Action::CatchAll),
+                        action: Some(ImportedAction::CatchAll),
                         ..Default::default()
                     };
                     self.site.routes.push(guard);
@@ -376,20 +376,20 @@ impl Reader {
             return self.warn(n, format!("the pattern cannot be translated: {e}"));
         }
         let action = match (status, to) {
-            (410, _) => Action::Respond(410),
-            (_, Some(to)) if lower == "redirectmatch" => Action::Redirect {
+            (410, _) => ImportedAction::Respond(410),
+            (_, Some(to)) if lower == "redirectmatch" => ImportedAction::Redirect {
                 to: to.to_string(),
                 status,
                 append_query: false,
             },
-            (_, Some(to)) => Action::Redirect {
+            (_, Some(to)) => ImportedAction::Redirect {
                 to: format!("{}$1", to.trim_end_matches('/')),
                 status,
                 append_query: false,
             },
             (_, None) => return self.warn(n, "a redirect needs a target"),
         };
-        self.site.routes.push(Route {
+        self.site.routes.push(ImportedRoute {
             line: n,
             path_regex: Some(regex),
             action: Some(action),
