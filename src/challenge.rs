@@ -541,17 +541,7 @@ pub fn safe_return(back: &str) -> &str {
 /// malformed weight is no weight). `*/*` alone (curl, most libraries) is
 /// not a browser.
 pub fn prefers_html(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(http::header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|range| {
-            let mut parts = range.split(';');
-            let media = parts.next().unwrap_or("").trim();
-            media.eq_ignore_ascii_case("text/html")
-                && crate::page::quality(parts).is_some_and(|q| q > 0)
-        })
+    crate::page::accepts(headers, &["text/html"])
 }
 
 #[cfg(test)]

@@ -129,6 +129,22 @@ impl Quality {
     }
 }
 
+/// Whether `Accept` names one of `types` (without case) with a non-zero
+/// weight; a malformed weight is no weight.
+pub fn accepts(headers: &http::HeaderMap, types: &[&str]) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            types.iter().any(|t| media.eq_ignore_ascii_case(t))
+                && quality(parts).is_some_and(|q| q > 0)
+        })
+}
+
 /// The `q` parameter in thousandths (1000 without one); `None` when it is
 /// not a valid qvalue (`0`, `1`, `0.x` up to three decimals, `1.0`…).
 /// Parameter names are case-insensitive (RFC 9110 §5.6.6): `Q=0` is `q=0`.

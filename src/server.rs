@@ -298,22 +298,24 @@ async fn serve_accepted(
     acme: Arc<Managed>,
     proxied: bool,
 ) {
-    if !proxied {
-        let stream = Prefixed::new(Bytes::new(), stream);
-        return serve_stream(stream, conn, serve, app, timeouts, drain, permit, acme).await;
-    }
-    let activity = permit.activity();
-    let counters = &app.shared.proxy_protocol;
-    // Like a TLS handshake: nothing of a request yet, so a newcomer may displace it.
-    let opened = tokio::select! {
-        o = crate::proxy_protocol::open(stream, conn.peer, timeouts.header, counters) => o,
-        _ = drain.cancelled() => return,
-        _ = activity.displaced() => return,
-    };
-    if let Some((client, stream)) = opened {
+    let stream = if proxied {
+        let activity = permit.activity();
+        let counters = &app.shared.proxy_protocol;
+        // Like a TLS handshake: nothing of a request yet, so a newcomer may displace it.
+        let opened = tokio::select! {
+            o = crate::proxy_protocol::open(stream, conn.peer, timeouts.header, counters) => o,
+            _ = drain.cancelled() => return,
+            _ = activity.displaced() => return,
+        };
+        let Some((client, stream)) = opened else {
+            return;
+        };
         conn.peer = client;
-        serve_stream(stream, conn, serve, app, timeouts, drain, permit, acme).await
-    }
+        stream
+    } else {
+        Prefixed::new(Bytes::new(), stream)
+    };
+    serve_stream(stream, conn, serve, app, timeouts, drain, permit, acme).await
 }
 
 /// Serves one connection as its listener says: plain, TLS, or

@@ -40,17 +40,7 @@ fn is_feed_path(path: &str) -> bool {
 
 /// `Accept` names a feed type with a non-zero weight.
 fn asks_for_feed(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(http::header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|range| {
-            let mut parts = range.split(';');
-            let media = parts.next().unwrap_or("").trim();
-            FEED_TYPES.iter().any(|t| media.eq_ignore_ascii_case(t))
-                && crate::page::quality(parts).is_some_and(|q| q > 0)
-        })
+    crate::page::accepts(headers, &FEED_TYPES)
 }
 
 #[cfg(test)]
