@@ -13,11 +13,13 @@ use serde::{Deserialize, Deserializer};
 use super::{balance, observe};
 
 mod limiter;
+mod reputation;
 mod site;
 
 pub use super::store::redis::RawSentinel;
 pub use super::store::{RawBackend, RawRedis, RawSqlite, RawStore};
 pub use limiter::{RawLimiter, RawOverride, Written};
+pub use reputation::{RawCrowdsec, RawGeoip, RawPush};
 pub use site::{RawAccess, RawAuth, RawBasic, RawHeaderRules, RawHeaders, RawRedirect, RawRewrite};
 
 /// A string value in which `${ENV_VAR}` is replaced from the environment.
@@ -441,9 +443,9 @@ pub struct RawIdentity {
     /// Signed passes a solved challenge earns (`key: pass`, `routes[].challenge`).
     pub pass: Option<super::challenge::RawPass>,
     /// ASN and country databases (MaxMind DB format): `key: asn`, `match.country`.
-    pub geoip: Option<super::reputation::RawGeoip>,
+    pub geoip: Option<RawGeoip>,
     /// A CrowdSec Local API: its decisions enforced, tollgate's bans pushed to it.
-    pub crowdsec: Option<super::reputation::RawCrowdsec>,
+    pub crowdsec: Option<RawCrowdsec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
