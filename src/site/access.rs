@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::networks::{Country, Network};
+use crate::geodb::{Country, Network};
 
 /// The lists, as written: `allow` entries are tried first, then `deny`;
 /// the first entry that holds the client decides, and a client no entry
