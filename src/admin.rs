@@ -116,7 +116,12 @@ pub async fn handle(
         }
         (&Method::POST, "/reload") => {
             let strict = query_param(req.uri().query().unwrap_or(""), "strict");
-            reload(app, reloader, &snap, strict.as_deref() == Some("true")).await
+            match strict.as_deref() {
+                None | Some("false") => reload(app, reloader, &snap, false).await,
+                Some("true") => reload(app, reloader, &snap, true).await,
+                // A misspelt flag must not reload without the check it asked for.
+                Some(_) => admin_error(StatusCode::BAD_REQUEST, "strict is true or false."),
+            }
         }
         (&Method::GET, "/bans") => bans::list(app, &snap, req.uri().query().unwrap_or("")).await,
         (&Method::DELETE, p) if p.starts_with("/bans/") => {

@@ -326,6 +326,16 @@ async fn reload_applies_a_changed_limit_to_the_running_counters() {
 }
 
 #[tokio::test]
+async fn a_reload_with_a_misspelt_strict_flag_is_refused_and_changes_nothing() {
+    let proxy = Proxy::start_with_clock(&limit_two("pong"), ManualClock::at(T0)).await;
+    proxy.write_config(&limit_two("pong").replace("limit: 2", "limit: 5"));
+    let answer = send(client().post(proxy.admin_url("/reload?strict=yes"))).await;
+    assert_eq!(answer.status, 400);
+    let (_, config) = admin_get(&client(), &proxy, "/config").await;
+    assert_eq!(config["version"], 1, "nothing was reloaded");
+}
+
+#[tokio::test]
 async fn reload_with_missing_names_answers_422_with_every_error_and_keeps_old_limits() {
     let proxy = Proxy::start_with_clock(&limit_two("pong"), ManualClock::at(T0)).await;
     let c = client();
