@@ -183,20 +183,20 @@ async fn a_refusal_in_one_slot_gives_back_what_another_slot_took_and_never_over_
     assert_eq!(admitted, 2, "two tokens were left");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bans_and_resets_reach_every_primary() {
-    let cluster = Cluster::start();
-    let store = open_cluster(&cluster);
+/// Bans `n` clients (three strikes each under [`three_for_an_hour`]); their keys.
+async fn ban_clients(store: &Store, n: usize) -> Vec<String> {
     let rule = three_for_an_hour();
-    let keys: Vec<String> = (1..=12).map(|i| format!("one:ip:192.0.2.{i}")).collect();
+    let keys: Vec<String> = (1..=n).map(|i| format!("one:ip:192.0.2.{i}")).collect();
     for k in &keys {
         for _ in 0..3 {
             store.strike(k, &rule, 60 * S, T0).await.unwrap();
         }
     }
-    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let banned = store.banned(&refs, T0).await.unwrap();
-    assert!(banned.iter().all(Option::is_some), "{banned:?}");
+    keys
+}
+
+/// The keys `GET /bans` would list, sorted.
+async fn listed_bans(store: &Store) -> Vec<String> {
     let mut listed: Vec<String> = store
         .ban_list(T0)
         .await
@@ -205,9 +205,24 @@ async fn bans_and_resets_reach_every_primary() {
         .map(|b| b.key)
         .collect();
     listed.sort();
+    listed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_and_resets_reach_every_primary() {
+    let cluster = Cluster::start();
+    let store = open_cluster(&cluster);
+    let keys = ban_clients(&store, 12).await;
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let banned = store.banned(&refs, T0).await.unwrap();
+    assert!(banned.iter().all(Option::is_some), "{banned:?}");
     let mut want = keys.clone();
     want.sort();
-    assert_eq!(listed, want, "every ban, from every primary");
+    assert_eq!(
+        listed_bans(&store).await,
+        want,
+        "every ban, from every primary"
+    );
     let holding = cluster
         .primaries()
         .iter()
@@ -222,14 +237,8 @@ async fn bans_and_resets_reach_every_primary() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_store_whose_first_seed_never_answers_still_lists_every_ban() {
     let cluster = Cluster::start();
-    let rule = three_for_an_hour();
-    let keys: Vec<String> = (1..=6).map(|i| format!("one:ip:192.0.2.{i}")).collect();
-    let warm = open_cluster(&cluster);
-    for k in &keys {
-        for _ in 0..3 {
-            warm.strike(k, &rule, 60 * S, T0).await.unwrap();
-        }
-    }
+    let mut keys = ban_clients(&open_cluster(&cluster), 6).await;
+    keys.sort();
     // A seed that takes connections (the kernel completes them) and never
     // answers: the fresh store's cluster connection waits a second for it.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -238,15 +247,10 @@ async fn a_fresh_store_whose_first_seed_never_answers_still_lists_every_ban() {
         vec![silent, cluster.nodes[0].url()],
         Duration::from_millis(250),
     );
-    let mut listed: Vec<String> = fresh
-        .ban_list(T0)
-        .await
-        .expect("the ban list, asked of the seeds in turn")
-        .into_iter()
-        .map(|b| b.key)
-        .collect();
-    listed.sort();
-    let mut want = keys.clone();
-    want.sort();
-    assert_eq!(listed, want, "every ban, from every primary");
+    // Asked of the seeds in turn: the silent one, then a live one.
+    assert_eq!(
+        listed_bans(&fresh).await,
+        keys,
+        "every ban, from every primary"
+    );
 }
