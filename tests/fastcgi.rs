@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::php_fpm::PhpFpm;
+use common::php_fpm::EVIL_UPLOAD as EVIL;
 use common::{client, send, Proxy, Tap};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -42,10 +43,6 @@ setcookie('b', '2');
 header('Location: /login.php');
 echo 'moved';
 "#;
-
-/// An "image" an attacker uploaded: PHP code that marks that it ran.
-const EVIL: &str =
-    r#"<?php file_put_contents(__DIR__ . '/../../evil-ran', 'yes'); echo 'EVIL RAN';"#;
 
 /// The document root: scripts, an upload, static and private files.
 fn site(dir: &Path) -> PathBuf {

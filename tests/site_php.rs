@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 use common::app::{app, from, get, text};
 use common::php_fpm::PhpFpm;
+use common::php_fpm::EVIL_UPLOAD as EVIL;
 
 /// Prints what PHP was told about the request.
 const ECHO: &str = r#"<?php
@@ -19,9 +20,6 @@ foreach (['SCRIPT_NAME', 'SCRIPT_FILENAME', 'PATH_INFO', 'REQUEST_URI', 'QUERY_S
 $out['GET'] = $_GET;
 echo json_encode($out);
 "#;
-
-const EVIL: &str =
-    r#"<?php file_put_contents(__DIR__ . '/../../evil-ran', 'yes'); echo 'EVIL RAN';"#;
 
 fn site(dir: &Path) -> PathBuf {
     let root = dir.join("www");

@@ -6,6 +6,11 @@ use std::time::Duration;
 
 use super::eventually_blocking;
 
+/// An "image" an attacker uploaded: PHP code that marks, two directories
+/// up from where it lies, that it ran (the file `evil-ran`).
+pub const EVIL_UPLOAD: &str =
+    r#"<?php file_put_contents(__DIR__ . '/../../evil-ran', 'yes'); echo 'EVIL RAN';"#;
+
 /// One php-fpm master with two pools over the same scripts: `unix` on a
 /// socket and `tcp` on 127.0.0.1; killed on drop.
 pub struct PhpFpm {
