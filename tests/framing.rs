@@ -43,111 +43,140 @@ fn strict_requests(mut bytes: &[u8]) -> Result<(Vec<Seen>, usize), String> {
         let Some(end) = find(bytes, b"\r\n\r\n") else {
             return Ok((out, bytes.len()));
         };
-        let head = &bytes[..end];
-        let mut rest = &bytes[end + 4..];
-        let mut lines = split_crlf(head);
-        let line = lines.next().ok_or("empty head")?;
-        let line = std::str::from_utf8(line).map_err(|_| "request line is not ASCII")?;
-        let parts: Vec<&str> = line.split(' ').collect();
-        let [method, target, version] = parts[..] else {
-            return Err(format!("request line {line:?}"));
-        };
-        if method.is_empty() || !method.bytes().all(is_tchar) {
-            return Err(format!("method {method:?}"));
-        }
-        if !target.starts_with('/') || target.bytes().any(|b| b <= b' ' || b >= 0x7f) {
-            return Err(format!("target {target:?} is not origin-form"));
-        }
-        if version != "HTTP/1.1" {
-            return Err(format!("version {version:?}"));
-        }
-        let mut hosts = 0;
-        let mut length: Option<usize> = None;
-        let mut chunked = false;
-        for field in lines {
-            let colon = field.iter().position(|&b| b == b':').ok_or("no colon")?;
-            let (name, value) = (&field[..colon], &field[colon + 1..]);
-            if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-                return Err(format!("field name {:?}", String::from_utf8_lossy(name)));
-            }
-            if value.iter().any(|&b| (b < b' ' && b != b'\t') || b == 0x7f) {
-                return Err(format!(
-                    "control byte in {:?}",
-                    String::from_utf8_lossy(field)
-                ));
-            }
-            let value = String::from_utf8_lossy(value).trim().to_string();
-            match String::from_utf8_lossy(name).to_ascii_lowercase().as_str() {
-                "host" => hosts += 1,
-                "content-length" => {
-                    if length.is_some()
-                        || value.is_empty()
-                        || !value.bytes().all(|b| b.is_ascii_digit())
-                    {
-                        return Err(format!("Content-Length {value:?} (or twice)"));
-                    }
-                    length = Some(value.parse().map_err(|_| "Content-Length overflows")?);
-                }
-                "transfer-encoding" => {
-                    if chunked || !value.eq_ignore_ascii_case("chunked") {
-                        return Err(format!("Transfer-Encoding {value:?} (or twice)"));
-                    }
-                    chunked = true;
-                }
-                _ => {}
-            }
-        }
-        if hosts != 1 {
-            return Err(format!("{hosts} Host fields"));
-        }
-        if chunked && length.is_some() {
-            return Err("both Content-Length and Transfer-Encoding".into());
-        }
-        if chunked {
-            loop {
-                let Some(eol) = find(rest, b"\r\n") else {
-                    return Ok((out, rest.len() + end + 4));
-                };
-                let size = std::str::from_utf8(&rest[..eol]).map_err(|_| "chunk size")?;
-                let size = size.split(';').next().unwrap_or("");
-                let size =
-                    usize::from_str_radix(size, 16).map_err(|_| format!("chunk size {size:?}"))?;
-                rest = &rest[eol + 2..];
-                if size == 0 {
-                    // Trailer fields, then the empty line.
-                    loop {
-                        let Some(eol) = find(rest, b"\r\n") else {
-                            return Ok((out, rest.len() + 1));
-                        };
-                        let empty = eol == 0;
-                        rest = &rest[eol + 2..];
-                        if empty {
-                            break;
-                        }
-                    }
-                    break;
-                }
-                if rest.len() < size + 2 {
-                    return Ok((out, rest.len() + 1));
-                }
-                if &rest[size..size + 2] != b"\r\n" {
-                    return Err("chunk data not followed by CRLF".into());
-                }
-                rest = &rest[size + 2..];
-            }
+        let mut lines = split_crlf(&bytes[..end]);
+        let (method, target) = request_line(lines.next().ok_or("empty head")?)?;
+        let (length, chunked) = framing(lines)?;
+        let rest = &bytes[end + 4..];
+        let body = if chunked {
+            chunked_body(rest, end + 4)?
         } else if let Some(n) = length {
             if rest.len() < n {
-                return Ok((out, rest.len() + end + 4));
+                Body::Short(rest.len() + end + 4)
+            } else {
+                Body::Done(&rest[n..])
             }
-            rest = &rest[n..];
+        } else {
+            Body::Done(rest)
+        };
+        match body {
+            Body::Short(left) => return Ok((out, left)),
+            Body::Done(after) => bytes = after,
         }
         out.push(Seen {
             method: method.to_string(),
             target: target.to_string(),
         });
-        bytes = rest;
     }
     Ok((out, 0))
+}
+
+/// A request line's method and origin-form target, or why it is refused.
+fn request_line(line: &[u8]) -> Result<(&str, &str), String> {
+    let line = std::str::from_utf8(line).map_err(|_| "request line is not ASCII")?;
+    let parts: Vec<&str> = line.split(' ').collect();
+    let [method, target, version] = parts[..] else {
+        return Err(format!("request line {line:?}"));
+    };
+    if method.is_empty() || !method.bytes().all(is_tchar) {
+        return Err(format!("method {method:?}"));
+    }
+    if !target.starts_with('/') || target.bytes().any(|b| b <= b' ' || b >= 0x7f) {
+        return Err(format!("target {target:?} is not origin-form"));
+    }
+    if version != "HTTP/1.1" {
+        return Err(format!("version {version:?}"));
+    }
+    Ok((method, target))
+}
+
+/// The header fields' framing, `(Content-Length, chunked)`, or why they are
+/// refused: one Host, each framing field at most once and never both.
+fn framing<'a>(fields: impl Iterator<Item = &'a [u8]>) -> Result<(Option<usize>, bool), String> {
+    let mut hosts = 0;
+    let mut length: Option<usize> = None;
+    let mut chunked = false;
+    for field in fields {
+        let colon = field.iter().position(|&b| b == b':').ok_or("no colon")?;
+        let (name, value) = (&field[..colon], &field[colon + 1..]);
+        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+            return Err(format!("field name {:?}", String::from_utf8_lossy(name)));
+        }
+        if value.iter().any(|&b| (b < b' ' && b != b'\t') || b == 0x7f) {
+            return Err(format!(
+                "control byte in {:?}",
+                String::from_utf8_lossy(field)
+            ));
+        }
+        let value = String::from_utf8_lossy(value).trim().to_string();
+        match String::from_utf8_lossy(name).to_ascii_lowercase().as_str() {
+            "host" => hosts += 1,
+            "content-length" => {
+                if length.is_some()
+                    || value.is_empty()
+                    || !value.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return Err(format!("Content-Length {value:?} (or twice)"));
+                }
+                length = Some(value.parse().map_err(|_| "Content-Length overflows")?);
+            }
+            "transfer-encoding" => {
+                if chunked || !value.eq_ignore_ascii_case("chunked") {
+                    return Err(format!("Transfer-Encoding {value:?} (or twice)"));
+                }
+                chunked = true;
+            }
+            _ => {}
+        }
+    }
+    if hosts != 1 {
+        return Err(format!("{hosts} Host fields"));
+    }
+    if chunked && length.is_some() {
+        return Err("both Content-Length and Transfer-Encoding".into());
+    }
+    Ok((length, chunked))
+}
+
+/// Where a request's body ends.
+enum Body<'a> {
+    /// Whole: the bytes after it.
+    Done(&'a [u8]),
+    /// Cut short: how much is left unparsed.
+    Short(usize),
+}
+
+/// A chunked body at the start of `rest` (after a head of `head_len` bytes),
+/// trailer fields and the empty line included.
+fn chunked_body(mut rest: &[u8], head_len: usize) -> Result<Body<'_>, String> {
+    loop {
+        let Some(eol) = find(rest, b"\r\n") else {
+            return Ok(Body::Short(rest.len() + head_len));
+        };
+        let size = std::str::from_utf8(&rest[..eol]).map_err(|_| "chunk size")?;
+        let size = size.split(';').next().unwrap_or("");
+        let size = usize::from_str_radix(size, 16).map_err(|_| format!("chunk size {size:?}"))?;
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            // Trailer fields, then the empty line.
+            loop {
+                let Some(eol) = find(rest, b"\r\n") else {
+                    return Ok(Body::Short(rest.len() + 1));
+                };
+                let empty = eol == 0;
+                rest = &rest[eol + 2..];
+                if empty {
+                    return Ok(Body::Done(rest));
+                }
+            }
+        }
+        if rest.len() < size + 2 {
+            return Ok(Body::Short(rest.len() + 1));
+        }
+        if &rest[size..size + 2] != b"\r\n" {
+            return Err("chunk data not followed by CRLF".into());
+        }
+        rest = &rest[size + 2..];
+    }
 }
 
 fn is_tchar(b: u8) -> bool {
