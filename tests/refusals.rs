@@ -127,62 +127,69 @@ async fn every_kind_of_429(accept: Option<&str>) {
         ("unknown keys", &probing, "unknown-api-keys-exceeded", false),
     ];
     for (kind, answer, problem, by_limiters) in kinds {
-        assert_eq!(answer.status, 429, "{kind}: {}", answer.body);
-        for name in COMMON {
-            assert!(
-                answer.headers.contains_key(name),
-                "{kind} lacks {name}: {:?}",
-                answer.headers
-            );
-        }
-        let retry: u64 = answer.headers["retry-after"]
-            .to_str()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!(retry >= 1, "{kind}: Retry-After {retry}");
-        assert_eq!(answer.headers["cache-control"], "no-store", "{kind}");
-        for name in LIMITS {
-            assert_eq!(
-                answer.headers.contains_key(name),
-                by_limiters,
-                "{kind}: {name}"
-            );
-        }
-        let id = answer.headers["x-request-id"].to_str().unwrap();
-        // Negotiated answers say so to caches; a limiter's own page is the same for everyone.
-        // (`Accept-Encoding` is compression's own, on every compressible answer.)
-        let vary: Vec<_> = answer.headers.get_all("vary").iter().collect();
-        assert_eq!(
-            vary.iter()
-                .any(|v| v.as_bytes().eq_ignore_ascii_case(b"accept")),
-            !problem.is_empty(),
-            "{kind}: {vary:?}"
-        );
-        if problem.is_empty() || browser {
-            assert_eq!(
-                answer.headers["content-type"], "text/html; charset=utf-8",
-                "{kind}"
-            );
-            assert!(
-                answer.body.contains(id),
-                "{kind}: the page names the request"
-            );
-            assert!(
-                answer.body.contains("Please wait"),
-                "{kind}: the page says when to retry: {}",
-                answer.body
-            );
-        } else {
-            assert_eq!(
-                answer.headers["content-type"], "application/problem+json",
-                "{kind}"
-            );
-            let body = answer.json();
-            assert_eq!(body["type"], problem, "{kind}");
-            assert_eq!(body["request_id"], id, "{kind}");
-        }
+        assert_refusal(kind, answer, problem, by_limiters, browser);
     }
     held.abort();
     queued.abort();
+}
+
+/// `answer`, a refusal of `kind`: a 429 with the common headers, the
+/// limiters' headers when `by_limiters`, and a page (a limiter's own, or
+/// for a `browser`) or else the `problem` as problem+json.
+fn assert_refusal(kind: &str, answer: &Answer, problem: &str, by_limiters: bool, browser: bool) {
+    assert_eq!(answer.status, 429, "{kind}: {}", answer.body);
+    for name in COMMON {
+        assert!(
+            answer.headers.contains_key(name),
+            "{kind} lacks {name}: {:?}",
+            answer.headers
+        );
+    }
+    let retry: u64 = answer.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1, "{kind}: Retry-After {retry}");
+    assert_eq!(answer.headers["cache-control"], "no-store", "{kind}");
+    for name in LIMITS {
+        assert_eq!(
+            answer.headers.contains_key(name),
+            by_limiters,
+            "{kind}: {name}"
+        );
+    }
+    let id = answer.headers["x-request-id"].to_str().unwrap();
+    // Negotiated answers say so to caches; a limiter's own page is the same for everyone.
+    // (`Accept-Encoding` is compression's own, on every compressible answer.)
+    let vary: Vec<_> = answer.headers.get_all("vary").iter().collect();
+    assert_eq!(
+        vary.iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"accept")),
+        !problem.is_empty(),
+        "{kind}: {vary:?}"
+    );
+    if problem.is_empty() || browser {
+        assert_eq!(
+            answer.headers["content-type"], "text/html; charset=utf-8",
+            "{kind}"
+        );
+        assert!(
+            answer.body.contains(id),
+            "{kind}: the page names the request"
+        );
+        assert!(
+            answer.body.contains("Please wait"),
+            "{kind}: the page says when to retry: {}",
+            answer.body
+        );
+    } else {
+        assert_eq!(
+            answer.headers["content-type"], "application/problem+json",
+            "{kind}"
+        );
+        let body = answer.json();
+        assert_eq!(body["type"], problem, "{kind}");
+        assert_eq!(body["request_id"], id, "{kind}");
+    }
 }
