@@ -60,14 +60,9 @@ async fn send(req: reqwest::RequestBuilder) -> (u16, String, String) {
     (status, id, r.text().await.unwrap())
 }
 
-#[tokio::test]
-async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() {
-    let up = Upstream::start().await;
-    let slow = Upstream::start().await;
-    let proxy = Proxy::start(&every_kind_yaml(&up, &slow).await).await;
-    let log = AccessCapture::attach(&proxy);
-    let c = common::client();
-
+/// One request of each kind of response, in order: upstream 200, respond
+/// 200 then 429, 401, 404, 413, 502, 504. Each one's status, id and body.
+async fn send_every_kind(c: &reqwest::Client, proxy: &Proxy) -> Vec<(u16, String, String)> {
     let mut sent: Vec<(u16, String, String)> = Vec::new();
     // upstream 200, with a secret in the query that must not be logged
     sent.push(
@@ -87,13 +82,14 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
     // 502 unreachable upstream, 504 upstream too slow
     sent.push(send(c.get(proxy.url("/down"))).await);
     sent.push(send(c.get(proxy.url("/slow/2000"))).await);
-    let statuses: Vec<u16> = sent.iter().map(|s| s.0).collect();
-    assert_eq!(statuses, [200, 200, 429, 401, 404, 413, 502, 504]);
-    let records = log.wait_records(sent.len()).await;
-    assert_eq!(records.len(), sent.len(), "{records:#?}");
+    sent
+}
 
-    for (status, id, body) in &sent {
-        let r = one_record(&records, id);
+/// Each sent request's one record has its status, every common field, a
+/// client (but for 413), its body's length, and an error body that names it.
+fn assert_every_record_has_its_fields(records: &[Value], sent: &[(u16, String, String)]) {
+    for (status, id, body) in sent {
+        let r = one_record(records, id);
         assert_eq!(r["status"], *status, "{r}");
         for field in [
             "ts",
@@ -118,6 +114,23 @@ async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() 
             );
         }
     }
+}
+
+#[tokio::test]
+async fn every_response_kind_leaves_exactly_one_access_record_with_its_fields() {
+    let up = Upstream::start().await;
+    let slow = Upstream::start().await;
+    let proxy = Proxy::start(&every_kind_yaml(&up, &slow).await).await;
+    let log = AccessCapture::attach(&proxy);
+    let c = common::client();
+
+    let sent = send_every_kind(&c, &proxy).await;
+    let statuses: Vec<u16> = sent.iter().map(|s| s.0).collect();
+    assert_eq!(statuses, [200, 200, 429, 401, 404, 413, 502, 504]);
+    let records = log.wait_records(sent.len()).await;
+    assert_eq!(records.len(), sent.len(), "{records:#?}");
+
+    assert_every_record_has_its_fields(&records, &sent);
     let by_status = |s: u16| one_record(&records, &sent.iter().find(|x| x.0 == s).unwrap().1);
 
     let ok = one_record(&records, &sent[0].1);
@@ -859,20 +872,20 @@ fn json_paths(value: &Value, at: &str, out: &mut std::collections::BTreeSet<Stri
     }
 }
 
-#[tokio::test]
-async fn get_config_shows_every_key_config_md_lists_and_no_other() {
+/// A config that sets every key CONFIG.md documents, with the files it
+/// names written in `dir`.
+fn every_key_yaml(dir: &std::path::Path) -> String {
     use common::certs::Ca;
-    let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("test CA");
-    let (cert, key) = ca.issue(&["localhost"]).write(dir.path(), "site");
-    let ca_file = ca.write(dir.path(), "ca.pem");
-    let root = dir.path().display();
+    let (cert, key) = ca.issue(&["localhost"]).write(dir, "site");
+    let ca_file = ca.write(dir, "ca.pem");
+    let root = dir.display();
     std::fs::write(
-        dir.path().join("htpasswd"),
+        dir.join("htpasswd"),
         "bob:{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=\n",
     )
     .unwrap();
-    let yaml = format!(
+    format!(
         r#"
 server:
   tls:
@@ -911,7 +924,13 @@ headers: {{ response: {{ set: {{ X-Frame-Options: SAMEORIGIN }} }} }}
         cert.display(),
         key.display(),
         ca_file.display()
-    );
+    )
+}
+
+#[tokio::test]
+async fn get_config_shows_every_key_config_md_lists_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = every_key_yaml(dir.path());
     let proxy = Proxy::start(&yaml).await;
     let c = common::client();
     let body: Value = common::get_json(&c, &proxy.admin_url("/config")).await;
