@@ -449,6 +449,52 @@ async fn a_route_with_limiters_sends_the_rate_limit_headers_even_on_a_502() {
     problem(r, 502, "upstream-unreachable").await;
 }
 
+/// One row of the `api_calls` audit table: time, client, method, path, route, status.
+type AuditRow = (String, String, String, String, String, u16);
+
+/// Every row of the audit table in `db`, oldest first.
+fn api_calls(db: &std::path::Path) -> Vec<AuditRow> {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let mut select = conn
+        .prepare("SELECT time, client, method, path, route, status FROM api_calls ORDER BY id")
+        .unwrap();
+    let rows = select
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    rows
+}
+
+/// No `tollgate.db*` file in `dir` (the database, its WAL and shm) holds `secret`.
+fn assert_no_database_file_holds(dir: &std::path::Path, secret: &str) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("tollgate.db")
+        {
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{} holds the key",
+                path.display()
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn every_forwarded_request_gets_one_audit_row_and_api_keys_appear_only_hashed() {
     const SECRET: &str = "sk_live_Audit7Secret";
@@ -485,23 +531,7 @@ async fn every_forwarded_request_gets_one_audit_row_and_api_keys_appear_only_has
 
     proxy.app.shared.store.flush().unwrap();
     let db = proxy.dir.path().join("tollgate.db");
-    let conn = rusqlite::Connection::open(&db).unwrap();
-    let rows: Vec<(String, String, String, String, String, u16)> = conn
-        .prepare("SELECT time, client, method, path, route, status FROM api_calls ORDER BY id")
-        .unwrap()
-        .query_map([], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-            ))
-        })
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let rows = api_calls(&db);
     let short = {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(SECRET.as_bytes());
@@ -534,23 +564,7 @@ async fn every_forwarded_request_gets_one_audit_row_and_api_keys_appear_only_has
         rows.iter().all(|r| r.0.starts_with("2026-01-01T00:00:20")),
         "{rows:?}"
     );
-    drop(conn);
 
     // Nowhere in the database files, hashes included, is the plain key.
-    for entry in std::fs::read_dir(proxy.dir.path()).unwrap() {
-        let path = entry.unwrap().path();
-        if path
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with("tollgate.db")
-        {
-            let bytes = std::fs::read(&path).unwrap();
-            assert!(
-                !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
-                "{} holds the key",
-                path.display()
-            );
-        }
-    }
+    assert_no_database_file_holds(proxy.dir.path(), SECRET);
 }
