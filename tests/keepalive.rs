@@ -8,8 +8,9 @@ use common::{forward_all, Proxy, Upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A header timeout well below the idle timeout, so each is told apart.
-const TIMEOUTS: &str = "server: { request_header_timeout: 1s, idle_timeout: 3s }";
+/// A header timeout well below the idle timeout, so each is told apart;
+/// both under a second, so no test waits a whole second on the clock.
+const TIMEOUTS: &str = "server: { request_header_timeout: 300ms, idle_timeout: 1s }";
 
 async fn get_on(s: &mut TcpStream, path: &str) -> String {
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
@@ -42,7 +43,7 @@ async fn a_kept_alive_connection_idle_longer_than_the_header_timeout_still_serve
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     assert!(get_on(&mut s, "/one").await.starts_with("HTTP/1.1 200"));
     // Twice the header timeout, within the idle timeout: the wait itself is the behaviour.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let answer = get_on(&mut s, "/two").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
 }
@@ -55,7 +56,7 @@ async fn a_kept_alive_connection_idle_past_idle_timeout_is_closed_as_idle() {
     assert!(get_on(&mut s, "/one").await.starts_with("HTTP/1.1 200"));
     let took = time_until_closed(&mut s).await;
     assert!(
-        took >= Duration::from_millis(2_900),
+        took >= Duration::from_millis(900),
         "closed before idle_timeout: {took:?}"
     );
     assert_eq!(
@@ -73,18 +74,18 @@ async fn a_request_head_that_stalls_after_a_kept_alive_request_is_cut_at_the_hea
     let mut s = TcpStream::connect(proxy.addr).await.unwrap();
     assert!(get_on(&mut s, "/one").await.starts_with("HTTP/1.1 200"));
     // Idle for longer than the header timeout first: the head's timer starts with its first byte.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(Duration::from_millis(450)).await;
     s.write_all(b"GET /two HTTP/1.1\r\nHost: x\r\n")
         .await
         .unwrap();
     let took = time_until_closed(&mut s).await;
     assert!(
-        took >= Duration::from_millis(900),
+        took >= Duration::from_millis(270),
         "cut before the header timeout: {took:?}"
     );
-    // The idle timeout (3 s) is not what closed it.
+    // The idle timeout (1 s) is not what closed it.
     assert!(
-        took < Duration::from_millis(2_900),
+        took < Duration::from_millis(900),
         "a stalled head was kept for {took:?}"
     );
     assert_eq!(
