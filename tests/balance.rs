@@ -109,10 +109,17 @@ async fn a_killed_server_costs_no_more_errors_than_max_fails_and_comes_back_afte
     let before = served(&a);
     assert!(before >= 49, "the live server took the rest: {before}");
 
-    // Back on the same port; after fail_timeout it gets its share again.
+    // Back on the same port; after fail_timeout it gets its share again. The
+    // proxy's own view says when that is: it shows the server up once
+    // fail_timeout has passed. (fail_timeout stays 1 s: the 40 requests after
+    // the kill must fit in it, or a slow machine would see a second error.)
     drop(b);
     let b = Upstream::start_on(b_addr).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let back = eventually(Duration::from_secs(10), || async {
+        server_state(&proxy, 1).await["state"] == "up"
+    })
+    .await;
+    assert!(back, "{}", server_state(&proxy, 1).await);
     for i in 0..10 {
         let r = http
             .get(proxy.url(&format!("/back/{i}")))
