@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::redis_server::RedisServer;
 use common::{http, http_with, wait_for_window_room, Process};
@@ -31,6 +31,8 @@ const LIMITERS: &str = "
 ";
 
 const LIMIT: usize = 1000;
+/// How long a lease on a 60 s window lasts (1 % of it).
+const LEASE_TERM: Duration = Duration::from_millis(600);
 const NAMES: [&str; 3] = ["fw", "sw", "tb"];
 
 fn fleet_yaml(redis: &RedisServer) -> String {
@@ -98,6 +100,19 @@ impl Fleet {
         ok.load(Ordering::SeqCst)
     }
 
+    /// The fleet's leased units: granted, then spent, returned and lost.
+    fn lease_units(&self) -> [f64; 4] {
+        ["granted", "spent", "returned", "lost"]
+            .map(|o| self.metric(&format!("tollgate_lease_units_total{{outcome=\"{o}\"}}")))
+    }
+
+    /// Whether every lease the fleet was granted has ended and its unspent
+    /// units were given back (the give-back call done) or lost.
+    fn leases_settled(&self) -> bool {
+        let [granted, spent, returned, lost] = self.lease_units();
+        granted == spent + returned + lost
+    }
+
     /// The sum of one counter over the fleet's `/metrics`.
     fn metric(&self, series: &str) -> f64 {
         self.procs
@@ -144,15 +159,24 @@ fn script_calls(redis: &RedisServer) -> u64 {
         .sum()
 }
 
+/// Whether `name`'s leases end within a test and give their unspent units
+/// back with calls of their own: a fixed or sliding window's, after 600 ms.
+/// A token bucket's here last 10^4 s (1 % of a refill), and its unspent
+/// units are never given back, so no call of theirs can come later.
+fn gives_back(name: &str) -> bool {
+    matches!(name, "fw" | "sw")
+}
+
 /// Redis script calls per request for `requests` requests on each of
-/// `keys` fresh keys of `path`, with the units of every lease that ended
-/// given back (the give-backs are calls too, and counted).
+/// `keys` fresh keys of `path`, with (when `settle`) the units of every
+/// lease given back first (the give-backs are calls too, and counted).
 fn calls_per_request(
     redis: &RedisServer,
     fleet: &Fleet,
     path: &str,
     keys: &[&str],
     requests: usize,
+    settle: bool,
 ) -> f64 {
     let before = script_calls(redis);
     for key in keys {
@@ -163,8 +187,17 @@ fn calls_per_request(
         );
     }
     // Fixed and sliding windows' leases last 600 ms (1 % of 60 s); a
-    // prune round every second gives their unspent units back.
-    std::thread::sleep(Duration::from_millis(2500));
+    // prune round every second gives their unspent units back, and those
+    // calls count too: wait until every leased unit is accounted for.
+    if settle {
+        let settled =
+            common::eventually_blocking(Duration::from_secs(15), || fleet.leases_settled());
+        assert!(
+            settled,
+            "{path}: leases still open: {:?}",
+            fleet.lease_units()
+        );
+    }
     let calls = script_calls(redis) - before;
     calls as f64 / (keys.len() * requests) as f64
 }
@@ -183,8 +216,15 @@ fn leases_save_ten_times_the_redis_calls_and_never_admit_past_the_limit() {
     let mut report = Vec::new();
     for name in NAMES {
         // 400 of 1000 on each key: under half the limit.
-        let plain = calls_per_request(&redis, &fleet, &format!("/{name}_plain"), &keys, 400);
-        let leased = calls_per_request(&redis, &fleet, &format!("/{name}"), &keys, 400);
+        let plain = calls_per_request(&redis, &fleet, &format!("/{name}_plain"), &keys, 400, false);
+        let leased = calls_per_request(
+            &redis,
+            &fleet,
+            &format!("/{name}"),
+            &keys,
+            400,
+            gives_back(name),
+        );
         report.push(format!(
             "{name}: {plain:.3} calls/request without leases, {leased:.4} with"
         ));
@@ -437,6 +477,7 @@ fn a_reload_that_changes_a_leased_limiter_gives_its_unspent_units_back() {
     let p = Process::serve(&yaml, dir.path());
     wait_for_window_room(Duration::from_secs(60), Duration::from_secs(20));
     let r = http_with(p.addr, "GET", "/fw", &[("X-Key", "reloaded")]).unwrap();
+    let answered = Instant::now();
     assert_eq!(r.status, 200);
     assert_eq!(
         window_count(&redis, "reloaded"),
@@ -448,7 +489,13 @@ fn a_reload_that_changes_a_leased_limiter_gives_its_unspent_units_back() {
         "fw: { algorithm: fixed_window, limit: 900, window: 60s, key: header:X-Key, lease: { max: 50 } }",
     );
     assert_ne!(changed, yaml);
-    std::thread::sleep(Duration::from_secs(1));
+    // Past the lease's term (600 ms from the call, which came before the
+    // answer), nothing but a prune round or the key's next ask ends it:
+    // this negative needs the clock, and no longer than the term.
+    std::thread::sleep(
+        (answered + LEASE_TERM + Duration::from_millis(100))
+            .saturating_duration_since(Instant::now()),
+    );
     assert_eq!(
         window_count(&redis, "reloaded"),
         Some(51),
