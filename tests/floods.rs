@@ -2,12 +2,12 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
-use common::{metric, Process};
+use common::{metric, GaugeWatch, Process};
 
 const MAX_KEYS: usize = 1024;
 
@@ -100,6 +100,57 @@ async fn flood_with_innocents(c: &reqwest::Client, url: &str) -> usize {
     admitted.load(Ordering::Relaxed)
 }
 
+/// 300 requests from the client limited on `per_ip`, each with a new
+/// tenant: all refused, and the tracked keys do not grow.
+fn refused_attempts_with_new_tenants_make_no_key(
+    runtime: &tokio::runtime::Runtime,
+    c: &reqwest::Client,
+    url: &str,
+    admin: std::net::SocketAddr,
+) {
+    let (before, refused, after) = runtime.block_on(async {
+        let before = tracked(c, admin).await;
+        let mut refused = 0;
+        for t in 0..300 {
+            let tenant = format!("walk-{t}");
+            refused += usize::from(get(c, url, LIMITED, Some(&tenant)).await == 429);
+        }
+        (before, refused, tracked(c, admin).await)
+    });
+    eprintln!("300 refused attempts with new tenants: tracked keys {before} -> {after}");
+    assert_eq!(refused, 300);
+    assert_eq!(
+        after, before,
+        "a refused request created keys in per_tenant"
+    );
+}
+
+/// The SQLite file tollgate left is bounded like the table, and kept the
+/// limited client's window.
+fn assert_sqlite_file_bounded(db: &std::path::Path) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let keys: i64 = conn
+        .query_row(
+            "SELECT count(DISTINCT key) FROM rate_limit_windows",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    eprintln!("SQLite file after the flood: {keys} keys");
+    assert!(keys as usize <= MAX_KEYS, "{keys} keys in the file");
+    let limited: i64 = conn
+        .query_row(
+            "SELECT count FROM rate_limit_windows WHERE key = ?1",
+            [format!("per_ip:ip:{LIMITED}")],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        limited >= 6,
+        "the limited client's window was kept ({limited})"
+    );
+}
+
 #[test]
 fn a_flood_of_100_times_max_keys_identities_costs_no_new_client_and_frees_no_limited_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -123,43 +174,15 @@ fn a_flood_of_100_times_max_keys_identities_costs_no_new_client_and_frees_no_lim
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
 
     // (d) Refused on per_ip, it sends a new tenant per attempt: no key is made.
-    let (before, refused, after) = runtime.block_on(async {
-        let before = tracked(&c, admin).await;
-        let mut refused = 0;
-        for t in 0..300 {
-            let tenant = format!("walk-{t}");
-            refused += usize::from(get(&c, &url, LIMITED, Some(&tenant)).await == 429);
-        }
-        (before, refused, tracked(&c, admin).await)
-    });
-    eprintln!("300 refused attempts with new tenants: tracked keys {before} -> {after}");
-    assert_eq!(refused, 300);
-    assert_eq!(
-        after, before,
-        "a refused request created keys in per_tenant"
-    );
+    refused_attempts_with_new_tenants_make_no_key(&runtime, &c, &url, admin);
 
-    // The gauge is watched for the whole flood, not just at the end.
-    let most = Arc::new(AtomicU64::new(0));
-    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let watcher = runtime.spawn({
-        let (c, most, watching) = (c.clone(), most.clone(), watching.clone());
-        async move {
-            while watching.load(Ordering::Relaxed) {
-                most.fetch_max(tracked(&c, admin).await as u64, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    });
-    // (b) New clients during the flood.
+    // (b) New clients during the flood, the gauge watched all along.
+    let gauge = GaugeWatch::start(&runtime, &c, admin, "tollgate_tracked_keys");
     let admitted = runtime.block_on(flood_with_innocents(&c, &url));
-    watching.store(false, Ordering::Relaxed);
-    runtime.block_on(watcher).unwrap();
-
+    let most = gauge.peak(&runtime);
     let text = runtime.block_on(metrics(&c, admin));
     let value = |name| metric(&text, name).unwrap_or_else(|| panic!("{name} in /metrics"));
-    let (most, evicted, live, overflow) = (
-        most.load(Ordering::Relaxed),
+    let (evicted, live, overflow) = (
         value("tollgate_keys_evicted_total"),
         value("tollgate_keys_evicted_live_total"),
         value("tollgate_keys_overflow_total"),
@@ -188,27 +211,7 @@ fn a_flood_of_100_times_max_keys_identities_costs_no_new_client_and_frees_no_lim
     // (c) The SQLite file is bounded like the table.
     proxy.signal("TERM");
     assert!(proxy.wait_exit(Duration::from_secs(20)).success());
-    let conn = rusqlite::Connection::open(dir.path().join("tollgate.db")).unwrap();
-    let keys: i64 = conn
-        .query_row(
-            "SELECT count(DISTINCT key) FROM rate_limit_windows",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    eprintln!("SQLite file after the flood: {keys} keys");
-    assert!(keys as usize <= MAX_KEYS, "{keys} keys in the file");
-    let limited: i64 = conn
-        .query_row(
-            "SELECT count FROM rate_limit_windows WHERE key = ?1",
-            [format!("per_ip:ip:{LIMITED}")],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert!(
-        limited >= 6,
-        "the limited client's window was kept ({limited})"
-    );
+    assert_sqlite_file_bounded(&dir.path().join("tollgate.db"));
 }
 
 #[test]

@@ -3,11 +3,11 @@
 mod common;
 use common::WINDOW_START;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{metric, Process};
+use common::{metric, GaugeWatch, Process};
 use tollgate::config::{BackendConfig, KeyPart, LimiterConfig, OnError, SqliteConfig, StoreConfig};
 use tollgate::limiter::fixed_window::FixedWindow;
 use tollgate::limiter::{Algorithm, Nanos, NANOS_PER_SEC as S};
@@ -65,6 +65,24 @@ async fn flood(c: &reqwest::Client, url: &str, range: std::ops::Range<u32>, lane
     }
 }
 
+/// The SQLite file tollgate left is bounded like the table, and kept the
+/// limited client's log.
+fn assert_sqlite_rows_bounded(db: &std::path::Path) {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM limiter_state", [], |r| r.get(0))
+        .unwrap();
+    assert!(rows <= 1000, "{rows} rows in limiter_state");
+    let limited: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM limiter_state WHERE key = ?1",
+            [format!("strict:ip:{LIMITED}")],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(limited, 1, "the limited client's log was persisted");
+}
+
 #[test]
 fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_limited() {
     let dir = tempfile::tempdir().unwrap();
@@ -90,19 +108,7 @@ fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_li
     });
 
     // Watch the gauge for the whole flood, not just at the end.
-    let most = Arc::new(AtomicU64::new(0));
-    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let watcher = runtime.spawn({
-        let (c, most, watching) = (c.clone(), most.clone(), watching.clone());
-        async move {
-            while watching.load(Ordering::Relaxed) {
-                let text = metrics(&c, admin).await;
-                let tracked = metric(&text, "tollgate_tracked_keys").unwrap() as u64;
-                most.fetch_max(tracked, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    });
+    let gauge = GaugeWatch::start(&runtime, &c, admin, "tollgate_tracked_keys");
 
     // Warm up first (table full, connections open, allocator settled), so
     // the RSS comparison sees only what the rest of the flood adds.
@@ -110,12 +116,10 @@ fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_li
     let rss_before = proxy.rss_kib();
     runtime.block_on(flood(&c, &url, 5_000..50_000, 16));
     let rss_after = proxy.rss_kib();
-    watching.store(false, Ordering::Relaxed);
-    runtime.block_on(watcher).unwrap();
+    let most = gauge.peak(&runtime);
 
     let text = runtime.block_on(metrics(&c, admin));
     let tracked = metric(&text, "tollgate_tracked_keys").unwrap();
-    let most = most.load(Ordering::Relaxed);
     let overflow = metric(&text, "tollgate_keys_overflow_total").unwrap();
     let evicted = metric(&text, "tollgate_keys_evicted_total").unwrap();
     let live = metric(&text, "tollgate_keys_evicted_live_total").unwrap();
@@ -145,19 +149,7 @@ fn a_flood_of_50000_identities_keeps_the_table_bounded_and_the_limited_client_li
     // The SQLite file is bounded like the table.
     proxy.signal("TERM");
     assert!(proxy.wait_exit(Duration::from_secs(20)).success());
-    let conn = rusqlite::Connection::open(dir.path().join("tollgate.db")).unwrap();
-    let rows: i64 = conn
-        .query_row("SELECT count(*) FROM limiter_state", [], |r| r.get(0))
-        .unwrap();
-    assert!(rows <= 1000, "{rows} rows in limiter_state");
-    let limited: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM limiter_state WHERE key = ?1",
-            [format!("strict:ip:{LIMITED}")],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(limited, 1, "the limited client's log was persisted");
+    assert_sqlite_rows_bounded(&dir.path().join("tollgate.db"));
 }
 
 // ------------------------------------------------------------- the SQLite file

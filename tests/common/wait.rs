@@ -1,6 +1,9 @@
-//! Waiting in tests: polling until something holds, and keeping a real-clock scenario inside one window.
+//! Waiting in tests: polling until something holds, watching a gauge's peak, and keeping a real-clock scenario inside one window.
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// With the real clock: if less than `room` is left in the current window of
@@ -62,5 +65,49 @@ pub fn eventually_blocking(limit: Duration, mut check: impl FnMut() -> bool) -> 
             return false;
         }
         std::thread::sleep(POLL);
+    }
+}
+
+/// The peak of one gauge on a tollgate's `/metrics`, read every 50 ms on a
+/// runtime's task from [`GaugeWatch::start`] to [`GaugeWatch::peak`]: a
+/// bound held for a whole flood, not just at its end.
+pub struct GaugeWatch {
+    most: Arc<AtomicU64>,
+    watching: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GaugeWatch {
+    pub fn start(
+        runtime: &tokio::runtime::Runtime,
+        c: &reqwest::Client,
+        admin: SocketAddr,
+        gauge: &'static str,
+    ) -> GaugeWatch {
+        let most = Arc::new(AtomicU64::new(0));
+        let watching = Arc::new(AtomicBool::new(true));
+        let task = runtime.spawn({
+            let (c, most, watching) = (c.clone(), most.clone(), watching.clone());
+            async move {
+                while watching.load(Ordering::Relaxed) {
+                    let text = super::get_text(&c, &format!("http://{admin}/metrics")).await;
+                    let value = super::metric(&text, gauge).expect("the gauge") as u64;
+                    most.fetch_max(value, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+        GaugeWatch {
+            most,
+            watching,
+            task,
+        }
+    }
+
+    /// Stops watching; the highest value seen.
+    pub fn peak(self, runtime: &tokio::runtime::Runtime) -> u64 {
+        self.watching.store(false, Ordering::Relaxed);
+        runtime.block_on(self.task).unwrap();
+        self.most.load(Ordering::Relaxed)
     }
 }
