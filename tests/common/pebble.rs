@@ -40,6 +40,65 @@ fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// `pebble-challtestsrv` as pebble's DNS server on `dns_addr`, resolving
+/// every name to 127.0.0.1 (no challenge servers of its own).
+fn start_dns(bin: &Path, dns_addr: SocketAddr) -> Child {
+    let dns_management = super::free_addr();
+    Command::new(bin)
+        .args([
+            "-dns01",
+            &dns_addr.to_string(),
+            "-http01",
+            "",
+            "-https01",
+            "",
+            "-tlsalpn01",
+            "",
+            "-management",
+            &dns_management.to_string(),
+            "-defaultIPv4",
+            "127.0.0.1",
+            "-defaultIPv6",
+            "",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pebble-challtestsrv starts")
+}
+
+/// Writes pebble's config to `dir`: listening on `listen` and `management`,
+/// serving its HTTPS with `tls` (certificate, key), validating on `v`'s ports.
+fn write_config(
+    dir: &Path,
+    listen: SocketAddr,
+    management: SocketAddr,
+    tls: (&Path, &Path),
+    v: &Validation,
+) -> PathBuf {
+    let (cert, key) = tls;
+    let mut settings = serde_json::json!({
+        "listenAddress": listen.to_string(),
+        "managementListenAddress": management.to_string(),
+        "certificate": cert,
+        "privateKey": key,
+        "httpPort": v.http_port,
+        "tlsPort": v.tls_port,
+        "ocspResponderURL": "",
+        "externalAccountBindingRequired": false,
+    });
+    if v.validity > 0 {
+        settings["certificateValidityPeriod"] = v.validity.into();
+    }
+    let config = dir.join("pebble.json");
+    std::fs::write(
+        &config,
+        serde_json::json!({ "pebble": settings }).to_string(),
+    )
+    .unwrap();
+    config
+}
+
 impl Pebble {
     /// Starts pebble (listening on `listen`, chosen beforehand so a
     /// tollgate's config can name it) validating on `v`'s ports.
@@ -50,48 +109,9 @@ impl Pebble {
         let (cert, key) = leaf.write(dir, "pebble-wfe");
         let directory_ca = ca.write(dir, "pebble-wfe-ca.pem");
         let dns_addr = super::free_addr();
-        let dns_management = super::free_addr();
-        let dns = Command::new(dns_bin)
-            .args([
-                "-dns01",
-                &dns_addr.to_string(),
-                "-http01",
-                "",
-                "-https01",
-                "",
-                "-tlsalpn01",
-                "",
-                "-management",
-                &dns_management.to_string(),
-                "-defaultIPv4",
-                "127.0.0.1",
-                "-defaultIPv6",
-                "",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("pebble-challtestsrv starts");
+        let dns = start_dns(&dns_bin, dns_addr);
         let management = super::free_addr();
-        let mut settings = serde_json::json!({
-            "listenAddress": listen.to_string(),
-            "managementListenAddress": management.to_string(),
-            "certificate": cert,
-            "privateKey": key,
-            "httpPort": v.http_port,
-            "tlsPort": v.tls_port,
-            "ocspResponderURL": "",
-            "externalAccountBindingRequired": false,
-        });
-        if v.validity > 0 {
-            settings["certificateValidityPeriod"] = v.validity.into();
-        }
-        let config = dir.join("pebble.json");
-        std::fs::write(
-            &config,
-            serde_json::json!({ "pebble": settings }).to_string(),
-        )
-        .unwrap();
+        let config = write_config(dir, listen, management, (&cert, &key), v);
         let log = dir.join("pebble.log");
         let out = std::fs::File::create(&log).unwrap();
         let pebble = Command::new(pebble_bin)
