@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::acme::{
-    config, start, status_of, validation, verified_serial, wait_certificate, Scene,
+    config, start, status_of, validation, verified_serial, wait_certificate, wait_scheduled, Scene,
 };
 use common::certs::Ca;
 use common::redis_server::RedisServer;
@@ -79,7 +79,11 @@ async fn two_tollgates_on_one_redis_with_their_own_storage_order_once_and_serve_
         let served = verified_serial(p.tls_addr.unwrap(), "m.test", client.clone()).await;
         assert_eq!(served.unwrap(), serial);
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Both have scheduled their next look for the renewal, an hour away: no
+    // order is pending on either, so pebble's count is final.
+    for p in [&one, &two] {
+        wait_scheduled(p, "m.test", Duration::from_secs(1800)).await;
+    }
     assert_eq!(pebble.orders(), 1, "{}", pebble.output());
     // Exactly one of them ordered (`last_attempt` is this instance's own order).
     let ordered = [&one, &two].len()
@@ -171,9 +175,9 @@ async fn an_instance_restarted_while_redis_is_down_serves_its_local_copy_and_ord
         Some(serial.as_str()),
         "the local copy is served"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Its next look is the renewal, an hour away: it decided to order nothing.
+    let status = wait_scheduled(&again, "o.test", Duration::from_secs(1800)).await;
     assert_eq!(pebble.orders(), 1, "{}", pebble.output());
-    let status = status_of(&again, "o.test").await;
     assert!(
         status["last_attempt"].is_null() && status["last_error"].is_null(),
         "{status}"

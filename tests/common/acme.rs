@@ -122,6 +122,36 @@ pub async fn wait_certificate(proxy: &Proxy, domain: &str, pebble: &Pebble) -> S
     last["serial"].as_str().unwrap().to_string()
 }
 
+/// Seconds since the Unix epoch, on the real clock (the one tollgate's status uses).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Waits until `domain`'s next look is scheduled at least `ahead` from now:
+/// the name's task has decided and sleeps until then, so no order can start
+/// before it. Returns that status; fails with the last one seen otherwise.
+pub async fn wait_scheduled(proxy: &Proxy, domain: &str, ahead: Duration) -> Value {
+    let last = std::cell::RefCell::new(Value::Null);
+    let scheduled = super::eventually(OBTAIN, || async {
+        let status = status_of(proxy, domain).await;
+        let next = status["next_attempt"]
+            .as_str()
+            .and_then(tollgate::clock::parse_iso8601);
+        *last.borrow_mut() = status;
+        next.is_some_and(|n| n >= unix_now() + ahead.as_secs())
+    })
+    .await;
+    let status = last.into_inner();
+    assert!(
+        scheduled,
+        "{domain}'s next look never got {ahead:?} ahead: {status}"
+    );
+    status
+}
+
 /// A handshake with `sni` verified against pebble's root; the served leaf's serial (hex).
 pub async fn verified_serial(
     addr: SocketAddr,
