@@ -570,19 +570,42 @@ async fn as_crawler(proxy: &Proxy, ip: &str) -> u16 {
     .status
 }
 
-#[tokio::test]
-async fn a_crawler_is_let_through_only_where_forward_confirmed_reverse_dns_says_so() {
-    let dns = common::dnsmasq::Dnsmasq::start(
+/// A DNS where 203.0.113.9 is a real Googlebot (its PTR name resolves back
+/// to it) and 198.51.100.8 claims to be one: a PTR record is whatever the
+/// address owner writes, and this one lies (its name resolves elsewhere).
+fn googlebot_dns() -> common::dnsmasq::Dnsmasq {
+    common::dnsmasq::Dnsmasq::start(
         &[
             ("203.0.113.9", "crawl-203-0-113-9.googlebot.com"),
-            // A PTR record is whatever the address owner writes: this one lies.
             ("198.51.100.8", "crawl-fake.googlebot.com"),
         ],
         &[
             ("crawl-203-0-113-9.googlebot.com", "203.0.113.9"),
             ("crawl-fake.googlebot.com", "203.0.113.50"),
         ],
-    );
+    )
+}
+
+/// Crawlers verified through `resolver`; unverified ones challenged over
+/// the limit on `/`, refused on `/feed`.
+fn refuting_yaml(keys: &Path, upstream: &Upstream, resolver: std::net::SocketAddr) -> String {
+    let challenge = "{ when: over_limit, unverified_crawlers: challenge }";
+    yaml(keys, upstream, challenge, "ip", 100)
+        .replace(
+            "  pass: {",
+            &format!(
+                "  pass: {{ crawlers: {{ resolver: \"{resolver}\", verify: [{{ user_agent: googlebot, domains: [googlebot.com] }}] }}, "
+            ),
+        )
+        .replace(
+            "routes:\n",
+            "routes:\n  - { name: feeds, match: { path_prefix: /feed }, upstream: app, challenge: { unverified_crawlers: refuse }, limiters: [per] }\n",
+        )
+}
+
+#[tokio::test]
+async fn a_crawler_is_let_through_only_where_forward_confirmed_reverse_dns_says_so() {
+    let dns = googlebot_dns();
     let dir = tempfile::tempdir().unwrap();
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[NEW]);
@@ -638,33 +661,11 @@ async fn claiming_googlebot(proxy: &Proxy, method: &str, path: &str, ip: &str) -
 
 #[tokio::test]
 async fn a_crawler_the_dns_refutes_is_challenged_or_refused_as_the_route_says() {
-    let dns = common::dnsmasq::Dnsmasq::start(
-        &[
-            ("203.0.113.9", "crawl-203-0-113-9.googlebot.com"),
-            ("198.51.100.8", "crawl-fake.googlebot.com"),
-        ],
-        &[
-            ("crawl-203-0-113-9.googlebot.com", "203.0.113.9"),
-            ("crawl-fake.googlebot.com", "203.0.113.50"),
-        ],
-    );
+    let dns = googlebot_dns();
     let dir = tempfile::tempdir().unwrap();
     let upstream = Upstream::start().await;
     let keys = secret_file(dir.path(), &[NEW]);
-    let challenge = "{ when: over_limit, unverified_crawlers: challenge }";
-    let text = yaml(&keys, &upstream, challenge, "ip", 100)
-        .replace(
-            "  pass: {",
-            &format!(
-                "  pass: {{ crawlers: {{ resolver: \"{}\", verify: [{{ user_agent: googlebot, domains: [googlebot.com] }}] }}, ",
-                dns.addr
-            ),
-        )
-        .replace(
-            "routes:\n",
-            "routes:\n  - { name: feeds, match: { path_prefix: /feed }, upstream: app, challenge: { unverified_crawlers: refuse }, limiters: [per] }\n",
-        );
-    let proxy = Proxy::start(&text).await;
+    let proxy = Proxy::start(&refuting_yaml(&keys, &upstream, dns.addr)).await;
     let forwarded = || {
         upstream
             .seen
