@@ -86,6 +86,30 @@ fn serve_args(config: &Path) -> Vec<&OsStr> {
     ]
 }
 
+/// `/readyz` and `/metrics` report the store failing on a full disk, with
+/// at least the 40 outage keys unsaved.
+fn assert_store_reports_the_full_disk(p: &Process) {
+    let (_, body) = ready(p);
+    assert_eq!(body["store"]["healthy"], false, "{body}");
+    assert!(
+        body["store"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("full"),
+        "{body}"
+    );
+    let m = admin(p, "/metrics").body;
+    assert_eq!(metric(&m, "tollgate_store_healthy "), Some(0.0), "{m}");
+    assert!(
+        metric(&m, "tollgate_store_errors_total{backend=\"sqlite\"").unwrap() >= 1.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "tollgate_store_unsaved_keys ").unwrap() >= 40.0,
+        "{m}"
+    );
+}
+
 #[test]
 fn a_disk_that_fills_up_keeps_limits_exact_reports_failing_and_saves_every_counter_once_freed() {
     let Some(disk) = Tmpfs::mount("4m", "disk full then freed") else {
@@ -119,25 +143,7 @@ fn a_disk_that_fills_up_keeps_limits_exact_reports_failing_and_saves_every_count
             >= 40),
         "every outage key waits for a retry"
     );
-    let (_, body) = ready(&p);
-    assert_eq!(body["store"]["healthy"], false, "{body}");
-    assert!(
-        body["store"]["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("full"),
-        "{body}"
-    );
-    let m = admin(&p, "/metrics").body;
-    assert_eq!(metric(&m, "tollgate_store_healthy "), Some(0.0), "{m}");
-    assert!(
-        metric(&m, "tollgate_store_errors_total{backend=\"sqlite\"").unwrap() >= 1.0,
-        "{m}"
-    );
-    assert!(
-        metric(&m, "tollgate_store_unsaved_keys ").unwrap() >= 40.0,
-        "{m}"
-    );
+    assert_store_reports_the_full_disk(&p);
     let on_disk = stored(&db);
     assert!(
         full.iter().all(|u| !on_disk.contains_key(u)),
