@@ -188,11 +188,10 @@ fn row_with<'d>(dom: &'d str, class: &str, cell: &str) -> &'d str {
         .unwrap_or_else(|| panic!("no {class} row with {cell} in:\n{dom}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_shows_a_ban_and_a_down_upstream_in_a_real_browser() {
-    let up = Upstream::start().await;
-    let dead = format!("http://{}", free_addr());
-    let proxy = Proxy::start(&format!(
+/// Upstream `app` on `up` and the `dead` server (out for an hour once
+/// down); `/login` bans at its first refusal.
+fn ban_and_dead_server_yaml(up: &Upstream, dead: &str) -> String {
+    format!(
         "
 admin: {{ token: {TOKEN} }}
 upstreams:
@@ -208,13 +207,14 @@ routes:
   - {{ name: hello, match: {{ path_prefix: / }}, respond: {{ status: 200, body: hello }}, limiters: [global] }}
 ",
         up.url()
-    ))
-    .await;
-    let c = client();
-    // A request that meets the dead server takes it out (passive health) and is retried on the live one.
+    )
+}
+
+/// Sends `/app` until the dead server has been met and marked down.
+async fn wait_dead_server_down(c: &reqwest::Client, proxy: &Proxy) {
     let down = common::eventually(Duration::from_secs(10), || async {
-        common::status(&c, &proxy.url("/app"), &[]).await;
-        let u = get_json_auth(&c, &proxy, "/upstreams").await;
+        common::status(c, &proxy.url("/app"), &[]).await;
+        let u = get_json_auth(c, proxy, "/upstreams").await;
         u["upstreams"][0]["servers"]
             .as_array()
             .unwrap()
@@ -223,6 +223,16 @@ routes:
     })
     .await;
     assert!(down, "the dead server is never marked down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_a_ban_and_a_down_upstream_in_a_real_browser() {
+    let up = Upstream::start().await;
+    let dead = format!("http://{}", free_addr());
+    let proxy = Proxy::start(&ban_and_dead_server_yaml(&up, &dead)).await;
+    let c = client();
+    // A request that meets the dead server takes it out (passive health) and is retried on the live one.
+    wait_dead_server_down(&c, &proxy).await;
     // Allowed, refused (the strike that bans), banned.
     for _ in 0..3 {
         common::status(&c, &proxy.url("/login"), &[]).await;
