@@ -87,6 +87,146 @@ fn breakers(p: &Process) -> (u16, BTreeMap<u16, String>) {
     (r.status, by)
 }
 
+/// Waits until the probe has read every primary's slots: three breakers, all closed.
+fn wait_every_breaker_closed(p: &Process) {
+    let mapped = eventually_blocking(Duration::from_secs(10), || {
+        let (_, by) = breakers(p);
+        by.len() == 3 && by.values().all(|s| s == "closed")
+    });
+    assert!(
+        mapped,
+        "the probe read every primary's slots: {:?}",
+        breakers(p)
+    );
+}
+
+/// What [`traffic_after_kill`] saw.
+#[derive(Default)]
+struct AfterKill {
+    rounds: u64,
+    /// Answers to the dead primary's clients (all 503 `store-unavailable`).
+    refused: usize,
+    /// Of those, the answers that took 50 ms or more (calls that went to
+    /// the dead primary before its breaker opened).
+    waited: usize,
+    slowest_other: Duration,
+    slowest_victim: Duration,
+    last_round_victim: Duration,
+}
+
+/// Rounds of one request per client for [`AFTER_KILL`] after `killed`: the
+/// dead `victim`'s clients are refused, every other client is served.
+fn traffic_after_kill(
+    p: &Process,
+    clients: &BTreeMap<u16, Vec<String>>,
+    victim: u16,
+    killed: Instant,
+) -> AfterKill {
+    let mut seen = AfterKill::default();
+    while killed.elapsed() < AFTER_KILL {
+        seen.rounds += 1;
+        seen.last_round_victim = Duration::ZERO;
+        for (&port, ips) in clients {
+            for ip in ips {
+                let (r, took) = get_as(p, ip);
+                if port == victim {
+                    assert_eq!(r.status, 503, "{ip} on the dead {port}: {r:?}");
+                    assert!(r.body.contains("store-unavailable"), "{r:?}");
+                    seen.refused += 1;
+                    seen.waited += usize::from(took >= Duration::from_millis(50));
+                    seen.slowest_victim = seen.slowest_victim.max(took);
+                    seen.last_round_victim = seen.last_round_victim.max(took);
+                } else {
+                    assert_eq!(
+                        r.status,
+                        200,
+                        "{ip} on the live {port}: {r:?}\n{}",
+                        p.output()
+                    );
+                    seen.slowest_other = seen.slowest_other.max(took);
+                }
+            }
+        }
+    }
+    seen
+}
+
+/// `/readyz` and `/metrics` show `victim`'s breaker open and only it, and
+/// the fallback counted exactly the `refused` answers.
+fn assert_only_the_victims_breaker_open(
+    p: &Process,
+    clients: &BTreeMap<u16, Vec<String>>,
+    victim: u16,
+    refused: usize,
+) {
+    let (status, by) = breakers(p);
+    assert_eq!(status, 503, "a primary's breaker is open: not ready");
+    for (port, state) in &by {
+        let want = if *port == victim { "open" } else { "closed" };
+        assert_eq!(state, want, "{port}: {by:?}");
+    }
+    let metrics = http(p.admin, "GET", "/metrics").unwrap().body;
+    for &port in clients.keys() {
+        let series = format!("tollgate_store_node_breaker_open{{node=\"127.0.0.1:{port}\"}}");
+        let want = f64::from(u8::from(port == victim));
+        assert_eq!(common::metric(&metrics, &series), Some(want), "{metrics}");
+    }
+    assert_eq!(
+        common::metric(&metrics, "tollgate_store_fallback_total{policy=\"deny\"}"),
+        Some(refused as f64),
+        "every refusal, and only those, was the fallback's"
+    );
+}
+
+/// One request per client, each counted once in Redis on its primary.
+fn each_client_counts_once_on_its_primary(
+    p: &Process,
+    cluster: &Cluster,
+    clients: &BTreeMap<u16, Vec<String>>,
+) {
+    for (&port, ips) in clients {
+        for ip in ips {
+            assert_eq!(get_as(p, ip).0.status, 200, "{}", p.output());
+            assert_eq!(counted(cluster, port, ip), 1, "{ip} counted on {port}");
+        }
+    }
+}
+
+/// Rounds of one request per client until one of the dead `victim`'s
+/// clients is served again (within 30 s of `killed`): when that was, the
+/// slowest answer, and how many live primaries' clients got `on_error`.
+fn traffic_until_back(
+    p: &Process,
+    clients: &BTreeMap<u16, Vec<String>>,
+    victim: u16,
+    killed: Instant,
+) -> (Option<Duration>, Duration, usize) {
+    let mut slowest = Duration::ZERO;
+    let mut back = None;
+    // While the client re-reads the slot map, a live primary's client may
+    // get `on_error` too (a live client was refused once in six runs, with both
+    // tests of this file running at once); counted and reported.
+    let mut live_refused = 0;
+    while killed.elapsed() < Duration::from_secs(30) && back.is_none() {
+        for (&port, ips) in clients {
+            for ip in ips {
+                let (r, took) = get_as(p, ip);
+                slowest = slowest.max(took);
+                if port != victim {
+                    assert!(
+                        matches!(r.status, 200 | 503),
+                        "{ip} on the live {port}: {r:?}"
+                    );
+                    live_refused += usize::from(r.status == 503);
+                } else if r.status == 200 && back.is_none() {
+                    back = Some(killed.elapsed());
+                }
+            }
+        }
+    }
+    (back, slowest, live_refused)
+}
+
 #[test]
 fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_counting_in_redis() {
     let mut cluster = Cluster::without_replicas();
@@ -99,21 +239,8 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
         3,
         "45 clients spread over 3 primaries: {clients:?}"
     );
-    for (&port, ips) in &clients {
-        for ip in ips {
-            assert_eq!(get_as(&p, ip).0.status, 200, "{}", p.output());
-            assert_eq!(counted(&cluster, port, ip), 1, "{ip} counted on {port}");
-        }
-    }
-    let mapped = eventually_blocking(Duration::from_secs(10), || {
-        let (_, by) = breakers(&p);
-        by.len() == 3 && by.values().all(|s| s == "closed")
-    });
-    assert!(
-        mapped,
-        "the probe read every primary's slots: {:?}",
-        breakers(&p)
-    );
+    each_client_counts_once_on_its_primary(&p, &cluster, &clients);
+    wait_every_breaker_closed(&p);
 
     let victim = *clients.keys().next().unwrap();
     let live: Vec<u16> = clients.keys().copied().filter(|&p| p != victim).collect();
@@ -123,36 +250,14 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
         .collect();
     cluster.node_mut(victim).kill();
     let killed = Instant::now();
-    // `waited`: answers to the dead primary's clients that took 50 ms or more
-    // (calls that went to it before its breaker opened).
-    let (mut rounds, mut refused, mut waited) = (0, 0, 0);
-    let (mut slowest_other, mut slowest_victim, mut last_round_victim) =
-        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    while killed.elapsed() < AFTER_KILL {
-        rounds += 1;
-        last_round_victim = Duration::ZERO;
-        for (&port, ips) in &clients {
-            for ip in ips {
-                let (r, took) = get_as(&p, ip);
-                if port == victim {
-                    assert_eq!(r.status, 503, "{ip} on the dead {port}: {r:?}");
-                    assert!(r.body.contains("store-unavailable"), "{r:?}");
-                    refused += 1;
-                    waited += usize::from(took >= Duration::from_millis(50));
-                    slowest_victim = slowest_victim.max(took);
-                    last_round_victim = last_round_victim.max(took);
-                } else {
-                    assert_eq!(
-                        r.status,
-                        200,
-                        "{ip} on the live {port}: {r:?}\n{}",
-                        p.output()
-                    );
-                    slowest_other = slowest_other.max(took);
-                }
-            }
-        }
-    }
+    let AfterKill {
+        rounds,
+        refused,
+        waited,
+        slowest_other,
+        slowest_victim,
+        last_round_victim,
+    } = traffic_after_kill(&p, &clients, victim, killed);
     eprintln!(
         "rounds after the kill: {rounds}; {refused} refused, {waited} of them after 50 ms or more; \
          slowest answer: {slowest_victim:?} to a client of the dead primary, \
@@ -200,23 +305,7 @@ fn a_dead_primary_sends_only_its_own_clients_to_on_error_and_the_others_keep_cou
         }
     }
 
-    let (status, by) = breakers(&p);
-    assert_eq!(status, 503, "a primary's breaker is open: not ready");
-    for (port, state) in &by {
-        let want = if *port == victim { "open" } else { "closed" };
-        assert_eq!(state, want, "{port}: {by:?}");
-    }
-    let metrics = http(p.admin, "GET", "/metrics").unwrap().body;
-    for &port in clients.keys() {
-        let series = format!("tollgate_store_node_breaker_open{{node=\"127.0.0.1:{port}\"}}");
-        let want = f64::from(u8::from(port == victim));
-        assert_eq!(common::metric(&metrics, &series), Some(want), "{metrics}");
-    }
-    assert_eq!(
-        common::metric(&metrics, "tollgate_store_fallback_total{policy=\"deny\"}"),
-        Some(refused as f64),
-        "every refusal, and only those, was the fallback's"
-    );
+    assert_only_the_victims_breaker_open(&p, &clients, victim, refused);
 }
 
 #[test]
@@ -227,15 +316,7 @@ fn when_a_replica_takes_a_dead_primarys_slots_its_clients_count_in_redis_again_a
     let dir = tempfile::tempdir().unwrap();
     let p = Process::serve(&yaml(&seeds), dir.path());
     let clients = clients_by_primary(&cluster);
-    let mapped = eventually_blocking(Duration::from_secs(10), || {
-        let (_, by) = breakers(&p);
-        by.len() == 3 && by.values().all(|s| s == "closed")
-    });
-    assert!(
-        mapped,
-        "the probe read every primary's slots: {:?}",
-        breakers(&p)
-    );
+    wait_every_breaker_closed(&p);
     let victim = *clients.keys().next().unwrap();
     let replica = cluster.replica_of(victim);
     let mine = &clients[&victim];
@@ -256,29 +337,7 @@ fn when_a_replica_takes_a_dead_primarys_slots_its_clients_count_in_redis_again_a
     // slots over without the dead primary (what is under test is tollgate following).
     let forced = cluster.node(replica).cli(&["CLUSTER", "FAILOVER", "FORCE"]);
     assert_eq!(forced.trim(), "OK", "{forced}");
-    let mut slowest = Duration::ZERO;
-    let mut back = None;
-    // While the client re-reads the slot map, a live primary's client may
-    // get `on_error` too (a live client was refused once in six runs, with both
-    // tests of this file running at once); counted and reported.
-    let mut live_refused = 0;
-    while killed.elapsed() < Duration::from_secs(30) && back.is_none() {
-        for (&port, ips) in &clients {
-            for ip in ips {
-                let (r, took) = get_as(&p, ip);
-                slowest = slowest.max(took);
-                if port != victim {
-                    assert!(
-                        matches!(r.status, 200 | 503),
-                        "{ip} on the live {port}: {r:?}"
-                    );
-                    live_refused += usize::from(r.status == 503);
-                } else if r.status == 200 && back.is_none() {
-                    back = Some(killed.elapsed());
-                }
-            }
-        }
-    }
+    let (back, slowest, live_refused) = traffic_until_back(&p, &clients, victim, killed);
     let Some(back) = back else {
         panic!(
             "the dead primary's clients never counted in Redis again\n{}\n{:?}\n{}",
