@@ -289,35 +289,43 @@ fn a_replica_failover_and_a_slot_migration_during_traffic_keep_answers_bounded_a
     }
 }
 
-#[test]
-fn on_sentinel_tollgate_follows_the_promoted_replica_within_one_probe_interval_plus_slack() {
-    let mut group = Sentinel::start();
+/// Two limiters on the Sentinel `group`'s master: `three` (3 an hour per
+/// IP, on `/three`) and a generous one on every other path.
+fn sentinel_yaml(group: &Sentinel) -> String {
     let nodes: Vec<String> = group
         .sentinel_urls()
         .iter()
         .map(|u| format!("\"{u}\""))
         .collect();
-    let yaml = format!(
+    format!(
         "store: {{ backend: redis, sentinel: {{ master: {MASTER}, nodes: [{}] }}, prefix: \"{PREFIX}\", timeout: {}ms, on_error: local }}\nidentity: {{ trusted_proxies: [127.0.0.1/32] }}\nlimiters:\n  per_ip: {{ algorithm: fixed_window, limit: 1000000, window: 60s, key: ip }}\n  three: {{ algorithm: sliding_window, limit: 3, window: 3600s, key: ip }}\nroutes:\n  - {{ name: three, match: {{ path: /three }}, respond: {{ status: 200, body: ok }}, limiters: [three] }}\n  - {{ name: all, match: {{ path_prefix: / }}, respond: {{ status: 200, body: ok }}, limiters: [per_ip] }}\n",
         nodes.join(", "),
         STORE_TIMEOUT.as_millis()
-    );
+    )
+}
+
+/// The healthy primary `p`'s `/readyz` names ("" when none).
+fn primary_of(p: &Process) -> String {
+    let ready = http(p.admin, "GET", "/readyz")
+        .map(|r| r.json())
+        .unwrap_or_default();
+    ready["store"]["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["role"] == "primary" && n["healthy"] == true)
+        .and_then(|n| n["addr"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn on_sentinel_tollgate_follows_the_promoted_replica_within_one_probe_interval_plus_slack() {
+    let mut group = Sentinel::start();
+    let yaml = sentinel_yaml(&group);
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = Process::serve(&yaml, dir_a.path());
     let b = Process::serve(&yaml, dir_b.path());
-    let primary_of = |p: &Process| -> String {
-        let ready = http(p.admin, "GET", "/readyz")
-            .map(|r| r.json())
-            .unwrap_or_default();
-        ready["store"]["nodes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| n["role"] == "primary" && n["healthy"] == true)
-            .and_then(|n| n["addr"].as_str())
-            .unwrap_or("")
-            .to_string()
-    };
     let old = group.primary.addr();
     let found = eventually_blocking(Duration::from_secs(10), || {
         primary_of(&a) == old && primary_of(&b) == old
