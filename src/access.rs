@@ -17,13 +17,14 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 
 use http::{HeaderValue, Method, Version};
 use parking_lot::Mutex;
 
-use crate::config::LogFormat;
+use crate::clock::SharedClock;
+use crate::config::{LogFormat, RefusalLog};
 use crate::limiter::{Nanos, NANOS_PER_SEC};
 use crate::metrics::Decision;
 use crate::problem::Origin;
@@ -86,6 +87,8 @@ pub struct AccessRecord {
     pub rule: Option<&'static str>,
     /// The client's ASN and country, when `identity.geoip` is configured.
     pub network: Option<crate::geodb::Network>,
+    /// `log.refusals` when the request began: whether a refusal may be folded.
+    pub refusals: RefusalLog,
 }
 
 /// The queue to the writer thread, and what it dropped.
@@ -104,6 +107,10 @@ struct Out {
     reopen: AtomicBool,
     dropped: AtomicU64,
     write_errors: AtomicU64,
+    /// Refusals counted in a summary line instead of written (`log.refusals: first`).
+    folded: AtomicU64,
+    /// `log.refusals: first`'s windows open now.
+    windows: AtomicU64,
 }
 
 /// Opens the access log file to append to, creating it (mode 0640, as
@@ -143,15 +150,15 @@ pub fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
-impl Default for AccessLog {
-    fn default() -> AccessLog {
-        AccessLog::new(Box::new(std::io::stdout()), QUEUE)
-    }
-}
-
 impl AccessLog {
+    /// To stdout, the writer's idle windows ended by `clock`.
+    pub fn stdout(clock: SharedClock) -> AccessLog {
+        AccessLog::new(Box::new(std::io::stdout()), QUEUE, clock)
+    }
+
     /// Starts the writer thread; it ends when the `AccessLog` is dropped.
-    pub fn new(sink: Sink, capacity: usize) -> AccessLog {
+    /// `clock` says when `log.refusals: first`'s windows end while no record comes.
+    pub fn new(sink: Sink, capacity: usize, clock: SharedClock) -> AccessLog {
         let (tx, rx) = sync_channel(capacity);
         let out = Arc::new(Out {
             sink: Mutex::new(sink),
@@ -159,11 +166,13 @@ impl AccessLog {
             reopen: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
             write_errors: AtomicU64::new(0),
+            folded: AtomicU64::new(0),
+            windows: AtomicU64::new(0),
         });
         let writer = out.clone();
         let spawned = std::thread::Builder::new()
             .name("tollgate-access".into())
-            .spawn(move || write_loop(&rx, &writer));
+            .spawn(move || Writer::new(&writer, clock).run(&rx));
         if let Err(e) = spawned {
             // Requests still work; every record is then counted as dropped.
             tracing::error!(error = %e, "cannot start the access log writer");
@@ -216,8 +225,19 @@ impl AccessLog {
         self.out.write_errors.load(Ordering::Relaxed)
     }
 
-    /// Waits, at most `limit`, until every record queued so far is written:
-    /// shutdown calls it so the last requests are in the log. Blocks the thread.
+    /// Refusals counted in a summary line instead of written on their own.
+    pub fn refusals_folded(&self) -> u64 {
+        self.out.folded.load(Ordering::Relaxed)
+    }
+
+    /// `log.refusals: first`'s windows open now (at most [`refusals::WINDOWS`]).
+    pub fn refusal_windows(&self) -> u64 {
+        self.out.windows.load(Ordering::Relaxed)
+    }
+
+    /// Waits, at most `limit`, until every record queued so far is written
+    /// and every open refusal window summarized: shutdown calls it so the
+    /// last requests are in the log. Blocks the thread.
     pub fn flush(&self, limit: std::time::Duration) -> bool {
         let deadline = std::time::Instant::now() + limit;
         let (ack, done) = sync_channel(1);
@@ -250,71 +270,136 @@ impl AccessLog {
 /// this much later; shutdown waits for the queue ([`AccessLog::flush`]).
 pub const REST: std::time::Duration = std::time::Duration::from_millis(10);
 
-fn write_loop(rx: &Receiver<Msg>, out: &Out) {
-    let mut batch = String::with_capacity(64 * 1024);
-    let mut times = ClfTime::default();
-    // Whether the last write failed: a failing disk is reported once, not per batch.
-    let mut failing = false;
-    // Whether a failed write left part of a record behind: the next write ends it first.
-    let mut torn = false;
-    while let Ok(first) = rx.recv() {
-        let mut next = Some(first);
-        let mut acks = Vec::new();
-        let mut records = 0;
-        let mut lines = 0;
-        // What is already queued goes out in one write (up to BATCH
-        // records): stdout writes line by line otherwise, a syscall per record.
-        while let Some(msg) = next {
-            match msg {
-                Msg::Record(record) => {
-                    record.format_with(&mut batch, &mut times);
-                    lines += 1;
-                }
-                Msg::Flush(ack) => acks.push(ack),
-                Msg::Wake => {}
-            }
-            records += 1;
-            next = if records < BATCH {
-                rx.try_recv().ok()
+/// How often an idle writer with open refusal windows looks whether one ended.
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The writer thread's state: the batch it formats, and what it remembers between batches.
+struct Writer<'a> {
+    out: &'a Out,
+    clock: SharedClock,
+    batch: String,
+    times: ClfTime,
+    windows: refusals::Windows,
+    /// Whether the last write failed: a failing disk is reported once, not per batch.
+    failing: bool,
+    /// Whether a failed write left part of a record behind: the next write ends it first.
+    torn: bool,
+}
+
+impl<'a> Writer<'a> {
+    fn new(out: &'a Out, clock: SharedClock) -> Writer<'a> {
+        Writer {
+            out,
+            clock,
+            batch: String::with_capacity(64 * 1024),
+            times: ClfTime::default(),
+            windows: refusals::Windows::default(),
+            failing: false,
+            torn: false,
+        }
+    }
+
+    fn run(mut self, rx: &Receiver<Msg>) {
+        loop {
+            let first = if self.windows.len() == 0 {
+                rx.recv().ok()
             } else {
-                None
+                match rx.recv_timeout(IDLE_CHECK) {
+                    Ok(msg) => Some(msg),
+                    Err(RecvTimeoutError::Timeout) => {
+                        // No record came to end the windows past their end: the clock does.
+                        let lines = self.end_windows(self.clock.now());
+                        self.write(lines);
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => None,
+                }
             };
+            let Some(first) = first else {
+                return;
+            };
+            let mut next = Some(first);
+            let mut acks = Vec::new();
+            let mut records = 0;
+            let mut lines = 0;
+            // What is already queued goes out in one write (up to BATCH
+            // records): stdout writes line by line otherwise, a syscall per record.
+            while let Some(msg) = next {
+                match msg {
+                    Msg::Record(record) => {
+                        lines += self.end_windows(record.time);
+                        if self.windows.admit(&record) {
+                            record.format_with(&mut self.batch, &mut self.times);
+                            lines += 1;
+                        } else {
+                            self.out.folded.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Msg::Flush(ack) => {
+                        lines += self.end_windows(Nanos::MAX);
+                        acks.push(ack);
+                    }
+                    Msg::Wake => {}
+                }
+                records += 1;
+                next = if records < BATCH {
+                    rx.try_recv().ok()
+                } else {
+                    None
+                };
+            }
+            self.write(lines);
+            for ack in acks {
+                let _ = ack.try_send(());
+            }
+            if records < BATCH {
+                // Caught up: rest while the next records gather.
+                std::thread::sleep(REST);
+            }
         }
-        if out.reopen.swap(false, Ordering::AcqRel) {
-            out.open_again();
+    }
+
+    /// Summarizes the refusal windows over by `now` into the batch; returns the lines added.
+    fn end_windows(&mut self, now: Nanos) -> u64 {
+        if self.windows.next_end().is_none_or(|end| end > now) {
+            return 0;
         }
-        if !batch.is_empty() {
+        self.windows.end(now, &mut self.batch, &mut self.times)
+    }
+
+    /// Writes the batch (`lines` lines) and empties it.
+    fn write(&mut self, lines: u64) {
+        self.out
+            .windows
+            .store(self.windows.len() as u64, Ordering::Relaxed);
+        if self.out.reopen.swap(false, Ordering::AcqRel) {
+            self.out.open_again();
+        }
+        if !self.batch.is_empty() {
             let written = {
-                let mut sink = out.sink.lock();
-                write_batch(&mut *sink, &batch, &mut torn)
+                let mut sink = self.out.sink.lock();
+                write_batch(&mut *sink, &self.batch, &mut self.torn)
             };
             match written {
-                Ok(()) if failing => {
-                    failing = false;
+                Ok(()) if self.failing => {
+                    self.failing = false;
                     tracing::info!("the access log is written again");
                 }
                 Ok(()) => {}
                 Err(e) => {
-                    out.write_errors.fetch_add(1, Ordering::Relaxed);
-                    out.dropped.fetch_add(lines, Ordering::Relaxed);
-                    if !failing {
-                        failing = true;
+                    self.out.write_errors.fetch_add(1, Ordering::Relaxed);
+                    self.out.dropped.fetch_add(lines, Ordering::Relaxed);
+                    if !self.failing {
+                        self.failing = true;
                         // The proxy keeps serving; the lost records are counted.
                         tracing::error!(error = %e, "cannot write the access log; its records are dropped until it can");
                     }
                 }
             }
         }
-        for ack in acks {
-            let _ = ack.try_send(());
-        }
         // The batch buffer keeps a busy second's capacity, not a burst's.
-        batch.clear();
-        batch.shrink_to(64 * 1024);
-        if records < BATCH {
-            // Caught up: rest while the next records gather.
-            std::thread::sleep(REST);
-        }
+        self.batch.clear();
+        self.batch.shrink_to(64 * 1024);
     }
 }
 
@@ -607,6 +692,8 @@ fn header_or_dash(out: &mut String, v: &Option<HeaderValue>) {
         None => out.push('-'),
     }
 }
+
+mod refusals;
 
 #[cfg(test)]
 mod tests;

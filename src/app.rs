@@ -91,7 +91,7 @@ impl App {
         let metrics = Metrics::default();
         store.bind_metrics(&metrics);
         store.configure(&config.limiters);
-        let access = AccessLog::default();
+        let access = AccessLog::stdout(clock.clone());
         if let Some(path) = &config.log.access_file {
             access.to_file(path.clone());
         }

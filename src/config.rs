@@ -74,7 +74,7 @@ pub use load::{
     CONFIG_FILE_LIMIT, KEYS_FILE_LIMIT, PAGE_FILE_LIMIT, SMALL_FILE_LIMIT,
 };
 pub use observe::{
-    ErrorAnswers, ErrorFormat, ErrorPage, HeaderSets, LogConfig, LogFormat, RejectBody,
+    ErrorAnswers, ErrorFormat, ErrorPage, HeaderSets, LogConfig, LogFormat, RefusalLog, RejectBody,
     RejectShape, OWN_ERROR_STATUSES,
 };
 pub use raw::{expand_env, parse_size, Dur, OneOrMany, RawConfig, Size, Text, MAX_DURATION};

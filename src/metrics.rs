@@ -53,7 +53,7 @@ impl Drop for GaugeGuard {
 /// How a request was decided: the one value the access log's `decision`,
 /// the `decision` label of `tollgate_requests_total` and of
 /// `tollgate_request_duration_seconds` all show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Decision {
     /// Every limiter allowed it (or the route has none).
     Allowed,

@@ -3,11 +3,13 @@
 use std::io::Read;
 use std::os::unix::fs::symlink;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Version};
 use tollgate::access::{open_file, AccessLog, AccessRecord};
-use tollgate::config::LogFormat;
+use tollgate::clock::SystemClock;
+use tollgate::config::{LogFormat, RefusalLog};
 use tollgate::metrics::Decision;
 
 fn record(path: &str) -> AccessRecord {
@@ -34,6 +36,7 @@ fn record(path: &str) -> AccessRecord {
         user_agent: None,
         rule: None,
         network: None,
+        refusals: RefusalLog::Each,
     }
 }
 
@@ -52,7 +55,7 @@ fn a_symlink_planted_at_the_log_path_before_sigusr1_is_not_followed() {
     let log_path = dir.path().join("access.log");
     let victim = dir.path().join("victim");
     std::fs::write(&victim, "precious\n").unwrap();
-    let log = AccessLog::new(Box::new(std::io::sink()), 16);
+    let log = AccessLog::new(Box::new(std::io::sink()), 16, Arc::new(SystemClock));
     log.to_file(log_path.clone());
     log.send(record("/before"));
     assert!(log.flush(Duration::from_secs(5)));

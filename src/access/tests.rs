@@ -6,6 +6,7 @@ fn record(format: LogFormat) -> AccessRecord {
     AccessRecord {
         rule: None,
         network: None,
+        refusals: RefusalLog::Each,
         format,
         time: 1_767_225_600 * NANOS_PER_SEC + 123_456_789,
         request_id: "abc-1".into(),
@@ -44,7 +45,7 @@ impl Write for Capture {
 #[test]
 fn flush_returns_once_every_record_queued_before_it_is_written() {
     let out = Capture::default();
-    let log = AccessLog::new(Box::new(out.clone()), QUEUE);
+    let log = AccessLog::new(Box::new(out.clone()), QUEUE, clock());
     for _ in 0..3 {
         log.send(record(LogFormat::Text));
     }
@@ -195,4 +196,141 @@ fn a_records_network_is_logged_only_when_geoip_looked_it_up() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["asn"], serde_json::Value::Null);
     assert!(v.as_object().unwrap().contains_key("country"));
+}
+
+fn clock() -> crate::clock::SharedClock {
+    Arc::new(crate::clock::SystemClock)
+}
+
+/// A refusal of `client` at `secs` past the record's time, under `log.refusals: first`.
+fn refusal(client: &str, secs: u64) -> AccessRecord {
+    let mut r = record(LogFormat::Text);
+    r.refusals = RefusalLog::First;
+    r.client = Some(client.into());
+    r.time += secs * NANOS_PER_SEC;
+    r
+}
+
+/// Ends the windows over at `secs` past the records' time; the lines written.
+fn end_at(windows: &mut refusals::Windows, secs: u64) -> Vec<String> {
+    let mut out = String::new();
+    let at = record(LogFormat::Text).time + secs * NANOS_PER_SEC;
+    windows.end(at, &mut out, &mut ClfTime::default());
+    out.lines().map(str::to_string).collect()
+}
+
+#[test]
+fn a_clients_first_refusal_is_written_and_the_rest_of_its_window_is_one_summary_line() {
+    let mut windows = refusals::Windows::default();
+    assert!(windows.admit(&refusal("ip:203.0.113.9", 0)));
+    for s in 1..40 {
+        assert!(!windows.admit(&refusal("ip:203.0.113.9", s)), "second {s}");
+    }
+    // The window is its Retry-After (40 s): nothing ends before it.
+    assert!(end_at(&mut windows, 39).is_empty());
+    let lines = end_at(&mut windows, 40);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("203.0.113.9 - ip:203.0.113.9 [01/Jan/2026:00:00:00 +0000] \"-\" 429 0 \"-\" \"-\" log=refusals route=login decision=rejected limiter=strict refusals=40 last=2026-01-01T00:00:39.123Z"),
+        "{}",
+        lines[0]
+    );
+    // After the window, the next refusal is written again and opens another.
+    assert!(windows.admit(&refusal("ip:203.0.113.9", 41)));
+    assert!(!windows.admit(&refusal("ip:203.0.113.9", 42)));
+}
+
+#[test]
+fn a_client_refused_once_gets_no_summary_and_other_clients_have_windows_of_their_own() {
+    let mut windows = refusals::Windows::default();
+    assert!(windows.admit(&refusal("ip:a", 0)));
+    assert!(windows.admit(&refusal("ip:b", 1)));
+    assert!(!windows.admit(&refusal("ip:b", 2)));
+    let lines = end_at(&mut windows, 3600);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains(" - ip:b [") && lines[0].contains("refusals=2"));
+    assert_eq!(windows.len(), 0);
+}
+
+#[test]
+fn under_each_and_for_every_answer_but_a_refusal_every_record_is_written() {
+    let mut windows = refusals::Windows::default();
+    let mut each = refusal("ip:a", 0);
+    each.refusals = RefusalLog::Each;
+    let mut allowed = refusal("ip:b", 0);
+    allowed.decision = Decision::Allowed;
+    allowed.status = 200;
+    for _ in 0..3 {
+        assert!(windows.admit(&each));
+        assert!(windows.admit(&allowed));
+    }
+    assert_eq!(windows.len(), 0);
+}
+
+#[test]
+fn a_window_lasts_at_least_a_second_and_at_most_a_minute_whatever_the_retry_after() {
+    let mut windows = refusals::Windows::default();
+    let mut banned = refusal("ip:banned", 0);
+    banned.decision = Decision::Banned;
+    banned.retry_after = Some(3600);
+    let mut quick = refusal("ip:quick", 0);
+    quick.retry_after = None;
+    for r in [&banned, &banned, &quick, &quick] {
+        windows.admit(r);
+    }
+    let lines = end_at(&mut windows, 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("ip:quick"));
+    assert!(end_at(&mut windows, 59).is_empty());
+    let lines = end_at(&mut windows, 60);
+    assert!(lines[0].contains("decision=banned"), "{lines:?}");
+}
+
+#[test]
+fn when_every_window_is_taken_a_new_clients_refusals_are_all_written() {
+    let mut windows = refusals::Windows::default();
+    for i in 0..refusals::WINDOWS {
+        assert!(windows.admit(&refusal(&format!("ip:{i}"), 0)));
+    }
+    assert!(windows.admit(&refusal("ip:late", 0)));
+    assert!(windows.admit(&refusal("ip:late", 1)));
+    // Those with a window still fold.
+    assert!(!windows.admit(&refusal("ip:0", 1)));
+    // The bound the operator reads is this one.
+    let bound = format!(
+        "At most {},{:03} windows are open",
+        refusals::WINDOWS / 1000,
+        refusals::WINDOWS % 1000
+    );
+    let docs = include_str!("../../docs/OBSERVABILITY.md").replace('\n', " ");
+    assert!(
+        docs.contains(&bound),
+        "docs/OBSERVABILITY.md says {bound:?}"
+    );
+}
+
+#[test]
+fn the_writer_folds_a_flood_and_summarizes_it_at_flush_as_one_json_object() {
+    let out = Capture::default();
+    let log = AccessLog::new(Box::new(out.clone()), QUEUE, clock());
+    for s in 0..30 {
+        let mut r = refusal("key:3f2a9c01…", s);
+        r.format = LogFormat::Json;
+        log.send(r);
+    }
+    assert!(log.flush(std::time::Duration::from_secs(5)));
+    let text = String::from_utf8(out.0.lock().clone()).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines[0]["log"], "access");
+    assert_eq!(lines[1]["log"], "refusals");
+    assert_eq!(lines[1]["client"], "key:3f2a9c01…");
+    assert_eq!(lines[1]["refusals"], 30);
+    assert_eq!(lines[1]["limiter"], "strict");
+    assert_eq!(lines[1]["last"], "2026-01-01T00:00:29.123Z");
+    assert_eq!(log.refusals_folded(), 29);
+    assert_eq!(log.refusal_windows(), 0);
 }

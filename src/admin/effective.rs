@@ -191,13 +191,14 @@ fn log_section(l: &LogConfig) -> Value {
         format,
         access,
         access_file,
+        refusals,
     } = l;
     let format = match format {
         LogFormat::Text => "text",
         LogFormat::Json => "json",
     };
     let access_file = access_file.as_ref().map(|p| p.display().to_string());
-    json!({"format": format, "access": access, "access_file": access_file})
+    json!({"format": format, "access": access, "access_file": access_file, "refusals": refusals.as_str()})
 }
 
 fn admin_section(a: &AdminConfig) -> Value {

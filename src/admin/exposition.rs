@@ -134,6 +134,16 @@ fn traffic_series(s: &Shared) -> Vec<Extra<'static>> {
             "Failed writes of the access log (a full disk) and failed reopens of log.access_file.",
             s.access.write_errors(),
         ),
+        Extra::counter(
+            "tollgate_access_log_refusals_folded_total",
+            "Refusals counted in a summary line instead of written on their own (log.refusals: first).",
+            s.access.refusals_folded(),
+        ),
+        Extra::gauge(
+            "tollgate_access_log_refusal_windows",
+            "log.refusals: first's open windows (bounded; when all are taken, other clients' refusals are written in full).",
+            s.access.refusal_windows() as f64,
+        ),
         Extra::gauge(
             "tollgate_dashboard_limited_keys",
             "Keys rejected lately that the dashboard tracks (at most 128; when full, idle and least rejected keys are replaced).",

@@ -66,6 +66,7 @@ impl Trail {
                 user_agent: h.get(http::header::USER_AGENT).cloned(),
                 rule: None,
                 network: None,
+                refusals: snap.config.log.refusals,
             },
             route: None,
             accept: h.get(http::header::ACCEPT).cloned(),

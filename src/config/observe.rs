@@ -20,6 +20,8 @@ pub struct RawLog {
     pub access: Option<bool>,
     /// A file the access log is appended to instead of stdout (reopened on SIGUSR1).
     pub access_file: Option<Text>,
+    /// `each` or `first`: how the access log writes refusals.
+    pub refusals: Option<Text>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -45,6 +47,26 @@ pub struct LogConfig {
     pub access: bool,
     /// `log.access_file`: the access log's file (`None`: stdout).
     pub access_file: Option<PathBuf>,
+    pub refusals: RefusalLog,
+}
+
+/// `log.refusals`: how refusals go into the access log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RefusalLog {
+    /// One access record per refusal, like any request.
+    #[default]
+    Each,
+    /// A client's first refusal per window, then one summary line.
+    First,
+}
+
+impl RefusalLog {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalLog::Each => "each",
+            RefusalLog::First => "first",
+        }
+    }
 }
 
 impl Default for LogConfig {
@@ -53,6 +75,7 @@ impl Default for LogConfig {
             format: LogFormat::Text,
             access: true,
             access_file: None,
+            refusals: RefusalLog::Each,
         }
     }
 }
@@ -154,10 +177,22 @@ impl Validator<'_> {
                 LogFormat::Text
             }
         };
+        let refusals = match raw.refusals.as_ref().map(|t| t.0.as_str()) {
+            None | Some("each") => RefusalLog::Each,
+            Some("first") => RefusalLog::First,
+            Some(other) => {
+                self.err(
+                    "log.refusals",
+                    format!("unknown value {other:?} (each or first)"),
+                );
+                RefusalLog::Each
+            }
+        };
         LogConfig {
             format,
             access: raw.access.unwrap_or(true),
             access_file: raw.access_file.as_ref().map(|t| PathBuf::from(&t.0)),
+            refusals,
         }
     }
 

@@ -43,11 +43,15 @@ impl Clock for TokioClock {
     }
 }
 
-/// An app from `yaml` (memory store unless `yaml` names one, no access log:
-/// its records would go to the test's stdout), on a [`TokioClock`] that
-/// starts at `T0`.
+/// An app from `yaml` (memory store unless `yaml` names one, no access log
+/// unless `yaml` has a `log:` section: its records would go to the test's
+/// stdout), on a [`TokioClock`] that starts at `T0`.
 pub fn app(yaml: &str) -> App {
-    let yaml = format!("log: {{ access: false }}\n{yaml}");
+    let yaml = if yaml.starts_with("log:") || yaml.contains("\nlog:") {
+        yaml.to_string()
+    } else {
+        format!("log: {{ access: false }}\n{yaml}")
+    };
     let yaml = if yaml.contains("store:") {
         yaml
     } else {
