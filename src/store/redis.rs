@@ -43,6 +43,7 @@ mod spread;
 pub mod topology;
 
 pub use lease::metrics_at_zero as lease_metrics_at_zero;
+pub use lease::IDLE as LEASE_IDLE;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -174,6 +175,7 @@ impl Redis {
             leases: lease::Leases::new(),
         });
         runtime.spawn(probe::probe_loop(Arc::downgrade(&inner)));
+        runtime.spawn(lease::idle_loop(Arc::downgrade(&inner)));
         Ok(Redis { inner })
     }
 

@@ -19,10 +19,12 @@
 //!   without a lease is checked per request, as without leases, and
 //!   `tollgate_lease_table_full_total` counts it.
 //! - A lease ends at its term (or a fixed window's end), by the proxy's
-//!   clock and by the monotonic clock both, or when a reload changes its
-//!   limiter; its unspent units then go back ([`GiveBack`]: fixed and sliding
-//!   window) or are lost (token bucket), in the next prune round or when the
-//!   key next asks, whichever comes first.
+//!   clock and by the monotonic clock both, when it has not been spent for
+//!   [`IDLE`] (traffic on the key moved to another tollgate, or stopped), or
+//!   when a reload changes its limiter; its unspent units then go back
+//!   ([`GiveBack`]: fixed and sliding window) or are lost (token bucket), at
+//!   the next [`idle_loop`] round (every [`IDLE_ROUND`]), prune round or ask
+//!   of the key, whichever comes first.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +45,11 @@ pub const MAX_LEASES: usize = 65_536;
 /// The most requests that wait for one key's lease being fetched; the
 /// others go to Redis as usual.
 pub const MAX_WAITERS: usize = 1_024;
+/// A lease not spent for this long is ended and its units given back: the
+/// key's traffic went elsewhere, and another tollgate may need them.
+pub const IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often [`idle_loop`] ends idle and ended leases.
+pub const IDLE_ROUND: std::time::Duration = std::time::Duration::from_millis(250);
 
 pub(super) struct Leases {
     /// `lease:` of each limiter that has one, by limiter name, with the
@@ -127,6 +134,8 @@ struct OpenLease {
     /// The monotonic clock when it was taken: a wall clock stepped back
     /// by less than the lease's age must not stretch it (see [`OpenLease::live`]).
     taken: std::time::Instant,
+    /// The monotonic clock when a unit was last spent (or it was taken).
+    used: std::time::Instant,
     /// The quota and Redis' instant reported with the grant.
     quota: Quota,
     at: Nanos,
@@ -365,12 +374,17 @@ impl Leases {
         asking
     }
 
-    /// Ends every lease past its end at `now`; returns the units to give back.
-    pub(super) fn sweep(&self, now: Nanos) -> Vec<GiveBack> {
+    /// Ends every lease past its end at `now` (`None`: by the monotonic
+    /// clock alone) or idle for [`IDLE`] at `at` (the monotonic clock);
+    /// returns the units to give back.
+    pub(super) fn sweep(&self, now: Option<Nanos>, at: std::time::Instant) -> Vec<GiveBack> {
         let mut table = self.table.lock();
+        if table.is_empty() {
+            return Vec::new();
+        }
         let ended: Vec<Box<str>> = table
             .iter()
-            .filter(|(_, e)| matches!(e, LeaseSlot::Open(h) if !h.live(now)))
+            .filter(|(_, e)| matches!(e, LeaseSlot::Open(h) if h.idle(at) || now.is_some_and(|now| !h.live(now))))
             .map(|(k, _)| k.clone())
             .collect();
         for key in ended {
@@ -387,11 +401,12 @@ impl Leases {
         std::mem::take(&mut *self.ended.lock())
     }
 
-    /// Counts the give-backs that went through (`Ok`) or failed.
-    pub(super) fn gave_back(&self, units: u64, result: &Result<(), StoreError>) {
+    /// Counts the give-backs that took their units out of the shared state
+    /// (`Ok(true)`), and those that failed or found nothing to take them from.
+    pub(super) fn gave_back(&self, units: u64, result: &Result<bool, StoreError>) {
         match result {
-            Ok(()) => self.count(|c| &c.returned, units),
-            Err(_) => self.count(|c| &c.lost, units),
+            Ok(true) => self.count(|c| &c.returned, units),
+            Ok(false) | Err(_) => self.count(|c| &c.lost, units),
         }
     }
 
@@ -448,6 +463,12 @@ impl OpenLease {
         now < self.ends && self.taken.elapsed() < term
     }
 
+    /// Not spent for [`IDLE`]; a lease past its term is also idle by then,
+    /// since nothing spends it.
+    fn idle(&self, at: std::time::Instant) -> bool {
+        at.saturating_duration_since(self.used) >= IDLE
+    }
+
     fn spendable(&self, algorithm: &Algorithm, now: Nanos) -> bool {
         self.live(now) && &self.algorithm == algorithm
     }
@@ -457,6 +478,7 @@ impl OpenLease {
     fn spend(&mut self, now: Nanos) -> Outcome {
         self.units -= 1;
         self.spent += 1;
+        self.used = std::time::Instant::now();
         let elapsed = now.saturating_sub(self.granted);
         Outcome {
             ruling: Ruling::Allow,
@@ -538,6 +560,7 @@ impl Asking<'_> {
                 granted: sent,
                 ends: sent.saturating_add(lease::ends_after(c.algorithm, o.at)),
                 taken: self.started,
+                used: std::time::Instant::now(),
                 quota: o.quota,
                 at: o.at,
             };
@@ -587,14 +610,15 @@ impl super::Redis {
         self.inner.leases.bind_metrics(metrics);
     }
 
-    /// Ends the leases past their end (a prune round) and gives their units back.
+    /// Ends the leases past their end or idle (a prune round) and gives their units back.
     pub fn sweep_leases(&self, now: Nanos) {
-        self.give_back(self.inner.leases.sweep(now));
+        self.give_back(self.inner.leases.sweep(Some(now), std::time::Instant::now()));
     }
 
     /// Sends each give-back from a spawned task: the caller never waits. A
     /// give-back that fails leaves the units counted (the safe side) and
-    /// counts them as lost.
+    /// counts them as lost; so does one the script finds nothing to give
+    /// back in (the window it was counted in is over, or the key is gone).
     pub(super) fn give_back(&self, ended: Vec<GiveBack>) {
         for g in ended {
             let redis = super::Redis {
@@ -610,12 +634,31 @@ impl super::Redis {
                         call.invoke_async::<i64>(&mut con).await
                     })
                     .await
-                    .map(|_| ());
+                    // The script answers 1 when it took the units out, 0 when
+                    // there was nothing to take them from.
+                    .map(|taken| taken == 1);
                 if let Err(e) = &result {
                     tracing::debug!(error = %e, "giving back unspent leased units failed; they stay counted");
                 }
                 redis.inner.leases.gave_back(g.units, &result);
             });
+        }
+    }
+}
+
+/// Every [`IDLE_ROUND`], ends the leases idle for [`IDLE`] (or past their
+/// term by the monotonic clock) and gives their units back, so a key whose
+/// traffic moved to another tollgate is not left short by what this one
+/// holds until a prune round (a minute by default). Ends with the store.
+pub(super) async fn idle_loop(inner: std::sync::Weak<super::Inner>) {
+    loop {
+        tokio::time::sleep(IDLE_ROUND).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let ended = inner.leases.sweep(None, std::time::Instant::now());
+        if !ended.is_empty() {
+            super::Redis { inner }.give_back(ended);
         }
     }
 }
@@ -758,6 +801,8 @@ mod tests {
         });
         let a = window(100);
         let leases = Leases::new();
+        // Before the grants: by this instant, no lease is idle.
+        let at = std::time::Instant::now();
         leases.configure(&[
             limiter("a", a.clone(), Some(5)),
             limiter("t", bucket.clone(), Some(5)),
@@ -765,17 +810,34 @@ mod tests {
         take(&leases, &[check("a:global", &a)], &[5], T0);
         take(&leases, &[check("t:global", &bucket)], &[5], T0);
         // Terms: 600 ms for the window, 100 ms for the bucket.
-        assert!(leases.sweep(T0 + 99_000_000).is_empty());
+        assert!(leases.sweep(Some(T0 + 99_000_000), at).is_empty());
         assert!(
-            leases.sweep(T0 + 100_000_000).is_empty(),
+            leases.sweep(Some(T0 + 100_000_000), at).is_empty(),
             "the bucket's units are lost"
         );
         assert!(leases
             .spend(&[check("t:global", &bucket)], T0 + 100_000_000)
             .is_none());
-        let back = leases.sweep(T0 + 600_000_000);
+        let back = leases.sweep(Some(T0 + 600_000_000), at);
         assert_eq!(back.len(), 1, "the window's units go back");
         assert_eq!(back[0].units, 5);
+    }
+
+    #[test]
+    fn a_lease_not_spent_for_a_second_is_ended_and_its_units_go_back_within_its_term() {
+        let a = window(100);
+        let leases = Leases::new();
+        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let one = [check("a:global", &a)];
+        take(&leases, &one, &[5], T0);
+        leases.spend(&one, T0 + 1).expect("a unit");
+        let spent = std::time::Instant::now();
+        // Within the term (600 ms) by the proxy's clock, whatever the idle round sees.
+        assert!(leases.sweep(None, spent).is_empty(), "just spent");
+        let back = leases.sweep(None, spent + IDLE);
+        assert_eq!(back.len(), 1, "idle for IDLE: the lease ends");
+        assert_eq!(back[0].units, 4);
+        assert!(leases.spend(&one, T0 + 2).is_none(), "and is not spent again");
     }
 
     #[test]
