@@ -19,6 +19,7 @@ the same load (the kernel's share, which callgrind does not see).
     bench/instructions.py --budget-allow 40000 --budget-reject 20000   # exit 1 above these (CI)
     bench/instructions.py --only tollgate --accept-encoding 'gzip, deflate, br'   # as a browser asks
     bench/instructions.py --only tollgate --redirect   # + a `path_regex` route's redirect (captures, limited)
+    bench/instructions.py --ladder [--write docs/PERFORMANCE.md]   # what each feature adds to the allow path
 
 The targets are those of bench/proxybench.py: an nginx upstream (`return
 200`, not measured) on 127.0.0.1:19180; tollgate (SQLite store, 2 workers)
@@ -28,6 +29,14 @@ slowest rate); the hyper floor (benches/hyper_floor.rs, 2 workers) forwarding
 (allow) and answering every request with tollgate's 429 (`--reject`: the
 429 floor). The client keeps `--conns` connections busy with one request at
 a time each, as wrk does. Needs valgrind, nginx and (for --syscalls) perf.
+
+With `--ladder`, tollgate's allow path (a GET forwarded to the upstream,
+200) is measured under a sequence of configs, from a bare one (one route
+forwarding, nothing else) to one with every common feature, each config
+adding one feature to the one before (LADDER below), then the floor
+forwarding the same GET. Every config is checked with `tollgate check`
+first. It prints a markdown table; `--write FILE` also puts it between
+the `<!-- ladder:begin -->` and `<!-- ladder:end -->` lines of FILE.
 
 With `--budget-allow` / `--budget-reject`, tollgate's instructions per
 request are checked against those budgets after the run: above either, the
@@ -248,6 +257,174 @@ routes:
 """)
 
 
+# The feature-cost ladder (`--ladder`): each step keeps the features of the
+# steps before it and adds its own, so "added" is what that one feature
+# costs with the ones above it already on (a rate-limit header needs a
+# limiter; an audit row is written by the SQLite store every step uses).
+# (key, row name, what the step configures)
+LADDER = [
+    ("bare", "bare", "one route forwarding; no limiter, audit, access log, compression, challenge, site rule or cache"),
+    ("identity", "+ identity", "the client is read from `X-Forwarded-For` (`identity.trusted_proxies: [127.0.0.1/32]`); "
+     "the GET carries one from here on"),
+    ("limiter", "+ one limiter", "`fixed_window`, `key: client`, never triggered; `rate_limit_headers: none`"),
+    ("headers", "+ rate-limit headers", "`rate_limit_headers: both` (the default)"),
+    ("access_log", "+ access log", "`log.access: true` (text, stdout to a file)"),
+    ("audit", "+ audit row", "`audit.enabled: true`: one SQLite `api_calls` row per forwarded request"),
+    ("compression", "+ compression check", "`server.compression: true`; the GET sends no `Accept-Encoding`, "
+     "so the answer (3 bytes of `text/plain`) goes out as it came, with `Vary: Accept-Encoding`"),
+    ("challenge", "+ challenge check", "`identity.pass` and `challenge: { when: always }`; the GET is no browser's "
+     "(no `Accept: text/html`), so no page"),
+    ("site", "+ site rules", "a `path_regex` redirect route before the route and a response `headers` rule "
+     "removing `X-Powered-By`; neither matches"),
+    ("cache", "+ cache lookup", "`cache: {}`: a miss every time; the answer says nothing of its freshness "
+     "and there is no `ttl`, so it is never stored"),
+]
+# Measured after the ladder, outside it: the last step's config with one
+# feature (the second key) replaced. (key, replaced key, row name, what)
+LADDER_ASIDES = [
+    ("cache_hit", "cache", "aside: cache hit", "`cache: { ttl: 60s }` instead: every measured request is answered "
+     "from the cache, the upstream is not asked"),
+]
+LADDER_BEGIN, LADDER_END = "<!-- ladder:begin -->", "<!-- ladder:end -->"
+
+
+def ladder_config(d, step, on):
+    """tollgate's config for one ladder step: `on` holds the keys of the
+    features it has. The SQLite store throughout (the default)."""
+    yes = lambda key: "true" if key in on else "false"
+    identity = []
+    if "identity" in on:
+        identity.append("trusted_proxies: [127.0.0.1/32]")
+    if "challenge" in on:
+        with open(f"{d}/pass.keys", "w") as f:
+            f.write("0123456789abcdef0123456789abcdef-instructions\n")
+        identity.append(f'pass: {{ secret_file: "{d}/pass.keys" }}')
+    route = ["  - name: site", "    match: { path_prefix: / }", "    upstream: app"]
+    if "limiter" in on:
+        route += ["    limiters: [allow]", f"    rate_limit_headers: {'both' if 'headers' in on else 'none'}"]
+    if "challenge" in on:
+        route.append("    challenge: { when: always }")
+    if "site" in on:
+        route.append("    headers: { response: { remove: [X-Powered-By] } }")
+    if "cache_hit" in on:
+        route.append("    cache: { ttl: 60s }")
+    if "cache" in on:
+        route.append("    cache: {}")
+    lines = [f'server: {{ listen: ["127.0.0.1:{PORTS["tollgate"]}"], compression: {yes("compression")} }}',
+             f'admin: {{ listen: "127.0.0.1:{PORTS["tollgate_admin"]}" }}',
+             f'store: {{ backend: sqlite, path: "{d}/ladder-{step}.db" }}',
+             f'audit: {{ enabled: {yes("audit")} }}',
+             f'log: {{ access: {yes("access_log")} }}']
+    if identity:
+        lines.append(f"identity: {{ {', '.join(identity)} }}")
+    lines += ["upstreams:", f'  app: {{ url: "http://127.0.0.1:{PORTS["upstream"]}" }}']
+    if "limiter" in on:
+        lines += ["limiters:", "  allow: { algorithm: fixed_window, limit: 1000000000, window: 60s, key: client }"]
+    lines.append("routes:")
+    if "site" in on:
+        lines.append("  - { name: old-links, match: { path_regex: '^/old/(\\d+)/(.*)$' }, redirect: { to: '/new/$1/$2' } }")
+    path = f"{d}/ladder-{step}.yaml"
+    with open(path, "w") as f:
+        f.write("\n".join(lines + route) + "\n")
+    return path
+
+
+def ladder_request(port, on):
+    """The ladder's GET of `/`: from the identity step on, as a trusted proxy
+    forwards it (`X-Forwarded-For` naming the client)."""
+    request = request_bytes(port, "/")
+    if "identity" in on:
+        request = request[:-2] + b"X-Forwarded-For: 203.0.113.7\r\n\r\n"
+    return request
+
+
+def ladder_plan(d, tollgate):
+    """One plan entry per ladder step and aside, each config checked by
+    `tollgate check` first (a config it refuses ends the run)."""
+    plan, on = [], set()
+    steps = [(key, key) for key, _, _ in LADDER] + [(key, replaced) for key, replaced, _, _ in LADDER_ASIDES]
+    for i, (key, replaced) in enumerate(steps):
+        on = (on - {replaced}) | {key}
+        config = ladder_config(d, i, on)
+        check = subprocess.run([tollgate, "check", "--config", config], capture_output=True, text=True)
+        if check.returncode != 0:
+            sys.exit(f"tollgate check refuses the ladder's {key!r} config:\n{open(config).read()}\n"
+                     f"{check.stdout}{check.stderr}")
+        log(f"ladder {key}: tollgate check passed")
+        request = ladder_request(PORTS["tollgate"], on)
+        plan.append((key, [tollgate, "--config", config],
+                     [("allow", PORTS["tollgate"], lambda key=key, request=request: ladder_probe(key, request))]))
+    return plan
+
+
+def ladder_probe(key, request):
+    """Asks twice before the warm-up and returns `request` if the second
+    answer is what the step should measure: a 200, with the cache a miss
+    that is not stored, or a hit."""
+    for _ in range(2):
+        s = socket.create_connection(("127.0.0.1", PORTS["tollgate"]), timeout=60)
+        s.sendall(request)
+        head = receive(s, b"", lambda b: b"\r\n\r\n" in b).partition(b"\r\n\r\n")[0]
+        s.close()
+    status = re.search(rb"cache-status:\s*([^\r]*)", head, re.I)
+    status = status.group(1).decode() if status else ""
+    wrong = (not head.startswith(b"HTTP/1.1 200 ")
+             or (key == "cache" and ("fwd=miss" not in status or "stored" in status))
+             or (key == "cache_hit" and "hit" not in status)
+             or (key not in ("cache", "cache_hit") and status))
+    if wrong:
+        sys.exit(f"the ladder's {key!r} step answers what it should not measure:\n{head.decode(errors='replace')}")
+    first_line = head.split(b"\r\n")[0].decode()
+    log(f"ladder {key}: {first_line}{'; Cache-Status: ' + status if status else ''}")
+    return request
+
+
+def ladder_table(rows, args):
+    """The ladder as markdown: a caption, the table, a line naming the run."""
+    values = {name: v for _, name, v in rows}
+    floor = values["floor"]
+    sent = f"`Accept-Encoding: {ACCEPT_ENCODING}`" if ACCEPT_ENCODING else "no `Accept-Encoding`"
+    out = [f"Each row adds one feature to the row above it and keeps the rest, so *added* is what that feature "
+           f"costs with every feature above it on; the asides change the last row's config instead. The request: "
+           f"a keep-alive `GET /` with {sent}, forwarded to the nginx upstream's 200 (3 bytes of `text/plain`); "
+           f"SQLite store, 2 workers, {args.requests:,} requests over {args.conns} connections after "
+           f"{args.warmup:,} warm-up requests, each row a fresh process. The floor is "
+           f"`benches/hyper_floor.rs` forwarding the bare row's GET.",
+           "",
+           "| feature | instructions per request | added by this feature | × floor |",
+           "| --- | ---: | ---: | ---: |",
+           f"| hyper floor: bare hyper forwarding, nothing else | {floor:,.0f} | | 1.00 |"]
+    previous = floor
+    for key, name, what in LADDER:
+        value = values[key]
+        out.append(f"| **{name}**: {what} | {value:,.0f} | {value - previous:+,.0f} | {value / floor:.2f} |")
+        previous = value
+    for key, _, name, what in LADDER_ASIDES:
+        value = values[key]
+        out.append(f"| {name}: {what} | {value:,.0f} | {value - previous:+,.0f} vs the last row | {value / floor:.2f} |")
+    bare, full = values["bare"], values[LADDER[-1][0]]
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "src", "benches", "Cargo.toml", "Cargo.lock"],
+                           capture_output=True, text=True).stdout.strip()
+    command = " ".join(["bench/instructions.py"] + sys.argv[1:])
+    out += ["", f"Bare is **{bare / floor:.2f}×** the floor (the goal: at most 1.10×, "
+            f"{'met' if bare / floor <= 1.10 else 'not met'}); with every feature on, {full / floor:.2f}× "
+            f"({full - bare:+,.0f} over bare). Generated by `{command}` on {time.strftime('%Y-%m-%d', time.gmtime())}, "
+            f"release build of {commit or 'an unknown commit'}{' with uncommitted changes' if dirty else ''}."]
+    return "\n".join(out)
+
+
+def write_between_markers(path, text):
+    """Replaces what lies between LADDER_BEGIN and LADDER_END in `path`."""
+    doc = open(path).read()
+    start, end = doc.find(LADDER_BEGIN), doc.find(LADDER_END)
+    if start < 0 or end < start:
+        sys.exit(f"{path}: no {LADDER_BEGIN} line followed by a {LADDER_END} line to write between")
+    with open(path, "w") as f:
+        f.write(doc[:start + len(LADDER_BEGIN)] + "\n" + text + "\n" + doc[end:])
+    log(f"wrote the ladder into {path}")
+
+
 def floor_binary():
     out = subprocess.run(["cargo", "build", "--release", "--bench", "hyper_floor", "--message-format=json"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -338,6 +515,32 @@ def over_budget(rows, budgets):
     return over
 
 
+def measure(plan, args, d, servers):
+    """Runs each planned server in turn (appended to `servers`, so the caller
+    can stop it whatever happens) and measures its scenarios: a list of
+    (scenario, server name, value)."""
+    kind = PerfStat if args.syscalls else Callgrind
+    rows = []
+    for name, argv, scenarios in plan:
+        log(f"{name}: starting")
+        server = kind(name, argv, d)
+        servers.append(server)
+        wait_port(scenarios[0][1], server.proc, 180)
+        server.started()
+        for scenario, port, path in scenarios:
+            if callable(path):
+                path = path()
+            load(port, path, args.warmup, args.conns)
+            value = server.measure(lambda: load(port, path, args.requests, args.conns))
+            rows.append((scenario, name, value))
+            if args.keep and not args.syscalls:
+                os.makedirs(args.keep, exist_ok=True)
+                shutil.copy(f"{server.out}.{server.dumps}", f"{args.keep}/{name}-{scenario}.callgrind")
+            log(f"{name} {scenario}: {value}")
+        server.stop()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20000, help="measured requests per scenario")
@@ -363,6 +566,9 @@ def main():
                     "(e.g. 'gzip, deflate, br')")
     ap.add_argument("--redirect", action="store_true",
                     help="tollgate also answers a redirect: a `path_regex` route with captures, behind a limiter")
+    ap.add_argument("--ladder", action="store_true",
+                    help="the feature-cost ladder: tollgate's allow path under configs adding one feature each, and the floor")
+    ap.add_argument("--write", metavar="FILE", help="with --ladder: put the table between FILE's ladder markers")
     ap.add_argument("--budget-allow", type=int, help="exit 1 if tollgate's allow path exceeds this many instructions per request")
     ap.add_argument("--budget-reject", type=int, help="exit 1 if tollgate's 429 exceeds this many instructions per request")
     args = ap.parse_args()
@@ -371,6 +577,10 @@ def main():
     for name in PORTS:
         PORTS[name] += args.port_offset
     only = args.only or ["tollgate", "floor", "nginx"]
+    if args.write and not args.ladder:
+        sys.exit("--write writes the ladder's table: it needs --ladder")
+    if args.ladder and (args.syscalls or args.only or args.challenge or args.redirect):
+        sys.exit("--ladder measures its own configs under callgrind: no --syscalls, --only, --challenge or --redirect")
     for tool in ("nginx", "perf" if args.syscalls else "valgrind"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing")
@@ -381,6 +591,16 @@ def main():
     servers = []
     try:
         wait_port(PORTS["upstream"], upstream, 30)
+        if args.ladder:
+            floor = args.floor or floor_binary()
+            plan = ladder_plan(d, args.tollgate) + [
+                ("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
+                           *args.floor_args.split()], [("allow", PORTS["floor"], "/")])]
+            table = ladder_table(measure(plan, args, d, servers), args)
+            print(table)
+            if args.write:
+                write_between_markers(args.write, table)
+            return
         plan = []
         if "tollgate" in only:
             tollgate_scenarios = [("allow", PORTS["tollgate"], "/"), ("reject", PORTS["tollgate"], "/reject")]
@@ -408,25 +628,7 @@ def main():
         if "nginx" in only:
             plan.append(("nginx", ["nginx", "-p", d, "-e", f"{d}/ng-error.log", "-c", f"{d}/nginx.conf"],
                          [("allow", PORTS["nginx"], "/"), ("reject", PORTS["nginx_reject"], "/")]))
-        kind = PerfStat if args.syscalls else Callgrind
-        rows = []
-        for name, argv, scenarios in plan:
-            log(f"{name}: starting")
-            server = kind(name, argv, d)
-            servers.append(server)
-            wait_port(scenarios[0][1], server.proc, 180)
-            server.started()
-            for scenario, port, path in scenarios:
-                if callable(path):
-                    path = path()
-                load(port, path, args.warmup, args.conns)
-                value = server.measure(lambda: load(port, path, args.requests, args.conns))
-                rows.append((scenario, name, value))
-                if args.keep and not args.syscalls:
-                    os.makedirs(args.keep, exist_ok=True)
-                    shutil.copy(f"{server.out}.{server.dumps}", f"{args.keep}/{name}-{scenario}.callgrind")
-                log(f"{name} {scenario}: {value}")
-            server.stop()
+        rows = measure(plan, args, d, servers)
         print(f"{args.requests} requests, {args.conns} connections, after {args.warmup} warm-up requests")
         if args.syscalls:
             print(f"{'scenario':8} {'target':10} {'syscalls/req':>12} {'ctxsw/req':>10} {'cpu us/req':>10}")
