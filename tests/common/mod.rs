@@ -388,6 +388,21 @@ impl AccessCapture {
         self.lines()
     }
 
+    /// Waits (at most 5 s) for a JSON record that `wanted` accepts, and returns it.
+    pub async fn wait_record(
+        &self,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<serde_json::Value> {
+        let find = || {
+            self.lines()
+                .iter()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .find(|r| wanted(r))
+        };
+        let _found = eventually(Duration::from_secs(5), || async { find().is_some() }).await;
+        find()
+    }
+
     /// Every line parsed as JSON (a line that is not JSON fails the test).
     pub async fn wait_records(&self, n: usize) -> Vec<serde_json::Value> {
         self.wait_lines(n)
