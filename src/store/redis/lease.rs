@@ -767,14 +767,21 @@ mod tests {
         assert!(leases.spend(&one, T0).is_none());
     }
 
+    /// `a` leased with `max: 5` on `a:global`: a lease of 5 taken at `T0`, one unit spent.
+    fn five_taken_one_spent(a: &Algorithm) -> Leases {
+        let leases = Leases::new();
+        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let one = [check("a:global", a)];
+        take(&leases, &one, &[5], T0);
+        leases.spend(&one, T0 + 1).expect("a unit");
+        leases
+    }
+
     #[test]
     fn a_reload_that_changes_the_limiter_ends_its_leases_and_gives_their_units_back() {
         let a = window(100);
-        let leases = Leases::new();
-        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let leases = five_taken_one_spent(&a);
         let one = [check("a:global", &a)];
-        take(&leases, &one, &[5], T0);
-        leases.spend(&one, T0 + 1).expect("a unit");
         leases.configure(&[limiter("a", window(200), Some(5))]);
         let back = leases.take_ended();
         assert_eq!(back.len(), 1);
@@ -826,11 +833,8 @@ mod tests {
     #[test]
     fn a_lease_not_spent_for_a_second_is_ended_and_its_units_go_back_within_its_term() {
         let a = window(100);
-        let leases = Leases::new();
-        leases.configure(&[limiter("a", a.clone(), Some(5))]);
+        let leases = five_taken_one_spent(&a);
         let one = [check("a:global", &a)];
-        take(&leases, &one, &[5], T0);
-        leases.spend(&one, T0 + 1).expect("a unit");
         let spent = std::time::Instant::now();
         // Within the term (600 ms) by the proxy's clock, whatever the idle round sees.
         assert!(leases.sweep(None, spent).is_empty(), "just spent");
