@@ -148,6 +148,9 @@ thread_local! {
     /// (or a flood from one address) sends request after request from it.
     static LAST_V4: crate::header_value::Repeated<std::net::Ipv4Addr, Option<HeaderValue>> =
         const { crate::header_value::Repeated::new() };
+    /// The IPv4 peer this worker last wrote (a trusted proxy's, behind one).
+    static LAST_PEER_V4: crate::header_value::Repeated<std::net::Ipv4Addr, Option<HeaderValue>> =
+        const { crate::header_value::Repeated::new() };
 }
 
 /// An address as a header value, without the formatter for the usual IPv4,
@@ -157,6 +160,16 @@ fn ip_value(ip: IpAddr) -> Option<HeaderValue> {
         return HeaderValue::from_str(&ip.to_string()).ok();
     };
     LAST_V4.with(|last| last.rendered(v4, v4_value))
+}
+
+/// [`ip_value`] of the connection's peer, remembered apart from the client's:
+/// behind a trusted proxy the two differ on every request, and one entry
+/// for both would render each anew every time.
+fn peer_ip_value(ip: IpAddr) -> Option<HeaderValue> {
+    let IpAddr::V4(v4) = ip else {
+        return ip_value(ip);
+    };
+    LAST_PEER_V4.with(|last| last.rendered(v4, v4_value))
 }
 
 fn v4_value(v4: std::net::Ipv4Addr) -> Option<HeaderValue> {
@@ -188,20 +201,24 @@ pub fn set_forwarded_headers(
     port: u16,
 ) {
     let peer = peer.to_canonical();
-    let existing: Vec<&str> = if client.peer_trusted {
-        headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let peer_only = existing.is_empty();
-    let xff = if peer_only {
-        ip_value(peer)
-    } else {
-        HeaderValue::from_str(&format!("{}, {peer}", existing.join(", "))).ok()
+    let peer_value = peer_ip_value(peer);
+    // A trusted peer's list (its text values, in order), extended by the peer.
+    let listed = |v: &&HeaderValue| v.to_str().is_ok();
+    let existing = || headers.get_all(&X_FORWARDED_FOR).iter().filter(listed);
+    let peer_only = !client.peer_trusted || existing().next().is_none();
+    let xff = match &peer_value {
+        Some(p) if !peer_only => {
+            // Written into one buffer of the exact length: no `format!`, no join.
+            let len = existing().map(|v| v.len() + 2).sum::<usize>() + p.len();
+            let mut out = Vec::with_capacity(len);
+            for v in existing() {
+                out.extend_from_slice(v.as_bytes());
+                out.extend_from_slice(b", ");
+            }
+            out.extend_from_slice(p.as_bytes());
+            crate::header_value::exact(out)
+        }
+        _ => peer_value.clone(),
     };
     // Compared with `_` read as `-`: with `server.underscores_in_headers`
     // on, `Client_IP` would still reach PHP as HTTP_CLIENT_IP.
@@ -369,6 +386,11 @@ mod tests {
     fn a_trusted_peer_is_appended_to_the_chain() {
         let mut h = HeaderMap::new();
         h.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.7"));
+        // A value that is not text is no address: left out of the chain.
+        h.append(
+            X_FORWARDED_FOR,
+            HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
         h.append(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.2"));
         let peer: IpAddr = "10.0.0.1".parse().unwrap();
         h.insert(X_FORWARDED_HOST, HeaderValue::from_static("public.example"));
