@@ -374,9 +374,9 @@ impl Leases {
         asking
     }
 
-    /// Ends every lease past its end at `now` (`None`: by the monotonic
-    /// clock alone) or idle for [`IDLE`] at `at` (the monotonic clock);
-    /// returns the units to give back.
+    /// Ends every lease idle for [`IDLE`] at `at` (the monotonic clock),
+    /// and, given the proxy's clock `now` (a prune round), every lease past
+    /// its end; returns the units to give back.
     pub(super) fn sweep(&self, now: Option<Nanos>, at: std::time::Instant) -> Vec<GiveBack> {
         let mut table = self.table.lock();
         if table.is_empty() {
@@ -646,8 +646,8 @@ impl super::Redis {
     }
 }
 
-/// Every [`IDLE_ROUND`], ends the leases idle for [`IDLE`] (or past their
-/// term by the monotonic clock) and gives their units back, so a key whose
+/// Every [`IDLE_ROUND`], ends the leases idle for [`IDLE`] (one past its
+/// term is idle a second after its last spend) and gives their units back, so a key whose
 /// traffic moved to another tollgate is not left short by what this one
 /// holds until a prune round (a minute by default). Ends with the store.
 pub(super) async fn idle_loop(inner: std::sync::Weak<super::Inner>) {
