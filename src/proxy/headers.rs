@@ -202,24 +202,12 @@ pub fn set_forwarded_headers(
 ) {
     let peer = peer.to_canonical();
     let peer_value = peer_ip_value(peer);
-    // A trusted peer's list (its text values, in order), extended by the peer.
-    let listed = |v: &&HeaderValue| v.to_str().is_ok();
-    let existing = || headers.get_all(&X_FORWARDED_FOR).iter().filter(listed);
-    let peer_only = !client.peer_trusted || existing().next().is_none();
-    let xff = match &peer_value {
-        Some(p) if !peer_only => {
-            // Written into one buffer of the exact length: no `format!`, no join.
-            let len = existing().map(|v| v.len() + 2).sum::<usize>() + p.len();
-            let mut out = Vec::with_capacity(len);
-            for v in existing() {
-                out.extend_from_slice(v.as_bytes());
-                out.extend_from_slice(b", ");
-            }
-            out.extend_from_slice(p.as_bytes());
-            crate::header_value::exact(out)
-        }
-        _ => peer_value.clone(),
+    let chain = match &peer_value {
+        Some(p) if client.peer_trusted => extended_chain(headers, p),
+        _ => None,
     };
+    let peer_only = chain.is_none();
+    let xff = chain.or_else(|| peer_value.clone());
     // Compared with `_` read as `-`: with `server.underscores_in_headers`
     // on, `Client_IP` would still reach PHP as HTTP_CLIENT_IP.
     let forged: Vec<HeaderName> = headers
@@ -260,6 +248,22 @@ pub fn set_forwarded_headers(
     if !kept_port {
         headers.insert(X_FORWARDED_PORT, port_value(port));
     }
+}
+
+/// A trusted peer's `X-Forwarded-For` list (its text values, in order)
+/// extended by the peer, in one allocation of its exact length; `None` when
+/// it sent none.
+fn extended_chain(headers: &HeaderMap, peer: &HeaderValue) -> Option<HeaderValue> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let listed = headers.get_all(&X_FORWARDED_FOR).into_iter();
+    for v in listed.filter(|v| v.to_str().is_ok()) {
+        parts.extend([v.as_bytes(), b", ".as_slice()]);
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    parts.push(peer.as_bytes());
+    crate::header_value::joined(&parts)
 }
 
 thread_local! {
