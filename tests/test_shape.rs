@@ -108,11 +108,7 @@ fn no_test_function_is_over_eighty_lines() {
 fn no_test_sleeps_a_second_or_more_but_where_time_is_the_subject() {
     let mut timed_seen = Vec::new();
     let mut found = Vec::new();
-    // This file names sleeps in its own examples.
-    for (file, text) in test_files()
-        .into_iter()
-        .filter(|(f, _)| f != "test_shape.rs")
-    {
+    for (file, text) in test_files() {
         for (i, line) in text.lines().enumerate() {
             if slept(line).is_some_and(|s| s >= 1.0) {
                 if TIMED.iter().any(|(f, _)| *f == file) {
@@ -146,13 +142,12 @@ fn the_counters_see_what_they_count() {
         functions(&text),
         [("short".into(), 1, 2), ("long".into(), 4, LONGEST + 2)]
     );
+    // Spelled in pieces, so this file holds no sleep for the scan to find.
+    let call = |f: &str, arg: &str| format!("{f}{}(Duration::{arg})", "sleep");
     assert_eq!(
-        slept("std::thread::sleep(Duration::from_millis(1_500));"),
+        slept(&call("std::thread::", "from_millis(1_500)")),
         Some(1.5)
     );
-    assert_eq!(
-        slept("tokio::time::sleep(Duration::from_secs(3)).await;"),
-        Some(3.0)
-    );
+    assert_eq!(slept(&call("tokio::time::", "from_secs(3)")), Some(3.0));
     assert_eq!(slept("let d = Duration::from_secs(3);"), None);
 }
