@@ -13,16 +13,30 @@ that pruning gives it back.
     bench/proxybench.py --quick            # c=64, 3 rounds of 5 s
     bench/proxybench.py --keys 1000000     # memory for 1M tracked keys
     bench/proxybench.py --access-log       # the access log's cost: off vs json vs text, same run
-    bench/proxybench.py --floor            # adds the hyper floor (benches/hyper_floor.rs) on the allow path
+    bench/proxybench.py --floor            # adds the hyper floor (benches/hyper_floor.rs) on both paths
+    bench/proxybench.py --floor --pin      # the fair race on two cores: wrk on one, the proxy on the other
 
 Needs nginx, haproxy and wrk (Debian packages; installed with apt-get when
 missing and running as root). Everything listens on 127.0.0.1:19080-19111 and
 is stopped when the script exits.
 
+The rows `tollgate` and `tollgate-memory` run as nginx and HAProxy do here:
+no per-request log (`log.access: false`) and no audit row
+(`audit.enabled: false`). `tollgate-logged` is the SQLite one with both at
+their defaults (on), so what they cost stays in sight in the same rounds.
+
 `--floor` adds a bare hyper 1.x forwarding proxy (no limiting, no header
 rewriting, no logging; 2 workers like tollgate's default) as the row
-`floor`, and an `x/floor` column: how far tollgate is from what hyper
-itself does on this machine, measured in the same rounds.
+`floor`, a hyper server answering every request with tollgate's 429
+(`hyper_floor --reject`, same headers and body size) as `floor-reject`,
+and an `x/floor` column: how far tollgate is from what hyper itself does on
+this machine, measured in the same rounds.
+
+`--pin` makes the race fair on two cores: wrk and the upstream run on CPU 0
+(`taskset -c 0`), every proxy on CPU 1, each with one worker (tollgate's
+`server.workers: 1`, the floor's `--workers 1`; nginx and HAProxy always run
+one). Without it everything floats, and tollgate and the floor run one
+worker per core.
 """
 
 import argparse
@@ -44,7 +58,16 @@ CLK = os.sysconf("SC_CLK_TCK")
 PORTS = {"upstream": 19080, "nginx": 19090, "nginx_reject": 19091, "haproxy": 19092, "haproxy_reject": 19093,
          "tollgate": 19100, "tollgate_admin": 19101, "tollgate_mem": 19110, "tollgate_mem_admin": 19111,
          "log_off": 19120, "log_off_admin": 19121, "log_json": 19122, "log_json_admin": 19123,
-         "log_text": 19124, "log_text_admin": 19125, "floor": 19130}
+         "log_text": 19124, "log_text_admin": 19125, "floor": 19130, "floor_reject": 19131,
+         "tollgate_logged": 19102, "tollgate_logged_admin": 19103}
+
+# What the `tollgate` and `tollgate-memory` rows leave off, as the peers here
+# do (`access_log off`); `tollgate-logged` keeps both defaults.
+UNLOGGED = "audit: { enabled: false }\nlog: { access: false }\n"
+
+# --pin: the CPU the load generator and the upstream share, and the one
+# every proxy under test gets to itself.
+LOAD_CPU, PROXY_CPU = "0", "1"
 
 # --access-log: three tollgates that differ only in `log:` (memory store, so
 # the log is the only per-request write). Their stdout, which carries the
@@ -138,11 +161,11 @@ def rss_kib(pids, skip_root=False):
     return total
 
 
-def wrk(url, conns, duration, script=None):
+def wrk(url, conns, duration, script=None, pin=False):
     argv = ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", url]
     if script:
         argv[1:1] = ["-s", script]
-    out = subprocess.run(argv, capture_output=True, text=True).stdout
+    out = subprocess.run(pinned(argv, LOAD_CPU, pin), capture_output=True, text=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     total = int(re.search(r"(\d+) requests in", out).group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -170,7 +193,11 @@ def floor_binary():
     sys.exit("cargo built no hyper_floor executable")
 
 
-def write_configs(d, tollgate_bin):
+def pinned(argv, cpu, pin):
+    return ["taskset", "-c", cpu, *argv] if pin else argv
+
+
+def write_configs(d, tollgate_bin, workers=None):
     up = PORTS["upstream"]
     common = f"pid {d}/%s.pid;\nerror_log {d}/%s-error.log warn;\nworker_rlimit_nofile 65536;\nevents {{ worker_connections 16384; }}\n"
     http_common = (f"access_log off; keepalive_requests 100000000; keepalive_timeout 300s;"
@@ -199,13 +226,16 @@ def write_configs(d, tollgate_bin):
                 f"frontend reject\n  bind 127.0.0.1:{PORTS['haproxy_reject']}\n  stick-table type ip size 100k expire 60s store http_req_rate(1s)\n"
                 "  http-request track-sc0 src\n  http-request deny deny_status 429 if { sc_http_req_rate(0) gt 1 }\n  default_backend app\n")
     # `path` belongs to the SQLite store only (tollgate refuses it on another backend).
-    stores = {"tollgate": f'{{ backend: sqlite, path: "{d}/tollgate.db" }}', "tollgate_mem": "{ backend: memory }"}
-    for name, store in stores.items():
+    stores = {"tollgate": (f'{{ backend: sqlite, path: "{d}/tollgate.db" }}', UNLOGGED),
+              "tollgate_mem": ("{ backend: memory }", UNLOGGED),
+              "tollgate_logged": (f'{{ backend: sqlite, path: "{d}/logged.db" }}', "")}
+    threads = f", workers: {workers}" if workers else ""
+    for name, (store, logging) in stores.items():
         with open(f"{d}/{name}.yaml", "w") as f:
-            f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS[name]}"] }}
+            f.write(f"""server: {{ listen: ["127.0.0.1:{PORTS[name]}"]{threads} }}
 admin: {{ listen: "127.0.0.1:{PORTS[name + '_admin']}" }}
 store: {store}
-upstreams:
+{logging}upstreams:
   app: {{ url: "http://127.0.0.1:{up}" }}
 limiters:
   allow: {{ algorithm: fixed_window, limit: 1000000000, window: 60s, key: ip }}
@@ -238,7 +268,7 @@ def ratio_median(rounds, target, ref):
 
 
 def benchmark(args, d, tollgate_bin):
-    write_configs(d, tollgate_bin)
+    write_configs(d, tollgate_bin, workers=1 if args.pin else None)
     if args.access_log:
         write_access_log_configs(d)
     servers = {
@@ -247,10 +277,14 @@ def benchmark(args, d, tollgate_bin):
         "haproxy": (["haproxy", "-db", "-f", f"{d}/haproxy.cfg"], PORTS["haproxy"]),
         "tollgate": ([tollgate_bin, "--config", f"{d}/tollgate.yaml"], PORTS["tollgate"]),
         "tollgate_mem": ([tollgate_bin, "--config", f"{d}/tollgate_mem.yaml"], PORTS["tollgate_mem"]),
+        "tollgate_logged": ([tollgate_bin, "--config", f"{d}/tollgate_logged.yaml"], PORTS["tollgate_logged"]),
     }
     if args.floor:
-        servers["floor"] = ([args.floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
-                             "--workers", "2"], PORTS["floor"])
+        floor = [args.floor, "serve", None, f"127.0.0.1:{PORTS['upstream']}", "--workers", "1" if args.pin else "2"]
+        for name, extra in (("floor", []), ("floor_reject", ["--reject"])):
+            argv = list(floor)
+            argv[2] = f"127.0.0.1:{PORTS[name]}"
+            servers[name] = (argv + extra, PORTS[name])
     if args.access_log:
         # nginx stays as the reference of the eff/ng column; haproxy is not needed here.
         servers = {name: servers[name] for name in ("upstream", "nginx")}
@@ -258,7 +292,7 @@ def benchmark(args, d, tollgate_bin):
             servers[name] = ([tollgate_bin, "--config", f"{d}/{name}.yaml"], PORTS[name])
     pids = {}
     for name, (argv, port) in servers.items():
-        p = start(name, argv, d)
+        p = start(name, pinned(argv, LOAD_CPU if name == "upstream" else PROXY_CPU, args.pin), d)
         wait_http(f"http://127.0.0.1:{port}/", p)
         pids[name] = p.pid
     time.sleep(0.5)
@@ -268,12 +302,15 @@ def benchmark(args, d, tollgate_bin):
         ("haproxy", "allow"): ("haproxy", f"http://127.0.0.1:{PORTS['haproxy']}/"),
         ("tollgate", "allow"): ("tollgate", f"http://127.0.0.1:{PORTS['tollgate']}/"),
         ("tollgate-memory", "allow"): ("tollgate_mem", f"http://127.0.0.1:{PORTS['tollgate_mem']}/"),
+        ("tollgate-logged", "allow"): ("tollgate_logged", f"http://127.0.0.1:{PORTS['tollgate_logged']}/"),
         ("nginx", "reject"): ("nginx", f"http://127.0.0.1:{PORTS['nginx_reject']}/"),
         ("haproxy", "reject"): ("haproxy", f"http://127.0.0.1:{PORTS['haproxy_reject']}/"),
         ("tollgate", "reject"): ("tollgate", f"http://127.0.0.1:{PORTS['tollgate']}/reject"),
+        ("tollgate-logged", "reject"): ("tollgate_logged", f"http://127.0.0.1:{PORTS['tollgate_logged']}/reject"),
     }
     if args.floor:
         targets[("floor", "allow")] = ("floor", f"http://127.0.0.1:{PORTS['floor']}/")
+        targets[("floor-reject", "reject")] = ("floor_reject", f"http://127.0.0.1:{PORTS['floor_reject']}/reject")
     if args.access_log:
         targets = {key: t for key, t in targets.items() if key[1] == "allow" and key[0] in ("direct", "nginx")}
         for name in ACCESS_LOG:
@@ -295,7 +332,7 @@ def benchmark(args, d, tollgate_bin):
     for conns in args.conns:
         log(f"c={conns}: warm-up")
         for key in keys:
-            wrk(targets[key][1], conns, args.warmup)
+            wrk(targets[key][1], conns, args.warmup, pin=args.pin)
         rounds = []
         for r in range(args.rounds):
             order = keys[r % len(keys):] + keys[:r % len(keys)]
@@ -304,7 +341,7 @@ def benchmark(args, d, tollgate_bin):
                 name, url = targets[key]
                 time.sleep(args.pause)
                 before = cpu_ticks(trees[name])
-                res = wrk(url, conns, args.duration)
+                res = wrk(url, conns, args.duration, pin=args.pin)
                 used = cpu_ticks(trees[name]) - before
                 res["cpu_us"] = used / CLK * 1e6 / max(res["requests"], 1)
                 row[key] = res
@@ -318,12 +355,13 @@ def benchmark(args, d, tollgate_bin):
 
 def summarize(results, mem, args):
     lines = []
-    floor = ("floor", "allow")
+    # Each path's own floor: the forwarding one for allow, the prebuilt 429 for reject.
+    floors = {"allow": ("floor", "allow"), "reject": ("floor-reject", "reject")}
     for conns, rounds in results.items():
-        with_floor = floor in rounds[0]
+        with_floor = floors["allow"] in rounds[0]
         lines.append(f"\n-c{conns}, {len(rounds)} rounds of {args.duration}s (medians; ratios are medians of same-round ratios)")
         lines.append(f"{'scenario':8} {'target':16} {'rps':>9} {'p50ms':>7} {'p99ms':>7} {'non2xx%':>8} {'cpu/req':>8} "
-                     f"{'eff/ng':>7} {'x/direct':>8} {'x/nginx':>8} {'x/haproxy':>9}" + (f" {'x/floor':>8}" if with_floor else ""))
+                     f"{'eff/ng':>7} {'x/direct':>8} {'x/nginx':>8} {'x/haproxy':>9}" + (f" {'x/floor':>8} {'cpu/floor':>9}" if with_floor else ""))
         for key in rounds[0]:
             target, scenario = key
             med = lambda f: statistics.median(r[key][f] for r in rounds)
@@ -336,7 +374,9 @@ def summarize(results, mem, args):
                     f"{med('cpu_us'):7.1f}u {eff:7.2f} {ratio_median(rounds, key, ('direct', 'allow')):8.2f} "
                     f"{ratio_median(rounds, key, ng):8.2f} {ratio_median(rounds, key, ('haproxy', scenario)):9.2f}")
             if with_floor:
-                line += f" {ratio_median(rounds, key, floor):8.2f}" if scenario == "allow" else f" {'':8}"
+                ref = floors[scenario]
+                cpu = statistics.median(r[key]["cpu_us"] / r[ref]["cpu_us"] for r in rounds)
+                line += f" {ratio_median(rounds, key, ref):8.2f} {cpu:9.2f}"
             if err:
                 line += f"  sockerr={err}"
             lines.append(line)
@@ -414,6 +454,8 @@ def main():
     ap.add_argument("--tollgate", default=os.path.join(ROOT, "target/release/tollgate"))
     ap.add_argument("--floor", nargs="?", const="build", default=None,
                     help="add the hyper floor row; optionally the hyper_floor binary (default: cargo build --release --bench hyper_floor)")
+    ap.add_argument("--pin", action="store_true",
+                    help="wrk and the upstream on CPU 0, each proxy on CPU 1 with one worker")
     ap.add_argument("--port-offset", type=int, default=0,
                     help="added to every port, so two runs can share the machine")
     ap.add_argument("--json", help="also write raw results here")
@@ -438,7 +480,8 @@ def main():
             return
         results, mem = benchmark(args, d, args.tollgate)
         text = summarize(results, mem, args)
-        print(f"machine: {os.cpu_count()} cores; wrk -t1; tollgate {args.tollgate}")
+        placement = "pinned: wrk and upstream on CPU 0, each proxy alone on CPU 1, one worker" if args.pin else "unpinned"
+        print(f"machine: {os.cpu_count()} cores; wrk -t1; {placement}; tollgate {args.tollgate}")
         print(text)
         if args.json:
             with open(args.json, "w") as f:
