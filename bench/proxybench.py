@@ -17,7 +17,7 @@ that pruning gives it back.
     bench/proxybench.py --floor --pin      # the fair race on two cores: wrk on one, the proxy on the other
 
 Needs nginx, haproxy and wrk (Debian packages; installed with apt-get when
-missing and running as root). Everything listens on 127.0.0.1:19080-19111 and
+missing and running as root). Everything listens on 127.0.0.1:19080-19131 and
 is stopped when the script exits.
 
 The rows `tollgate` and `tollgate-memory` run as nginx and HAProxy do here:
