@@ -280,11 +280,10 @@ def benchmark(args, d, tollgate_bin):
         "tollgate_logged": ([tollgate_bin, "--config", f"{d}/tollgate_logged.yaml"], PORTS["tollgate_logged"]),
     }
     if args.floor:
-        floor = [args.floor, "serve", None, f"127.0.0.1:{PORTS['upstream']}", "--workers", "1" if args.pin else "2"]
+        workers = "1" if args.pin else "2"
         for name, extra in (("floor", []), ("floor_reject", ["--reject"])):
-            argv = list(floor)
-            argv[2] = f"127.0.0.1:{PORTS[name]}"
-            servers[name] = (argv + extra, PORTS[name])
+            servers[name] = ([args.floor, "serve", f"127.0.0.1:{PORTS[name]}", f"127.0.0.1:{PORTS['upstream']}",
+                              "--workers", workers, *extra], PORTS[name])
     if args.access_log:
         # nginx stays as the reference of the eff/ng column; haproxy is not needed here.
         servers = {name: servers[name] for name in ("upstream", "nginx")}
