@@ -169,7 +169,7 @@ impl Balancer {
             .map(|url| {
                 let label = url.to_string();
                 Arc::new(Server {
-                    forwarder: Upstream::new(&server_config(config, url), workers),
+                    forwarder: Upstream::new(&server_config(config, url), metrics, workers),
                     failures: metrics.counter(
                         "tollgate_upstream_server_failures_total",
                         &[("upstream", &config.name), ("server", &label)],

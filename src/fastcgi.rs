@@ -17,6 +17,7 @@ pub mod codec;
 pub mod file;
 pub mod path;
 pub mod response;
+pub mod scripts;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -111,6 +112,8 @@ pub struct FastCgi {
     /// `root` as a string without a trailing `/`, the prefix of SCRIPT_FILENAME.
     root: String,
     timeout: Duration,
+    /// The scripts paths resolved to, trusted for `script_cache`.
+    scripts: Arc<scripts::Scripts>,
 }
 
 impl FastCgi {
@@ -119,6 +122,7 @@ impl FastCgi {
         config: &FastCgiConfig,
         connect_timeout: Duration,
         timeout: Duration,
+        metrics: &crate::metrics::Metrics,
         workers: usize,
     ) -> FastCgi {
         FastCgi {
@@ -136,6 +140,7 @@ impl FastCgi {
                 .trim_end_matches('/')
                 .to_string(),
             timeout,
+            scripts: Arc::new(scripts::Scripts::new(name, config.script_cache, metrics)),
         }
     }
 
@@ -200,7 +205,8 @@ impl FastCgi {
     /// What the request names under the root, and the QUERY_STRING it runs
     /// with. A `rewrite` names another path (and query) under the same root,
     /// by the same rules; `unless_exists` only when the requested one names
-    /// nothing. Stats and symlink checks block: they run off the runtime.
+    /// nothing. Stats and symlink checks block: they run off the runtime,
+    /// unless the path's script is remembered (`scripts`).
     async fn resolve_request(
         &self,
         parts: &http::request::Parts,
@@ -211,25 +217,36 @@ impl FastCgi {
             Some(r) if r.unless_exists => (parts.uri.path().to_string(), Some(r.path.clone())),
             Some(r) => (r.path.clone(), None),
         };
-        let config = self.config.clone();
-        let accepted = crate::compression::Accepted::from_headers(&parts.headers);
-        let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
-        let (target, variant, took_rewrite) = tokio::task::spawn_blocking(move || {
-            let fallback = config.fallback.as_deref();
-            let mut target = resolve(&config, &first, fallback.filter(|_| then.is_none()));
-            let mut took_rewrite = then.is_none();
-            if let (Target::NotFound, Some(then)) = (&target, &then) {
-                target = resolve(&config, then, fallback);
-                took_rewrite = true;
+        let now = tokio::time::Instant::now();
+        let (target, variant, took_rewrite) = match self.scripts.get(&first, then.as_deref(), now) {
+            Some((script, took_rewrite)) => (script, None, took_rewrite),
+            None => {
+                let config = self.config.clone();
+                let scripts = self.scripts.clone();
+                let accepted = crate::compression::Accepted::from_headers(&parts.headers);
+                let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
+                tokio::task::spawn_blocking(move || {
+                    let fallback = config.fallback.as_deref();
+                    let mut target = resolve(&config, &first, fallback.filter(|_| then.is_none()));
+                    let mut took_rewrite = then.is_none();
+                    if let (Target::NotFound, Some(then)) = (&target, &then) {
+                        target = resolve(&config, then, fallback);
+                        took_rewrite = true;
+                    }
+                    // Stamped with the time before the stats: it expires no later than it should.
+                    scripts.keep(&first, then.as_deref(), &target, took_rewrite, now);
+                    let variant = match &target {
+                        Target::Static(file) => {
+                            Some(static_variant(&config, file, accepted, siblings))
+                        }
+                        _ => None,
+                    };
+                    (target, variant, took_rewrite)
+                })
+                .await
+                .unwrap_or((Target::NotFound, None, false))
             }
-            let variant = match &target {
-                Target::Static(file) => Some(static_variant(&config, file, accepted, siblings)),
-                _ => None,
-            };
-            (target, variant, took_rewrite)
-        })
-        .await
-        .unwrap_or((Target::NotFound, None, false));
+        };
         let query = match (rewritten, took_rewrite) {
             (Some(r), true) => r.query.clone(),
             _ => parts.uri.query().map(str::to_string),

@@ -65,7 +65,11 @@ pub(crate) fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
 
 impl Upstream {
     /// `workers`: the worker runtimes (`server.workers`); each gets its own connections.
-    pub fn new(config: &UpstreamConfig, workers: usize) -> Upstream {
+    pub fn new(
+        config: &UpstreamConfig,
+        metrics: &crate::metrics::Metrics,
+        workers: usize,
+    ) -> Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
@@ -128,6 +132,7 @@ impl Upstream {
                     f,
                     config.connect_timeout,
                     config.timeout,
+                    metrics,
                     workers,
                 )
             }),

@@ -399,6 +399,46 @@ async fn with_a_fallback_a_pretty_url_runs_the_front_controller_with_its_own_req
     assert!(!dir.path().join("evil-ran").exists());
 }
 
+/// What PHP was told, without what differs between two requests of one client.
+fn told(r: &common::Answer) -> serde_json::Value {
+    let mut s = r.json();
+    s.as_object_mut().unwrap().remove("REMOTE_PORT");
+    s
+}
+
+#[tokio::test]
+async fn a_remembered_script_runs_exactly_as_one_looked_up_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = site(dir.path());
+    let fpm = PhpFpm::start(dir.path(), &root, 2, "");
+    let yaml = format!(
+        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\", fallback: /index.php, script_cache: 1h }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
+        fpm.socket.display(),
+        root.display()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let c = client();
+    let series = |result| {
+        format!("tollgate_fastcgi_script_cache_total{{upstream=\"php\",result=\"{result}\"}}")
+    };
+    for path in [
+        "/docs/index.php/a/b?x=1",
+        "/2024/05/hello-world/?replytocom=3",
+    ] {
+        let looked_up = send(c.get(proxy.url(path))).await;
+        let hits = proxy.metric(&series("hit")).await.expect("counted");
+        let remembered = send(c.get(proxy.url(path))).await;
+        assert_eq!(looked_up.status, 200, "{}", looked_up.body);
+        assert_eq!(told(&remembered), told(&looked_up), "{path}");
+        let after = proxy.metric(&series("hit")).await;
+        assert_eq!(
+            after,
+            hits.map(|h| h + 1.0),
+            "{path}: the second was not remembered"
+        );
+    }
+}
+
 #[tokio::test]
 async fn more_requests_than_php_fpm_children_wait_for_a_connection_instead_of_hanging() {
     let dir = tempfile::tempdir().unwrap();

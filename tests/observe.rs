@@ -741,12 +741,16 @@ fn documented_metric_families() -> std::collections::BTreeSet<String> {
 #[tokio::test]
 async fn a_fresh_proxy_exposes_every_documented_metric_family_and_only_those_each_with_a_series() {
     let up = Upstream::start().await;
+    // A php-fpm that is never asked: its upstream's own families are exposed from the start.
+    let www = tempfile::tempdir().unwrap();
+    std::fs::write(www.path().join("index.php"), "<?php").unwrap();
     let yaml = format!(
         r#"
 identity: {{ api_keys: ["{KEY}"] }}
 upstreams:
   app: {{ url: "{}" }}
   pool: {{ servers: ["{}", "{}"], max_conns: 2, queue: 1 }}
+  php: {{ url: "fastcgi://127.0.0.1:9", root: "{}" }}
 limiters:
   logins: {{ limit: 5, window: 1m, count: {{ status: [401] }}, ban: {{ after: 2, for: 10m }} }}
 routes:
@@ -756,7 +760,8 @@ routes:
 "#,
         up.url(),
         up.url(),
-        up.url()
+        up.url(),
+        www.path().display()
     );
     let proxy = Proxy::start(&yaml).await;
     let text = proxy.metrics().await;

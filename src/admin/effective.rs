@@ -379,6 +379,7 @@ fn upstream(u: &UpstreamConfig) -> Value {
         "index": null,
         "fallback": null,
         "cache_control": null,
+        "script_cache": null,
     });
     if let Some(FastCgiConfig {
         // Shown as `url`.
@@ -388,12 +389,14 @@ fn upstream(u: &UpstreamConfig) -> Value {
         fallback,
         cache_control,
         max_conns,
+        script_cache,
     }) = fastcgi
     {
         out["root"] = json!(root.display().to_string());
         out["index"] = json!(index);
         out["fallback"] = json!(fallback);
         out["cache_control"] = json!(cache_control);
+        out["script_cache"] = json!(dur(*script_cache));
         // php-fpm connections are capped by the FastCGI client, not the balancer.
         out["max_conns"] = json!(max_conns);
     }

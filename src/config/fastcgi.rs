@@ -44,6 +44,9 @@ pub struct FastCgiConfig {
     /// Connections to php-fpm at most, busy or idle (php-fpm's
     /// `pm.max_children`); requests beyond wait for one.
     pub max_conns: usize,
+    /// How long the script a path resolved to is trusted without looking
+    /// at the disk again (nginx's `open_file_cache_valid`); zero: never.
+    pub script_cache: Duration,
 }
 
 impl Validator<'_> {
@@ -87,6 +90,7 @@ impl Validator<'_> {
             fallback,
             cache_control,
             max_conns: max_conns as usize,
+            script_cache: dur(raw.script_cache, Duration::from_secs(1)),
         };
         fastcgi_upstream_config(name, raw, fastcgi)
     }
@@ -233,12 +237,13 @@ mod tests {
 
     #[test]
     fn tcp_and_unix_socket_urls_give_an_address_root_and_index() {
-        let c = load("upstreams:\n  php: { url: \"fastcgi://127.0.0.1:9000\", root: /var/www/html/ }\n  sock: { url: \"fastcgi:///run/php/php-fpm.sock\", root: /srv, index: app.php }\n").unwrap();
+        let c = load("upstreams:\n  php: { url: \"fastcgi://127.0.0.1:9000\", root: /var/www/html/ }\n  sock: { url: \"fastcgi:///run/php/php-fpm.sock\", root: /srv, index: app.php, script_cache: 0s }\n").unwrap();
         let php = c.upstreams.iter().find(|u| u.name == "php").unwrap();
         let f = php.fastcgi.as_ref().unwrap();
         assert_eq!(f.address, FastCgiAddress::Tcp("127.0.0.1:9000".into()));
         assert_eq!(f.root.to_str(), Some("/var/www/html"));
         assert_eq!(f.index, "index.php");
+        assert_eq!(f.script_cache, std::time::Duration::from_secs(1));
         let sock = c.upstreams.iter().find(|u| u.name == "sock").unwrap();
         let f = sock.fastcgi.as_ref().unwrap();
         assert_eq!(
@@ -246,6 +251,7 @@ mod tests {
             FastCgiAddress::Unix("/run/php/php-fpm.sock".into())
         );
         assert_eq!(f.index, "app.php");
+        assert!(f.script_cache.is_zero());
     }
 
     #[test]
@@ -291,6 +297,10 @@ mod tests {
             (
                 "{ url: \"http://127.0.0.1:9000\", cache_control: no-cache }",
                 "upstreams.php.cache_control: applies to fastcgi://",
+            ),
+            (
+                "{ url: \"http://127.0.0.1:9000\", script_cache: 1s }",
+                "upstreams.php.script_cache: applies to fastcgi://",
             ),
             (
                 "{ url: \"fastcgi://127.0.0.1:9000\", root: /srv, cache_control: \"\" }",

@@ -484,6 +484,8 @@ pub struct RawUpstream {
     pub fallback: Option<Text>,
     /// fastcgi:// only: `Cache-Control` of every static file, instead of the default by type.
     pub cache_control: Option<Text>,
+    /// fastcgi:// only: how long a path's script is trusted without a new stat.
+    pub script_cache: Option<Dur>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -83,6 +83,7 @@ impl Validator<'_> {
             ("index", raw.index.is_some()),
             ("fallback", raw.fallback.is_some()),
             ("cache_control", raw.cache_control.is_some()),
+            ("script_cache", raw.script_cache.is_some()),
         ] {
             if set {
                 self.err(
