@@ -20,6 +20,7 @@ the same load (the kernel's share, which callgrind does not see).
     bench/instructions.py --only tollgate --accept-encoding 'gzip, deflate, br'   # as a browser asks
     bench/instructions.py --only tollgate --redirect   # + a `path_regex` route's redirect (captures, limited)
     bench/instructions.py --ladder [--write docs/PERFORMANCE.md]   # what each feature adds to the allow path
+    bench/instructions.py --ladder --steps bare --keep DIR   # one step (and the floor), dumps kept for an A/B
 
 The targets are those of bench/proxybench.py: an nginx upstream (`return
 200`, not measured) on 127.0.0.1:19180; tollgate (SQLite store, 2 workers)
@@ -338,13 +339,16 @@ def ladder_request(port, on):
     return request
 
 
-def ladder_plan(d, tollgate):
-    """One plan entry per ladder step and aside, each config checked by
-    `tollgate check` first (a config it refuses ends the run)."""
+def ladder_plan(d, tollgate, only=None):
+    """One plan entry per ladder step and aside (those in `only`, when
+    given), each config checked by `tollgate check` first (a config it
+    refuses ends the run)."""
     plan, on = [], set()
     steps = [(key, key) for key, _, _ in LADDER] + [(key, replaced) for key, replaced, _, _ in LADDER_ASIDES]
     for i, (key, replaced) in enumerate(steps):
         on = (on - {replaced}) | {key}
+        if only and key not in only:
+            continue
         config = ladder_config(d, i, on)
         check = subprocess.run([tollgate, "check", "--config", config], capture_output=True, text=True)
         if check.returncode != 0:
@@ -568,6 +572,8 @@ def main():
                     help="tollgate also answers a redirect: a `path_regex` route with captures, behind a limiter")
     ap.add_argument("--ladder", action="store_true",
                     help="the feature-cost ladder: tollgate's allow path under configs adding one feature each, and the floor")
+    ap.add_argument("--steps", help="with --ladder: only these steps, comma-separated (e.g. bare,identity); "
+                    "prints instructions per request instead of the table")
     ap.add_argument("--write", metavar="FILE", help="with --ladder: put the table between FILE's ladder markers")
     ap.add_argument("--budget-allow", type=int, help="exit 1 if tollgate's allow path exceeds this many instructions per request")
     ap.add_argument("--budget-reject", type=int, help="exit 1 if tollgate's 429 exceeds this many instructions per request")
@@ -579,6 +585,10 @@ def main():
     only = args.only or ["tollgate", "floor", "nginx"]
     if args.write and not args.ladder:
         sys.exit("--write writes the ladder's table: it needs --ladder")
+    steps = args.steps.split(",") if args.steps else None
+    known = [key for key, _, _ in LADDER] + [key for key, _, _, _ in LADDER_ASIDES]
+    if steps and (not args.ladder or args.write or set(steps) - set(known)):
+        sys.exit(f"--steps needs --ladder, no --write, and steps among {known}")
     if args.ladder and (args.syscalls or args.only or args.challenge or args.redirect):
         sys.exit("--ladder measures its own configs under callgrind: no --syscalls, --only, --challenge or --redirect")
     for tool in ("nginx", "perf" if args.syscalls else "valgrind"):
@@ -593,10 +603,15 @@ def main():
         wait_port(PORTS["upstream"], upstream, 30)
         if args.ladder:
             floor = args.floor or floor_binary()
-            plan = ladder_plan(d, args.tollgate) + [
+            plan = ladder_plan(d, args.tollgate, steps) + [
                 ("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
                            *args.floor_args.split()], [("allow", PORTS["floor"], "/")])]
-            table = ladder_table(measure(plan, args, d, servers), args)
+            rows = measure(plan, args, d, servers)
+            if steps:
+                for _, name, v in rows:
+                    print(f"{name:12} {v:>10.0f}")
+                return
+            table = ladder_table(rows, args)
             print(table)
             if args.write:
                 write_between_markers(args.write, table)
