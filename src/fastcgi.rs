@@ -220,38 +220,47 @@ impl FastCgi {
         let now = tokio::time::Instant::now();
         let (target, variant, took_rewrite) = match self.scripts.get(&first, then.as_deref(), now) {
             Some((script, took_rewrite)) => (script, None, took_rewrite),
-            None => {
-                let config = self.config.clone();
-                let scripts = self.scripts.clone();
-                let accepted = crate::compression::Accepted::from_headers(&parts.headers);
-                let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
-                tokio::task::spawn_blocking(move || {
-                    let fallback = config.fallback.as_deref();
-                    let mut target = resolve(&config, &first, fallback.filter(|_| then.is_none()));
-                    let mut took_rewrite = then.is_none();
-                    if let (Target::NotFound, Some(then)) = (&target, &then) {
-                        target = resolve(&config, then, fallback);
-                        took_rewrite = true;
-                    }
-                    // Stamped with the time before the stats: it expires no later than it should.
-                    scripts.keep(&first, then.as_deref(), &target, took_rewrite, now);
-                    let variant = match &target {
-                        Target::Static(file) => {
-                            Some(static_variant(&config, file, accepted, siblings))
-                        }
-                        _ => None,
-                    };
-                    (target, variant, took_rewrite)
-                })
-                .await
-                .unwrap_or((Target::NotFound, None, false))
-            }
+            None => self.resolve_on_disk(parts, first, then, now).await,
         };
         let query = match (rewritten, took_rewrite) {
             (Some(r), true) => r.query.clone(),
             _ => parts.uri.query().map(str::to_string),
         };
         ((target, variant), query)
+    }
+
+    /// `first` (or, naming nothing, `then`) looked up under the root on the
+    /// blocking pool: the target, a static file's variant, and whether
+    /// `then` gave it. A script is remembered as of `now`, before the
+    /// lookup, so it expires no later than it should.
+    async fn resolve_on_disk(
+        &self,
+        parts: &http::request::Parts,
+        first: String,
+        then: Option<String>,
+        now: tokio::time::Instant,
+    ) -> (Target, Option<file::Variant>, bool) {
+        let config = self.config.clone();
+        let scripts = self.scripts.clone();
+        let accepted = crate::compression::Accepted::from_headers(&parts.headers);
+        let siblings = parts.extensions.get::<crate::compression::Off>().is_none();
+        tokio::task::spawn_blocking(move || {
+            let fallback = config.fallback.as_deref();
+            let mut target = resolve(&config, &first, fallback.filter(|_| then.is_none()));
+            let mut took_rewrite = then.is_none();
+            if let (Target::NotFound, Some(then)) = (&target, &then) {
+                target = resolve(&config, then, fallback);
+                took_rewrite = true;
+            }
+            scripts.keep(&first, then.as_deref(), &target, took_rewrite, now);
+            let variant = match &target {
+                Target::Static(file) => Some(static_variant(&config, file, accepted, siblings)),
+                _ => None,
+            };
+            (target, variant, took_rewrite)
+        })
+        .await
+        .unwrap_or((Target::NotFound, None, false))
     }
 
     /// Whether this upstream can serve `config` unchanged (a reload keeps its pool).
