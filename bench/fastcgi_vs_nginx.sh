@@ -29,6 +29,9 @@
 #                                        (default 3 5 16)
 #   TOLLGATE=/path/to/tollgate bench/fastcgi_vs_nginx.sh …   (another build)
 #
+# With perf installed, the one-client runs also count each front's syscalls
+# and context switches per page (a third table).
+#
 # Needs: a release build (cargo build --release), php-fpm, nginx (nginx-light),
 # wrk, python3.
 set -euo pipefail
@@ -162,21 +165,39 @@ start() {
 }
 stop() { kill "$front"; wait "$front" 2>/dev/null || true; }
 
+# The front's processes: tollgate's one, nginx's workers.
+front_pids() {
+    if [ "$1" = tollgate ]; then echo "$front"; else pgrep -d, -P "$front"; fi
+}
+
 # run <front> <transport> <size> <clients>: one wrk run, one result line.
+# With perf, a one-client run also counts the front's syscalls and context
+# switches (every thread, the kernel's share that no timing isolates).
 run() {
-    local out url="http://127.0.0.1:$front_port/$2/page.php?n=$3" threads=2
+    local out url="http://127.0.0.1:$front_port/$2/page.php?n=$3" threads=2 perf_pid=""
     [ "$4" = 1 ] && threads=1
+    if [ "$4" = 1 ] && command -v perf >/dev/null; then
+        perf stat -x, -e raw_syscalls:sys_enter,context-switches -p "$(front_pids "$1")" \
+            -o "$work/perf" -- sleep "$secs" 2>/dev/null &
+        perf_pid=$!
+    fi
     out=$(wrk -t"$threads" -c"$4" -d"${secs}s" --latency "$url")
+    local syscalls=- switches=-
+    if [ -n "$perf_pid" ] && wait "$perf_pid" 2>/dev/null; then
+        syscalls=$(awk -F, '$3 == "raw_syscalls:sys_enter" { print $1 }' "$work/perf")
+        switches=$(awk -F, '$3 == "context-switches" { print $1 }' "$work/perf")
+    fi
     # Requests wrk gave up on (its 2 s timeout) are a result, shown in the
     # table; any other error or a non-2xx answer stops the bench.
     if grep -qE "Non-2xx|Socket errors: connect [1-9]|read [1-9]|write [1-9]" <<<"$out"; then
         echo "errors from $1 $url:" >&2; echo "$out" >&2; exit 1
     fi
-    awk -v f="$1" -v t="$2" -v n="$3" -v c="$4" '
+    awk -v f="$1" -v t="$2" -v n="$3" -v c="$4" -v sc="$syscalls" -v sw="$switches" '
         function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
         $1 == "50%" { p50 = ms($2) } $1 == "99%" { p99 = ms($2) } /^Requests\/sec/ { rps = $2 }
         /Socket errors/ { timeouts = $NF }
-        END { printf "%s %s %s %s %.3f %.3f %.0f %d\n", f, t, n, c, p50, p99, rps, timeouts }' <<<"$out"
+        /requests in/ { requests = $1 }
+        END { printf "%s %s %s %s %.3f %.3f %.0f %d %d %s %s\n", f, t, n, c, p50, p99, rps, timeouts, requests, sc, sw }' <<<"$out"
 }
 
 results=$work/results
@@ -198,9 +219,13 @@ import statistics, sys
 from collections import defaultdict
 path, rounds, secs, conns = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 cells = defaultdict(list)
+per_page = defaultdict(list)
 for line in open(path):
-    f, t, n, c, p50, p99, rps, timeouts = line.split()
+    f, t, n, c, p50, p99, rps, timeouts, requests, syscalls, switches = line.split()
     cells[(f, t, int(n), int(c))].append((float(p50), float(p99), float(rps), int(timeouts)))
+    if syscalls != "-" and int(requests) > 0:
+        # perf counts over the run's seconds, wrk's requests over the same.
+        per_page[(f, t, int(n))].append((float(syscalls) / int(requests), float(switches) / int(requests)))
 fronts = ["tollgate", "nginx", "nginx-keep"]
 def med(values, i):
     return statistics.median(v[i] for v in values)
@@ -217,5 +242,14 @@ for c, title in [(1, "one kept-alive client (wrk -t1 -c1)"), (int(conns), f"conc
                 timeouts = sum(x[3] for x in v)
                 late = f" ({timeouts} timed out)" if timeouts else ""
                 row.append(f"{med(v, 0):.2f} / {med(v, 1):.2f}, {med(v, 2):,.0f}{late}")
+            print(f"| {'TCP' if t == 'tcp' else 'unix socket'} | {n // 1024} KB | " + " | ".join(row) + " |")
+if per_page:
+    print(f"\nthe front's syscalls / context switches per page, one client (perf stat), median of {rounds} rounds\n")
+    print("| php-fpm over | page | " + " | ".join(fronts) + " |")
+    print("| --- | --- | " + " | ".join("---" for _ in fronts) + " |")
+    for t in ["tcp", "unix"]:
+        for n in sorted({k[2] for k in per_page}):
+            row = [f"{med(per_page[(f, t, n)], 0):.1f} / {med(per_page[(f, t, n)], 1):.2f}" if per_page[(f, t, n)] else "-"
+                   for f in fronts]
             print(f"| {'TCP' if t == 'tcp' else 'unix socket'} | {n // 1024} KB | " + " | ".join(row) + " |")
 PY
