@@ -66,6 +66,17 @@ impl Stream {
     /// after every read works too, at one call per read; a connection per
     /// request instead costs a connect, a php-fpm accept and a TIME_WAIT.)
     /// A unix socket has no acknowledgements.
+    /// The same socket, registered with the reactor of the runtime this
+    /// runs on instead of the one that opened or last used it.
+    fn rehome(self) -> io::Result<Stream> {
+        // `into_std` deregisters from the old reactor (from any thread) and
+        // leaves the socket non-blocking, as `from_std` needs.
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(TcpStream::from_std(s.into_std()?)?),
+            Stream::Unix(s) => Stream::Unix(UnixStream::from_std(s.into_std()?)?),
+        })
+    }
+
     fn ack_the_answer_at_once(&self) {
         if let Stream::Tcp(s) = self {
             // Without it only the delay comes back: never worth failing for.
@@ -204,17 +215,34 @@ impl FastCgiPool {
 
     /// An idle connection that is still open: this worker's first, then
     /// another's (each one ties up a php-fpm child, so none may sit unused
-    /// while a request waits).
+    /// while a request waits). Must run on worker `slot`'s runtime.
     fn idle(&self, slot: usize) -> Option<Conn> {
         let n = self.idle.len();
         for i in 0..n {
             let list = &self.idle[(slot + i) % n];
             loop {
-                let Some(conn) = list.lock().pop() else {
+                let Some(mut conn) = list.lock().pop() else {
                     break;
                 };
-                if conn.buf.is_empty() && conn.stream.is_idle_and_open() {
+                if !(conn.buf.is_empty() && conn.stream.is_idle_and_open()) {
+                    continue;
+                }
+                if i == 0 {
                     return Some(conn);
+                }
+                // Another worker's socket is registered with that worker's
+                // reactor, which would wake it for every read here and have
+                // it wake this one: a context switch and an eventfd write
+                // per exchange, for as long as the connection lives. Moved
+                // once, it goes back to this worker's list after the answer.
+                match conn.stream.rehome() {
+                    Ok(stream) => {
+                        conn.stream = stream;
+                        return Some(conn);
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "an idle php-fpm connection could not change workers")
+                    }
                 }
             }
         }
@@ -499,5 +527,98 @@ impl std::fmt::Debug for ResponseBody {
         f.debug_struct("ResponseBody")
             .field("upstream", &self.upstream)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A php-fpm that keeps its connections and answers `hi` to every
+    /// request; counts the connections it accepted.
+    fn responder(path: &std::path::Path) -> Arc<AtomicUsize> {
+        let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                count.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || answer_each_request(stream.unwrap()));
+            }
+        });
+        accepted
+    }
+
+    fn answer_each_request(mut s: std::os::unix::net::UnixStream) {
+        let mut header = [0u8; codec::HEADER_LEN];
+        while s.read_exact(&mut header).is_ok() {
+            let len = u16::from_be_bytes([header[4], header[5]]) as usize + header[6] as usize;
+            let mut content = vec![0u8; len];
+            s.read_exact(&mut content).unwrap();
+            // An empty STDIN record ends the request.
+            if header[1] == codec::STDIN && len == 0 {
+                let page = b"Content-Type: text/plain\r\n\r\nhi";
+                let mut out = codec::header(codec::STDOUT, page.len()).to_vec();
+                out.extend_from_slice(page);
+                out.extend_from_slice(&codec::header(codec::END_REQUEST, 8));
+                out.extend_from_slice(&[0, 0, 0, 0, codec::REQUEST_COMPLETE, 0, 0, 0]);
+                s.write_all(&out).unwrap();
+            }
+        }
+    }
+
+    fn head() -> Bytes {
+        let mut out = BytesMut::new();
+        codec::begin_request(&mut out, true);
+        codec::Params::new(&mut out).finish();
+        out.freeze()
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// One GET on worker `worker`, run on `runtime`, read to its end; a
+    /// hang fails after 10 s.
+    fn page(runtime: &tokio::runtime::Runtime, pool: &Arc<FastCgiPool>, worker: usize) -> Bytes {
+        runtime.block_on(async {
+            let exchange = async {
+                let (head, body) = pool
+                    .exchange(head(), None, true, "php".into(), worker)
+                    .await
+                    .unwrap();
+                assert_eq!(head.status, 200);
+                body.collect().await.unwrap().to_bytes()
+            };
+            tokio::time::timeout(Duration::from_secs(10), exchange)
+                .await
+                .expect("the page never came: its socket waits on a reactor nobody drives")
+        })
+    }
+
+    #[test]
+    fn a_connection_another_worker_kept_moves_to_this_workers_reactor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("php-fpm.sock");
+        let accepted = responder(&path);
+        let pool = FastCgiPool::new(Address::Unix(path), Duration::from_secs(5), 1, 2);
+        // Worker 1 opens the connection and keeps it; then its runtime no
+        // longer runs, and nothing reads the reactor the socket was
+        // registered with (a busy worker's reactor is read late, too).
+        let (first, second) = (runtime(), runtime());
+        assert_eq!(page(&first, &pool, 1), "hi");
+        // Worker 2 takes it, and keeps it.
+        assert_eq!(page(&second, &pool, 2), "hi");
+        assert_eq!(page(&second, &pool, 2), "hi");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the kept connection was not reused by the other worker"
+        );
     }
 }
