@@ -2,7 +2,8 @@
 //!
 //! Like `crate::pool` for HTTP: each worker thread keeps its own bounded
 //! list of idle connections (opened with FCGI_KEEP_CONN), so a request
-//! takes a connection without contention. A connection goes back only
+//! takes a connection without contention; one taken from another worker's
+//! list moves to this worker's reactor first. A connection goes back only
 //! after php-fpm ended the request cleanly (END_REQUEST, status
 //! complete) with nothing left unread; anything else closes it.
 
@@ -52,6 +53,17 @@ impl Stream {
         matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
+    /// The same socket, registered with the reactor of the runtime this
+    /// runs on instead of the one that opened or last used it.
+    fn rehome(self) -> io::Result<Stream> {
+        // `into_std` deregisters from the old reactor (from any thread) and
+        // leaves the socket non-blocking, as `from_std` needs.
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(TcpStream::from_std(s.into_std()?)?),
+            Stream::Unix(s) => Stream::Unix(UnixStream::from_std(s.into_std()?)?),
+        })
+    }
+
     /// Has the answer to the request just written acknowledged as it is
     /// read, not up to 40 ms later. php-fpm leaves Nagle's algorithm on:
     /// once the first write of an answer (its header block) is out, a later
@@ -66,17 +78,6 @@ impl Stream {
     /// after every read works too, at one call per read; a connection per
     /// request instead costs a connect, a php-fpm accept and a TIME_WAIT.)
     /// A unix socket has no acknowledgements.
-    /// The same socket, registered with the reactor of the runtime this
-    /// runs on instead of the one that opened or last used it.
-    fn rehome(self) -> io::Result<Stream> {
-        // `into_std` deregisters from the old reactor (from any thread) and
-        // leaves the socket non-blocking, as `from_std` needs.
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(TcpStream::from_std(s.into_std()?)?),
-            Stream::Unix(s) => Stream::Unix(UnixStream::from_std(s.into_std()?)?),
-        })
-    }
-
     fn ack_the_answer_at_once(&self) {
         if let Stream::Tcp(s) = self {
             // Without it only the delay comes back: never worth failing for.
