@@ -73,6 +73,15 @@ fn yaml(url: &str, root: &Path, extra: &str) -> String {
     )
 }
 
+/// The site on php-fpm's unix socket, the upstream given `keys` besides its URL and root.
+fn yaml_with(fpm: &PhpFpm, root: &Path, keys: &str) -> String {
+    format!(
+        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\", {keys} }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
+        fpm.socket.display(),
+        root.display()
+    )
+}
+
 async fn start(extra: &str, tcp: bool) -> (Proxy, PhpFpm, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let root = site(dir.path());
@@ -374,11 +383,7 @@ async fn with_a_fallback_a_pretty_url_runs_the_front_controller_with_its_own_req
     let dir = tempfile::tempdir().unwrap();
     let root = site(dir.path());
     let fpm = PhpFpm::start(dir.path(), &root, 2, CARELESS_POOL);
-    let yaml = format!(
-        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\", fallback: /index.php }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
-        fpm.socket.display(),
-        root.display()
-    );
+    let yaml = yaml_with(&fpm, &root, "fallback: /index.php");
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     let r = send(c.get(proxy.url("/2024/05/hello-world/?replytocom=3"))).await;
@@ -411,11 +416,7 @@ async fn a_remembered_script_runs_exactly_as_one_looked_up_on_disk() {
     let dir = tempfile::tempdir().unwrap();
     let root = site(dir.path());
     let fpm = PhpFpm::start(dir.path(), &root, 2, "");
-    let yaml = format!(
-        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\", fallback: /index.php, script_cache: 1h }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
-        fpm.socket.display(),
-        root.display()
-    );
+    let yaml = yaml_with(&fpm, &root, "fallback: /index.php, script_cache: 1h");
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     let series = |result| {
@@ -443,11 +444,7 @@ async fn more_requests_than_php_fpm_children_wait_for_a_connection_instead_of_ha
     // A php-fpm child serves one kept connection until it closes: with more
     // connections than children, the extra ones would wait for ever.
     let fpm = PhpFpm::start(dir.path(), &root, 2, "");
-    let yaml = format!(
-        "upstreams:\n  php: {{ url: \"fastcgi://{}\", root: \"{}\", max_conns: 2, timeout: 8s }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: php }}\n",
-        fpm.socket.display(),
-        root.display()
-    );
+    let yaml = yaml_with(&fpm, &root, "max_conns: 2, timeout: 8s");
     let proxy = Proxy::start(&yaml).await;
     let c = client();
     for _round in 0..2 {
