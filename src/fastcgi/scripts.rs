@@ -13,7 +13,8 @@
 //! afresh each time.
 //!
 //! Any path can resolve to the fallback script, so clients choose the
-//! keys: the map holds at most [`MAX_ENTRIES`]. When it is full, expired
+//! keys: the map holds at most [`MAX_ENTRIES`], none longer than
+//! [`MAX_PATH_LEN`]. When it is full, expired
 //! entries are swept (at most once per validity period); if none was, the
 //! new path is resolved off the runtime as before and not kept (`full`).
 
@@ -28,6 +29,10 @@ use crate::metrics::{inc, Counter, Metrics};
 
 /// Paths remembered per upstream at most.
 pub const MAX_ENTRIES: usize = 4096;
+
+/// A longer path (or rewrite) is never remembered, so the map's bytes are
+/// bounded too: at most a few KiB an entry.
+pub const MAX_PATH_LEN: usize = 1024;
 
 /// One upstream's remembered script resolutions.
 #[derive(Debug)]
@@ -115,7 +120,8 @@ impl Scripts {
         let Target::Script { script, path_info } = target else {
             return;
         };
-        if self.valid.is_zero() {
+        let too_long = path.len() > MAX_PATH_LEN || then.is_some_and(|t| t.len() > MAX_PATH_LEN);
+        if self.valid.is_zero() || too_long {
             return;
         }
         let mut entries = self.entries.lock();
@@ -207,6 +213,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_path_over_the_length_bound_is_never_remembered() {
+        let s = scripts(Duration::from_secs(1));
+        let now = Instant::now();
+        let long = format!("/{}", "a".repeat(MAX_PATH_LEN));
+        s.keep(&long, None, &script("/index.php"), false, now);
+        assert!(s.get(&long, None, now).is_none());
+        s.keep("/a", Some(&long), &script("/index.php"), true, now);
+        assert!(s.get("/a", Some(&long), now).is_none());
+        let at_bound = &long[..MAX_PATH_LEN];
+        s.keep(at_bound, None, &script("/index.php"), false, now);
+        assert!(s.get(at_bound, None, now).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn zero_remembers_nothing() {
         let s = scripts(Duration::ZERO);
         let now = Instant::now();
@@ -218,9 +238,11 @@ mod tests {
     fn the_documented_bound_is_the_one_kept() {
         let doc = include_str!("../../docs/CONFIG.md");
         let bound = format!(
-            "At most {},{:03} paths per upstream",
+            "At most {},{:03} paths per upstream, none longer than {},{:03} bytes",
             MAX_ENTRIES / 1000,
-            MAX_ENTRIES % 1000
+            MAX_ENTRIES % 1000,
+            MAX_PATH_LEN / 1000,
+            MAX_PATH_LEN % 1000
         );
         assert!(
             doc.contains(&bound),
