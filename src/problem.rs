@@ -215,14 +215,11 @@ impl Problem {
         }
     }
 
-    /// Which writer answers, with what each needs; one arm per variant, so
-    /// a new one does not compile until it is given its answer. Longer than
-    /// 80 lines for that reason: it is one exhaustive table, and splitting it
-    /// would hide which variant goes where.
+    /// Which writer answers: a refusal as it is, a failure as its kind
+    /// and text ([`Problem::described`]) with the headers or fields some
+    /// carry ([`Problem::extras`]).
     fn sort(self) -> Sorted {
         let status = self.status();
-        let fail =
-            |kind, detail: Cow<'static, str>| Sorted::Failure(Failure::new(status, kind, detail));
         match self {
             Problem::RateLimited(d) => Sorted::Refusal(RateRefusal::Limited(d)),
             Problem::Banned(b) => Sorted::Refusal(RateRefusal::Banned(b)),
@@ -233,69 +230,92 @@ impl Problem {
                 ip_key,
                 retry_after,
             }),
-            Problem::BadRequest(detail) => fail("bad-request", detail.into()),
-            Problem::UnknownApiKey(short) => fail(
+            failure => {
+                let mut extras = Failure::new(status, "", Cow::Borrowed(""));
+                failure.extras(&mut extras);
+                let (kind, detail) = failure.described();
+                Sorted::Failure(Failure {
+                    kind,
+                    detail,
+                    ..extras
+                })
+            }
+        }
+    }
+
+    /// A failure's `Retry-After`, `Allow`, own field or challenge, for the
+    /// few that have one.
+    fn extras(&self, f: &mut Failure) {
+        match self {
+            Problem::BodyTooLarge { limit } => f.field = Some(("max_request_body", *limit)),
+            Problem::StoreUnavailable => f.retry_after = Some(1),
+            Problem::MethodNotAllowed { .. } => f.allow = Some(ALLOWED_METHODS),
+            Problem::UpstreamBusy { retry_after, .. } => {
+                f.retry_after = Some((*retry_after).max(1))
+            }
+            Problem::StaticMethodNotAllowed => f.allow = Some("GET, HEAD"),
+            Problem::Unauthenticated(challenge) => f.challenge = Some(challenge.clone()),
+            _ => {}
+        }
+    }
+
+    /// A failure's kind (its `type` URI's last segment) and `detail`; one
+    /// arm per variant, so a new one does not compile until it has its text.
+    fn described(self) -> (&'static str, Cow<'static, str>) {
+        match self {
+            Problem::RateLimited(_) | Problem::Banned(_) | Problem::TooManyUnknownKeys { .. } => {
+                unreachable!("a refusal is sorted before it would be described")
+            }
+            Problem::BadRequest(detail) => ("bad-request", detail.into()),
+            Problem::UnknownApiKey(short) => (
                 "unknown-api-key",
                 format!("The API key '{short}' is not known.").into(),
             ),
-            Problem::NoRoute => fail("no-route", "No route matches this request.".into()),
-            Problem::BodyTooLarge { limit } => {
-                let detail = format!("The request body exceeds {limit} bytes.");
-                let mut f = Failure::new(status, "body-too-large", detail.into());
-                f.field = Some(("max_request_body", limit));
-                Sorted::Failure(f)
-            }
-            Problem::UpstreamUnreachable { upstream } => fail(
+            Problem::NoRoute => ("no-route", "No route matches this request.".into()),
+            Problem::BodyTooLarge { limit } => (
+                "body-too-large",
+                format!("The request body exceeds {limit} bytes.").into(),
+            ),
+            Problem::UpstreamUnreachable { upstream } => (
                 "upstream-unreachable",
                 format!("The upstream '{upstream}' could not be reached.").into(),
             ),
-            Problem::StoreUnavailable => {
-                let detail = "The rate-limit store is unavailable and this proxy fails closed.";
-                let mut f = Failure::new(status, "store-unavailable", detail.into());
-                f.retry_after = Some(1);
-                Sorted::Failure(f)
-            }
-            Problem::UpstreamTimeout { upstream } => fail(
+            Problem::StoreUnavailable => (
+                "store-unavailable",
+                "The rate-limit store is unavailable and this proxy fails closed.".into(),
+            ),
+            Problem::UpstreamTimeout { upstream } => (
                 "upstream-timeout",
                 format!("The upstream '{upstream}' did not answer in time.").into(),
             ),
-            Problem::MethodNotAllowed { method } => {
-                let detail = format!("tollgate does not proxy {method} requests.");
-                let mut f = Failure::new(status, "method-not-allowed", detail.into());
-                f.allow = Some(ALLOWED_METHODS);
-                Sorted::Failure(f)
-            }
-            Problem::NotImplemented(detail) => fail("not-implemented", detail.into()),
-            Problem::UpstreamBusy {
-                upstream,
-                retry_after,
-            } => {
-                let detail =
-                    format!("Every server of the upstream '{upstream}' is busy; try again later.");
-                let mut f = Failure::new(status, "upstream-busy", detail.into());
-                f.retry_after = Some(retry_after.max(1));
-                Sorted::Failure(f)
-            }
-            Problem::FileNotFound => fail("not-found", "No file at this path.".into()),
-            Problem::StaticMethodNotAllowed => {
-                let detail = "A static file answers GET and HEAD only.";
-                let mut f = Failure::new(status, "method-not-allowed", detail.into());
-                f.allow = Some("GET, HEAD");
-                Sorted::Failure(f)
-            }
-            Problem::LengthRequired => fail(
+            Problem::MethodNotAllowed { method } => (
+                "method-not-allowed",
+                format!("tollgate does not proxy {method} requests.").into(),
+            ),
+            Problem::NotImplemented(detail) => ("not-implemented", detail.into()),
+            Problem::UpstreamBusy { upstream, .. } => (
+                "upstream-busy",
+                format!("Every server of the upstream '{upstream}' is busy; try again later.")
+                    .into(),
+            ),
+            Problem::FileNotFound => ("not-found", "No file at this path.".into()),
+            Problem::StaticMethodNotAllowed => (
+                "method-not-allowed",
+                "A static file answers GET and HEAD only.".into(),
+            ),
+            Problem::LengthRequired => (
                 "length-required",
                 "A request body for a PHP script needs a Content-Length.".into(),
             ),
-            Problem::BodyTimeout => fail(
+            Problem::BodyTimeout => (
                 "body-timeout",
                 "The request body arrived too slowly.".into(),
             ),
-            Problem::BodyNotStored => fail(
+            Problem::BodyNotStored => (
                 "body-not-stored",
                 "The request body could not be stored for forwarding.".into(),
             ),
-            Problem::PassRequired { method } => fail(
+            Problem::PassRequired { method } => (
                 "pass-required",
                 format!(
                     "This site checks browsers first, and this {method} request came without \
@@ -304,23 +324,21 @@ impl Problem {
                 )
                 .into(),
             ),
-            Problem::UnverifiedCrawler => fail(
+            Problem::UnverifiedCrawler => (
                 "unverified-crawler",
                 "The user-agent names a crawler that this address does not belong to \
                  (neither its network nor its reverse DNS confirms it)."
                     .into(),
             ),
-            Problem::Denied => fail(
+            Problem::Denied => (
                 "access-denied",
                 "This address may not reach this resource.".into(),
             ),
-            Problem::Unauthenticated(challenge) => {
-                let detail = "This resource needs a user name and password.";
-                let mut f = Failure::new(status, "unauthenticated", detail.into());
-                f.challenge = Some(challenge);
-                Sorted::Failure(f)
-            }
-            Problem::Responded(status) => fail(
+            Problem::Unauthenticated(_) => (
+                "unauthenticated",
+                "This resource needs a user name and password.".into(),
+            ),
+            Problem::Responded(status) => (
                 "route-answer",
                 status
                     .canonical_reason()
@@ -330,7 +348,7 @@ impl Problem {
                     )
                     .into(),
             ),
-            Problem::TargetTooLong => fail(
+            Problem::TargetTooLong => (
                 "target-too-long",
                 "The address this request is sent on to would be too long.".into(),
             ),
