@@ -34,8 +34,10 @@ use crate::tls::Terminator;
 use crate::workers::Workers;
 
 mod linger;
+mod on_wake;
 pub use linger::start_at_zero as lingering_start_at_zero;
 use linger::{Handoff, Lingering};
+use on_wake::OnWake;
 
 /// Request heads larger than this get 431 (hyper answers it while parsing).
 pub const MAX_HEAD_BYTES: usize = 32 * 1024;
@@ -441,6 +443,16 @@ enum Ended {
     Cut,
 }
 
+/// The connection's rare event that came first.
+enum Rare {
+    /// The server is draining.
+    Drain,
+    /// A newcomer took its place at `server.max_connections`.
+    Displaced,
+    /// One of its timers ran out.
+    Closing(Closing),
+}
+
 impl Connection {
     /// Serves HTTP/1.1 or HTTP/2 on `io` until it closes, drains or is
     /// displaced; with `edge.redirect_to`, every request but an ACME
@@ -528,14 +540,28 @@ where
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     // `watch` closes a connection that says nothing, one whose request head
-    // stalls, and one that stays idle between requests.
-    let (result, ended) = tokio::select! {
-        r = conn.as_mut() => (r, Ended::ByItself),
-        _ = drain.cancelled() => {
+    // stalls, and one that stays idle between requests. These rare events
+    // are polled only when one of them fired (see `on_wake.rs`), not at
+    // every wake of the connection.
+    let side = OnWake::new(async {
+        tokio::select! {
+            _ = drain.cancelled() => Rare::Drain,
+            _ = activity.displaced() => Rare::Displaced,
+            closing = watch(activity, timeouts.header, timeouts.idle) => Rare::Closing(closing),
+        }
+    });
+    let first = tokio::select! {
+        biased;
+        r = conn.as_mut() => Err(r),
+        rare = side => Ok(rare),
+    };
+    let (result, ended) = match first {
+        Err(r) => (r, Ended::ByItself),
+        Ok(Rare::Drain) => {
             conn.as_mut().graceful_shutdown();
             (conn.await, Ended::Cut)
         }
-        _ = activity.displaced() => {
+        Ok(Rare::Displaced) => {
             tracing::debug!(%peer, "closed: displaced by a new connection at max_connections");
             // One that never started a request is cut at once; one idle
             // between requests closes gracefully (at once, unless a
@@ -549,7 +575,7 @@ where
                 _ = drain.cancelled() => (conn.await, Ended::Cut),
             }
         }
-        closing = watch(activity, timeouts.header, timeouts.idle) => {
+        Ok(Rare::Closing(closing)) => {
             if !count_closing(&connections, closing, peer) {
                 return Ended::Cut;
             }
