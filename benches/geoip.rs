@@ -19,7 +19,7 @@ use tollgate::metrics::Metrics;
 use tollgate::networks::{GeoDb, Networks};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tollgate::allocator::Mimalloc = tollgate::allocator::Mimalloc;
 
 const NETWORKS: u32 = 100_000;
 

@@ -20,7 +20,7 @@ use tollgate::store::table::Table;
 use tollgate::store::Check;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tollgate::allocator::Mimalloc = tollgate::allocator::Mimalloc;
 
 const T0: u64 = 1_767_225_600 * NANOS_PER_SEC;
 

@@ -106,7 +106,8 @@
 //! - [`clock`]: Unix time in ns, `SystemClock`, `ManualClock`; [`normal_path`]: the one spelling of a
 //!   request path routes and redirects compare (`router` re-exports it);
 //! - [`build_info`]: what `--version` says (version, commit, build date); [`sd_notify`]: systemd
-//!   readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit.
+//!   readiness (`READY=1`, `STOPPING=1`) for a `Type=notify` unit; [`allocator`]: the binary's
+//!   allocator (mimalloc), which the memory benches share.
 
 // One module layout: `x.rs` beside its `x/`, never `x/mod.rs`. Set here
 // rather than in Cargo.toml's `[lints]`, which would reach the integration
@@ -118,6 +119,7 @@ pub mod access;
 pub mod acme;
 pub mod activity;
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod balance;
 pub mod body;

@@ -10,7 +10,7 @@ use anyhow::Context;
 // A proxy allocates many small, short-lived buffers per request; mimalloc's
 // thread-local free lists serve them without glibc's arena locking.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tollgate::allocator::Mimalloc = tollgate::allocator::Mimalloc;
 
 /// mimalloc asks for transparent huge pages on its arenas (`MADV_HUGEPAGE`),
 /// so on a kernel set to `madvise` (the common default) every 2 MiB region it
