@@ -31,11 +31,13 @@ impl App {
         if !snap.config.server.underscores_in_headers {
             crate::proxy::drop_underscore_names(req.headers_mut(), &self.shared.metrics);
         }
-        if !crate::compression::enabled(&snap.config, Some(index)) {
-            // No precompressed sibling either (the FastCGI static handler reads it).
+        let fastcgi = snap.config.upstreams[u].fastcgi.is_some();
+        if fastcgi && !crate::compression::enabled(&snap.config, Some(index)) {
+            // No precompressed sibling either: the FastCGI static handler
+            // reads this. Only there: the first extension allocates the
+            // request's map, two allocations an HTTP upstream never reads.
             req.extensions_mut().insert(crate::compression::Off);
         }
-        let fastcgi = snap.config.upstreams[u].fastcgi.is_some();
         if let Err(problem) = self.prepare_upstream(x, index, fastcgi, &mut req) {
             return x.trail.answer(problem);
         }

@@ -104,25 +104,41 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present == 0 {
         return;
     }
-    // The names `Connection` lists; `close` and the hop-by-hop names
-    // (`keep-alive`, as nearly every upstream sends) go anyway, unparsed.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|name| !goes_anyway(name))
-        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
-        .collect();
-    for name in &named {
-        headers.remove(name);
+    // `Connection` is `HOP_BY_HOP[0]`: only then are there names it lists.
+    if present & 1 != 0 {
+        for name in &connection_names(headers) {
+            headers.remove(name);
+        }
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }
     }
+}
+
+/// The header names `Connection` lists. `close` and the hop-by-hop names
+/// (`keep-alive`, as nearly every upstream sends) go anyway and are left
+/// out, so the usual message's vector stays empty and never allocates. A
+/// plain loop: the iterator chain it replaces (`flat_map` over `split`)
+/// cost ~100 instructions more on an upstream's `Connection: keep-alive`
+/// (callgrind).
+fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    let mut named = Vec::new();
+    for value in headers.get_all(header::CONNECTION) {
+        let Ok(value) = value.to_str() else {
+            continue;
+        };
+        for token in value.split(',').map(str::trim) {
+            if goes_anyway(token) {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                named.push(name);
+            }
+        }
+    }
+    named
 }
 
 /// A `Connection` token that names nothing [`strip_hop_by_hop`] would keep.
