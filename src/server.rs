@@ -507,22 +507,7 @@ where
     let (send_timeout, share) = crate::buffering::per_connection(&app.snapshot().config.server);
     let io =
         TokioIo::new(Watched::new(io, activity.clone()).send_timeout(send_timeout, &connections));
-    let in_service = activity.clone();
-    let handoff = handoff.clone();
-    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let share = share.clone();
-        let app = app.clone();
-        let edge = edge.clone();
-        let busy = in_service.request();
-        if req.version() == http::Version::HTTP_2 {
-            in_service.set_multiplexed();
-        }
-        handoff.request_began(&req);
-        async move {
-            let _busy = busy;
-            Ok::<_, Infallible>(answer(app, req, conn_info, edge, share).await)
-        }
-    });
+    let service = requests(app, conn_info, edge, share, activity, handoff);
     let builder = connection_builder(None);
     // With upgrades: a 101 answer hands the socket to a tunnel (WebSockets).
     let conn = builder.serve_connection_with_upgrades(io, service);
@@ -564,6 +549,39 @@ where
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
     ended
+}
+
+/// The service [`serve_http`] gives hyper: each request [`answer`]ed,
+/// the connection busy meanwhile (multiplexed once on HTTP/2), its start told to `handoff`.
+fn requests(
+    app: App,
+    conn_info: ConnInfo,
+    edge: Edge,
+    share: crate::buffering::Share,
+    activity: &Arc<Activity>,
+    handoff: &Arc<Handoff>,
+) -> impl hyper::service::Service<
+    http::Request<Incoming>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+> {
+    let in_service = activity.clone();
+    let handoff = handoff.clone();
+    service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let share = share.clone();
+        let app = app.clone();
+        let edge = edge.clone();
+        let busy = in_service.request();
+        if req.version() == http::Version::HTTP_2 {
+            in_service.set_multiplexed();
+        }
+        handoff.request_began(&req);
+        async move {
+            let _busy = busy;
+            Ok::<_, Infallible>(answer(app, req, conn_info, edge, share).await)
+        }
+    })
 }
 
 /// One request on a public connection: an ACME http-01 validation in
