@@ -331,8 +331,6 @@ async fn serve_stream(
     permit: &Permit,
     acme: Arc<Managed>,
 ) {
-    let timeout = timeouts.header;
-    let peer = conn.peer;
     let activity = permit.activity();
     // The socket comes back here when hyper is done with it, for a lingering close.
     let handoff = Arc::new(Handoff::default());
@@ -359,40 +357,7 @@ async fn serve_stream(
             edge.redirect_to = Some(port);
             serving.serve(stream, edge).await
         }
-        Serving::Https(acceptor) => {
-            let (app, drain, activity) = (&serving.app, &serving.drain, &serving.activity);
-            // The handshake gets the same budget as a request head: a
-            // client that opens a socket and says nothing is cut off. It
-            // has sent no request head yet, so a newcomer may displace it.
-            let handshake = tokio::select! {
-                r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
-                _ = drain.cancelled() => return,
-                _ = activity.displaced() => return,
-            };
-            let stream = match handshake {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    handshake_failed(app, "error");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
-                    handshake_failed(app, "timeout");
-                    return;
-                }
-            };
-            // A CA's tls-alpn-01 validation ends with its handshake.
-            if crate::tls::negotiated_acme(stream.get_ref().1) {
-                return;
-            }
-            edge.hsts = hsts_header(app);
-            let conn = ConnInfo {
-                proto: "https",
-                ..serving.conn
-            };
-            Connection { conn, ..serving }.serve(stream, edge).await
-        }
+        Serving::Https(acceptor) => serving.serve_tls(acceptor, stream, edge).await,
     }
 }
 
@@ -442,6 +407,49 @@ enum Ended {
 }
 
 impl Connection {
+    /// A TLS listener's connection: the handshake, within a request head's
+    /// budget, then HTTP on it with HSTS.
+    async fn serve_tls(
+        self,
+        acceptor: tokio_rustls::TlsAcceptor,
+        stream: Prefixed<Lingering>,
+        mut edge: Edge,
+    ) {
+        let (timeout, peer) = (self.timeouts.header, self.conn.peer);
+        let (app, drain, activity) = (&self.app, &self.drain, &self.activity);
+        // The handshake gets the same budget as a request head: a
+        // client that opens a socket and says nothing is cut off. It
+        // has sent no request head yet, so a newcomer may displace it.
+        let handshake = tokio::select! {
+            r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
+            _ = drain.cancelled() => return,
+            _ = activity.displaced() => return,
+        };
+        let stream = match handshake {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                handshake_failed(app, "error");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
+                handshake_failed(app, "timeout");
+                return;
+            }
+        };
+        // A CA's tls-alpn-01 validation ends with its handshake.
+        if crate::tls::negotiated_acme(stream.get_ref().1) {
+            return;
+        }
+        edge.hsts = hsts_header(app);
+        let conn = ConnInfo {
+            proto: "https",
+            ..self.conn
+        };
+        Connection { conn, ..self }.serve(stream, edge).await
+    }
+
     /// Serves HTTP/1.1 or HTTP/2 on `io` until it closes, drains or is
     /// displaced; with `edge.redirect_to`, every request but an ACME
     /// challenge gets 308 to https on that port. A connection that ended by
