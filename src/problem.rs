@@ -259,62 +259,12 @@ impl Problem {
         }
     }
 
-    /// A failure's kind (its `type` URI's last segment) and `detail`; one
-    /// arm per variant, so a new one does not compile until it has its text.
+    /// A failure's kind (its `type` URI's last segment) and `detail`: a
+    /// route's own answers here, the rest in [`Problem::described_upstream_or_store`]
+    /// and [`Problem::described_request`], whose last arms name every variant
+    /// answered before it, so a new one does not compile until it has its text.
     fn described(self) -> (&'static str, Cow<'static, str>) {
         match self {
-            Problem::RateLimited(_) | Problem::Banned(_) | Problem::TooManyUnknownKeys { .. } => {
-                unreachable!("a refusal is sorted before it would be described")
-            }
-            Problem::BadRequest(detail) => ("bad-request", detail.into()),
-            Problem::UnknownApiKey(short) => (
-                "unknown-api-key",
-                format!("The API key '{short}' is not known.").into(),
-            ),
-            Problem::NoRoute => ("no-route", "No route matches this request.".into()),
-            Problem::BodyTooLarge { limit } => (
-                "body-too-large",
-                format!("The request body exceeds {limit} bytes.").into(),
-            ),
-            Problem::UpstreamUnreachable { upstream } => (
-                "upstream-unreachable",
-                format!("The upstream '{upstream}' could not be reached.").into(),
-            ),
-            Problem::StoreUnavailable => (
-                "store-unavailable",
-                "The rate-limit store is unavailable and this proxy fails closed.".into(),
-            ),
-            Problem::UpstreamTimeout { upstream } => (
-                "upstream-timeout",
-                format!("The upstream '{upstream}' did not answer in time.").into(),
-            ),
-            Problem::MethodNotAllowed { method } => (
-                "method-not-allowed",
-                format!("tollgate does not proxy {method} requests.").into(),
-            ),
-            Problem::NotImplemented(detail) => ("not-implemented", detail.into()),
-            Problem::UpstreamBusy { upstream, .. } => (
-                "upstream-busy",
-                format!("Every server of the upstream '{upstream}' is busy; try again later.")
-                    .into(),
-            ),
-            Problem::FileNotFound => ("not-found", "No file at this path.".into()),
-            Problem::StaticMethodNotAllowed => (
-                "method-not-allowed",
-                "A static file answers GET and HEAD only.".into(),
-            ),
-            Problem::LengthRequired => (
-                "length-required",
-                "A request body for a PHP script needs a Content-Length.".into(),
-            ),
-            Problem::BodyTimeout => (
-                "body-timeout",
-                "The request body arrived too slowly.".into(),
-            ),
-            Problem::BodyNotStored => (
-                "body-not-stored",
-                "The request body could not be stored for forwarding.".into(),
-            ),
             Problem::PassRequired { method } => (
                 "pass-required",
                 format!(
@@ -348,10 +298,90 @@ impl Problem {
                     )
                     .into(),
             ),
+            rest => rest.described_upstream_or_store(),
+        }
+    }
+
+    /// The kind and text of a failure on tollgate's side of the request
+    /// (an upstream, the store, or the temp file a body is stored in); the
+    /// rest in [`Problem::described_request`].
+    fn described_upstream_or_store(self) -> (&'static str, Cow<'static, str>) {
+        match self {
+            Problem::UpstreamUnreachable { upstream } => (
+                "upstream-unreachable",
+                format!("The upstream '{upstream}' could not be reached.").into(),
+            ),
+            Problem::StoreUnavailable => (
+                "store-unavailable",
+                "The rate-limit store is unavailable and this proxy fails closed.".into(),
+            ),
+            Problem::UpstreamTimeout { upstream } => (
+                "upstream-timeout",
+                format!("The upstream '{upstream}' did not answer in time.").into(),
+            ),
+            Problem::UpstreamBusy { upstream, .. } => (
+                "upstream-busy",
+                format!("Every server of the upstream '{upstream}' is busy; try again later.")
+                    .into(),
+            ),
+            Problem::BodyNotStored => (
+                "body-not-stored",
+                "The request body could not be stored for forwarding.".into(),
+            ),
+            rest => rest.described_request(),
+        }
+    }
+
+    /// The kind and text of a failure of the request itself (its form, its
+    /// body, or what it names); exhaustive, so every variant the two before
+    /// it answer is named here as unreachable.
+    fn described_request(self) -> (&'static str, Cow<'static, str>) {
+        match self {
+            Problem::BadRequest(detail) => ("bad-request", detail.into()),
+            Problem::UnknownApiKey(short) => (
+                "unknown-api-key",
+                format!("The API key '{short}' is not known.").into(),
+            ),
+            Problem::NoRoute => ("no-route", "No route matches this request.".into()),
+            Problem::BodyTooLarge { limit } => (
+                "body-too-large",
+                format!("The request body exceeds {limit} bytes.").into(),
+            ),
+            Problem::MethodNotAllowed { method } => (
+                "method-not-allowed",
+                format!("tollgate does not proxy {method} requests.").into(),
+            ),
+            Problem::NotImplemented(detail) => ("not-implemented", detail.into()),
+            Problem::FileNotFound => ("not-found", "No file at this path.".into()),
+            Problem::StaticMethodNotAllowed => (
+                "method-not-allowed",
+                "A static file answers GET and HEAD only.".into(),
+            ),
+            Problem::LengthRequired => (
+                "length-required",
+                "A request body for a PHP script needs a Content-Length.".into(),
+            ),
+            Problem::BodyTimeout => (
+                "body-timeout",
+                "The request body arrived too slowly.".into(),
+            ),
             Problem::TargetTooLong => (
                 "target-too-long",
                 "The address this request is sent on to would be too long.".into(),
             ),
+            Problem::RateLimited(_) | Problem::Banned(_) | Problem::TooManyUnknownKeys { .. } => {
+                unreachable!("a refusal is sorted before it would be described")
+            }
+            Problem::PassRequired { .. }
+            | Problem::UnverifiedCrawler
+            | Problem::Denied
+            | Problem::Unauthenticated(_)
+            | Problem::Responded(_)
+            | Problem::UpstreamUnreachable { .. }
+            | Problem::StoreUnavailable
+            | Problem::UpstreamTimeout { .. }
+            | Problem::UpstreamBusy { .. }
+            | Problem::BodyNotStored => unreachable!("described before described_request"),
         }
     }
 }

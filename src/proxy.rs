@@ -63,6 +63,47 @@ pub(crate) fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
     reason
 }
 
+/// https:// upstreams: a hyper-util client per worker and one for
+/// everything else, over one TLS connector; none for any other scheme.
+fn https_clients(
+    config: &UpstreamConfig,
+    https: bool,
+    workers: usize,
+) -> Vec<Client<HttpsConnector<HttpConnector>, UpstreamBody>> {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(config.connect_timeout));
+    connector.set_nodelay(true);
+    connector.set_keepalive(Some(Duration::from_secs(60)));
+    // The TLS layer takes https:// URLs; http:// ones pass through untouched.
+    connector.enforce_http(false);
+    let tls = if https {
+        crate::tls::upstream_client_config(&config.tls)
+    } else {
+        // Never used: a plain upstream's pool is never asked for https://.
+        crate::tls::upstream_client_config(&UpstreamTls::Ca {
+            path: Default::default(),
+            certs: Vec::new(),
+        })
+    };
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    (0..=workers)
+        .filter(|_| https)
+        .map(|_| {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .pool_max_idle_per_host(4096)
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .set_host(false)
+                .build(connector.clone())
+        })
+        .collect()
+}
+
 impl Upstream {
     /// `workers`: the worker runtimes (`server.workers`); each gets its own connections.
     pub fn new(
@@ -70,39 +111,8 @@ impl Upstream {
         metrics: &crate::metrics::Metrics,
         workers: usize,
     ) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(Duration::from_secs(60)));
-        // The TLS layer takes https:// URLs; http:// ones pass through untouched.
-        connector.enforce_http(false);
-        let tls = if config.url.scheme() == Some(&Scheme::HTTPS) {
-            crate::tls::upstream_client_config(&config.tls)
-        } else {
-            // Never used: a plain upstream's pool is never asked for https://.
-            crate::tls::upstream_client_config(&UpstreamTls::Ca {
-                path: Default::default(),
-                certs: Vec::new(),
-            })
-        };
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
         let https = config.url.scheme() == Some(&Scheme::HTTPS);
-        let clients = (0..=workers)
-            .filter(|_| https)
-            .map(|_| {
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(90))
-                    .pool_max_idle_per_host(4096)
-                    .pool_timer(TokioTimer::new())
-                    .timer(TokioTimer::new())
-                    .set_host(false)
-                    .build(connector.clone())
-            })
-            .collect();
+        let clients = https_clients(config, https, workers);
         let parts = config.url.clone().into_parts();
         let base_path = parts
             .path_and_query

@@ -333,8 +333,6 @@ async fn serve_stream(
     permit: &Permit,
     acme: Arc<Managed>,
 ) {
-    let timeout = timeouts.header;
-    let peer = conn.peer;
     let activity = permit.activity();
     // The socket comes back here when hyper is done with it, for a lingering close.
     let handoff = Arc::new(Handoff::default());
@@ -361,40 +359,7 @@ async fn serve_stream(
             edge.redirect_to = Some(port);
             serving.serve(stream, edge).await
         }
-        Serving::Https(acceptor) => {
-            let (app, drain, activity) = (&serving.app, &serving.drain, &serving.activity);
-            // The handshake gets the same budget as a request head: a
-            // client that opens a socket and says nothing is cut off. It
-            // has sent no request head yet, so a newcomer may displace it.
-            let handshake = tokio::select! {
-                r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
-                _ = drain.cancelled() => return,
-                _ = activity.displaced() => return,
-            };
-            let stream = match handshake {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    handshake_failed(app, "error");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
-                    handshake_failed(app, "timeout");
-                    return;
-                }
-            };
-            // A CA's tls-alpn-01 validation ends with its handshake.
-            if crate::tls::negotiated_acme(stream.get_ref().1) {
-                return;
-            }
-            edge.hsts = hsts_header(app);
-            let conn = ConnInfo {
-                proto: "https",
-                ..serving.conn
-            };
-            Connection { conn, ..serving }.serve(stream, edge).await
-        }
+        Serving::Https(acceptor) => serving.serve_tls(acceptor, stream, edge).await,
     }
 }
 
@@ -454,6 +419,49 @@ enum Rare {
 }
 
 impl Connection {
+    /// A TLS listener's connection: the handshake, within a request head's
+    /// budget, then HTTP on it with HSTS.
+    async fn serve_tls(
+        self,
+        acceptor: tokio_rustls::TlsAcceptor,
+        stream: Prefixed<Lingering>,
+        mut edge: Edge,
+    ) {
+        let (timeout, peer) = (self.timeouts.header, self.conn.peer);
+        let (app, drain, activity) = (&self.app, &self.drain, &self.activity);
+        // The handshake gets the same budget as a request head: a
+        // client that opens a socket and says nothing is cut off. It
+        // has sent no request head yet, so a newcomer may displace it.
+        let handshake = tokio::select! {
+            r = tokio::time::timeout(timeout, acceptor.accept(stream)) => r,
+            _ = drain.cancelled() => return,
+            _ = activity.displaced() => return,
+        };
+        let stream = match handshake {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                handshake_failed(app, "error");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, ?timeout, "TLS handshake timed out");
+                handshake_failed(app, "timeout");
+                return;
+            }
+        };
+        // A CA's tls-alpn-01 validation ends with its handshake.
+        if crate::tls::negotiated_acme(stream.get_ref().1) {
+            return;
+        }
+        edge.hsts = hsts_header(app);
+        let conn = ConnInfo {
+            proto: "https",
+            ..self.conn
+        };
+        Connection { conn, ..self }.serve(stream, edge).await
+    }
+
     /// Serves HTTP/1.1 or HTTP/2 on `io` until it closes, drains or is
     /// displaced; with `edge.redirect_to`, every request but an ACME
     /// challenge gets 308 to https on that port. A connection that ended by
@@ -519,22 +527,7 @@ where
     let (send_timeout, share) = crate::buffering::per_connection(&app.snapshot().config.server);
     let io =
         TokioIo::new(Watched::new(io, activity.clone()).send_timeout(send_timeout, &connections));
-    let in_service = activity.clone();
-    let handoff = handoff.clone();
-    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let share = share.clone();
-        let app = app.clone();
-        let edge = edge.clone();
-        let busy = in_service.request();
-        if req.version() == http::Version::HTTP_2 {
-            in_service.set_multiplexed();
-        }
-        handoff.request_began(&req);
-        async move {
-            let _busy = busy;
-            Ok::<_, Infallible>(answer(app, req, conn_info, edge, share).await)
-        }
-    });
+    let service = requests(app, conn_info, edge, share, activity, handoff);
     let builder = connection_builder(None);
     // With upgrades: a 101 answer hands the socket to a tunnel (WebSockets).
     let conn = builder.serve_connection_with_upgrades(io, service);
@@ -590,6 +583,39 @@ where
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
     ended
+}
+
+/// The service [`serve_http`] gives hyper: each request [`answer`]ed,
+/// the connection busy meanwhile (multiplexed once on HTTP/2), its start told to `handoff`.
+fn requests(
+    app: App,
+    conn_info: ConnInfo,
+    edge: Edge,
+    share: crate::buffering::Share,
+    activity: &Arc<Activity>,
+    handoff: &Arc<Handoff>,
+) -> impl hyper::service::Service<
+    http::Request<Incoming>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+> {
+    let in_service = activity.clone();
+    let handoff = handoff.clone();
+    service_fn(move |req: http::Request<hyper::body::Incoming>| {
+        let share = share.clone();
+        let app = app.clone();
+        let edge = edge.clone();
+        let busy = in_service.request();
+        if req.version() == http::Version::HTTP_2 {
+            in_service.set_multiplexed();
+        }
+        handoff.request_began(&req);
+        async move {
+            let _busy = busy;
+            Ok::<_, Infallible>(answer(app, req, conn_info, edge, share).await)
+        }
+    })
 }
 
 /// One request on a public connection: an ACME http-01 validation in

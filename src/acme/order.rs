@@ -250,6 +250,38 @@ async fn place(
 ) -> Result<Stored, OrderError> {
     let ids = [Identifier::Dns(domain.to_string())];
     let mut order = account.new_order(&NewOrder::new(&ids)).await?;
+    let answer = answer_challenges(&mut order, domain, challenge, managed, fleet).await?;
+    let retries = RetryPolicy::new()
+        .initial_delay(Duration::from_millis(250))
+        .backoff(1.5)
+        .timeout(VALIDATION_BUDGET);
+    let status = order.poll_ready(&retries).await?;
+    if status != OrderStatus::Ready {
+        return Err(OrderError::Validation {
+            domain: domain.to_string(),
+            detail: validation_detail(&mut order).await,
+        });
+    }
+    drop(answer);
+    let (key, csr) = key_and_csr(domain)?;
+    order.finalize_csr(&csr).await?;
+    let chain_pem = order.poll_certificate(&retries).await?;
+    Ok(Stored {
+        chain_pem,
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// [`place`]'s first step: the challenge of each authorization not yet
+/// valid answered (here, and to the fleet if there is one) and marked
+/// ready; the answers stand until the returned [`Answer`] is dropped.
+async fn answer_challenges<'m>(
+    order: &mut instant_acme::Order,
+    domain: &str,
+    challenge: AcmeChallenge,
+    managed: &'m Managed,
+    fleet: Option<&Arc<Fleet>>,
+) -> Result<Answer<'m>, OrderError> {
     let mut answer = Answer {
         managed,
         domain: domain.to_string(),
@@ -298,25 +330,7 @@ async fn place(
         }
         ch.set_ready().await?;
     }
-    let retries = RetryPolicy::new()
-        .initial_delay(Duration::from_millis(250))
-        .backoff(1.5)
-        .timeout(VALIDATION_BUDGET);
-    let status = order.poll_ready(&retries).await?;
-    if status != OrderStatus::Ready {
-        return Err(OrderError::Validation {
-            domain: domain.to_string(),
-            detail: validation_detail(&mut order).await,
-        });
-    }
-    drop(answer);
-    let (key, csr) = key_and_csr(domain)?;
-    order.finalize_csr(&csr).await?;
-    let chain_pem = order.poll_certificate(&retries).await?;
-    Ok(Stored {
-        chain_pem,
-        key_pem: key.serialize_pem(),
-    })
+    Ok(answer)
 }
 
 /// An error from the CA: its verdict on our answer (a validation failure,

@@ -5,6 +5,7 @@ use std::time::Instant;
 use http::{Request, Response};
 
 use super::{Admitted, App, Exchange};
+use crate::balance::Balancer;
 use crate::body::Body;
 use crate::decide::Clearance;
 use crate::forward_error::ForwardError;
@@ -14,6 +15,7 @@ use crate::problem::{Problem, Unanswered};
 use crate::proxy::Sent;
 use crate::request_body::RequestBody;
 use crate::store::AuditRow;
+use crate::tunnel::ClientSide;
 
 impl App {
     /// Forwards to upstream `u` and answers with its response; a failure
@@ -56,7 +58,26 @@ impl App {
         let waited = asked.elapsed();
         snap.upstream_durations[u].observe(waited);
         x.trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
-        let resp = match result {
+        let resp = self.forwarded(x, result, upgrade, pass, &route.name, upstream);
+        if let Some(method) = audit {
+            self.audit(x, method, client, &route.name, resp.status());
+        }
+        resp
+    }
+
+    /// The forward's answer: a 101 opens the tunnel, tollgate's own answer
+    /// from a part is written again, an upstream's response streams on
+    /// holding its slots and connection, and a failure is a problem.
+    fn forwarded(
+        &self,
+        x: &mut Exchange,
+        result: Result<Sent, ForwardError>,
+        upgrade: Option<ClientSide>,
+        pass: &mut Clearance,
+        route: &str,
+        upstream: &Balancer,
+    ) -> Response<Body> {
+        match result {
             Ok((mut resp, connection))
                 if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS && upgrade.is_some() =>
             {
@@ -89,12 +110,8 @@ impl App {
                     resp.map(|b| Body::upstream(b, crate::body::join(slots, connection)))
                 }
             },
-            Err(e) => self.forward_failed(x, &route.name, &upstream.name, e),
-        };
-        if let Some(method) = audit {
-            self.audit(x, method, client, &route.name, resp.status());
+            Err(e) => self.forward_failed(x, route, &upstream.name, e),
         }
-        resp
     }
 
     /// Queues the forwarded request's audit row, from the access record's

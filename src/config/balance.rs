@@ -71,17 +71,7 @@ impl Validator<'_> {
         servers: Vec<Uri>,
     ) -> Option<BalanceConfig> {
         let at = |field: &str| format!("upstreams.{name}.{field}");
-        let policy = match raw.balance.as_ref().map(|t| t.0.as_str()) {
-            None | Some("round_robin") => Policy::RoundRobin,
-            Some("least_conn") => Policy::LeastConn,
-            Some(other) => {
-                self.err(
-                    at("balance"),
-                    format!("unknown balance {other:?}; use round_robin or least_conn"),
-                );
-                return None;
-            }
-        };
+        let policy = self.balance_policy(name, raw.balance)?;
         if raw.max_conns == Some(0) {
             self.err(
                 at("max_conns"),
@@ -113,21 +103,7 @@ impl Validator<'_> {
         }
         let health = match raw.health {
             None => None,
-            Some(h) => {
-                if !h.path.0.starts_with('/') {
-                    self.err(at("health.path"), "must start with /");
-                    return None;
-                }
-                let interval = dur(h.interval, Duration::from_secs(5));
-                if interval < Duration::from_millis(100) {
-                    self.err(at("health.interval"), "must be at least 100ms");
-                    return None;
-                }
-                Some(HealthCheck {
-                    path: h.path.0.clone(),
-                    interval,
-                })
-            }
+            Some(h) => Some(self.health_check(name, h)?),
         };
         Some(BalanceConfig {
             servers,
@@ -139,6 +115,39 @@ impl Validator<'_> {
             queue_timeout,
             health,
             tunnel_idle_timeout,
+        })
+    }
+
+    /// `balance`: how a request picks a server; round robin unless written.
+    fn balance_policy(&mut self, name: &str, written: &Option<Text>) -> Option<Policy> {
+        match written.as_ref().map(|t| t.0.as_str()) {
+            None | Some("round_robin") => Some(Policy::RoundRobin),
+            Some("least_conn") => Some(Policy::LeastConn),
+            Some(other) => {
+                self.err(
+                    format!("upstreams.{name}.balance"),
+                    format!("unknown balance {other:?}; use round_robin or least_conn"),
+                );
+                None
+            }
+        }
+    }
+
+    /// `health`: the path asked, and how often (an interval of 100 ms or more).
+    fn health_check(&mut self, name: &str, h: &RawHealth) -> Option<HealthCheck> {
+        let at = |field: &str| format!("upstreams.{name}.{field}");
+        if !h.path.0.starts_with('/') {
+            self.err(at("health.path"), "must start with /");
+            return None;
+        }
+        let interval = dur(h.interval, Duration::from_secs(5));
+        if interval < Duration::from_millis(100) {
+            self.err(at("health.interval"), "must be at least 100ms");
+            return None;
+        }
+        Some(HealthCheck {
+            path: h.path.0.clone(),
+            interval,
         })
     }
 }

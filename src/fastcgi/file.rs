@@ -49,43 +49,14 @@ pub async fn serve(
     }
     let file = &variant.file;
     let validators = Validators::of(file);
-    let mut head = HeaderMap::new();
-    head.insert(header::ETAG, validators.etag.clone());
-    head.insert(header::LAST_MODIFIED, validators.last_modified.clone());
-    let cache_control = cache_control.unwrap_or_else(|| default_cache_control(file.content_type));
-    if let Ok(v) = HeaderValue::from_str(cache_control) {
-        head.insert(header::CACHE_CONTROL, v);
-    }
-    if variant.negotiated {
-        head.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    }
+    let mut head = caching_head(&variant, &validators, cache_control);
     match validators.preconditions(headers) {
         Precondition::Proceed => {}
         Precondition::NotModified => return not_modified(&variant, head),
         Precondition::Failed => return bare(StatusCode::PRECONDITION_FAILED, HeaderMap::new()),
     }
-    head.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(file.content_type),
-    );
-    head.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    head.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    if let Some(coding) = variant.coding {
-        head.insert(
-            header::CONTENT_ENCODING,
-            HeaderValue::from_static(coding.token()),
-        );
-    }
-    let range = match headers.get(header::RANGE) {
-        Some(r) if method == Method::GET && validators.if_range_holds(headers) => {
-            ByteRange::parse(r.as_bytes(), file.len)
-        }
-        _ => ByteRange::Whole,
-    };
-    let (status, start, count) = match range {
+    content_head(&mut head, &variant);
+    let (status, start, count) = match range_asked(method, headers, &validators, file.len) {
         ByteRange::Whole => (StatusCode::OK, 0, file.len),
         ByteRange::Part { first, last } => {
             let content_range = format!("bytes {first}-{last}/{}", file.len);
@@ -114,6 +85,62 @@ pub async fn serve(
     *resp.status_mut() = status;
     *resp.headers_mut() = head;
     resp
+}
+
+/// The validators and caching headers: what a `304` carries as well as its `200`.
+fn caching_head(
+    variant: &Variant,
+    validators: &Validators,
+    cache_control: Option<&str>,
+) -> HeaderMap {
+    let file = &variant.file;
+    let mut head = HeaderMap::new();
+    head.insert(header::ETAG, validators.etag.clone());
+    head.insert(header::LAST_MODIFIED, validators.last_modified.clone());
+    let cache_control = cache_control.unwrap_or_else(|| default_cache_control(file.content_type));
+    if let Ok(v) = HeaderValue::from_str(cache_control) {
+        head.insert(header::CACHE_CONTROL, v);
+    }
+    if variant.negotiated {
+        head.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+    head
+}
+
+/// The headers that describe the bytes sent, which a `304` does not carry:
+/// type, `nosniff`, ranges accepted, and a sibling's coding.
+fn content_head(head: &mut HeaderMap, variant: &Variant) {
+    head.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(variant.file.content_type),
+    );
+    head.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    head.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(coding) = variant.coding {
+        head.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static(coding.token()),
+        );
+    }
+}
+
+/// The range a GET asks for and may have (`If-Range` holds); the whole
+/// file for a HEAD or without one.
+fn range_asked(
+    method: &Method,
+    headers: &HeaderMap,
+    validators: &Validators,
+    len: u64,
+) -> ByteRange {
+    match headers.get(header::RANGE) {
+        Some(r) if method == Method::GET && validators.if_range_holds(headers) => {
+            ByteRange::parse(r.as_bytes(), len)
+        }
+        _ => ByteRange::Whole,
+    }
 }
 
 /// A `304` with the validators and caching headers its `200` would carry.

@@ -231,33 +231,8 @@ impl Table {
         }
         let located: Vec<(KeyHash, usize)> = checks.iter().map(|c| self.locate(c.key)).collect();
         let (order, mut guards) = lock_all(&self.shards, located.iter().map(|&(_, s)| s));
-        let guard_of = |shard: usize| order.binary_search(&shard).expect("locked above");
-        // Held keys are pinned, so making room for another check keeps them.
-        let mut targets: Vec<Placement> = located
-            .iter()
-            .map(|&(h, s)| match guards[guard_of(s)].pin(h) {
-                true => Placement::Held(guard_of(s)),
-                false => Placement::Absent(guard_of(s)),
-            })
-            .collect();
-        let mut rulings: Vec<Ruling> = checks
-            .iter()
-            .zip(&located)
-            .map(|(c, &(h, s))| guards[guard_of(s)].ruling(h, c.algorithm, now))
-            .collect();
-        if admits(checks, &rulings) {
-            for ((c, &(h, s)), t) in checks.iter().zip(&located).zip(&mut targets) {
-                if let Placement::Absent(g) = *t {
-                    *t = match self.make_room(&mut guards[g], s, now) {
-                        true => {
-                            guards[g].insert_pinned(h, c.key, c.algorithm);
-                            Placement::Placed(g)
-                        }
-                        false => Placement::Refused,
-                    };
-                }
-            }
-        }
+        let (mut targets, mut rulings) =
+            self.placements(checks, &located, &order, &mut guards, now);
         let mut over_guards = self.overflow_for(checks, &mut targets, &mut rulings, now);
         let admitted = admits(checks, &rulings);
         let track = self.track_changes;
@@ -300,6 +275,46 @@ impl Table {
             });
         }
         outcomes
+    }
+
+    /// Each check's key and ruling under the locks `order` lists: a new key
+    /// is placed only when every limiter admits, else left absent.
+    fn placements(
+        &self,
+        checks: &[Check<'_>],
+        located: &[(KeyHash, usize)],
+        order: &[usize],
+        guards: &mut [MutexGuard<'_, Shard>],
+        now: Nanos,
+    ) -> (Vec<Placement>, Vec<Ruling>) {
+        let guard_of = |shard: usize| order.binary_search(&shard).expect("locked above");
+        // Held keys are pinned, so making room for another check keeps them.
+        let mut targets: Vec<Placement> = located
+            .iter()
+            .map(|&(h, s)| match guards[guard_of(s)].pin(h) {
+                true => Placement::Held(guard_of(s)),
+                false => Placement::Absent(guard_of(s)),
+            })
+            .collect();
+        let rulings: Vec<Ruling> = checks
+            .iter()
+            .zip(located)
+            .map(|(c, &(h, s))| guards[guard_of(s)].ruling(h, c.algorithm, now))
+            .collect();
+        if admits(checks, &rulings) {
+            for ((c, &(h, s)), t) in checks.iter().zip(located).zip(&mut targets) {
+                if let Placement::Absent(g) = *t {
+                    *t = match self.make_room(&mut guards[g], s, now) {
+                        true => {
+                            guards[g].insert_pinned(h, c.key, c.algorithm);
+                            Placement::Placed(g)
+                        }
+                        false => Placement::Refused,
+                    };
+                }
+            }
+        }
+        (targets, rulings)
     }
 
     /// Counts each check that found no room ([`Placement::Refused`]) on its

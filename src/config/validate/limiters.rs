@@ -10,7 +10,6 @@ use crate::limiter::{Algorithm, AlgorithmKind, Given, Nanos, NANOS_PER_SEC};
 
 impl Validator<'_> {
     pub(super) fn limiter(&mut self, name: &str, raw: &RawLimiter) -> Option<LimiterConfig> {
-        let at = |field: &str| format!("limiters.{name}.{field}");
         let before = self.problems.len();
         if !valid_name(name) {
             self.err(
@@ -18,37 +17,10 @@ impl Validator<'_> {
                 "a limiter name uses only letters, digits, `_` and `-`",
             );
         }
-        let written = raw
-            .algorithm
-            .as_ref()
-            .map_or(AlgorithmKind::FixedWindow.name(), |t| t.0.as_str());
-        let Some(kind) = AlgorithmKind::from_name(written) else {
-            self.err(
-                at("algorithm"),
-                format!(
-                    "unknown algorithm {written:?} ({}){}",
-                    AlgorithmKind::choices(),
-                    suggest::hint(written, AlgorithmKind::ALL.map(AlgorithmKind::name))
-                ),
-            );
-            return None;
-        };
+        let kind = self.algorithm_kind(name, raw)?;
         let mut algorithm = self.algorithm(name, kind, raw);
         let key = self.key(name, raw);
-        let shadow = match raw.mode.as_ref().map(|t| t.0.as_str()).unwrap_or("enforce") {
-            "enforce" => false,
-            "shadow" => true,
-            other => {
-                self.err(
-                    at("mode"),
-                    format!(
-                        "unknown mode {other:?} (enforce or shadow){}",
-                        suggest::hint(other, ["enforce", "shadow"])
-                    ),
-                );
-                false
-            }
-        };
+        let shadow = self.shadow_mode(name, raw);
         self.overrides(name, raw, &algorithm);
         let reject = raw
             .reject
@@ -84,6 +56,45 @@ impl Validator<'_> {
                 })
                 .collect(),
         })
+    }
+
+    /// `algorithm`, by name; a fixed window unless written.
+    fn algorithm_kind(&mut self, name: &str, raw: &RawLimiter) -> Option<AlgorithmKind> {
+        let written = raw
+            .algorithm
+            .as_ref()
+            .map_or(AlgorithmKind::FixedWindow.name(), |t| t.0.as_str());
+        let kind = AlgorithmKind::from_name(written);
+        if kind.is_none() {
+            self.err(
+                format!("limiters.{name}.algorithm"),
+                format!(
+                    "unknown algorithm {written:?} ({}){}",
+                    AlgorithmKind::choices(),
+                    suggest::hint(written, AlgorithmKind::ALL.map(AlgorithmKind::name))
+                ),
+            );
+        }
+        kind
+    }
+
+    /// `mode`: whether the limiter only counts (`shadow`) or also refuses
+    /// (`enforce`, the default); an unknown one is reported and enforced.
+    fn shadow_mode(&mut self, name: &str, raw: &RawLimiter) -> bool {
+        match raw.mode.as_ref().map(|t| t.0.as_str()).unwrap_or("enforce") {
+            "enforce" => false,
+            "shadow" => true,
+            other => {
+                self.err(
+                    format!("limiters.{name}.mode"),
+                    format!(
+                        "unknown mode {other:?} (enforce or shadow){}",
+                        suggest::hint(other, ["enforce", "shadow"])
+                    ),
+                );
+                false
+            }
+        }
     }
 
     /// `count:`, validated; with it the algorithm keeps what refunds need.

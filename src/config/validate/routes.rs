@@ -10,6 +10,16 @@ use crate::config::raw::{RawLimiter, RawMatch, RawRoute, RawUpstream, Text};
 use crate::config::suggest;
 use crate::config::{Action, LimiterConfig, RouteConfig, UpstreamConfig};
 
+/// What a route names: the upstreams and limiters as written (to tell a
+/// missing one from one already reported) and as validated (by index).
+struct RouteRefs<'a> {
+    upstream_index: HashMap<&'a str, usize>,
+    raw_upstreams: &'a BTreeMap<String, RawUpstream>,
+    upstreams: &'a [UpstreamConfig],
+    limiter_index: HashMap<&'a str, usize>,
+    raw_limiters: &'a BTreeMap<String, RawLimiter>,
+}
+
 impl Validator<'_> {
     pub(super) fn routes(
         &mut self,
@@ -19,76 +29,87 @@ impl Validator<'_> {
         raw_limiters: &BTreeMap<String, RawLimiter>,
         limiters: &[LimiterConfig],
     ) -> Vec<RouteConfig> {
-        let upstream_index: HashMap<&str, usize> = upstreams
-            .iter()
-            .enumerate()
-            .map(|(i, u)| (u.name.as_str(), i))
-            .collect();
-        let limiter_index: HashMap<&str, usize> = limiters
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (l.name.as_str(), i))
-            .collect();
+        let refs = RouteRefs {
+            upstream_index: upstreams
+                .iter()
+                .enumerate()
+                .map(|(i, u)| (u.name.as_str(), i))
+                .collect(),
+            raw_upstreams,
+            upstreams,
+            limiter_index: limiters
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (l.name.as_str(), i))
+                .collect(),
+            raw_limiters,
+        };
         let mut names = HashSet::new();
         let mut out = Vec::new();
         for (i, r) in raw.iter().enumerate() {
-            let at = |field: &str| format!("routes[{i}].{field}");
-            self.route_name(i, &r.name.0, &mut names);
-            let m = &r.matcher;
-            self.route_paths(i, m);
-            let path_regex = m
-                .path_regex
-                .as_ref()
-                .and_then(|p| self.path_regex(&at("match.path_regex"), &p.0));
-            let query_regex = m
-                .query_regex
-                .as_ref()
-                .and_then(|p| self.path_regex(&at("match.query_regex"), &p.0));
-            let methods = self.route_methods(i, m);
-            let action =
-                self.route_action(i, r, &upstream_index, raw_upstreams, path_regex.as_ref());
-            let site = self.route_site(i, r, path_regex.as_ref(), &action, upstreams);
-            let query = self.route_query(i, m);
-            let asn = self.route_asn(i, m.asn.as_ref());
-            let country = self.route_country(i, m.country.as_ref());
-            let route_limiters = self.route_limiters(i, &r.limiters, &limiter_index, raw_limiters);
-            let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
-            let rate_limit_headers =
-                self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
-            let errors = self.error_answers(
-                &format!("routes[{i}]"),
-                r.error_format.as_ref(),
-                r.error_pages.as_ref(),
-            );
-            if let Some(action) = action {
-                out.push(RouteConfig {
-                    errors,
-                    reject,
-                    rate_limit_headers,
-                    name: r.name.0.clone(),
-                    path: m.path.as_ref().map(|t| t.0.clone()),
-                    path_prefix: m.path_prefix.as_ref().map(|t| t.0.clone()),
-                    methods,
-                    host: m.host.as_ref().map(|t| t.0.to_ascii_lowercase()),
-                    query,
-                    action,
-                    limiters: route_limiters,
-                    allow_unlimited: r.allow_unlimited.unwrap_or(false),
-                    compression: r.compression.unwrap_or(true),
-                    challenge: r
-                        .challenge
-                        .as_ref()
-                        .map(|c| self.challenge(&at("challenge"), c)),
-                    path_regex,
-                    query_regex,
-                    site,
-                    cache: self.route_cache_of(&at("cache"), r),
-                    asn,
-                    country,
-                });
+            if let Some(route) = self.route(i, r, &mut names, &refs) {
+                out.push(route);
             }
         }
         out
+    }
+
+    /// One route, checked part by part; `None` if it has no action, its
+    /// other parts checked all the same so every error is reported.
+    fn route<'r>(
+        &mut self,
+        i: usize,
+        r: &'r RawRoute,
+        names: &mut HashSet<&'r str>,
+        refs: &RouteRefs<'_>,
+    ) -> Option<RouteConfig> {
+        let at = |field: &str| format!("routes[{i}].{field}");
+        self.route_name(i, &r.name.0, names);
+        let m = &r.matcher;
+        self.route_paths(i, m);
+        let (path_regex, query_regex) = self.route_regexes(i, m);
+        let methods = self.route_methods(i, m);
+        let action = self.route_action(i, r, refs, path_regex.as_ref());
+        let site = self.route_site(i, r, path_regex.as_ref(), &action, refs.upstreams);
+        let query = self.route_query(i, m);
+        let asn = self.route_asn(i, m.asn.as_ref());
+        let country = self.route_country(i, m.country.as_ref());
+        let route_limiters =
+            self.route_limiters(i, &r.limiters, &refs.limiter_index, refs.raw_limiters);
+        let reject = r.reject.as_ref().map(|x| self.reject(&at("reject"), x));
+        let rate_limit_headers =
+            self.header_sets(&at("rate_limit_headers"), r.rate_limit_headers.as_ref());
+        let errors = self.error_answers(
+            &format!("routes[{i}]"),
+            r.error_format.as_ref(),
+            r.error_pages.as_ref(),
+        );
+        let action = action?;
+        Some(RouteConfig {
+            errors,
+            reject,
+            rate_limit_headers,
+            name: r.name.0.clone(),
+            path: m.path.as_ref().map(|t| t.0.clone()),
+            path_prefix: m.path_prefix.as_ref().map(|t| t.0.clone()),
+            methods,
+            host: m.host.as_ref().map(|t| t.0.to_ascii_lowercase()),
+            query,
+            action,
+            limiters: route_limiters,
+            allow_unlimited: r.allow_unlimited.unwrap_or(false),
+            compression: r.compression.unwrap_or(true),
+            challenge: r
+                .challenge
+                .as_ref()
+                .map(|c| self.challenge(&at("challenge"), c)),
+            path_regex,
+            query_regex,
+            site,
+            cache: self.route_cache_of(&at("cache"), r),
+            asn,
+            country,
+        })
     }
 
     /// `cache`: only on a route whose answers are the same for every visitor.
@@ -108,6 +129,24 @@ impl Validator<'_> {
             );
         }
         Some(self.route_cache(at, c))
+    }
+
+    /// `match.path_regex` and `match.query_regex`, each compiled.
+    fn route_regexes(
+        &mut self,
+        i: usize,
+        m: &RawMatch,
+    ) -> (Option<regex::Regex>, Option<regex::Regex>) {
+        let at = |field: &str| format!("routes[{i}].match.{field}");
+        let path_regex = m
+            .path_regex
+            .as_ref()
+            .and_then(|p| self.path_regex(&at("path_regex"), &p.0));
+        let query_regex = m
+            .query_regex
+            .as_ref()
+            .and_then(|p| self.path_regex(&at("query_regex"), &p.0));
+        (path_regex, query_regex)
     }
 
     /// `match.methods`: each a valid method, upper-cased.
@@ -177,8 +216,7 @@ impl Validator<'_> {
         &mut self,
         i: usize,
         r: &RawRoute,
-        upstream_index: &HashMap<&str, usize>,
-        raw_upstreams: &BTreeMap<String, RawUpstream>,
+        refs: &RouteRefs<'_>,
         regex: Option<&regex::Regex>,
     ) -> Option<Action> {
         let at = |field: &str| format!("routes[{i}].{field}");
@@ -230,11 +268,11 @@ impl Validator<'_> {
             };
         }
         let u = r.upstream.as_ref()?;
-        match upstream_index.get(u.0.as_str()) {
+        match refs.upstream_index.get(u.0.as_str()) {
             Some(&idx) => Some(Action::Upstream(idx)),
             None => {
-                if !raw_upstreams.contains_key(&u.0) {
-                    let names = raw_upstreams.keys().map(String::as_str);
+                if !refs.raw_upstreams.contains_key(&u.0) {
+                    let names = refs.raw_upstreams.keys().map(String::as_str);
                     self.err(
                         at("upstream"),
                         format!("no upstream named {:?}{}", u.0, suggest::hint(&u.0, names)),

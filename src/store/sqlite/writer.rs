@@ -381,6 +381,7 @@ fn forgotten_keys(
     Ok(keys)
 }
 
+/// One flush in one transaction: the bans, the keys' rows, the audit rows.
 fn write(
     conn: &mut Connection,
     changes: &[Change],
@@ -391,71 +392,80 @@ fn write(
     let tx = conn.transaction()?;
     ban::write(&tx, bans)?;
     let gone = forgotten_keys(&tx, forgotten, table)?;
-    {
-        let mut upsert_window = tx.prepare_cached(
-            "INSERT INTO rate_limit_windows (key, window_start, count) VALUES (?1, ?2, ?3)
+    write_keys(&tx, &gone, changes)?;
+    write_audit(&tx, audit)?;
+    tx.commit()
+}
+
+/// The rows of the keys memory forgot deleted, then each changed key's
+/// row written (a window or a state) or, for a key gone, deleted.
+fn write_keys(tx: &Transaction<'_>, gone: &[String], changes: &[Change]) -> rusqlite::Result<()> {
+    let mut upsert_window = tx.prepare_cached(
+        "INSERT INTO rate_limit_windows (key, window_start, count) VALUES (?1, ?2, ?3)
              ON CONFLICT (key, window_start) DO UPDATE SET count = excluded.count",
-        )?;
-        let mut upsert_state = tx.prepare_cached(
-            "INSERT INTO limiter_state (key, algorithm, shape, state, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
+    )?;
+    let mut upsert_state = tx.prepare_cached(
+        "INSERT INTO limiter_state (key, algorithm, shape, state, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (key) DO UPDATE SET algorithm = excluded.algorithm, shape = excluded.shape,
                  state = excluded.state, expires_at = excluded.expires_at",
-        )?;
-        let mut delete_windows =
-            tx.prepare_cached("DELETE FROM rate_limit_windows WHERE key = ?1")?;
-        let mut delete_state = tx.prepare_cached("DELETE FROM limiter_state WHERE key = ?1")?;
-        for key in &gone {
-            delete_windows.execute([key])?;
-            delete_state.execute([key])?;
-        }
-        for c in changes {
-            let key: &str = &c.key;
-            match &c.state {
-                None => {
-                    delete_windows.execute([key])?;
-                    delete_state.execute([key])?;
-                }
-                Some((state, shape, expires_at)) => match state.kind().kept() {
-                    Kept::Never => {}
-                    Kept::Windows => {
-                        if let [start, count] = state.words()[..] {
-                            upsert_window.execute(params![
-                                key,
-                                iso8601(start / NANOS_PER_SEC),
-                                count as i64
-                            ])?;
-                        }
-                    }
-                    Kept::Words => {
-                        let (algorithm, blob) = encode(state);
-                        let shape = shape.to_string();
-                        upsert_state.execute(params![
+    )?;
+    let mut delete_windows = tx.prepare_cached("DELETE FROM rate_limit_windows WHERE key = ?1")?;
+    let mut delete_state = tx.prepare_cached("DELETE FROM limiter_state WHERE key = ?1")?;
+    for key in gone {
+        delete_windows.execute([key])?;
+        delete_state.execute([key])?;
+    }
+    for c in changes {
+        let key: &str = &c.key;
+        match &c.state {
+            None => {
+                delete_windows.execute([key])?;
+                delete_state.execute([key])?;
+            }
+            Some((state, shape, expires_at)) => match state.kind().kept() {
+                Kept::Never => {}
+                Kept::Windows => {
+                    if let [start, count] = state.words()[..] {
+                        upsert_window.execute(params![
                             key,
-                            algorithm,
-                            shape,
-                            blob,
-                            *expires_at as i64
+                            iso8601(start / NANOS_PER_SEC),
+                            count as i64
                         ])?;
                     }
-                },
-            }
-        }
-        // Many rows per statement: the per-statement cost, not the row,
-        // dominates an insert, and the audit log sees every forwarded request.
-        let mut times = TimeCache::default();
-        let mut rest = audit;
-        for (rows, sql) in AUDIT_ROWS_PER_INSERT.iter().zip(insert_calls_sql()) {
-            let mut chunks = rest.chunks_exact(*rows);
-            if chunks.len() > 0 {
-                let mut insert = tx.prepare_cached(sql)?;
-                for chunk in &mut chunks {
-                    insert_calls(&mut insert, chunk, &mut times)?;
                 }
-            }
-            rest = chunks.remainder();
+                Kept::Words => {
+                    let (algorithm, blob) = encode(state);
+                    let shape = shape.to_string();
+                    upsert_state.execute(params![
+                        key,
+                        algorithm,
+                        shape,
+                        blob,
+                        *expires_at as i64
+                    ])?;
+                }
+            },
         }
     }
-    tx.commit()
+    Ok(())
+}
+
+/// The audit rows, many per statement: the per-statement cost, not the
+/// row, dominates an insert, and the audit log sees every forwarded request.
+fn write_audit(tx: &Transaction<'_>, audit: &[AuditRow]) -> rusqlite::Result<()> {
+    let mut times = TimeCache::default();
+    let mut rest = audit;
+    for (rows, sql) in AUDIT_ROWS_PER_INSERT.iter().zip(insert_calls_sql()) {
+        let mut chunks = rest.chunks_exact(*rows);
+        if chunks.len() > 0 {
+            let mut insert = tx.prepare_cached(sql)?;
+            for chunk in &mut chunks {
+                insert_calls(&mut insert, chunk, &mut times)?;
+            }
+        }
+        rest = chunks.remainder();
+    }
+    Ok(())
 }
 
 /// Statement sizes, largest first: a flush of n rows takes at most 3 of
