@@ -171,42 +171,53 @@ fn public_acceptor(
         let acme = tls.managed().clone();
         let app = app.clone();
         let drain = drain.clone();
-        match &workers {
-            // Hand the socket to a worker runtime; it is registered with that
-            // worker's reactor there, and never changes threads again.
-            Some(workers) => match stream.into_std() {
-                Ok(std_stream) => {
-                    let (worker, runtime) = workers.pick();
-                    connections.spawn_on(
-                        async move {
-                            match TcpStream::from_std(std_stream) {
-                                Ok(stream) => {
-                                    let conn = ConnInfo { peer, proto: "http", port, worker };
-                                    serve_accepted(stream, conn, serving, app, timeouts, drain, &permit, acme, proxied).await;
-                                }
-                                Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
-                            }
-                        },
-                        runtime,
-                    );
+        let start = move |stream, worker| async move {
+            let conn = ConnInfo {
+                peer,
+                proto: "http",
+                port,
+                worker,
+            };
+            serve_accepted(
+                stream, conn, serving, app, timeouts, drain, &permit, acme, proxied,
+            )
+            .await;
+        };
+        spawn_connection(&connections, workers.as_deref(), stream, peer, start);
+    }
+}
+
+/// Runs `start` for an accepted socket on `connections`: on a worker
+/// runtime, the socket registered with that worker's reactor there (it never
+/// changes threads again), or on this runtime when there are no workers.
+fn spawn_connection<F, Fut>(
+    connections: &TaskTracker,
+    workers: Option<&Workers>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    start: F,
+) where
+    F: FnOnce(TcpStream, usize) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(workers) = workers else {
+        connections.spawn(start(stream, 0));
+        return;
+    };
+    match stream.into_std() {
+        Ok(std_stream) => {
+            let (worker, runtime) = workers.pick();
+            let on_worker = async move {
+                match TcpStream::from_std(std_stream) {
+                    Ok(stream) => start(stream, worker).await,
+                    Err(e) => {
+                        tracing::warn!(%peer, error = %e, "cannot move a connection to a worker")
+                    }
                 }
-                Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
-            },
-            None => {
-                connections.spawn(async move {
-                    let conn = ConnInfo {
-                        peer,
-                        proto: "http",
-                        port,
-                        worker: 0,
-                    };
-                    serve_accepted(
-                        stream, conn, serving, app, timeouts, drain, &permit, acme, proxied,
-                    )
-                    .await;
-                });
-            }
+            };
+            connections.spawn_on(on_worker, runtime);
         }
+        Err(e) => tracing::warn!(%peer, error = %e, "cannot move a connection to a worker"),
     }
 }
 

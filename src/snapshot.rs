@@ -153,13 +153,7 @@ impl Snapshot {
             let old = previous.and_then(|p| p.networks.as_deref());
             Arc::new(crate::networks::Networks::new(g, old, metrics))
         });
-        // Kept across a reload that leaves it unchanged: its decisions and its queue stay.
-        let crowdsec = config.identity.crowdsec.as_ref().map(|c| {
-            previous
-                .and_then(|p| p.crowdsec.clone())
-                .filter(|old| old.serves(c))
-                .unwrap_or_else(|| crate::crowdsec::CrowdSec::new(c, metrics))
-        });
+        let crowdsec = kept_crowdsec(&config, previous, metrics);
         let upstream_names: Vec<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
         metrics.start_at_zero(
             &upstream_names,
@@ -167,15 +161,7 @@ impl Snapshot {
             config.store.error_policy(),
             config.store.on_error.as_str(),
         );
-        let upstreams: Vec<Arc<Balancer>> = config
-            .upstreams
-            .iter()
-            .map(|u| {
-                previous
-                    .and_then(|p| p.upstreams.iter().find(|old| old.serves(u)).cloned())
-                    .unwrap_or_else(|| Arc::new(Balancer::new(u, metrics, config.server.workers)))
-            })
-            .collect();
+        let upstreams = kept_upstreams(&config, previous, metrics);
         let limiters = config
             .limiters
             .iter()
@@ -208,6 +194,39 @@ impl Snapshot {
             config: Arc::new(config),
         }
     }
+}
+
+/// The upstream pools: `previous`'s where the new config leaves an
+/// upstream unchanged (its connections stay warm), new ones otherwise.
+fn kept_upstreams(
+    config: &Config,
+    previous: Option<&Snapshot>,
+    metrics: &Metrics,
+) -> Vec<Arc<Balancer>> {
+    config
+        .upstreams
+        .iter()
+        .map(|u| {
+            previous
+                .and_then(|p| p.upstreams.iter().find(|old| old.serves(u)).cloned())
+                .unwrap_or_else(|| Arc::new(Balancer::new(u, metrics, config.server.workers)))
+        })
+        .collect()
+}
+
+/// The CrowdSec client, kept across a reload that leaves it unchanged:
+/// its decisions and its queue stay.
+fn kept_crowdsec(
+    config: &Config,
+    previous: Option<&Snapshot>,
+    metrics: &Metrics,
+) -> Option<Arc<crate::crowdsec::CrowdSec>> {
+    config.identity.crowdsec.as_ref().map(|c| {
+        previous
+            .and_then(|p| p.crowdsec.clone())
+            .filter(|old| old.serves(c))
+            .unwrap_or_else(|| crate::crowdsec::CrowdSec::new(c, metrics))
+    })
 }
 
 impl Snapshot {

@@ -350,11 +350,7 @@ fn upstream(u: &UpstreamConfig) -> Value {
         health,
         tunnel_idle_timeout,
     } = balance;
-    let (ca, insecure_skip_verify) = match tls {
-        UpstreamTls::SystemRoots => (None, false),
-        UpstreamTls::Ca { path, certs: _ } => (Some(path.display().to_string()), false),
-        UpstreamTls::InsecureSkipVerify => (None, true),
-    };
+    let (ca, insecure_skip_verify) = upstream_tls(tls);
     let policy = match policy {
         Policy::RoundRobin => "round_robin",
         Policy::LeastConn => "least_conn",
@@ -381,7 +377,24 @@ fn upstream(u: &UpstreamConfig) -> Value {
         "cache_control": null,
         "script_cache": null,
     });
-    if let Some(FastCgiConfig {
+    if let Some(f) = fastcgi {
+        fastcgi_fields(&mut out, f);
+    }
+    out
+}
+
+/// An upstream's `ca` (the file it trusts) and `insecure_skip_verify`.
+fn upstream_tls(tls: &UpstreamTls) -> (Option<String>, bool) {
+    match tls {
+        UpstreamTls::SystemRoots => (None, false),
+        UpstreamTls::Ca { path, certs: _ } => (Some(path.display().to_string()), false),
+        UpstreamTls::InsecureSkipVerify => (None, true),
+    }
+}
+
+/// A FastCGI upstream's own keys, filled into its entry (`null` for others).
+fn fastcgi_fields(out: &mut Value, f: &FastCgiConfig) {
+    let FastCgiConfig {
         // Shown as `url`.
         address: _,
         root,
@@ -390,17 +403,14 @@ fn upstream(u: &UpstreamConfig) -> Value {
         cache_control,
         max_conns,
         script_cache,
-    }) = fastcgi
-    {
-        out["root"] = json!(root.display().to_string());
-        out["index"] = json!(index);
-        out["fallback"] = json!(fallback);
-        out["cache_control"] = json!(cache_control);
-        out["script_cache"] = json!(dur(*script_cache));
-        // php-fpm connections are capped by the FastCGI client, not the balancer.
-        out["max_conns"] = json!(max_conns);
-    }
-    out
+    } = f;
+    out["root"] = json!(root.display().to_string());
+    out["index"] = json!(index);
+    out["fallback"] = json!(fallback);
+    out["cache_control"] = json!(cache_control);
+    out["script_cache"] = json!(dur(*script_cache));
+    // php-fpm connections are capped by the FastCGI client, not the balancer.
+    out["max_conns"] = json!(max_conns);
 }
 
 fn limiter(l: &LimiterConfig) -> Value {

@@ -124,6 +124,13 @@ pub fn freshness(
     if fresh_for.is_zero() {
         return None;
     }
+    Some(lifetimes(headers, rc, fresh_for))
+}
+
+/// A storable answer's lifetimes: fresh for `fresh_for`, then stale for as
+/// long as the answer grants (`stale-while-revalidate`, `stale-if-error`),
+/// else the route, unless a directive forbids serving it stale.
+fn lifetimes(headers: &HeaderMap, rc: &RouteCacheConfig, fresh_for: Duration) -> Freshness {
     let seconds = |name: &str| {
         directive(headers, name)
             .flatten()
@@ -141,7 +148,7 @@ pub fn freshness(
         None => route,
     };
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    Some(Freshness {
+    Freshness {
         fresh_for: nanos(fresh_for),
         stale_while_revalidate: nanos(granted(
             seconds("stale-while-revalidate"),
@@ -152,7 +159,7 @@ pub fn freshness(
             .get(http::header::AGE)
             .and_then(|v| v.to_str().ok()?.trim().parse().ok())
             .unwrap_or(0),
-    })
+    }
 }
 
 /// `Pragma: no-cache` without a `Cache-Control` (RFC 9111 §5.4): as `no-cache`.

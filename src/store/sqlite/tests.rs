@@ -588,6 +588,32 @@ fn write_earlier_rows(path: &std::path::Path, rows: &[(&str, &str, &Algorithm, V
     }
 }
 
+/// One limiter of each algorithm whose state a restart keeps: fixed
+/// window (5 a minute), sliding window (3 a minute), token bucket (3, one a
+/// second) and leaky bucket (2, one a second).
+fn kept_algorithms() -> [Algorithm; 4] {
+    let s = NANOS_PER_SEC;
+    [
+        Algorithm::FixedWindow(FixedWindow {
+            limit: 5,
+            window: 60 * s,
+        }),
+        Algorithm::SlidingWindow(SlidingWindow {
+            limit: 3,
+            window: 60 * s,
+        }),
+        Algorithm::TokenBucket(TokenBucket {
+            capacity: 3,
+            interval: s,
+            refunds: false,
+        }),
+        Algorithm::LeakyBucket(LeakyBucket {
+            capacity: 2,
+            interval: s,
+        }),
+    ]
+}
+
 /// Files already on disk are a contract: rows laid out byte for byte as
 /// earlier versions wrote them (a window row; a blob of little-endian words
 /// under the algorithm's name and shape) load back into the same state.
@@ -596,23 +622,7 @@ fn rows_in_the_stored_format_restore_the_state_of_every_kept_algorithm() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("earlier.db");
     let s = NANOS_PER_SEC;
-    let fixed = Algorithm::FixedWindow(FixedWindow {
-        limit: 5,
-        window: 60 * s,
-    });
-    let sliding = Algorithm::SlidingWindow(SlidingWindow {
-        limit: 3,
-        window: 60 * s,
-    });
-    let bucket = Algorithm::TokenBucket(TokenBucket {
-        capacity: 3,
-        interval: s,
-        refunds: false,
-    });
-    let queue = Algorithm::LeakyBucket(LeakyBucket {
-        capacity: 2,
-        interval: s,
-    });
+    let [fixed, sliding, bucket, queue] = kept_algorithms();
     write_earlier_rows(
         &path,
         &[
