@@ -2,12 +2,14 @@
 //!
 //! `cargo bench --bench connection_registry` prints nanoseconds per
 //! request (start and end; medians of 5 runs) with 1,000 idle connections
-//! from 100 addresses beside the one that serves. For instructions, run the
-//! binary under callgrind twice and divide the difference:
+//! from 100 addresses beside the one that serves, twice: under a cap of
+//! 10,000 (below half of it nothing is ranked) and under a cap of 1,500
+//! (the ranking is kept). For instructions, run the binary under callgrind
+//! twice and divide the difference (`ranked` for the second case):
 //!
 //! ```text
-//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/…/connection_registry-… 0
-//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/…/connection_registry-… 100000
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/…/connection_registry-… 0 [ranked]
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/…/connection_registry-… 100000 [ranked]
 //! ```
 //!
 //! Under `cargo test --all-targets` it runs a few iterations only.
@@ -19,20 +21,21 @@ use std::time::Instant;
 use tollgate::connections::Connections;
 use tollgate::metrics::Metrics;
 
-const CAP: usize = 10_000;
+/// A cap with the 1,001 connections below half of it, and one above.
+const CAPS: [(&str, usize); 2] = [("unranked", 10_000), ("ranked", 1_500)];
 
-/// ns per request over `n` requests.
-fn run(n: u64) -> f64 {
+/// ns per request over `n` requests under `cap`.
+fn run(n: u64, cap: usize) -> f64 {
     let c = Connections::new(&Metrics::default());
     let idle: Vec<_> = (0..1_000u32)
         .map(|i| {
             let ip = IpAddr::V4((0xc633_6400 + i % 100).into());
-            let p = c.admit(ip, CAP, None).unwrap();
+            let p = c.admit(ip, cap, None).unwrap();
             drop(p.activity().request());
             p
         })
         .collect();
-    let serving = c.admit("192.0.2.1".parse().unwrap(), CAP, None).unwrap();
+    let serving = c.admit("192.0.2.1".parse().unwrap(), cap, None).unwrap();
     let activity = serving.activity();
     let t = Instant::now();
     for _ in 0..n {
@@ -45,16 +48,23 @@ fn run(n: u64) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    // Under callgrind: `connection_registry <n>`.
+    // Under callgrind: `connection_registry <n> [ranked]`.
     if let Some(n) = args.get(1).and_then(|n| n.parse().ok()) {
-        black_box(run(n));
+        let cap = if args.get(2).is_some_and(|a| a == "ranked") {
+            CAPS[1].1
+        } else {
+            CAPS[0].1
+        };
+        black_box(run(n, cap));
         return;
     }
     let timing = args.iter().any(|a| a == "--bench");
     let n = if timing { 1_000_000 } else { 10 };
-    let mut runs: Vec<f64> = (0..5).map(|_| run(n)).collect();
-    runs.sort_by(f64::total_cmp);
-    if timing {
-        println!("{:.0} ns per request (median of 5)", runs[2]);
+    for (name, cap) in CAPS {
+        let mut runs: Vec<f64> = (0..5).map(|_| run(n, cap)).collect();
+        runs.sort_by(f64::total_cmp);
+        if timing {
+            println!("{name}: {:.0} ns per request (median of 5)", runs[2]);
+        }
     }
 }

@@ -54,6 +54,10 @@ const RESERVED_FDS: usize = 128;
 pub struct Connections {
     open: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
+    /// Whether `waiting` ranks the connections now (see [`Waiting`]): read
+    /// without its lock at every request's start and end, which take the
+    /// lock only while it is set.
+    ranking: AtomicBool,
     /// Connections with nothing in progress, the ones a newcomer may displace.
     waiting: Mutex<Waiting>,
     refused_total: Counter,
@@ -94,6 +98,7 @@ impl Connections {
         Arc::new(Connections {
             open: AtomicUsize::new(0),
             per_ip: Mutex::new(HashMap::new()),
+            ranking: AtomicBool::new(false),
             refused_total: refused("max_connections"),
             refused_per_ip: refused("max_connections_per_ip"),
             closed_silent: closed("no_request"),
@@ -141,6 +146,14 @@ impl Connections {
             permit.ip = Some(key);
         }
         let mut waiting = self.waiting.lock();
+        // Before any displacement: a reload may have lowered the cap.
+        if waiting.should_start(max_total) {
+            // Set before the ranking reads which connections are busy: a
+            // request starting or ending beside it then either sees the flag
+            // and waits for the lock, or is seen (see `Activity::request`).
+            self.ranking.store(true, Ordering::SeqCst);
+            waiting.start();
+        }
         let taken = self
             .open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -196,6 +209,10 @@ impl Drop for Permit {
             // Only a counted permit was opened there (a refused one never was).
             if self.counted {
                 waiting.closed(&self.activity);
+            }
+            if waiting.should_stop() {
+                self.connections.ranking.store(false, Ordering::SeqCst);
+                waiting.stop();
             }
             self.activity.closed.store(true, Ordering::Relaxed);
             self.activity.released.load(Ordering::Relaxed)
@@ -296,7 +313,7 @@ pub struct Activity {
     /// The client address it counts for in [`Waiting`] (IPv6: its /64).
     ip: IpAddr,
     /// Where it is filed in [`Waiting`] (its sequence number), 0 when not.
-    /// This and the four below change only under the `waiting` lock.
+    /// This, `closed` and `released` change only under the `waiting` lock.
     filed: AtomicU64,
     /// Requests ended on it; changes only while it is not filed.
     completed: AtomicU64,
@@ -346,16 +363,22 @@ impl Activity {
 
     /// Marks a request in progress until the guard is dropped: its head has
     /// arrived, and from now on the connection cannot be displaced.
+    ///
+    /// Below half the cap nothing is ranked, and this is an atomic add. The
+    /// ranking starts by setting `Connections::ranking` and only then reading
+    /// which connections are busy, both sequentially consistent, as this adds
+    /// to `busy` and only then reads the flag: so either this sees the flag and
+    /// takes its connection out of the ranking under the lock, or the ranking
+    /// sees it busy and never files it. (No `touch`: `idle_for` reads zero
+    /// while a request is in progress, and the guard's drop touches.)
     pub fn request(self: &Arc<Self>) -> Busy {
+        if self.busy.fetch_add(1, Ordering::SeqCst) == 0
+            && self.connections.ranking.load(Ordering::SeqCst)
         {
-            let mut waiting = self.connections.waiting.lock();
-            if self.busy.fetch_add(1, Ordering::Relaxed) == 0 {
-                waiting.unfile(self);
-            }
+            self.connections.waiting.lock().unfile(self);
         }
         self.head_since.store(NO_HEAD, Ordering::Relaxed);
         self.served.store(true, Ordering::Relaxed);
-        self.touch();
         Busy(self.clone())
     }
 
@@ -423,14 +446,14 @@ impl Drop for Busy {
     fn drop(&mut self) {
         let activity = &self.0;
         activity.touch();
-        let mut waiting = activity.connections.waiting.lock();
-        // Not filed while a request is in progress (see `Activity::request`).
+        // Counted before the connection can be filed: only an idle one is,
+        // and it is not idle until `busy` falls to zero below.
         activity.completed.fetch_add(1, Ordering::Relaxed);
-        if activity.busy.fetch_sub(1, Ordering::Relaxed) == 1
-            && !activity.closed.load(Ordering::Relaxed)
-            && !activity.displaced.is_cancelled()
+        // As in `Activity::request`: the count first, then the flag.
+        if activity.busy.fetch_sub(1, Ordering::SeqCst) == 1
+            && activity.connections.ranking.load(Ordering::SeqCst)
         {
-            waiting.file(activity);
+            activity.connections.waiting.lock().file_idle(activity);
         }
     }
 }

@@ -32,13 +32,29 @@ pub(super) enum Stage {
 /// flood's own connections go first. Its limit: a flood spread over as
 /// many addresses as the cap, each connection completing requests, cannot
 /// be told from clients (see docs/RELIABILITY.md).
+///
+/// The ranking is kept only from half the cap up: below it no newcomer
+/// can need a place, and a request's start and end then touch no lock
+/// (benches/connection_registry.rs measures both). When the open
+/// connections reach half the last admission's cap, it is built from
+/// [`Waiting::open`] in one pass; below a quarter, it is dropped. The gap
+/// between the two keeps a count that hovers at one threshold from
+/// building it over and over.
 #[derive(Default)]
 pub(super) struct Waiting {
     next: u64,
-    /// Every address with a connection open (a displaced one until it
-    /// closes): about `max_connections` at most.
+    /// Every connection open (a displaced one until it closes), by its
+    /// address in memory: what the ranking is built from.
+    open: HashMap<usize, Arc<Activity>, foldhash::fast::RandomState>,
+    /// Whether `addresses` and `ranked` are kept (mirrored in
+    /// `Connections::ranking`, which is read without this lock).
+    ranking: bool,
+    /// The cap the last connection was admitted under (a reload may change it).
+    cap: usize,
+    /// While ranking, every address with a connection open (a displaced one
+    /// until it closes): about `max_connections` at most.
     /// foldhash, seeded per process, not SipHash: every request's start and
-    /// end looks its address up (see benches/connection_registry.rs).
+    /// end looks its address up while ranking.
     addresses: HashMap<IpAddr, Idle, foldhash::fast::RandomState>,
     /// One entry per address with a connection in `Idle::waiting`, by its
     /// [`rank`]; the last gives up a connection first.
@@ -85,15 +101,25 @@ impl Waiting {
         out
     }
 
-    /// A connection admitted: counted for its address, and filed.
+    /// A connection admitted: kept among the open ones and, while ranking,
+    /// counted for its address and filed.
     pub(super) fn opened(&mut self, activity: &Arc<Activity>) {
-        self.addresses.entry(activity.ip).or_default().open += 1;
-        self.file(activity);
+        self.open.insert(key(activity), activity.clone());
+        if self.ranking {
+            self.counted(activity);
+        }
     }
 
-    /// A connection closed: out of the waiting, and its address forgotten
-    /// with its last connection.
+    /// Counted for its address, and filed unless something is in progress on it.
+    fn counted(&mut self, activity: &Arc<Activity>) {
+        self.addresses.entry(activity.ip).or_default().open += 1;
+        self.file_idle(activity);
+    }
+
+    /// A connection closed: out of the open ones and the waiting, and its
+    /// address forgotten with its last connection.
     pub(super) fn closed(&mut self, activity: &Activity) {
+        self.open.remove(&key(activity));
         self.unfile(activity);
         if let Some(idle) = self.addresses.get_mut(&activity.ip) {
             idle.open = idle.open.saturating_sub(1);
@@ -104,7 +130,56 @@ impl Waiting {
         }
     }
 
-    pub(super) fn file(&mut self, activity: &Arc<Activity>) {
+    /// Whether the ranking should be built before a connection is admitted
+    /// under `cap` (kept for [`Waiting::should_stop`]): with it, half the cap is open.
+    pub(super) fn should_start(&mut self, cap: usize) -> bool {
+        self.cap = cap;
+        !self.ranking && self.open.len() + 1 >= cap.div_ceil(2)
+    }
+
+    /// Builds the ranking from every open connection. The caller has set
+    /// `Connections::ranking` first (see `Activity::request`).
+    pub(super) fn start(&mut self) {
+        self.ranking = true;
+        let open: Vec<Arc<Activity>> = self.open.values().cloned().collect();
+        for activity in &open {
+            self.counted(activity);
+        }
+    }
+
+    /// Whether the ranking should be dropped: under a quarter of the cap is open.
+    pub(super) fn should_stop(&self) -> bool {
+        self.ranking && self.open.len() < self.cap / 4
+    }
+
+    /// Drops the ranking: nothing is filed any more. The caller has cleared
+    /// `Connections::ranking`; a request that read it set before waits for
+    /// the lock and then finds nothing filed and nothing to file.
+    pub(super) fn stop(&mut self) {
+        self.ranking = false;
+        for idle in self.addresses.values() {
+            for activity in idle.waiting.values() {
+                activity.filed.store(0, Ordering::Relaxed);
+            }
+        }
+        self.addresses.clear();
+        self.ranked.clear();
+    }
+
+    /// Files a connection that has nothing in progress, is not filed yet, and
+    /// is neither closed nor displaced; nothing is filed while not ranking.
+    pub(super) fn file_idle(&mut self, activity: &Arc<Activity>) {
+        if self.ranking
+            && activity.filed.load(Ordering::Relaxed) == 0
+            && activity.busy.load(Ordering::SeqCst) == 0
+            && !activity.closed.load(Ordering::Relaxed)
+            && !activity.displaced.is_cancelled()
+        {
+            self.file(activity);
+        }
+    }
+
+    fn file(&mut self, activity: &Arc<Activity>) {
         self.next += 1;
         let seq = self.next;
         let completed = activity.completed.load(Ordering::Relaxed);
@@ -127,21 +202,35 @@ impl Waiting {
     /// address, one that never completed a request first, then the one
     /// with the fewest requests completed, then the one waiting longest.
     pub(super) fn victim(&mut self) -> Option<(Arc<Activity>, Stage)> {
-        let (_, &ip) = self.ranked.last_key_value()?;
-        let ((completed, _), activity) = self.change(ip, |idle| idle.waiting.pop_first())?;
-        activity.filed.store(0, Ordering::Relaxed);
-        let stage = if completed == 0 {
-            Stage::Head
-        } else {
-            Stage::Between
-        };
-        Some((activity, stage))
+        loop {
+            let (_, &ip) = self.ranked.last_key_value()?;
+            let ((completed, _), activity) = self.change(ip, |idle| idle.waiting.pop_first())?;
+            activity.filed.store(0, Ordering::Relaxed);
+            // A request started on it and waits for the lock to unfile it
+            // (see `Activity::request`): it is busy, and stays unfiled.
+            if activity.busy.load(Ordering::SeqCst) > 0 {
+                continue;
+            }
+            let stage = if completed == 0 {
+                Stage::Head
+            } else {
+                Stage::Between
+            };
+            return Some((activity, stage));
+        }
     }
+}
+
+/// A connection's key among the open ones: where its activity lives, unique while it is open.
+fn key(activity: &Activity) -> usize {
+    std::ptr::from_ref(activity) as usize
 }
 
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
+
+    use std::sync::atomic::Ordering;
 
     use super::super::{Connections, Permit};
     use crate::metrics::Metrics;
@@ -215,5 +304,114 @@ mod tests {
         drop(permits);
         let waiting = c.waiting.lock();
         assert!(waiting.addresses.is_empty() && waiting.ranked.is_empty());
+    }
+
+    fn ranking(c: &Connections) -> bool {
+        let flag = c.ranking.load(Ordering::SeqCst);
+        assert_eq!(
+            flag,
+            c.waiting.lock().ranking,
+            "the flag mirrors the registry"
+        );
+        flag
+    }
+
+    fn filed(p: &Permit) -> bool {
+        p.activity.filed.load(Ordering::Relaxed) != 0
+    }
+
+    #[test]
+    fn below_half_the_cap_nothing_is_ranked_and_requests_leave_the_registry_alone() {
+        let c = Connections::new(&Metrics::default());
+        let permits: Vec<Permit> = (0..4).map(|n| c.admit(ip(n), 10, None).unwrap()).collect();
+        for p in &permits {
+            drop(p.activity().request());
+        }
+        assert!(!ranking(&c));
+        assert!(permits.iter().all(|p| !filed(p)));
+        let waiting = c.waiting.lock();
+        assert!(waiting.addresses.is_empty() && waiting.ranked.is_empty());
+        assert_eq!(
+            waiting.open.len(),
+            4,
+            "every open connection is still known"
+        );
+    }
+
+    #[test]
+    fn at_half_the_cap_the_ranking_is_built_from_every_idle_connection_and_a_busy_one_joins_when_its_request_ends(
+    ) {
+        let c = Connections::new(&Metrics::default());
+        let served = c.admit(ip(1), 8, None).unwrap();
+        drop(served.activity().request());
+        let busy = c.admit(ip(2), 8, None).unwrap();
+        let request = busy.activity().request();
+        let silent = c.admit(ip(3), 8, None).unwrap();
+        assert!(!ranking(&c));
+        // The fourth of eight: half the cap.
+        let fourth = c.admit(ip(4), 8, None).unwrap();
+        assert!(ranking(&c));
+        assert!(filed(&served) && filed(&silent) && filed(&fourth));
+        assert!(
+            !filed(&busy),
+            "a connection with a request in progress is not filed"
+        );
+        assert_eq!(
+            c.waiting.lock().addresses.len(),
+            4,
+            "every address is counted"
+        );
+        drop(request);
+        assert!(filed(&busy), "filed when its request ended");
+        // At the cap the newcomers displace the silent ones first.
+        let rest: Vec<Permit> = (5..9).map(|n| c.admit(ip(n), 8, None).unwrap()).collect();
+        let newcomer = c.admit(ip(20), 8, None).unwrap();
+        assert!(silent.activity.displaced.is_cancelled());
+        assert!(
+            !served.activity.displaced.is_cancelled() && !busy.activity.displaced.is_cancelled()
+        );
+        drop((rest, newcomer));
+    }
+
+    #[test]
+    fn below_a_quarter_of_the_cap_the_ranking_is_dropped_and_at_half_it_is_built_again() {
+        let c = Connections::new(&Metrics::default());
+        let mut permits: Vec<Permit> = (0..4).map(|n| c.admit(ip(n), 8, None).unwrap()).collect();
+        assert!(ranking(&c));
+        permits.truncate(2);
+        assert!(ranking(&c), "two of eight is not below a quarter");
+        permits.truncate(1);
+        assert!(!ranking(&c));
+        assert!(!filed(&permits[0]), "nothing stays filed");
+        {
+            let waiting = c.waiting.lock();
+            assert!(waiting.addresses.is_empty() && waiting.ranked.is_empty());
+        }
+        drop(permits[0].activity().request());
+        permits.extend((10..13).map(|n| c.admit(ip(n), 8, None).unwrap()));
+        assert!(ranking(&c));
+        assert!(
+            permits.iter().all(filed),
+            "the one left open is filed again"
+        );
+    }
+
+    #[test]
+    fn a_cap_lowered_by_a_reload_below_the_open_connections_still_lets_a_newcomer_displace_one() {
+        let c = Connections::new(&Metrics::default());
+        let idle: Vec<Permit> = (0..10)
+            .map(|n| c.admit(ip(n), 100, None).unwrap())
+            .collect();
+        assert!(!ranking(&c));
+        let newcomer = c
+            .admit(ip(50), 10, None)
+            .expect("an idle connection gives way");
+        assert_eq!(
+            idle.iter()
+                .filter(|p| p.activity.displaced.is_cancelled())
+                .count(),
+            1
+        );
+        drop(newcomer);
     }
 }
