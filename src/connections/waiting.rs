@@ -229,7 +229,6 @@ fn key(activity: &Activity) -> usize {
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
-
     use std::sync::atomic::Ordering;
 
     use super::super::{Connections, Permit};
