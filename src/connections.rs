@@ -147,7 +147,7 @@ impl Connections {
         }
         let mut waiting = self.waiting.lock();
         // Before any displacement: a reload may have lowered the cap.
-        if waiting.should_start(max_total) {
+        if waiting.admitting(max_total) {
             // Set before the ranking reads which connections are busy: a
             // request starting or ending beside it then either sees the flag
             // and waits for the lock, or is seen (see `Activity::request`).

@@ -130,9 +130,10 @@ impl Waiting {
         }
     }
 
-    /// Whether the ranking should be built before a connection is admitted
-    /// under `cap` (kept for [`Waiting::should_stop`]): with it, half the cap is open.
-    pub(super) fn should_start(&mut self, cap: usize) -> bool {
+    /// Notes the cap a connection is being admitted under (what
+    /// [`Waiting::should_stop`] compares with); true when the ranking should
+    /// be built first: with the newcomer, half the cap is open.
+    pub(super) fn admitting(&mut self, cap: usize) -> bool {
         self.cap = cap;
         !self.ranking && self.open.len() + 1 >= cap.div_ceil(2)
     }
