@@ -248,38 +248,13 @@ impl Upstream {
             {
                 Err(SendError::sent(client_side(&e, max_body).expect("checked")))
             }
-            Ok(Err((source, unsent))) => {
-                let kind = match source {
-                    crate::pool::PoolError::Exchange(_) => Kind::Exchange,
-                    crate::pool::PoolError::Connect { .. }
-                    | crate::pool::PoolError::ConnectTimeout { .. }
-                    | crate::pool::PoolError::Handshake(_) => Kind::Connect,
-                };
-                let error = ForwardError::new(
-                    kind,
-                    format!("forwarding to upstream {} failed: {source}", self.name),
-                )
-                .on(&self.name)
-                .because(source);
-                Err(match unsent {
-                    Some(req) => {
-                        let (parts, body) = req.into_parts();
-                        let back = Outbound::again(
-                            parts,
-                            body,
-                            max_body,
-                            upgrade,
-                            &self.base_path,
-                            (client_ip, peer, proto, worker),
-                        );
-                        SendError {
-                            error: error.unsent(),
-                            back: Some(Box::new(back)),
-                        }
-                    }
-                    None => SendError::sent(error),
-                })
-            }
+            Ok(Err((source, unsent))) => Err(self.pool_failed(
+                source,
+                unsent,
+                max_body,
+                upgrade,
+                (client_ip, peer, proto, worker),
+            )),
             Ok(Ok((mut resp, mut back))) => {
                 if keep_upgrade(&mut resp, upgrade.is_some()) {
                     back.discard();
@@ -289,6 +264,41 @@ impl Upstream {
                     Some(Box::new(back) as crate::body::Guard),
                 ))
             }
+        }
+    }
+
+    /// A send our own pool could not make: the error, and the request back
+    /// (with the client's path, for another server) when it never left.
+    fn pool_failed(
+        &self,
+        source: crate::pool::PoolError,
+        unsent: Option<Request<UpstreamBody>>,
+        max_body: u64,
+        upgrade: Option<HeaderValue>,
+        client: (IpAddr, SocketAddr, &'static str, usize),
+    ) -> SendError {
+        let kind = match source {
+            crate::pool::PoolError::Exchange(_) => Kind::Exchange,
+            crate::pool::PoolError::Connect { .. }
+            | crate::pool::PoolError::ConnectTimeout { .. }
+            | crate::pool::PoolError::Handshake(_) => Kind::Connect,
+        };
+        let error = ForwardError::new(
+            kind,
+            format!("forwarding to upstream {} failed: {source}", self.name),
+        )
+        .on(&self.name)
+        .because(source);
+        match unsent {
+            Some(req) => {
+                let (parts, body) = req.into_parts();
+                let back = Outbound::again(parts, body, max_body, upgrade, &self.base_path, client);
+                SendError {
+                    error: error.unsent(),
+                    back: Some(Box::new(back)),
+                }
+            }
+            None => SendError::sent(error),
         }
     }
 
