@@ -191,13 +191,24 @@ impl Gate<'_> {
         };
         let mut tally = Tally::of(self, snap, facts, &applied, &checks, &outcomes, shared);
         let at = outcomes.first().map_or(facts.now, |o| o.at);
-        let taken = Taken {
+        let mut taken = Taken {
             applied,
             outcomes,
             at,
         };
         match tally.denial.take() {
-            Some(denial) => self.refused(snap, facts, taken, tally, denial).await,
+            Some(mut denial) => {
+                self.refused(snap, facts, &mut taken, &mut tally, &mut denial)
+                    .await;
+                Verdict::Refuse(Refusal {
+                    route: facts.route,
+                    limiter: denial.index,
+                    reason: Reason::Limited {
+                        denial: Box::new(denial),
+                        taken,
+                    },
+                })
+            }
             None => Verdict::Pass(Clearance {
                 decision: tally.decision,
                 route: facts.route,
@@ -212,14 +223,20 @@ impl Gate<'_> {
 
     /// The limiters refused: each refusing limiter with `ban:` counts a
     /// strike, and every `count:` unit goes back (nothing reached the application).
+    ///
+    /// Borrowed, not moved in: an `async fn` keeps its arguments twice in
+    /// its state (as passed, and as the body's locals), and this future is
+    /// part of every request's, which is copied whole as it starts
+    /// (`-Zprint-type-sizes`: 1,432 bytes by value, of which 1,040 the
+    /// three arguments twice).
     async fn refused(
         &self,
         snap: &Snapshot,
         facts: &RequestFacts<'_>,
-        mut taken: Taken,
-        mut tally: Tally,
-        mut denial: Denial,
-    ) -> Verdict {
+        taken: &mut Taken,
+        tally: &mut Tally,
+        denial: &mut Denial,
+    ) {
         if tally.shared {
             let banned = ban::strike(self.store, snap, &taken.applied, &tally.refused, facts.now);
             if let Some(remaining) = banned.await {
@@ -228,15 +245,7 @@ impl Gate<'_> {
             }
         }
         let at = self.clock.now();
-        refund::refund(self.store, snap, &mut tally.units, &mut taken, None, at).await;
-        Verdict::Refuse(Refusal {
-            route: facts.route,
-            limiter: denial.index,
-            reason: Reason::Limited {
-                denial: Box::new(denial),
-                taken,
-            },
-        })
+        refund::refund(self.store, snap, &mut tally.units, taken, None, at).await;
     }
 
     /// After the answer: `count:` units go back unless the answer counts,
