@@ -195,11 +195,13 @@ impl App {
         x: &mut Exchange,
         req: Request<RequestBody>,
     ) -> Result<Response<Body>, Problem> {
-        let admitted = self.admit(x, req)?;
+        // One place for the request from here on: each phase borrows it
+        // (this future is copied whole as the request starts).
+        let mut admitted = self.admit(x, req)?;
         let mut client = self.identify(x, &admitted.req)?;
         // Challenge: the pass a request carries; the pass path answers itself.
-        let (admitted, pass_bits) = match self.pass_gate(x, &mut client, admitted).await {
-            Ok(passed) => passed,
+        let pass_bits = match self.pass_gate(x, &mut client, &mut admitted).await {
+            Ok(bits) => bits,
             Err(resp) => return Ok(resp),
         };
         let route = self.route(x, &client, &admitted.req)?;
@@ -217,7 +219,6 @@ impl App {
             Some(Due::Refused(problem)) => return Ok(self.challenge_refused(x, route, problem)),
             Some(Due::OverLimit) | None => {}
         }
-        let mut admitted = admitted;
         // Boxed: a password check's future (its blocking task) stays off
         // the request's state unless the route has `auth`.
         let auth = match x.snap.config.routes[route].site.auth.is_some() {
@@ -243,13 +244,15 @@ impl App {
         };
         if failed {
             // Counted on the sender's own keys only; its `count:` sees the 401.
-            let resp = self.unauthenticated(x, route);
-            return Ok(self.settle(x, pass, resp).await);
+            let mut resp = self.unauthenticated(x, route);
+            self.settle(x, &mut pass, &mut resp).await;
+            return Ok(resp);
         }
         // Boxed: the upstream phase is most of a request's future, which is
         // copied whole when the request starts; a refusal never dispatches.
-        let resp = Box::pin(self.dispatch(x, route, &client, admitted, &mut pass)).await;
-        Ok(self.settle(x, pass, resp).await)
+        let mut resp = Box::pin(self.dispatch(x, route, &client, admitted, &mut pass)).await;
+        self.settle(x, &mut pass, &mut resp).await;
+        Ok(resp)
     }
 
     /// Admit: framing a proxy must refuse before anything is counted, and a
@@ -398,18 +401,16 @@ impl App {
     }
 
     /// Settle: `count:` units are given back unless the answer counts, and
-    /// the answer gets the rate-limit headers.
-    async fn settle(
-        &self,
-        x: &Exchange,
-        pass: Clearance,
-        mut resp: Response<Body>,
-    ) -> Response<Body> {
+    /// the answer gets the rate-limit headers; what `pass` still holds is
+    /// freed when [`serve`](Self::serve) drops it, as it answers. Borrowed,
+    /// not moved in and out: an `async fn` keeps its arguments twice in its
+    /// state, and this future is part of every request's, which is copied
+    /// whole as it starts.
+    async fn settle(&self, x: &Exchange, pass: &mut Clearance, resp: &mut Response<Body>) {
         let status = resp.status();
         self.gate()
             .settle(&x.snap, pass, status, resp.headers_mut())
             .await;
-        resp
     }
 
     /// What the decision works with.

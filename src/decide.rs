@@ -249,13 +249,13 @@ impl Gate<'_> {
     }
 
     /// After the answer: `count:` units go back unless the answer counts,
-    /// and the answer gets the route's rate-limit headers. Dropping `pass`
-    /// frees what it still holds (concurrency slots of an answer that
-    /// carried none away in its body).
+    /// and the answer gets the route's rate-limit headers. The caller drops
+    /// `pass` as it answers, which frees what it still holds (concurrency
+    /// slots of an answer that carried none away in its body).
     pub async fn settle(
         &self,
         snap: &Snapshot,
-        mut pass: Clearance,
+        pass: &mut Clearance,
         status: StatusCode,
         headers: &mut HeaderMap,
     ) {

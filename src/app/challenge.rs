@@ -83,15 +83,18 @@ impl App {
     /// The pass the request carries (`Client::pass`, what `key: pass`
     /// counts on) and the difficulty it was solved at (0 without one), and
     /// the pass and refresh paths, answered here: `Err` is their answer.
+    /// The request is borrowed, not moved in and out: an `async fn` keeps
+    /// its arguments twice in its state, and this future is part of every
+    /// request's, which is copied whole as it starts.
     pub(super) async fn pass_gate(
         &self,
         x: &mut Exchange,
         client: &mut Client,
-        mut admitted: Admitted,
-    ) -> Result<(Admitted, u8), Response<Body>> {
+        admitted: &mut Admitted,
+    ) -> Result<u8, Response<Body>> {
         let snap = x.snap.clone();
         let Some(gate) = snap.challenge_gate.as_ref() else {
-            return Ok((admitted, 0));
+            return Ok(0);
         };
         let host = request_host(&admitted.req).unwrap_or_default();
         let held = gate.pass_of(admitted.req.headers(), &host, client.ip, x.now);
@@ -106,13 +109,15 @@ impl App {
                 .await);
         }
         if path != PASS_PATH {
-            return Ok((admitted, bits));
+            return Ok(bits);
         }
         if admitted.req.method() != Method::POST {
             let method = admitted.req.method().to_string();
             return Err(x.trail.answer(Problem::MethodNotAllowed { method }));
         }
-        let body = http_body_util::Limited::new(admitted.req.into_body(), FORM_LIMIT);
+        // The pass path's answer is this gate's own: the body is not needed after.
+        let body = std::mem::replace(admitted.req.body_mut(), RequestBody::Empty);
+        let body = http_body_util::Limited::new(body, FORM_LIMIT);
         let form = match body.collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(_) => {

@@ -161,11 +161,11 @@ routes:
 async fn a_refused_request_gets_its_count_unit_back_and_an_uncounted_answer_gives_its_own_back() {
     let f = Fixture::new(LOGIN);
     let ip = "203.0.113.9";
-    let ok = pass(f.decide(0, ip).await);
+    let mut ok = pass(f.decide(0, ip).await);
     assert_eq!(f.remaining("login", ip).await, 1);
     let mut headers = HeaderMap::new();
     f.gate()
-        .settle(&f.snap, ok, StatusCode::OK, &mut headers)
+        .settle(&f.snap, &mut ok, StatusCode::OK, &mut headers)
         .await;
     assert_eq!(f.remaining("login", ip).await, 2, "a 200 does not count");
     assert_eq!(
@@ -174,10 +174,12 @@ async fn a_refused_request_gets_its_count_unit_back_and_an_uncounted_answer_give
     );
 
     for _ in 0..2 {
-        let failed = pass(f.decide(0, ip).await);
+        let mut failed = pass(f.decide(0, ip).await);
         let mut headers = HeaderMap::new();
         let status = StatusCode::UNAUTHORIZED;
-        f.gate().settle(&f.snap, failed, status, &mut headers).await;
+        f.gate()
+            .settle(&f.snap, &mut failed, status, &mut headers)
+            .await;
     }
     assert_eq!(f.remaining("login", ip).await, 0);
     let refused = refusal(f.decide(0, ip).await);
@@ -195,10 +197,12 @@ async fn the_refusal_that_reaches_ban_after_bans_the_key_and_the_next_request_is
     let f = Fixture::new(LOGIN);
     let ip = "203.0.113.9";
     for _ in 0..2 {
-        let failed = pass(f.decide(0, ip).await);
+        let mut failed = pass(f.decide(0, ip).await);
         let mut headers = HeaderMap::new();
         let status = StatusCode::UNAUTHORIZED;
-        f.gate().settle(&f.snap, failed, status, &mut headers).await;
+        f.gate()
+            .settle(&f.snap, &mut failed, status, &mut headers)
+            .await;
     }
     for strike in 1..=2 {
         let r = refusal(f.decide(0, ip).await);
