@@ -41,8 +41,8 @@ impl RequestId {
         let mut digits = [0u8; 16];
         let hex = hex(&mut digits, n);
         // One allocation of the id's length, which the header value keeps:
-        // a `String` copied into a new value took two and ~430 instructions
-        // an id (callgrind), on every request.
+        // a `String` copied into a new value took two, and ~430 instructions
+        // an id against ~380 (callgrind), on every request.
         let id = crate::header_value::joined(&[prefix().as_bytes(), b"-", hex]);
         RequestId(id.expect("hex digits and a dash"))
     }
