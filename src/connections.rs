@@ -380,6 +380,11 @@ impl Activity {
         now_ms().saturating_sub(self.started).min(NO_HEAD - 1)
     }
 
+    /// The time since `mark` (an [`elapsed_ms`](Self::elapsed_ms) reading).
+    fn since(&self, mark: u64) -> Duration {
+        Duration::from_millis(self.elapsed_ms().saturating_sub(mark))
+    }
+
     fn touch(&self) {
         self.last.store(self.elapsed_ms(), Ordering::Relaxed);
     }
@@ -433,9 +438,7 @@ impl Activity {
         if since == NO_HEAD || self.busy.load(Ordering::Relaxed) > 0 {
             return None;
         }
-        Some(Duration::from_millis(
-            self.elapsed_ms().saturating_sub(since),
-        ))
+        Some(self.since(since))
     }
 
     /// Resolves when a newcomer displaced this connection.
@@ -458,8 +461,7 @@ impl Activity {
         if self.busy.load(Ordering::Relaxed) > 0 {
             return Duration::ZERO;
         }
-        let last = self.last.load(Ordering::Relaxed);
-        Duration::from_millis(self.elapsed_ms().saturating_sub(last))
+        self.since(self.last.load(Ordering::Relaxed))
     }
 }
 
