@@ -26,7 +26,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{BalanceConfig, Policy, UpstreamConfig};
 use crate::forward_error::{ForwardError, Kind};
-use crate::identity::Client as ClientIdentity;
 use crate::metrics::{inc, text, Counter, Metrics};
 use crate::proxy::{Outbound, SendError, Sent, Upstream};
 
@@ -243,14 +242,7 @@ impl Balancer {
 
     /// Sends the request to a server: retried on the next one when it
     /// could not be sent at all and the method is idempotent.
-    pub async fn forward(
-        &self,
-        req: Request<crate::request_body::RequestBody>,
-        client: &ClientIdentity,
-        conn: &crate::connections::ConnInfo,
-        max_body: u64,
-    ) -> Result<Sent, ForwardError> {
-        let mut outbound = Outbound::new(req, client, conn, max_body);
+    pub async fn forward(&self, mut outbound: Box<Outbound>) -> Result<Sent, ForwardError> {
         let retryable = idempotent(outbound.method());
         let mut tried: Vec<usize> = Vec::new();
         let mut last: Option<ForwardError> = None;
@@ -277,7 +269,7 @@ impl Balancer {
                             tracing::info!(upstream = %self.name, server = %server.label, %error, "retrying on the next server");
                             inc(&self.retries);
                             tried.push(index);
-                            outbound = *back;
+                            outbound = back;
                             last = Some(error);
                         }
                         None => return Err(error),

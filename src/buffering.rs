@@ -78,36 +78,48 @@ pub fn per_connection(server: &ServerConfig) -> (Duration, Share) {
     (server.bodies.send_timeout, Share::new(server))
 }
 
-/// Reads the body of `req` to its end, unless it has none or is an upgrade
-/// (which streams); the request comes back ready to be forwarded.
+/// Reads the body of `req` to its end, in place, unless it has none or is
+/// an upgrade (which streams). Only a body to read pays for the reading's
+/// future (boxed): most requests have none, and this one is part of every
+/// forwarded request's state.
 pub async fn read_request(
     metrics: &Metrics,
-    req: Request<RequestBody>,
+    req: &mut Request<RequestBody>,
     server: &ServerConfig,
-) -> Result<Request<RequestBody>, ForwardError> {
-    let (parts, body) = req.into_parts();
-    let body = if body.is_end_stream() {
-        RequestBody::Empty
-    } else if crate::tunnel::requested_upgrade(&parts.headers).is_some() {
-        body
-    } else {
-        let declared = parts.headers.contains_key(http::header::CONTENT_LENGTH);
-        match read(body, &server.bodies, server.max_request_body, declared).await {
-            Ok(body) => {
-                if matches!(body, RequestBody::File(_)) {
-                    inc(&metrics.counter("tollgate_request_bodies_spilled_total", &[]));
-                }
-                body
+) -> Result<(), ForwardError> {
+    if req.body().is_end_stream() {
+        *req.body_mut() = RequestBody::Empty;
+        return Ok(());
+    }
+    if crate::tunnel::requested_upgrade(req.headers()).is_some() {
+        return Ok(());
+    }
+    Box::pin(read_into(metrics, req, server)).await
+}
+
+/// [`read_request`]'s reading, boxed there: the body read in place.
+async fn read_into(
+    metrics: &Metrics,
+    req: &mut Request<RequestBody>,
+    server: &ServerConfig,
+) -> Result<(), ForwardError> {
+    let declared = req.headers().contains_key(http::header::CONTENT_LENGTH);
+    let body = std::mem::replace(req.body_mut(), RequestBody::Empty);
+    match read(body, &server.bodies, server.max_request_body, declared).await {
+        Ok(body) => {
+            if matches!(body, RequestBody::File(_)) {
+                inc(&metrics.counter("tollgate_request_bodies_spilled_total", &[]));
             }
-            Err(e) => {
-                if e.kind == Kind::BodyTimeout {
-                    inc(&metrics.counter("tollgate_request_body_timeouts_total", &[]));
-                }
-                return Err(e);
-            }
+            *req.body_mut() = body;
+            Ok(())
         }
-    };
-    Ok(Request::from_parts(parts, body))
+        Err(e) => {
+            if e.kind == Kind::BodyTimeout {
+                inc(&metrics.counter("tollgate_request_body_timeouts_total", &[]));
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Reads a body to its end: in memory up to `config.buffer` bytes, then in a

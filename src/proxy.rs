@@ -168,7 +168,7 @@ impl Upstream {
 
     /// Sends a prepared request to this server. A request that never left
     /// (no connection could be made) comes back in the error, for another server.
-    pub async fn send(&self, mut outbound: Outbound) -> Result<Sent, SendError> {
+    pub async fn send(&self, mut outbound: Box<Outbound>) -> Result<Sent, SendError> {
         // An HTTP/1.0 client may send no Host; the upstream speaks HTTP/1.1,
         // which requires one, so it gets the server's own name (as nginx does).
         if !outbound.parts.headers.contains_key(header::HOST) {
@@ -195,18 +195,19 @@ impl Upstream {
     async fn send_fastcgi(
         &self,
         fastcgi: &crate::fastcgi::FastCgi,
-        outbound: Outbound,
+        outbound: Box<Outbound>,
     ) -> Result<Sent, SendError> {
         let Outbound {
-            parts,
-            body,
+            parts, body, kept, ..
+        } = *outbound;
+        let Kept {
             max_body,
             client_ip,
             peer,
             proto,
             worker,
             ..
-        } = outbound;
+        } = kept;
         let answer = fastcgi
             .forward(parts, body, client_ip, peer, proto, worker)
             .await;
@@ -224,39 +225,23 @@ impl Upstream {
     async fn send_plain(
         &self,
         pool: &std::sync::Arc<crate::pool::Pool>,
-        outbound: Outbound,
+        outbound: Box<Outbound>,
     ) -> Result<Sent, SendError> {
-        let Outbound {
-            mut parts,
-            target,
-            body,
-            max_body,
-            upgrade,
-            client_ip,
-            peer,
-            proto,
-            worker,
-        } = outbound;
         // The request line is in origin form.
-        parts.uri = Uri::from(target);
-        let upstream_req = Request::from_parts(parts, body);
-        let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req, worker)).await;
+        let (upstream_req, kept) = outbound.into_request(Uri::from);
+        let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req, kept.worker)).await;
         match sent {
             Err(_) => Err(SendError::sent(self.timed_out())),
             Ok(Err((crate::pool::PoolError::Exchange(e), _)))
-                if client_side(&e, max_body).is_some() =>
+                if client_side(&e, kept.max_body).is_some() =>
             {
-                Err(SendError::sent(client_side(&e, max_body).expect("checked")))
+                Err(SendError::sent(
+                    client_side(&e, kept.max_body).expect("checked"),
+                ))
             }
-            Ok(Err((source, unsent))) => Err(self.pool_failed(
-                source,
-                unsent,
-                max_body,
-                upgrade,
-                (client_ip, peer, proto, worker),
-            )),
+            Ok(Err((source, unsent))) => Err(self.pool_failed(source, unsent, kept)),
             Ok(Ok((mut resp, mut back))) => {
-                if keep_upgrade(&mut resp, upgrade.is_some()) {
+                if keep_upgrade(&mut resp, kept.upgrade.is_some()) {
                     back.discard();
                 }
                 Ok((
@@ -273,9 +258,7 @@ impl Upstream {
         &self,
         source: crate::pool::PoolError,
         unsent: Option<Request<UpstreamBody>>,
-        max_body: u64,
-        upgrade: Option<HeaderValue>,
-        client: (IpAddr, SocketAddr, &'static str, usize),
+        kept: Kept,
     ) -> SendError {
         let kind = match source {
             crate::pool::PoolError::Exchange(_) => Kind::Exchange,
@@ -290,36 +273,32 @@ impl Upstream {
         .on(&self.name)
         .because(source);
         match unsent {
-            Some(req) => {
-                let (parts, body) = req.into_parts();
-                let back = Outbound::again(parts, body, max_body, upgrade, &self.base_path, client);
-                SendError {
-                    error: error.unsent(),
-                    back: Some(Box::new(back)),
-                }
-            }
+            Some(req) => SendError {
+                error: error.unsent(),
+                back: Some(Outbound::again(req, kept, &self.base_path)),
+            },
             None => SendError::sent(error),
         }
     }
 
     /// An https:// server, through hyper-util's pool (which keeps a request
     /// it could not send: it never comes back for another server).
-    async fn send_pooled(&self, outbound: Outbound) -> Result<Sent, SendError> {
-        let Outbound {
-            mut parts,
-            target,
-            body,
-            max_body,
-            upgrade,
-            worker,
-            ..
-        } = outbound;
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(self.scheme.clone());
-        uri.authority = Some(self.authority.clone());
-        uri.path_and_query = Some(target);
-        parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
-        let upstream_req = Request::from_parts(parts, body);
+    async fn send_pooled(&self, outbound: Box<Outbound>) -> Result<Sent, SendError> {
+        let (
+            upstream_req,
+            Kept {
+                max_body,
+                upgrade,
+                worker,
+                ..
+            },
+        ) = outbound.into_request(|target| {
+            let mut uri = http::uri::Parts::default();
+            uri.scheme = Some(self.scheme.clone());
+            uri.authority = Some(self.authority.clone());
+            uri.path_and_query = Some(target);
+            Uri::from_parts(uri).expect("scheme, authority and path are set")
+        });
         let sent =
             tokio::time::timeout(self.timeout, self.client(worker).request(upstream_req)).await;
         let failed = match sent {
@@ -376,12 +355,21 @@ fn client_side(e: &(dyn StdError + 'static), max_body: u64) -> Option<ForwardErr
     client_body_error(e).map(ForwardError::client_body)
 }
 
-/// A request with its headers rewritten for the upstream, not yet bound to a server.
+/// A request with its headers rewritten for the upstream, not yet bound to
+/// a server. Boxed on its way down: each send's future then holds a
+/// pointer, not the request (an `async fn` keeps what it takes by value
+/// twice, and every level's future is copied into the one above).
 pub struct Outbound {
     parts: http::request::Parts,
     /// The client's path and query; each server prepends its base path.
     target: PathAndQuery,
     body: UpstreamBody,
+    kept: Kept,
+}
+
+/// What a send keeps once hyper has the request: what the answer needs, and
+/// what builds the request again when it comes back unsent.
+struct Kept {
     max_body: u64,
     /// The `Upgrade` header of an upgrade request (kept, unlike other hop-by-hop headers).
     upgrade: Option<HeaderValue>,
@@ -399,7 +387,7 @@ impl Outbound {
         client: &ClientIdentity,
         conn: &ConnInfo,
         max_body: u64,
-    ) -> Outbound {
+    ) -> Box<Outbound> {
         let ConnInfo {
             peer,
             proto,
@@ -434,43 +422,55 @@ impl Outbound {
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         parts.version = Version::HTTP_11;
         let limit = usize::try_from(max_body).unwrap_or(usize::MAX);
-        Outbound {
+        Box::new(Outbound {
             parts,
             target,
             body: Limited::new(body, limit),
-            max_body,
-            upgrade,
-            client_ip: client.ip,
-            peer,
-            proto,
-            worker,
-        }
+            kept: Kept {
+                max_body,
+                upgrade,
+                client_ip: client.ip,
+                peer,
+                proto,
+                worker,
+            },
+        })
     }
 
     /// A request that came back unsent from a server with `base_path`: the
     /// client's path is its URI without that prefix.
-    fn again(
-        parts: http::request::Parts,
-        body: UpstreamBody,
-        max_body: u64,
-        upgrade: Option<HeaderValue>,
-        base_path: &str,
-        client: (IpAddr, SocketAddr, &'static str, usize),
-    ) -> Outbound {
+    fn again(req: Request<UpstreamBody>, kept: Kept, base_path: &str) -> Box<Outbound> {
+        let (parts, body) = req.into_parts();
         let sent = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let target = PathAndQuery::try_from(sent.strip_prefix(base_path).unwrap_or(sent))
             .unwrap_or_else(|_| PathAndQuery::from_static("/"));
-        Outbound {
+        Box::new(Outbound {
             parts,
             target,
             body,
-            max_body,
-            upgrade,
-            client_ip: client.0,
-            peer: client.1,
-            proto: client.2,
-            worker: client.3,
-        }
+            kept,
+        })
+    }
+
+    /// The request as hyper sends it, its target made the URI by `uri`
+    /// (origin or absolute form), and what the send keeps.
+    fn into_request(
+        self: Box<Self>,
+        uri: impl FnOnce(PathAndQuery) -> Uri,
+    ) -> (Request<UpstreamBody>, Kept) {
+        let Outbound {
+            mut parts,
+            target,
+            body,
+            kept,
+        } = *self;
+        parts.uri = uri(target);
+        (Request::from_parts(parts, body), kept)
+    }
+
+    /// Whether this is an upgrade request (a tunnel once answered 101).
+    pub fn is_upgrade(&self) -> bool {
+        self.kept.upgrade.is_some()
     }
 
     pub fn method(&self) -> &http::Method {

@@ -26,6 +26,7 @@ use crate::compression::Asked;
 use crate::decide::Clearance;
 use crate::identity::Client;
 use crate::metrics::inc;
+use crate::proxy::Outbound;
 use crate::request_body::RequestBody;
 
 mod keep;
@@ -61,7 +62,7 @@ impl App {
         &self,
         x: &mut Exchange,
         v: Via<'_>,
-        mut admitted: Admitted,
+        admitted: &mut Admitted,
         pass: &mut Clearance,
     ) -> Response<Body> {
         let Via {
@@ -90,7 +91,7 @@ impl App {
                     if e.claim_refresh() {
                         prepare(&mut admitted.req, client, &lookup);
                         let keys = (key.clone(), lookup.base.clone());
-                        self.refresh(x, v, admitted.req, keys, e.clone());
+                        self.refresh(x, v, admitted.take_request(), keys, e.clone());
                     }
                     let ttl = e.ttl(x.now);
                     let status = format!("tollgate; hit; ttl={ttl}; detail=stale-while-revalidate");
@@ -116,7 +117,7 @@ impl App {
         &self,
         x: &mut Exchange,
         v: Via<'_>,
-        admitted: Admitted,
+        admitted: &mut Admitted,
         pass: &mut Clearance,
         why: Bypass,
     ) -> Response<Body> {
@@ -151,7 +152,7 @@ impl App {
         &self,
         x: &mut Exchange,
         v: Via<'_>,
-        (mut admitted, pass): (Admitted, &mut Clearance),
+        (admitted, pass): (&mut Admitted, &mut Clearance),
         lookup: CacheLookup,
         key: Key,
         stale: Option<Arc<Entry>>,
@@ -233,7 +234,7 @@ impl App {
             client,
             ..
         } = v;
-        let (app, snap, client, conn) = (self.clone(), x.snap.clone(), client.clone(), x.conn);
+        let (app, snap) = (self.clone(), x.snap.clone());
         // A GET's body, if it had one, stays with the client's request: the
         // refresh asks without one.
         let mut req = req.map(|_| RequestBody::Empty);
@@ -241,16 +242,15 @@ impl App {
         req.headers_mut().remove(http::header::TRANSFER_ENCODING);
         let headers = req.headers().clone();
         let compress = crate::compression::enabled(&snap.config, Some(index));
+        let uri = req.uri().clone();
+        let max_body = snap.config.server.max_request_body;
+        let outbound = Outbound::new(req, client, &x.conn, max_body);
         tokio::spawn(async move {
             let (Some(cache), Some(rc)) = (snap.cache.clone(), snap.routes[index].cache.as_ref())
             else {
                 return;
             };
-            let uri = req.uri().clone();
-            let max_body = snap.config.server.max_request_body;
-            let sent = snap.upstreams[u]
-                .forward(req, &client, &conn, max_body)
-                .await;
+            let sent = snap.upstreams[u].forward(outbound).await;
             let resp = match sent {
                 Ok((resp, guard)) if !resp.status().is_server_error() => {
                     resp.map(|b| Body::upstream(b, guard))

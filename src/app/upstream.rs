@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use http::{Request, Response};
+use http::Response;
 
 use super::{Admitted, App, Exchange};
 use crate::balance::Balancer;
@@ -12,8 +12,7 @@ use crate::forward_error::ForwardError;
 use crate::identity::Client;
 use crate::metrics::inc;
 use crate::problem::{Problem, Unanswered};
-use crate::proxy::Sent;
-use crate::request_body::RequestBody;
+use crate::proxy::{Outbound, Sent};
 use crate::store::AuditRow;
 use crate::tunnel::ClientSide;
 
@@ -26,10 +25,11 @@ impl App {
         index: usize,
         u: usize,
         client: &Client,
-        Admitted { mut req, upgrade }: Admitted,
+        admitted: &mut Admitted,
         pass: &mut Clearance,
     ) -> Response<Body> {
         let snap = x.snap.clone();
+        let req = &mut admitted.req;
         if !snap.config.server.underscores_in_headers {
             crate::proxy::drop_underscore_names(req.headers_mut(), &self.shared.metrics);
         }
@@ -40,7 +40,7 @@ impl App {
             // request's map, two allocations an HTTP upstream never reads.
             req.extensions_mut().insert(crate::compression::Off);
         }
-        if let Err(problem) = self.prepare_upstream(x, index, fastcgi, &mut req) {
+        if let Err(problem) = self.prepare_upstream(x, index, fastcgi, req) {
             return x.trail.answer(problem);
         }
         let route = &snap.routes[index];
@@ -52,12 +52,18 @@ impl App {
         let body = crate::buffering::read_request(metrics, req, &snap.config.server).await;
         let asked = Instant::now();
         let result = match body {
-            Ok(req) => self.forward(x, req, u, client).await,
+            Ok(()) => {
+                let max_body = snap.config.server.max_request_body;
+                let req = admitted.take_request();
+                let outbound = Outbound::new(req, client, &x.conn, max_body);
+                self.forward(x, outbound, u).await
+            }
             Err(e) => Err(e),
         };
         let waited = asked.elapsed();
         snap.upstream_durations[u].observe(waited);
         x.trail.record.upstream_ms = Some(waited.as_secs_f64() * 1000.0);
+        let upgrade = admitted.upgrade.take();
         let resp = self.forwarded(x, result, upgrade, pass, &route.name, upstream);
         if let Some(method) = audit {
             self.audit(x, method, client, &route.name, resp.status());
@@ -166,14 +172,12 @@ impl App {
     async fn forward(
         &self,
         x: &Exchange,
-        req: Request<RequestBody>,
+        outbound: Box<Outbound>,
         u: usize,
-        client: &Client,
     ) -> Result<Sent, ForwardError> {
         let snap = &x.snap;
         let upstream = &snap.upstreams[u];
-        let tunnel = crate::tunnel::requested_upgrade(req.headers()).is_some();
-        let place = match x.share.as_ref().filter(|_| !tunnel) {
+        let place = match x.share.as_ref().filter(|_| !outbound.is_upgrade()) {
             Some(share) => {
                 let timeout = snap.config.upstreams[u].timeout;
                 let place = share.take(&self.shared.metrics, timeout, &upstream.name);
@@ -181,8 +185,7 @@ impl App {
             }
             None => None,
         };
-        let max_body = snap.config.server.max_request_body;
-        let (resp, connection) = upstream.forward(req, client, &x.conn, max_body).await?;
+        let (resp, connection) = upstream.forward(outbound).await?;
         Ok((resp, crate::body::join(connection, place)))
     }
 }
