@@ -4,6 +4,7 @@
 //! request loads the current [`Snapshot`] once and finishes on it, whatever
 //! a reload does meanwhile.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -145,12 +146,17 @@ impl App {
 
     /// As [`handle`](Self::handle), for a request on a client connection
     /// whose `share` of upstream exchanges it takes a place in.
-    pub async fn handle_on(
+    ///
+    /// The start (the id, the trail, admit) runs as it is called, and the
+    /// future holds what the phases need after it: as an `async fn` it
+    /// would also hold the request twice (as passed and as mapped), and this
+    /// future is copied whole as the request starts.
+    pub fn handle_on(
         &self,
         req: Request<impl Into<RequestBody>>,
         conn: ConnInfo,
         share: Option<Share>,
-    ) -> Response<Body> {
+    ) -> impl Future<Output = Response<Body>> + '_ {
         let mut req = req.map(Into::into);
         let snap = self.snapshot();
         let started = Instant::now();
@@ -176,31 +182,36 @@ impl App {
             captured: None,
             upstream_answered: false,
         };
-        let mut resp = match self.serve(&mut x, req).await {
-            Ok(resp) => resp,
-            Err(problem) => x.trail.answer(problem),
-        };
-        // Header rules in one place, on whatever answered (see `app/site.rs`).
-        self.response_headers(&x, &mut resp);
-        resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
-        // The response filter phase: inside the log's count, so `bytes_out` is what went out.
-        let compress = crate::compression::enabled(&x.snap.config, x.trail.route);
-        let resp = crate::compression::filter(compress, asked, &self.shared.metrics, resp);
-        x.trail.finish(self, x.snap, resp, started, in_flight)
+        let mut admission = self.admit(&x, req);
+        async move {
+            // The request stays where admit put it: each phase borrows it.
+            let served = match admission {
+                Ok(ref mut admitted) => self.serve(&mut x, admitted).await,
+                Err(problem) => Err(problem),
+            };
+            let mut resp = match served {
+                Ok(resp) => resp,
+                Err(problem) => x.trail.answer(problem),
+            };
+            // Header rules in one place, on whatever answered (see `app/site.rs`).
+            self.response_headers(&x, &mut resp);
+            resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
+            // The response filter phase: inside the log's count, so `bytes_out` is what went out.
+            let compress = crate::compression::enabled(&x.snap.config, x.trail.route);
+            let resp = crate::compression::filter(compress, asked, &self.shared.metrics, resp);
+            x.trail.finish(self, x.snap, resp, started, in_flight)
+        }
     }
 
     /// The phases between the request head and the answer.
     async fn serve(
         &self,
         x: &mut Exchange,
-        req: Request<RequestBody>,
+        admitted: &mut Admitted,
     ) -> Result<Response<Body>, Problem> {
-        // One place for the request from here on: each phase borrows it
-        // (this future is copied whole as the request starts).
-        let mut admitted = self.admit(x, req)?;
         let mut client = self.identify(x, &admitted.req)?;
         // Challenge: the pass a request carries; the pass path answers itself.
-        let pass_bits = match self.pass_gate(x, &mut client, &mut admitted).await {
+        let pass_bits = match self.pass_gate(x, &mut client, admitted).await {
             Ok(bits) => bits,
             Err(resp) => return Ok(resp),
         };
@@ -252,9 +263,7 @@ impl App {
         // boxed, so its future is about the limit phase's size (1,856 bytes
         // against 1,584, `-Zprint-type-sizes`): a box would cost an
         // allocation and save little.
-        let mut resp = self
-            .dispatch(x, route, &client, &mut admitted, &mut pass)
-            .await;
+        let mut resp = self.dispatch(x, route, &client, admitted, &mut pass).await;
         self.settle(x, &mut pass, &mut resp).await;
         Ok(resp)
     }
@@ -450,7 +459,7 @@ struct Exchange {
 }
 
 /// A request past the framing checks, with the client's side of an upgrade.
-/// [`serve`](App::serve) holds it; the phases borrow it, and the one that
+/// [`handle_on`](App::handle_on) holds it; the phases borrow it, and the one that
 /// sends it on takes the request out.
 struct Admitted {
     req: Request<RequestBody>,
