@@ -260,8 +260,8 @@ impl App {
             return Ok(resp);
         }
         // Not boxed: the upstream phase borrows the request and sends it on
-        // boxed, so its future is about the limit phase's size (1,856 bytes
-        // against 1,584, `-Zprint-type-sizes`): a box would cost an
+        // boxed, so its future is about the limit phase's size (measured in
+        // docs/PERFORMANCE.md, "The request's future"): a box would cost an
         // allocation and save little.
         let mut resp = self.dispatch(x, route, &client, admitted, &mut pass).await;
         self.settle(x, &mut pass, &mut resp).await;
