@@ -148,9 +148,11 @@ impl App {
     /// whose `share` of upstream exchanges it takes a place in.
     ///
     /// The start (the id, the trail, admit) runs as it is called, and the
-    /// future holds what the phases need after it: as an `async fn` it
-    /// would also hold the request twice (as passed and as mapped), and this
-    /// future is copied whole as the request starts.
+    /// future holds what the phases need after it. This future is copied
+    /// whole as the request starts, and an `async fn` keeps each argument it
+    /// takes by value twice in its state (as passed, and as its local): so
+    /// this is not one, and the phases below borrow what they change
+    /// (docs/PERFORMANCE.md, "The request's future", has the sizes).
     pub fn handle_on(
         &self,
         req: Request<impl Into<RequestBody>>,
@@ -416,9 +418,7 @@ impl App {
     /// Settle: `count:` units are given back unless the answer counts, and
     /// the answer gets the rate-limit headers; what `pass` still holds is
     /// freed when [`serve`](Self::serve) drops it, as it answers. Borrowed,
-    /// not moved in and out: an `async fn` keeps its arguments twice in its
-    /// state, and this future is part of every request's, which is copied
-    /// whole as it starts.
+    /// not moved in and out (see [`handle_on`](Self::handle_on)).
     async fn settle(&self, x: &Exchange, pass: &mut Clearance, resp: &mut Response<Body>) {
         let status = resp.status();
         self.gate()

@@ -224,11 +224,8 @@ impl Gate<'_> {
     /// The limiters refused: each refusing limiter with `ban:` counts a
     /// strike, and every `count:` unit goes back (nothing reached the application).
     ///
-    /// Borrowed, not moved in: an `async fn` keeps its arguments twice in
-    /// its state (as passed, and as the body's locals), and this future is
-    /// part of every request's, which is copied whole as it starts
-    /// (`-Zprint-type-sizes`: 1,432 bytes by value, of which 1,040 the
-    /// three arguments twice).
+    /// Borrowed, not moved in: this future is part of every request's, and
+    /// an `async fn` keeps what it takes by value twice (docs/PERFORMANCE.md, "The request's future").
     async fn refused(
         &self,
         snap: &Snapshot,

@@ -357,8 +357,7 @@ fn client_side(e: &(dyn StdError + 'static), max_body: u64) -> Option<ForwardErr
 
 /// A request with its headers rewritten for the upstream, not yet bound to
 /// a server. Boxed on its way down: each send's future then holds a
-/// pointer, not the request (an `async fn` keeps what it takes by value
-/// twice, and every level's future is copied into the one above).
+/// pointer, not the request (docs/PERFORMANCE.md, "The request's future").
 pub struct Outbound {
     parts: http::request::Parts,
     /// The client's path and query; each server prepends its base path.

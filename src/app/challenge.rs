@@ -83,9 +83,8 @@ impl App {
     /// The pass the request carries (`Client::pass`, what `key: pass`
     /// counts on) and the difficulty it was solved at (0 without one), and
     /// the pass and refresh paths, answered here: `Err` is their answer.
-    /// The request is borrowed, not moved in and out: an `async fn` keeps
-    /// its arguments twice in its state, and this future is part of every
-    /// request's, which is copied whole as it starts.
+    /// The request is borrowed, not moved in and out (see
+    /// [`App::handle_on`]).
     pub(super) async fn pass_gate(
         &self,
         x: &mut Exchange,
