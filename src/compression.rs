@@ -149,14 +149,15 @@ fn as_its_200(asked: Asked, spared: Spared, headers: &mut HeaderMap) {
     let no_transform = headers
         .get_all(CACHE_CONTROL)
         .iter()
-        .any(|v| lists(v, |d| d.eq_ignore_ascii_case("no-transform")));
+        .any(|v| lists(v, |d| d.eq_ignore_ascii_case(b"no-transform")));
     if no_transform {
         return;
     }
-    let varied = headers
-        .get_all(VARY)
-        .iter()
-        .any(|v| lists(v, |f| f == "*" || f.eq_ignore_ascii_case("accept-encoding")));
+    let varied = headers.get_all(VARY).iter().any(|v| {
+        lists(v, |f| {
+            f == b"*" || f.eq_ignore_ascii_case(b"accept-encoding")
+        })
+    });
     if !varied {
         headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
@@ -186,12 +187,12 @@ fn eligible(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
         if name == CONTENT_ENCODING || name == CONTENT_RANGE {
             return None;
         }
-        if name == CACHE_CONTROL && lists(value, |d| d.eq_ignore_ascii_case("no-transform")) {
+        if name == CACHE_CONTROL && lists(value, |d| d.eq_ignore_ascii_case(b"no-transform")) {
             return None;
         }
         if name == VARY {
             varied |= lists(value, |f| {
-                f == "*" || f.eq_ignore_ascii_case("accept-encoding")
+                f == b"*" || f.eq_ignore_ascii_case(b"accept-encoding")
             });
         }
         if name == CONTENT_TYPE && content_type.is_none() {

@@ -146,7 +146,9 @@ impl Entry {
         let mut headers = self.headers.clone();
         let (coding, body) = self.form(accepted);
         let varied = headers.get_all(VARY).iter().any(|v| {
-            crate::header_value::lists(v, |f| f == "*" || f.eq_ignore_ascii_case("accept-encoding"))
+            crate::header_value::lists(v, |f| {
+                f == b"*" || f.eq_ignore_ascii_case(b"accept-encoding")
+            })
         });
         if (self.gzip.is_some() || self.brotli.is_some()) && !varied {
             headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
