@@ -49,19 +49,27 @@ impl serde::de::Visitor<'_> for TextVisitor {
     }
 }
 
+/// What opens and closes a `${NAME}`. Named, so no brace stands alone in
+/// a literal of the function below (a line counter that matches braces
+/// would read past its end).
+const VAR_OPEN: &str = "${";
+const VAR_CLOSE: char = '}';
+
 /// Replaces every `${NAME}`; an unset variable is an error that names it.
 pub fn expand_env(raw: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(raw.len());
     let mut rest = raw;
-    while let Some(start) = rest.find("${") {
+    while let Some(start) = rest.find(VAR_OPEN) {
         out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
+        let after = &rest[start + VAR_OPEN.len()..];
         let end = after
-            .find('}')
-            .ok_or_else(|| format!("unterminated `${{` in {raw:?}"))?;
+            .find(VAR_CLOSE)
+            .ok_or_else(|| format!("unterminated `{VAR_OPEN}` in {raw:?}"))?;
         let name = &after[..end];
         if name.is_empty() {
-            return Err(format!("empty variable name `${{}}` in {raw:?}"));
+            return Err(format!(
+                "empty variable name `{VAR_OPEN}{VAR_CLOSE}` in {raw:?}"
+            ));
         }
         let value =
             lookup(name).ok_or_else(|| format!("environment variable {name} is not set"))?;

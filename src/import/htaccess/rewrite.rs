@@ -3,6 +3,11 @@
 use super::{drop_lookarounds, Cond, Reader};
 use crate::import::{ImportedAction, ImportedRoute};
 
+/// What opens a server variable (`%{HTTP_HOST}`) in a substitution. Named,
+/// so no brace stands alone in a literal of [`Reader::rule`] (a line counter
+/// that matches braces would read past its end).
+const SERVER_VARIABLE: &str = "%{";
+
 /// Patterns that match every path: the rule's conditions decide alone.
 const EVERYTHING: &[&str] = &[
     "^", ".*", "^.*$", "^(.*)$", "(.*)", ".", "^.*", "^(.+)$", "(.+)", ".+", "^/?(.*)$",
@@ -182,7 +187,7 @@ impl Reader {
         if let Some((line, why)) = c.untranslated.first().cloned() {
             return self.warn(line, format!("{why}; the rule on line {n} is skipped"));
         }
-        if target.contains("%{")
+        if target.contains(SERVER_VARIABLE)
             || target.contains('%') && target.chars().any(|ch| ch.is_ascii_digit())
         {
             return self.warn(n, format!("the substitution {target:?} names server variables or condition back-references; rule skipped"));
