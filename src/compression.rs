@@ -43,6 +43,9 @@ pub use negotiate::{Accepted, Coding};
 /// mattering.
 pub const MIN_LENGTH: u64 = 512;
 
+/// The `Vary` elements that already say an answer depends on `Accept-Encoding`.
+pub const VARIES_BY_CODING: &[&str] = &["*", "accept-encoding"];
+
 /// Set on a request (as an extension) whose route has compression off:
 /// its answer carries no `Content-Encoding` made by tollgate, so a static
 /// file's precompressed sibling (`app.js.br`) is not sent either. One
@@ -98,7 +101,7 @@ pub fn filter(
         resp.headers_mut()
             .append(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
-    let Some(coding) = chosen(asked, known_length(&resp)) else {
+    let Some(coding) = chosen(asked, || known_length(&resp)) else {
         return resp;
     };
     let headers = resp.headers_mut();
@@ -123,10 +126,12 @@ pub fn filter(
 
 /// The coding an answer of `length` (when known ahead) gets: the best the
 /// client accepts, unless the answer is shorter than [`MIN_LENGTH`] and the
-/// client did not refuse `identity`.
-fn chosen(asked: Asked, length: Option<u64>) -> Option<Coding> {
+/// client did not refuse `identity`. The length is asked only once a coding
+/// is accepted: a client that accepts none (an API client, a bot) costs no
+/// `Content-Length` lookup.
+fn chosen(asked: Asked, length: impl FnOnce() -> Option<u64>) -> Option<Coding> {
     let coding = asked.accepted.best()?;
-    let short = length.is_some_and(|l| l < MIN_LENGTH);
+    let short = length().is_some_and(|l| l < MIN_LENGTH);
     (!short || asked.accepted.identity_refused).then_some(coding)
 }
 
@@ -149,19 +154,18 @@ fn as_its_200(asked: Asked, spared: Spared, headers: &mut HeaderMap) {
     let no_transform = headers
         .get_all(CACHE_CONTROL)
         .iter()
-        .any(|v| lists(v, |d| d.eq_ignore_ascii_case(b"no-transform")));
+        .any(|v| lists(v, &["no-transform"]));
     if no_transform {
         return;
     }
-    let varied = headers.get_all(VARY).iter().any(|v| {
-        lists(v, |f| {
-            f == b"*" || f.eq_ignore_ascii_case(b"accept-encoding")
-        })
-    });
+    let varied = headers
+        .get_all(VARY)
+        .iter()
+        .any(|v| lists(v, VARIES_BY_CODING));
     if !varied {
         headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
     }
-    if chosen(asked, Some(spared.length)).is_some() {
+    if chosen(asked, || Some(spared.length)).is_some() {
         weaken_etag(headers);
     }
 }
@@ -187,13 +191,11 @@ fn eligible(status: StatusCode, headers: &HeaderMap) -> Option<bool> {
         if name == CONTENT_ENCODING || name == CONTENT_RANGE {
             return None;
         }
-        if name == CACHE_CONTROL && lists(value, |d| d.eq_ignore_ascii_case(b"no-transform")) {
+        if name == CACHE_CONTROL && lists(value, &["no-transform"]) {
             return None;
         }
         if name == VARY {
-            varied |= lists(value, |f| {
-                f == b"*" || f.eq_ignore_ascii_case(b"accept-encoding")
-            });
+            varied |= lists(value, VARIES_BY_CODING);
         }
         if name == CONTENT_TYPE && content_type.is_none() {
             content_type = Some(value);

@@ -31,9 +31,9 @@ pub fn requested_upgrade(headers: &HeaderMap) -> Option<HeaderValue> {
     let asks = headers
         .get_all(header::CONNECTION)
         .iter()
-        .any(|v| lists(v, |token| token.eq_ignore_ascii_case(b"upgrade")));
+        .any(|v| lists(v, &["upgrade"]));
     // An `Upgrade` that is not visible ASCII is refused as h2c would be.
-    let h2c = upgrade.to_str().is_err() || lists(upgrade, |p| p.eq_ignore_ascii_case(b"h2c"));
+    let h2c = upgrade.to_str().is_err() || lists(upgrade, &["h2c"]);
     (asks && !h2c).then(|| upgrade.clone())
 }
 

@@ -145,11 +145,10 @@ impl Entry {
     ) -> Response<Body> {
         let mut headers = self.headers.clone();
         let (coding, body) = self.form(accepted);
-        let varied = headers.get_all(VARY).iter().any(|v| {
-            crate::header_value::lists(v, |f| {
-                f == b"*" || f.eq_ignore_ascii_case(b"accept-encoding")
-            })
-        });
+        let varied = headers
+            .get_all(VARY)
+            .iter()
+            .any(|v| crate::header_value::lists(v, crate::compression::VARIES_BY_CODING));
         if (self.gzip.is_some() || self.brotli.is_some()) && !varied {
             headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
         }

@@ -168,7 +168,7 @@ fn pragma_no_cache(headers: &HeaderMap) -> bool {
         && headers
             .get_all(http::header::PRAGMA)
             .iter()
-            .any(|v| crate::header_value::lists(v, |d| d.eq_ignore_ascii_case(b"no-cache")))
+            .any(|v| crate::header_value::lists(v, &["no-cache"]))
 }
 
 /// A `Cache-Control` directive of the answer: `Some(None)` when present
