@@ -55,10 +55,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A body tollgate produces itself while streaming (a FastCGI response, a file).
 pub type Streamed = BoxBody<Bytes, BoxError>;
 
-/// What an upstream answers with: an HTTP upstream's body as hyper reads it,
-/// or a body another protocol's client streams.
+/// What an upstream answers with: an HTTP upstream's body as hyper reads
+/// it, or as the request's task reads it (an answer to a request without a
+/// body), or a body another protocol's client streams.
 pub enum Forwarded {
     Http(Incoming),
+    Lean(crate::pool::LeanBody),
     Streamed(Streamed),
 }
 
@@ -130,6 +132,10 @@ impl http_body::Body for Body {
                 .poll_frame(cx)
                 .map(|f| f.map(|f| f.map_err(BoxError::from))),
             Body::Upstream {
+                inner: Forwarded::Lean(inner),
+                ..
+            } => Pin::new(inner).poll_frame(cx),
+            Body::Upstream {
                 inner: Forwarded::Streamed(inner),
                 ..
             } => Pin::new(inner).poll_frame(cx),
@@ -154,6 +160,7 @@ impl http_body::Body for Body {
             Body::Full(b) => b.is_none(),
             Body::Upstream { inner, .. } => match inner {
                 Forwarded::Http(b) => b.is_end_stream(),
+                Forwarded::Lean(b) => b.is_end_stream(),
                 Forwarded::Streamed(b) => b.is_end_stream(),
             },
             Body::Tracked(t) => t.inner.is_end_stream(),
@@ -165,6 +172,7 @@ impl http_body::Body for Body {
             Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Upstream { inner, .. } => match inner {
                 Forwarded::Http(b) => b.size_hint(),
+                Forwarded::Lean(b) => b.size_hint(),
                 Forwarded::Streamed(b) => b.size_hint(),
             },
             Body::Tracked(t) => t.inner.size_hint(),

@@ -2,9 +2,11 @@
 //!
 //! hyper-util's pooled client shares one pool between threads (a mutex and a
 //! hashed pool key per request, and connections whose task may live on
-//! another thread). Here each worker keeps its own idle list of hyper
-//! `SendRequest` handles, so a request takes a connection its own thread
-//! drives, with one uncontended lock and no hashing.
+//! another thread). Here each worker keeps its own idle lists, so a request
+//! takes a connection its own thread drives, with one uncontended lock and
+//! no hashing: sockets for requests without a body, which the request's
+//! task speaks to itself (see `lean`), and hyper `SendRequest` handles for
+//! requests with a body or an upgrade.
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -21,6 +23,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::request_body::UpstreamBody;
+
+mod lean;
+pub use lean::Body as LeanBody;
 
 /// The read buffer of one upstream connection, so the largest body chunk it hands on.
 pub const UPSTREAM_READ_BUF: usize = 64 * 1024;
@@ -56,12 +61,19 @@ pub enum PoolError {
     Handshake(#[source] hyper::Error),
     #[error("the upstream exchange failed: {0}")]
     Exchange(#[source] hyper::Error),
+    #[error("the upstream exchange failed: {0}")]
+    Lean(#[source] lean::ExchangeError),
 }
 
 pub struct Pool {
     authority: Authority,
     connect_timeout: Duration,
     idle: Vec<Mutex<Vec<Conn>>>,
+    /// Sockets for requests without a body, per worker (see `lean`). Each
+    /// is boxed from its opening to its close: an answer's body holds it
+    /// by pointer, and handing it on never moves or allocates it again.
+    #[allow(clippy::vec_box)]
+    lean: Vec<Mutex<Vec<Box<lean::Conn>>>>,
     /// One permit per open connection (see `max_connections_per_upstream`).
     slots: Arc<Semaphore>,
 }
@@ -75,6 +87,14 @@ impl std::fmt::Debug for Pool {
             .field("authority", &self.authority)
             .finish()
     }
+}
+
+/// An upstream's answer: its head, and a body that reads the connection.
+pub enum Answer {
+    /// hyper's, and the guard that puts its connection back once the body is done.
+    Hyper(Response<Incoming>, Return),
+    /// Read by the request's task; the body puts its connection back itself.
+    Lean(Response<LeanBody>),
 }
 
 /// Puts the connection back in its worker's idle list when the response body
@@ -113,21 +133,83 @@ impl Pool {
             authority,
             connect_timeout,
             idle: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
+            lean: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
             slots: Arc::new(Semaphore::new(max_connections_per_upstream())),
         })
     }
 
     /// Sends `req` (origin-form URI) on an idle connection of this worker, or
-    /// a new one; returns the response head and the guard that recycles the
-    /// connection once the body has been passed on. When no connection could
-    /// be made, the request comes back untouched with the error, so a caller
+    /// a new one; returns the response head and a body that recycles the
+    /// connection once it has been passed on. When no connection could be
+    /// made, the request comes back untouched with the error, so a caller
     /// may send it to another server.
     pub async fn send(
         self: &Arc<Pool>,
-        mut req: Request<UpstreamBody>,
+        req: Request<UpstreamBody>,
         worker: usize,
-    ) -> Result<(Response<Incoming>, Return), (PoolError, Option<Request<UpstreamBody>>)> {
+        upgrade: bool,
+    ) -> Result<Answer, Failed> {
         let slot = worker.min(self.idle.len() - 1);
+        if !upgrade && http_body::Body::is_end_stream(req.body()) {
+            return self.send_lean(req, slot).await;
+        }
+        self.send_hyper(req, slot).await
+    }
+
+    /// A request without a body, on a socket this task speaks to itself.
+    async fn send_lean(
+        self: &Arc<Pool>,
+        req: Request<UpstreamBody>,
+        slot: usize,
+    ) -> Result<Answer, Failed> {
+        loop {
+            let Some(mut conn) = self.lean[slot].lock().pop() else {
+                break;
+            };
+            if !conn.usable().await {
+                continue;
+            }
+            match conn.exchange(&req).await {
+                Ok(resp) => return Ok(Answer::Lean(resp)),
+                // The upstream closed an idle connection as the request went
+                // out: it saw no request, or (nothing read back) none it
+                // answered, which only a method safe to repeat may assume.
+                Err((lean::ExchangeError::Write(_), _)) => continue,
+                Err((lean::ExchangeError::Closed, false)) if req.method().is_idempotent() => {
+                    continue
+                }
+                Err((e, _)) => return Err((PoolError::Lean(e), None)),
+            }
+        }
+        let permit = self.slot().await;
+        let io = match self.connect_tcp().await {
+            Ok(io) => io,
+            Err(e) => return Err((e, Some(req))),
+        };
+        match lean::Conn::new(io, permit, self.clone(), slot)
+            .exchange(&req)
+            .await
+        {
+            Ok(resp) => Ok(Answer::Lean(resp)),
+            Err((e, _)) => Err((PoolError::Lean(e), None)),
+        }
+    }
+
+    /// A socket whose answer was read whole, for the next request without a body.
+    fn put_back(&self, mut conn: Box<lean::Conn>) {
+        conn.idle();
+        let mut idle = self.lean[conn.slot()].lock();
+        if idle.len() < MAX_IDLE_PER_WORKER {
+            idle.push(conn);
+        }
+    }
+
+    /// A request with a body or an upgrade, through hyper's client.
+    async fn send_hyper(
+        self: &Arc<Pool>,
+        mut req: Request<UpstreamBody>,
+        slot: usize,
+    ) -> Result<Answer, Failed> {
         loop {
             let Some((mut sender, permit)) = self.idle[slot].lock().pop() else {
                 break;
@@ -139,7 +221,7 @@ impl Pool {
                 continue;
             }
             match sender.try_send_request(req).await {
-                Ok(resp) => return Ok((resp, self.returner(slot, (sender, permit)))),
+                Ok(resp) => return Ok(Answer::Hyper(resp, self.returner(slot, (sender, permit)))),
                 Err(mut e) => match e.take_message() {
                     // The upstream closed it before our request went out: try another.
                     Some(unsent) => req = unsent,
@@ -147,21 +229,7 @@ impl Pool {
                 },
             }
         }
-        let permit = match self.slots.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                // At the cap: an idle connection another worker keeps is
-                // worth less than this request; close one, or wait for a busy one.
-                if let Some(idle) = self.idle.iter().find_map(|list| list.lock().pop()) {
-                    drop(idle);
-                }
-                self.slots
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("the semaphore is never closed")
-            }
-        };
+        let permit = self.slot().await;
         let mut sender = match self.connect().await {
             Ok(sender) => sender,
             Err(e) => return Err((e, Some(req))),
@@ -170,7 +238,34 @@ impl Pool {
             .send_request(req)
             .await
             .map_err(|e| (PoolError::Exchange(e), None))?;
-        Ok((resp, self.returner(slot, (sender, permit))))
+        Ok(Answer::Hyper(resp, self.returner(slot, (sender, permit))))
+    }
+
+    /// A place under the cap for one more connection.
+    async fn slot(&self) -> OwnedSemaphorePermit {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            return permit;
+        }
+        // At the cap: an idle connection another worker keeps is worth less
+        // than this request; close one, or wait for a busy one.
+        let lean = || {
+            self.lean
+                .iter()
+                .find_map(|list| list.lock().pop())
+                .map(drop)
+        };
+        let hyper = || {
+            self.idle
+                .iter()
+                .find_map(|list| list.lock().pop())
+                .map(drop)
+        };
+        let _ = lean().or_else(hyper);
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     fn returner(self: &Arc<Pool>, slot: usize, sender: Conn) -> Return {
@@ -181,23 +276,9 @@ impl Pool {
         }
     }
 
+    /// A hyper client connection on a new socket, driven by a task of this worker.
     async fn connect(&self) -> Result<SendRequest<UpstreamBody>, PoolError> {
-        let authority = &self.authority;
-        let host_port = match authority.port_u16() {
-            Some(_) => authority.as_str().to_string(),
-            None => format!("{}:80", authority.host()),
-        };
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(host_port))
-            .await
-            .map_err(|_| PoolError::ConnectTimeout {
-                authority: authority.clone(),
-                timeout: self.connect_timeout,
-            })?
-            .map_err(|source| PoolError::Connect {
-                authority: authority.clone(),
-                source,
-            })?;
-        let _ = stream.set_nodelay(true);
+        let stream = self.connect_tcp().await?;
         // Chunks read from the upstream are at most this big, which bounds
         // what a slow-reading client can make tollgate hold (see server.rs).
         let (sender, conn) = http1::Builder::new()
@@ -214,4 +295,27 @@ impl Pool {
         });
         Ok(sender)
     }
+
+    async fn connect_tcp(&self) -> Result<TcpStream, PoolError> {
+        let authority = &self.authority;
+        let host_port = match authority.port_u16() {
+            Some(_) => authority.as_str().to_string(),
+            None => format!("{}:80", authority.host()),
+        };
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(host_port))
+            .await
+            .map_err(|_| PoolError::ConnectTimeout {
+                authority: authority.clone(),
+                timeout: self.connect_timeout,
+            })?
+            .map_err(|source| PoolError::Connect {
+                authority: authority.clone(),
+                source,
+            })?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
 }
+
+/// A send that failed: why, and the request when it never left.
+pub type Failed = (PoolError, Option<Request<UpstreamBody>>);

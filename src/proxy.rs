@@ -8,7 +8,6 @@ use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use http_body_util::{LengthLimitError, Limited};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -229,7 +228,9 @@ impl Upstream {
     ) -> Result<Sent, SendError> {
         // The request line is in origin form.
         let (upstream_req, kept) = outbound.into_request(Uri::from);
-        let sent = tokio::time::timeout(self.timeout, pool.send(upstream_req, kept.worker)).await;
+        let upgrade = kept.upgrade.is_some();
+        let sent =
+            tokio::time::timeout(self.timeout, pool.send(upstream_req, kept.worker, upgrade)).await;
         match sent {
             Err(_) => Err(SendError::sent(self.timed_out())),
             Ok(Err((crate::pool::PoolError::Exchange(e), _)))
@@ -240,14 +241,18 @@ impl Upstream {
                 ))
             }
             Ok(Err((source, unsent))) => Err(self.pool_failed(source, unsent, kept)),
-            Ok(Ok((mut resp, mut back))) => {
-                if keep_upgrade(&mut resp, kept.upgrade.is_some()) {
+            Ok(Ok(crate::pool::Answer::Hyper(mut resp, mut back))) => {
+                if keep_upgrade(&mut resp, upgrade) {
                     back.discard();
                 }
                 Ok((
                     resp.map(Forwarded::from),
                     Some(Box::new(back) as crate::body::Guard),
                 ))
+            }
+            Ok(Ok(crate::pool::Answer::Lean(mut resp))) => {
+                keep_upgrade(&mut resp, false);
+                Ok((resp.map(Forwarded::Lean), None))
             }
         }
     }
@@ -261,7 +266,7 @@ impl Upstream {
         kept: Kept,
     ) -> SendError {
         let kind = match source {
-            crate::pool::PoolError::Exchange(_) => Kind::Exchange,
+            crate::pool::PoolError::Exchange(_) | crate::pool::PoolError::Lean(_) => Kind::Exchange,
             crate::pool::PoolError::Connect { .. }
             | crate::pool::PoolError::ConnectTimeout { .. }
             | crate::pool::PoolError::Handshake(_) => Kind::Connect,
@@ -498,7 +503,7 @@ impl SendError {
 /// would reach an HTTP/1.1 client and end its keep-alive (as nginx, the
 /// upstream's version is a matter between tollgate and the upstream; hyper
 /// still answers an HTTP/1.0 client as HTTP/1.0).
-fn keep_upgrade(resp: &mut Response<Incoming>, asked: bool) -> bool {
+fn keep_upgrade<B>(resp: &mut Response<B>, asked: bool) -> bool {
     *resp.version_mut() = Version::HTTP_11;
     let upgraded = asked && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     let upgrade = upgraded

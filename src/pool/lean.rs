@@ -1,0 +1,625 @@
+//! A bodiless request's exchange on a pooled upstream connection, driven by the request's own task: the head written at once, the answer read with httparse.
+//!
+//! hyper's client connection is a task of its own: the request goes to it
+//! over a channel, the answer comes back over another, and every body frame
+//! crosses a third, each hand-over a wake-up. A request without a body (a
+//! GET, a HEAD: nearly every request a site sees) needs none of that; here
+//! the request's task writes the head and reads the answer itself, and the
+//! answer's body reads the socket as the client takes it. A request with a
+//! body, or one asking for an upgrade, keeps hyper's client, which writes
+//! the body while it reads an early answer.
+//!
+//! The answer is read as strictly as hyper reads it (httparse, at most
+//! [`MAX_HEADERS`] fields in [`UPSTREAM_READ_BUF`] bytes, no obsolete line
+//! folding) and framed by RFC 9112 §6.3. Where an answer's framing is
+//! ambiguous (both `Transfer-Encoding` and `Content-Length`), chunked wins,
+//! the `Content-Length` is removed before the answer goes on, and the
+//! connection is closed after it; a transfer coding other than `chunked`
+//! alone is refused; a length written twice goes on once; a connection is
+//! never reused when bytes follow the answer that nobody asked for.
+
+use std::future::poll_fn;
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Frame, SizeHint};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::{Pool, UPSTREAM_READ_BUF};
+use crate::body::BoxError;
+
+/// Header fields an answer may carry, as hyper allows.
+pub const MAX_HEADERS: usize = 100;
+
+/// What a read asks the socket for at most while no answer is pending: a
+/// typical head and a small page arrive in one read.
+const FIRST_READ: usize = 8 * 1024;
+
+/// The longest chunk-size line, extensions included, and all trailer fields together.
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// An idle upstream connection: the socket, what was read past the last
+/// answer (nothing, or it would not be idle), its place under the cap, and
+/// the idle list it goes back to. Boxed once, when it is opened, so that an
+/// answer's body holds a pointer to it (every answer tollgate sends, a 429
+/// too, is as large as the largest body it may carry).
+pub struct Conn {
+    io: TcpStream,
+    buf: BytesMut,
+    /// The request head as written last time, its allocation reused.
+    head: Vec<u8>,
+    pool: Arc<Pool>,
+    slot: usize,
+    /// Whether the answer being read lets the connection carry another request.
+    reuse: bool,
+    /// Held, not read: the connection's place under the cap, freed with it.
+    _permit: OwnedSemaphorePermit,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("writing the request failed: {0}")]
+    Write(#[source] io::Error),
+    #[error("reading the answer failed: {0}")]
+    Read(#[source] io::Error),
+    #[error("the upstream closed the connection before its answer was complete")]
+    Closed,
+    #[error("the upstream's answer is malformed: {0}")]
+    Malformed(&'static str),
+    #[error("the upstream's answer head is malformed: {0}")]
+    Head(#[source] httparse::Error),
+    #[error(
+        "the upstream's answer head is over {UPSTREAM_READ_BUF} bytes or {MAX_HEADERS} fields"
+    )]
+    HeadTooLarge,
+}
+
+/// An answer's head as read: its parts, how its body ends, and whether the
+/// connection may carry another request after it.
+type Head = (http::response::Parts, Framing, bool);
+
+/// How the answer's body ends (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body: HEAD, 1xx, 204, 304, or `Content-Length: 0`.
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes: the connection ends with the body.
+    Close,
+}
+
+impl Conn {
+    pub fn new(
+        io: TcpStream,
+        permit: OwnedSemaphorePermit,
+        pool: Arc<Pool>,
+        slot: usize,
+    ) -> Box<Conn> {
+        Box::new(Conn {
+            io,
+            buf: BytesMut::new(),
+            head: Vec::new(),
+            pool,
+            slot,
+            reuse: false,
+            _permit: permit,
+        })
+    }
+
+    /// The worker whose idle list it belongs to.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Lets go of buffers a large head or body left big: an idle connection
+    /// keeps at most a typical head's worth (up to 1,024 of them a worker).
+    pub fn idle(&mut self) {
+        if self.buf.capacity() > FIRST_READ {
+            self.buf = BytesMut::new();
+        }
+        if self.head.capacity() > FIRST_READ {
+            self.head = Vec::new();
+        }
+    }
+
+    /// Whether an idle connection can carry a request: not closed by the
+    /// upstream, and nothing arrived unasked. A close that reached the
+    /// socket has made it readable; only then is it read (no system call
+    /// for a connection the reactor has heard nothing of).
+    pub async fn usable(&mut self) -> bool {
+        let readable = poll_fn(|cx| Poll::Ready(self.io.poll_read_ready(cx).is_ready())).await;
+        if !readable {
+            return true;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Writes `req` (origin form, no body) and reads the answer's head; its
+    /// body reads the rest, and hands the connection back to its idle list
+    /// when it may carry another request. `Err` carries whether the upstream
+    /// may have seen the request (false: it can go out again).
+    pub async fn exchange(
+        mut self: Box<Self>,
+        req: &Request<crate::request_body::UpstreamBody>,
+    ) -> Result<Response<Body>, (ExchangeError, bool)> {
+        write_head(&mut self.head, req);
+        if let Err(e) = self.io.write_all(&self.head).await {
+            return Err((ExchangeError::Write(e), false));
+        }
+        let method = req.method();
+        let (parts, framing, reuse) = loop {
+            if !self.buf.is_empty() {
+                match read_head(&mut self.buf, method) {
+                    Ok(Some(head)) => break head,
+                    Ok(None) => {}
+                    Err(e) => return Err((e, true)),
+                }
+            }
+            let before = self.buf.len();
+            self.buf.reserve(FIRST_READ);
+            match poll_fn(|cx| {
+                tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+            })
+            .await
+            {
+                Ok(0) => return Err((ExchangeError::Closed, before > 0)),
+                Ok(_) => {}
+                Err(e) => return Err((ExchangeError::Read(e), true)),
+            }
+        };
+        let left = match framing {
+            Framing::Empty => Left::Done,
+            Framing::Length(0) => Left::Done,
+            Framing::Length(n) => Left::Length(n),
+            Framing::Chunked => Left::Chunked(Chunk::Size),
+            Framing::Close => Left::Close,
+        };
+        self.reuse = reuse;
+        let mut body = Body {
+            conn: Some(self),
+            left,
+        };
+        body.settle();
+        Ok(Response::from_parts(parts, body))
+    }
+}
+
+/// Method, target, `HTTP/1.1`, the fields, an empty line: what hyper writes
+/// for a request without a body (which adds no framing of its own).
+fn write_head(out: &mut Vec<u8>, req: &Request<crate::request_body::UpstreamBody>) {
+    out.clear();
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The answer's head, once whole at the start of `buf` (which then holds
+/// only what follows it): its parts, how its body ends, and whether the
+/// connection may carry another request. Interim answers (1xx but 101) are
+/// read past, as hyper does.
+fn read_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ExchangeError> {
+    loop {
+        let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+        let mut res = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut res,
+            buf,
+            &mut fields,
+        );
+        let len = match parsed {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() >= UPSTREAM_READ_BUF => {
+                return Err(ExchangeError::HeadTooLarge)
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::HeadTooLarge),
+            Err(e) => return Err(ExchangeError::Head(e)),
+        };
+        if len > UPSTREAM_READ_BUF {
+            return Err(ExchangeError::HeadTooLarge);
+        }
+        let code = res.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code)
+            .map_err(|_| ExchangeError::Malformed("a status code out of range"))?;
+        if status.is_informational() && code != 101 {
+            buf.advance(len);
+            continue;
+        }
+        let version = match res.version {
+            Some(1) => Version::HTTP_11,
+            _ => Version::HTTP_10,
+        };
+        let start = buf.as_ptr() as usize;
+        let count = res.headers.len();
+        for (span, field) in spans.iter_mut().zip(res.headers.iter()) {
+            let name = field.name.as_ptr() as usize - start;
+            let value = field.value.as_ptr() as usize - start;
+            // A head is at most UPSTREAM_READ_BUF bytes: offsets fit.
+            *span = (
+                name as u32,
+                (name + field.name.len()) as u32,
+                value as u32,
+                (value + field.value.len()) as u32,
+            );
+        }
+        let head = buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(count);
+        let mut said = Said::default();
+        for &(n0, n1, v0, v1) in &spans[..count] {
+            let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
+                .map_err(|_| ExchangeError::Malformed("an invalid field name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
+                .map_err(|_| ExchangeError::Malformed("an invalid field value"))?;
+            said.hear(&name, &value);
+            headers.append(name, value);
+        }
+        let (framing, reuse) = framing(status, method, version, &said)?;
+        if said.transfer_encoding && said.content_length {
+            // Both framings: chunked wins, and the Content-Length must not
+            // go on with a body it does not describe.
+            headers.remove(header::CONTENT_LENGTH);
+        } else if let (true, Some(Ok(n))) = (said.rewrite, said.length) {
+            // `5, 5`, two fields of 5, or `05`: one plain value goes on (RFC 9110 §8.6).
+            headers.insert(header::CONTENT_LENGTH, crate::header_value::number(n));
+        }
+        let mut parts = Response::new(()).into_parts().0;
+        parts.status = status;
+        parts.version = version;
+        parts.headers = headers;
+        return Ok(Some((parts, framing, reuse)));
+    }
+}
+
+/// What an answer's framing fields say, gathered as its head is read (one
+/// pass, no lookups afterwards).
+#[derive(Default)]
+struct Said {
+    transfer_encoding: bool,
+    /// `Transfer-Encoding` names `chunked` and nothing else.
+    chunked: bool,
+    content_length: bool,
+    /// The length was not written as one plain number (`5, 5`, two fields, `05`).
+    rewrite: bool,
+    /// The length every `Content-Length` value names, or why there is none.
+    length: Option<Result<u64, &'static str>>,
+    close: bool,
+    keep_alive: bool,
+}
+
+impl Said {
+    fn hear(&mut self, name: &HeaderName, value: &HeaderValue) {
+        if name == header::CONTENT_LENGTH {
+            let plain = !value.as_bytes().starts_with(b"0") || value.len() == 1;
+            self.rewrite |= self.content_length || !plain || value.as_bytes().contains(&b',');
+            self.content_length = true;
+            for item in value.as_bytes().split(|&b| b == b',') {
+                let n = digits(item.trim_ascii()).ok_or("an invalid Content-Length");
+                self.length = Some(match (self.length, n) {
+                    (Some(Err(e)), _) | (_, Err(e)) => Err(e),
+                    (Some(Ok(l)), Ok(n)) if l != n => Err("two different Content-Lengths"),
+                    (_, Ok(n)) => Ok(n),
+                });
+            }
+        } else if name == header::TRANSFER_ENCODING {
+            // Only `chunked` alone: a body in any other coding would reach
+            // the client without the name of its coding (Transfer-Encoding
+            // is hop-by-hop), so it is refused, as nginx does.
+            self.chunked = !self.transfer_encoding
+                && value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"chunked");
+            self.transfer_encoding = true;
+        } else if name == header::CONNECTION {
+            self.close |= crate::header_value::lists(value, &["close"]);
+            self.keep_alive |= crate::header_value::lists(value, &["keep-alive"]);
+        }
+    }
+}
+
+/// How the body of an answer to `method` ends, and whether the connection
+/// may carry another request after it (RFC 9112 §6.3, §9.3).
+fn framing(
+    status: StatusCode,
+    method: &Method,
+    version: Version,
+    said: &Said,
+) -> Result<(Framing, bool), ExchangeError> {
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(ExchangeError::Malformed(
+            "101 Switching Protocols to a request that asked for no upgrade",
+        ));
+    }
+    // HTTP/1.1 keeps a connection unless it says `close`; HTTP/1.0 only if it says `keep-alive`.
+    let alive = match version {
+        Version::HTTP_11 => !said.close,
+        _ => said.keep_alive && !said.close,
+    };
+    if matches!(status.as_u16(), 204 | 304) {
+        return Ok((Framing::Empty, alive));
+    }
+    // A HEAD answer's length describes the GET's body; it goes on, so it must be one.
+    if let (true, Some(Err(e))) = (method == Method::HEAD, said.length) {
+        return Err(ExchangeError::Malformed(e));
+    }
+    if method == Method::HEAD {
+        return Ok((Framing::Empty, alive));
+    }
+    if said.transfer_encoding {
+        if version == Version::HTTP_10 {
+            return Err(ExchangeError::Malformed(
+                "Transfer-Encoding in an HTTP/1.0 answer",
+            ));
+        }
+        if !said.chunked {
+            return Err(ExchangeError::Malformed(
+                "a transfer coding other than chunked",
+            ));
+        }
+        // With a Content-Length too, the connection is not trusted again.
+        return Ok((Framing::Chunked, alive && !said.content_length));
+    }
+    Ok(match said.length {
+        Some(Err(e)) => return Err(ExchangeError::Malformed(e)),
+        Some(Ok(0)) => (Framing::Empty, alive),
+        Some(Ok(n)) => (Framing::Length(n), alive),
+        None => (Framing::Close, false),
+    })
+}
+
+/// A decimal number of at most 19 digits (no sign, no space), as a length.
+fn digits(text: &[u8]) -> Option<u64> {
+    if text.is_empty() || text.len() > 19 || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(text.iter().fold(0, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+/// What is left of the answer's body to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    Length(u64),
+    Chunked(Chunk),
+    Close,
+    Done,
+}
+
+/// Where a chunked body's reader stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes to go.
+    Data(u64),
+    /// After a chunk's data: its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer fields (dropped) until an empty line,
+    /// this many bytes of them read so far.
+    Trailers(u32),
+}
+
+/// The answer's body: read from the connection as the client takes it.
+/// The connection goes back to its pool when the body is read whole and
+/// may be reused; dropped early, the connection closes with it.
+pub struct Body {
+    conn: Option<Box<Conn>>,
+    left: Left,
+}
+
+impl Body {
+    /// Hands the connection back once the body is read whole: for a small
+    /// page, with the head's read, as its body is first asked for.
+    fn settle(&mut self) {
+        if self.left != Left::Done {
+            return;
+        }
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        // Bytes after the answer were asked by nobody: not a connection to trust.
+        if conn.reuse && conn.buf.is_empty() {
+            conn.pool.clone().put_back(conn);
+        }
+    }
+
+    /// The next piece of the body from what is buffered, if any can be
+    /// taken without reading; `Ok(None)` asks for a read.
+    fn take(&mut self) -> Result<Option<Bytes>, ExchangeError> {
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(None);
+        };
+        let buf = &mut conn.buf;
+        loop {
+            match self.left {
+                Left::Done => return Ok(None),
+                Left::Length(n) | Left::Chunked(Chunk::Data(n)) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let take = usize::try_from(n).map_or(buf.len(), |n| n.min(buf.len()));
+                    let rest = n - take as u64;
+                    self.left = match (self.left, rest) {
+                        (Left::Length(_), 0) => Left::Done,
+                        (Left::Length(_), r) => Left::Length(r),
+                        (_, 0) => Left::Chunked(Chunk::DataEnd),
+                        (_, r) => Left::Chunked(Chunk::Data(r)),
+                    };
+                    return Ok(Some(buf.split_to(take).freeze()));
+                }
+                Left::Close => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    return Ok(Some(buf.split().freeze()));
+                }
+                Left::Chunked(Chunk::Size) => {
+                    let Some(line) = line(buf, MAX_CHUNK_LINE)? else {
+                        return Ok(None);
+                    };
+                    let size = chunk_size(&line)?;
+                    self.left = Left::Chunked(match size {
+                        0 => Chunk::Trailers(0),
+                        n => Chunk::Data(n),
+                    });
+                }
+                Left::Chunked(Chunk::DataEnd) => {
+                    if buf.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(ExchangeError::Malformed("a chunk longer than its size"));
+                    }
+                    buf.advance(2);
+                    self.left = Left::Chunked(Chunk::Size);
+                }
+                Left::Chunked(Chunk::Trailers(seen)) => {
+                    let Some(field) = line(buf, MAX_TRAILERS.saturating_sub(seen as usize))? else {
+                        return Ok(None);
+                    };
+                    self.left = match field.is_empty() {
+                        true => Left::Done,
+                        // At most MAX_TRAILERS and a line: it fits.
+                        false => Left::Chunked(Chunk::Trailers(seen + field.len() as u32 + 2)),
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// One line ending in CRLF at the start of `buf`, taken off it (without
+/// its CRLF); `None` while it is incomplete. A line over `max` bytes, or
+/// one with a CR or LF of its own, is an error.
+fn line(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, ExchangeError> {
+    let Some(end) = buf.iter().take(max + 2).position(|&b| b == b'\n') else {
+        return match buf.len() > max {
+            true => Err(ExchangeError::Malformed(
+                "a chunk line or trailer over its bound",
+            )),
+            false => Ok(None),
+        };
+    };
+    if end == 0 || buf[end - 1] != b'\r' || buf[..end - 1].contains(&b'\r') {
+        return Err(ExchangeError::Malformed("a chunk line not ended by CRLF"));
+    }
+    let line = buf.split_to(end + 1).freeze();
+    Ok(Some(line.slice(..end - 1)))
+}
+
+/// A chunk-size line's size: 1 to 16 hex digits, then nothing or extensions
+/// (`;` after optional whitespace), which are ignored.
+fn chunk_size(line: &[u8]) -> Result<u64, ExchangeError> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let after = &line[digits..];
+    let extensions = after.is_empty() || after.trim_ascii_start().starts_with(b";");
+    let control = after.iter().any(|&b| b.is_ascii_control() && b != b'\t');
+    // 16 hex digits fill a u64: no size can overflow.
+    if digits == 0 || digits > 16 || !extensions || control {
+        return Err(ExchangeError::Malformed("an invalid chunk size"));
+    }
+    let value = |d: u8| {
+        u64::from(if d.is_ascii_digit() {
+            d - b'0'
+        } else {
+            (d | 0x20) - b'a' + 10
+        })
+    };
+    Ok(line[..digits].iter().fold(0, |n, &d| n << 4 | value(d)))
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            match this.take() {
+                Ok(Some(data)) => {
+                    this.settle();
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Ok(None) if this.left == Left::Done => {
+                    this.settle();
+                    return Poll::Ready(None);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let want = match this.left {
+                Left::Length(n) | Left::Chunked(Chunk::Data(n)) => usize::try_from(n)
+                    .map_or(UPSTREAM_READ_BUF, |n| {
+                        n.clamp(FIRST_READ, UPSTREAM_READ_BUF)
+                    }),
+                _ => FIRST_READ,
+            };
+            conn.buf.reserve(want);
+            let read = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut conn.io),
+                cx,
+                &mut conn.buf
+            ));
+            match read {
+                Ok(0) if this.left == Left::Close => {
+                    this.left = Left::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(ExchangeError::Closed.into())));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(ExchangeError::Read(e).into())));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == Left::Done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.left {
+            Left::Done => SizeHint::with_exact(0),
+            Left::Length(n) => SizeHint::with_exact(n),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
