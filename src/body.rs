@@ -60,7 +60,7 @@ pub type Streamed = BoxBody<Bytes, BoxError>;
 /// body), or a body another protocol's client streams.
 pub enum Forwarded {
     Http(Incoming),
-    Lean(crate::pool::LeanBody),
+    Lean(crate::lean_client::Body),
     Streamed(Streamed),
 }
 

@@ -5,8 +5,8 @@
 //! another thread). Here each worker keeps its own idle lists, so a request
 //! takes a connection its own thread drives, with one uncontended lock and
 //! no hashing: sockets for requests without a body, which the request's
-//! task speaks to itself (see `lean`), and hyper `SendRequest` handles for
-//! requests with a body or an upgrade.
+//! task speaks to itself (see `lean_client`), and hyper `SendRequest`
+//! handles for requests with a body or an upgrade.
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -24,11 +24,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::request_body::UpstreamBody;
 
-mod lean;
-pub use lean::Body as LeanBody;
-
-/// The read buffer of one upstream connection, so the largest body chunk it hands on.
-pub const UPSTREAM_READ_BUF: usize = 64 * 1024;
+use crate::lean_client as lean;
+pub use crate::lean_client::UPSTREAM_READ_BUF;
 
 /// Open connections (busy and idle, all workers) to one upstream, at most
 /// the descriptor budget that `server.max_connections` defaults to (see
@@ -69,11 +66,8 @@ pub struct Pool {
     authority: Authority,
     connect_timeout: Duration,
     idle: Vec<Mutex<Vec<Conn>>>,
-    /// Sockets for requests without a body, per worker (see `lean`). Each
-    /// is boxed from its opening to its close: an answer's body holds it
-    /// by pointer, and handing it on never moves or allocates it again.
-    #[allow(clippy::vec_box)]
-    lean: Vec<Mutex<Vec<Box<lean::Conn>>>>,
+    /// Sockets for requests without a body, per worker (see `lean_client`).
+    lean: Vec<Arc<lean::Idle>>,
     /// One permit per open connection (see `max_connections_per_upstream`).
     slots: Arc<Semaphore>,
 }
@@ -94,7 +88,7 @@ pub enum Answer {
     /// hyper's, and the guard that puts its connection back once the body is done.
     Hyper(Response<Incoming>, Return),
     /// Read by the request's task; the body puts its connection back itself.
-    Lean(Response<LeanBody>),
+    Lean(Response<lean::Body>),
 }
 
 /// Puts the connection back in its worker's idle list when the response body
@@ -133,7 +127,9 @@ impl Pool {
             authority,
             connect_timeout,
             idle: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
-            lean: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
+            lean: (0..=workers)
+                .map(|_| lean::Idle::new(MAX_IDLE_PER_WORKER))
+                .collect(),
             slots: Arc::new(Semaphore::new(max_connections_per_upstream())),
         })
     }
@@ -163,7 +159,7 @@ impl Pool {
         slot: usize,
     ) -> Result<Answer, Failed> {
         loop {
-            let Some(mut conn) = self.lean[slot].lock().pop() else {
+            let Some(mut conn) = self.lean[slot].take() else {
                 break;
             };
             if !conn.usable().await {
@@ -186,21 +182,12 @@ impl Pool {
             Ok(io) => io,
             Err(e) => return Err((e, Some(req))),
         };
-        match lean::Conn::new(io, permit, self.clone(), slot)
+        match lean::Conn::new(io, permit, self.lean[slot].clone())
             .exchange(&req)
             .await
         {
             Ok(resp) => Ok(Answer::Lean(resp)),
             Err((e, _)) => Err((PoolError::Lean(e), None)),
-        }
-    }
-
-    /// A socket whose answer was read whole, for the next request without a body.
-    fn put_back(&self, mut conn: Box<lean::Conn>) {
-        conn.idle();
-        let mut idle = self.lean[conn.slot()].lock();
-        if idle.len() < MAX_IDLE_PER_WORKER {
-            idle.push(conn);
         }
     }
 
@@ -248,12 +235,7 @@ impl Pool {
         }
         // At the cap: an idle connection another worker keeps is worth less
         // than this request; close one, or wait for a busy one.
-        let lean = || {
-            self.lean
-                .iter()
-                .find_map(|list| list.lock().pop())
-                .map(drop)
-        };
+        let lean = || self.lean.iter().find_map(|list| list.take()).map(drop);
         let hyper = || {
             self.idle
                 .iter()

@@ -51,7 +51,7 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 100;
 /// write buffer are each capped at `MAX_HEAD_BYTES`; hyper stops polling the
 /// response body while the write buffer holds that much, so a client that
 /// reads slowly holds at most 32 KiB here plus one upstream chunk
-/// (`pool::UPSTREAM_READ_BUF`, 64 KiB) plus the upstream's read buffer
+/// (`lean_client::UPSTREAM_READ_BUF`, 64 KiB) plus the upstream's read buffer
 /// (64 KiB): about 160 KiB, whatever the response size. HTTP/2: each
 /// stream's send buffer and receive window are capped below, and the
 /// connection's receive window bounds what all streams can push at once.

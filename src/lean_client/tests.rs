@@ -3,8 +3,9 @@
 use bytes::BytesMut;
 use http::{header, Method, StatusCode, Version};
 
-use super::{chunk_size, line, read_head, ExchangeError, Framing, Head, MAX_HEADERS};
-use crate::pool::UPSTREAM_READ_BUF;
+use super::{
+    chunk_size, line, read_head, ExchangeError, Framing, Head, MAX_HEADERS, UPSTREAM_READ_BUF,
+};
 
 /// Reads one head from `bytes`, answering `method`; what follows it stays in the buffer.
 fn head(method: Method, bytes: &[u8]) -> (Result<Option<Head>, ExchangeError>, BytesMut) {

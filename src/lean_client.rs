@@ -1,4 +1,4 @@
-//! A bodiless request's exchange on a pooled upstream connection, driven by the request's own task: the head written at once, the answer read with httparse.
+//! A bodiless request's exchange on a pooled plain-http upstream connection, driven by the request's own task: the head written at once, the answer read with httparse.
 //!
 //! hyper's client connection is a task of its own: the request goes to it
 //! over a channel, the answer comes back over another, and every body frame
@@ -33,8 +33,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::{Pool, UPSTREAM_READ_BUF};
-use crate::body::BoxError;
+use parking_lot::Mutex;
+
+/// The read buffer of one upstream connection, so the largest body chunk it
+/// hands on (hyper's client connections are built with the same bound).
+pub const UPSTREAM_READ_BUF: usize = 64 * 1024;
+
+/// A body's error, as `crate::body` names it (that module sits above this one).
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Header fields an answer may carry, as hyper allows.
 pub const MAX_HEADERS: usize = 100;
@@ -57,8 +63,8 @@ pub struct Conn {
     buf: BytesMut,
     /// The request head as written last time, its allocation reused.
     head: Vec<u8>,
-    pool: Arc<Pool>,
-    slot: usize,
+    /// The idle list of the worker that opened it, which it goes back to.
+    home: Arc<Idle>,
     /// Whether the answer being read lets the connection carry another request.
     reuse: bool,
     /// Held, not read: the connection's place under the cap, freed with it.
@@ -99,31 +105,20 @@ enum Framing {
 }
 
 impl Conn {
-    pub fn new(
-        io: TcpStream,
-        permit: OwnedSemaphorePermit,
-        pool: Arc<Pool>,
-        slot: usize,
-    ) -> Box<Conn> {
+    pub fn new(io: TcpStream, permit: OwnedSemaphorePermit, home: Arc<Idle>) -> Box<Conn> {
         Box::new(Conn {
             io,
             buf: BytesMut::new(),
             head: Vec::new(),
-            pool,
-            slot,
+            home,
             reuse: false,
             _permit: permit,
         })
     }
 
-    /// The worker whose idle list it belongs to.
-    pub fn slot(&self) -> usize {
-        self.slot
-    }
-
     /// Lets go of buffers a large head or body left big: an idle connection
-    /// keeps at most a typical head's worth (up to 1,024 of them a worker).
-    pub fn idle(&mut self) {
+    /// keeps at most a typical head's worth.
+    fn idle(&mut self) {
         if self.buf.capacity() > FIRST_READ {
             self.buf = BytesMut::new();
         }
@@ -149,9 +144,9 @@ impl Conn {
     /// body reads the rest, and hands the connection back to its idle list
     /// when it may carry another request. `Err` carries whether the upstream
     /// may have seen the request (false: it can go out again).
-    pub async fn exchange(
+    pub async fn exchange<B>(
         mut self: Box<Self>,
-        req: &Request<crate::request_body::UpstreamBody>,
+        req: &Request<B>,
     ) -> Result<Response<Body>, (ExchangeError, bool)> {
         write_head(&mut self.head, req);
         if let Err(e) = self.io.write_all(&self.head).await {
@@ -195,9 +190,41 @@ impl Conn {
     }
 }
 
+/// One worker's idle connections, at most `max`. Each is boxed from its
+/// opening to its close: an answer's body holds it by pointer, and handing
+/// it on never moves or allocates it again.
+pub struct Idle {
+    #[allow(clippy::vec_box)]
+    conns: Mutex<Vec<Box<Conn>>>,
+    max: usize,
+}
+
+impl Idle {
+    pub fn new(max: usize) -> Arc<Idle> {
+        Arc::new(Idle {
+            conns: Mutex::new(Vec::new()),
+            max,
+        })
+    }
+
+    /// The connection put back last (the one most likely still open).
+    pub fn take(&self) -> Option<Box<Conn>> {
+        self.conns.lock().pop()
+    }
+
+    /// A connection whose answer was read whole, for the next request; closed when the list is full.
+    fn put(&self, mut conn: Box<Conn>) {
+        conn.idle();
+        let mut conns = self.conns.lock();
+        if conns.len() < self.max {
+            conns.push(conn);
+        }
+    }
+}
+
 /// Method, target, `HTTP/1.1`, the fields, an empty line: what hyper writes
 /// for a request without a body (which adds no framing of its own).
-fn write_head(out: &mut Vec<u8>, req: &Request<crate::request_body::UpstreamBody>) {
+fn write_head<B>(out: &mut Vec<u8>, req: &Request<B>) {
     out.clear();
     out.extend_from_slice(req.method().as_str().as_bytes());
     out.push(b' ');
@@ -439,7 +466,7 @@ impl Body {
         };
         // Bytes after the answer were asked by nobody: not a connection to trust.
         if conn.reuse && conn.buf.is_empty() {
-            conn.pool.clone().put_back(conn);
+            conn.home.clone().put(conn);
         }
     }
 
