@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::bytes::{find, is_tchar};
 use common::T0;
 use std::time::Duration;
 
@@ -177,14 +178,6 @@ fn chunked_body(mut rest: &[u8], head_len: usize) -> Result<Body<'_>, String> {
         }
         rest = &rest[size + 2..];
     }
-}
-
-fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 fn split_crlf(head: &[u8]) -> impl Iterator<Item = &[u8]> {

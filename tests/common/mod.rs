@@ -18,6 +18,7 @@ pub const T0: u64 = WINDOW_START + 20 * 1_000_000_000;
 pub mod acme;
 pub mod app;
 pub mod browser;
+pub mod bytes;
 pub mod cdp;
 pub mod certs;
 pub mod crowdsec;
