@@ -245,63 +245,18 @@ fn write_head<B>(out: &mut Vec<u8>, req: &Request<B>) {
 /// connection may carry another request. Interim answers (1xx but 101) are
 /// read past, as hyper does.
 fn read_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, ExchangeError> {
+    let mut spans = [Span::default(); MAX_HEADERS];
     loop {
-        let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-        let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-        let mut res = httparse::Response::new(&mut []);
-        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
-            &mut res,
-            buf,
-            &mut fields,
-        );
-        let len = match parsed {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if buf.len() >= UPSTREAM_READ_BUF => {
-                return Err(ExchangeError::HeadTooLarge)
-            }
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::HeadTooLarge),
-            Err(e) => return Err(ExchangeError::Head(e)),
+        let Some(found) = locate(buf, &mut spans)? else {
+            return Ok(None);
         };
-        if len > UPSTREAM_READ_BUF {
-            return Err(ExchangeError::HeadTooLarge);
-        }
-        let code = res.code.unwrap_or(0);
-        let status = StatusCode::from_u16(code)
-            .map_err(|_| ExchangeError::Malformed("a status code out of range"))?;
-        if status.is_informational() && code != 101 {
-            buf.advance(len);
+        if found.status.is_informational() && found.status != StatusCode::SWITCHING_PROTOCOLS {
+            buf.advance(found.len);
             continue;
         }
-        let version = match res.version {
-            Some(1) => Version::HTTP_11,
-            _ => Version::HTTP_10,
-        };
-        let start = buf.as_ptr() as usize;
-        let count = res.headers.len();
-        for (span, field) in spans.iter_mut().zip(res.headers.iter()) {
-            let name = field.name.as_ptr() as usize - start;
-            let value = field.value.as_ptr() as usize - start;
-            // A head is at most UPSTREAM_READ_BUF bytes: offsets fit.
-            *span = (
-                name as u32,
-                (name + field.name.len()) as u32,
-                value as u32,
-                (value + field.value.len()) as u32,
-            );
-        }
-        let head = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(count);
-        let mut said = Said::default();
-        for &(n0, n1, v0, v1) in &spans[..count] {
-            let name = HeaderName::from_bytes(&head[n0 as usize..n1 as usize])
-                .map_err(|_| ExchangeError::Malformed("an invalid field name"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(v0 as usize..v1 as usize))
-                .map_err(|_| ExchangeError::Malformed("an invalid field value"))?;
-            said.hear(&name, &value);
-            headers.append(name, value);
-        }
-        let (framing, reuse) = framing(status, method, version, &said)?;
+        let head = buf.split_to(found.len).freeze();
+        let (mut headers, said) = fields(&head, &spans[..found.count])?;
+        let (framing, reuse) = framing(found.status, method, found.version, &said)?;
         if said.transfer_encoding && said.content_length {
             // Both framings: chunked wins, and the Content-Length must not
             // go on with a body it does not describe.
@@ -311,11 +266,88 @@ fn read_head(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, Exchan
             headers.insert(header::CONTENT_LENGTH, crate::header_value::number(n));
         }
         let mut parts = Response::new(()).into_parts().0;
-        parts.status = status;
-        parts.version = version;
+        parts.status = found.status;
+        parts.version = found.version;
         parts.headers = headers;
         return Ok(Some((parts, framing, reuse)));
     }
+}
+
+/// Where a field's name and value lie in the head: start and end of each.
+/// A head is at most `UPSTREAM_READ_BUF` bytes, so the offsets fit.
+#[derive(Clone, Copy, Default)]
+struct Span {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+/// A whole head found by httparse at the start of the buffer.
+struct Found {
+    len: usize,
+    status: StatusCode,
+    version: Version,
+    /// How many of the spans hold its fields.
+    count: usize,
+}
+
+/// Parses the head at the start of `buf`, its fields' places put in
+/// `spans` (so the fields can share the head's bytes once it is split
+/// off); `None` while it is incomplete.
+fn locate(buf: &[u8], spans: &mut [Span; MAX_HEADERS]) -> Result<Option<Found>, ExchangeError> {
+    let mut fields = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut []);
+    let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut res,
+        buf,
+        &mut fields,
+    );
+    let len = match parsed {
+        Ok(httparse::Status::Complete(len)) if len <= UPSTREAM_READ_BUF => len,
+        Ok(httparse::Status::Partial) if buf.len() < UPSTREAM_READ_BUF => return Ok(None),
+        Ok(_) | Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::HeadTooLarge),
+        Err(e) => return Err(ExchangeError::Head(e)),
+    };
+    let status = StatusCode::from_u16(res.code.unwrap_or(0))
+        .map_err(|_| ExchangeError::Malformed("a status code out of range"))?;
+    let version = match res.version {
+        Some(1) => Version::HTTP_11,
+        _ => Version::HTTP_10,
+    };
+    let start = buf.as_ptr() as usize;
+    let at = |part: &[u8]| {
+        let from = part.as_ptr() as usize - start;
+        (from as u32, (from + part.len()) as u32)
+    };
+    for (span, field) in spans.iter_mut().zip(res.headers.iter()) {
+        *span = Span {
+            name: at(field.name.as_bytes()),
+            value: at(field.value),
+        };
+    }
+    Ok(Some(Found {
+        len,
+        status,
+        version,
+        count: res.headers.len(),
+    }))
+}
+
+/// The head's fields as a map sharing its bytes, and what they say of the framing.
+fn fields(head: &Bytes, spans: &[Span]) -> Result<(HeaderMap, Said), ExchangeError> {
+    let mut headers = HeaderMap::with_capacity(spans.len());
+    let mut said = Said::default();
+    for span in spans {
+        let (n0, n1) = (span.name.0 as usize, span.name.1 as usize);
+        let name = HeaderName::from_bytes(&head[n0..n1])
+            .map_err(|_| ExchangeError::Malformed("an invalid field name"))?;
+        let value = HeaderValue::from_maybe_shared(
+            head.slice(span.value.0 as usize..span.value.1 as usize),
+        )
+        .map_err(|_| ExchangeError::Malformed("an invalid field value"))?;
+        said.hear(&name, &value);
+        headers.append(name, value);
+    }
+    Ok((headers, said))
 }
 
 /// What an answer's framing fields say, gathered as its head is read (one
