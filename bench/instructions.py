@@ -82,6 +82,13 @@ def request_bytes(port, path):
     return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
 
 
+def post_request(port, size):
+    """A keep-alive POST of `/` with a `size`-byte body and its Content-Length
+    (a form or an API call: `--post`)."""
+    return (f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {size}\r\n\r\n").encode() + b"p" * size
+
+
 def receive(s, buf, until):
     """`buf` and more from `s` until `until(buf)` holds."""
     while not until(buf):
@@ -579,6 +586,8 @@ def main():
     ap.add_argument("--steps", help="with --ladder: only these steps, comma-separated (e.g. bare,identity); "
                     "prints instructions per request instead of the table")
     ap.add_argument("--write", metavar="FILE", help="with --ladder: put the table between FILE's ladder markers")
+    ap.add_argument("--post", type=int, metavar="SIZE",
+                    help="also measure a POST with a SIZE-byte body through each proxy (scenario `post`)")
     ap.add_argument("--budget-allow", type=int, help="exit 1 if tollgate's allow path exceeds this many instructions per request")
     ap.add_argument("--budget-reject", type=int, help="exit 1 if tollgate's 429 exceeds this many instructions per request")
     args = ap.parse_args()
@@ -626,6 +635,8 @@ def main():
             tollgate_scenarios = [("allow", PORTS["tollgate"], "/"), ("reject", PORTS["tollgate"], "/reject")]
             if args.redirect:
                 tollgate_scenarios.append(("redirect", PORTS["tollgate"], "/old/2024/page"))
+            if args.post is not None:
+                tollgate_scenarios.append(("post", PORTS["tollgate"], post_request(PORTS["tollgate"], args.post)))
             if args.challenge:
                 # Prepared once the server is up (the forged post needs a real challenge).
                 flood = {}
@@ -639,15 +650,20 @@ def main():
             plan.append(("tollgate", [args.tollgate, "--config", f"{d}/tollgate.yaml"], tollgate_scenarios))
         if "floor" in only:
             floor = args.floor or floor_binary()
+            floor_scenarios = [("allow", PORTS["floor"], "/")]
+            if args.post is not None:
+                floor_scenarios.append(("post", PORTS["floor"], post_request(PORTS["floor"], args.post)))
             plan.append(("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor']}", f"127.0.0.1:{PORTS['upstream']}",
-                                   *args.floor_args.split()],
-                         [("allow", PORTS["floor"], "/")]))
+                                   *args.floor_args.split()], floor_scenarios))
             plan.append(("floor", [floor, "serve", f"127.0.0.1:{PORTS['floor_reject']}",
                                    f"127.0.0.1:{PORTS['upstream']}", *args.floor_args.split(), "--reject"],
                          [("reject", PORTS["floor_reject"], "/reject")]))
         if "nginx" in only:
+            nginx_scenarios = [("allow", PORTS["nginx"], "/"), ("reject", PORTS["nginx_reject"], "/")]
+            if args.post is not None:
+                nginx_scenarios.append(("post", PORTS["nginx"], post_request(PORTS["nginx"], args.post)))
             plan.append(("nginx", ["nginx", "-p", d, "-e", f"{d}/ng-error.log", "-c", f"{d}/nginx.conf"],
-                         [("allow", PORTS["nginx"], "/"), ("reject", PORTS["nginx_reject"], "/")]))
+                         nginx_scenarios))
         rows = measure(plan, args, d, servers)
         print(f"{args.requests} requests, {args.conns} connections, after {args.warmup} warm-up requests")
         if args.syscalls:

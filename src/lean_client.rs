@@ -1,13 +1,12 @@
-//! A bodiless request's exchange on a pooled plain-http upstream connection, driven by the request's own task: the head written at once, the answer read with httparse.
+//! A request's exchange on a pooled plain-http upstream connection, driven by the request's own task: the request written by `upload`, the answer read with httparse.
 //!
 //! hyper's client connection is a task of its own: the request goes to it
 //! over a channel, the answer comes back over another, and every body frame
-//! crosses a third, each hand-over a wake-up. A request without a body (a
-//! GET, a HEAD: nearly every request a site sees) needs none of that; here
-//! the request's task writes the head and reads the answer itself, and the
-//! answer's body reads the socket as the client takes it. A request with a
-//! body, or one asking for an upgrade, keeps hyper's client, which writes
-//! the body while it reads an early answer.
+//! crosses a third, each hand-over a wake-up. Here the request's task
+//! writes the request (a head without a body in one write, a small body
+//! in the same write) and reads the answer itself, and the answer's body
+//! reads the socket as the client takes it. A request asking for an
+//! upgrade keeps hyper's client, whose connection a tunnel then takes over.
 //!
 //! The answer is read as strictly as hyper reads it (httparse, at most
 //! [`MAX_HEADERS`] fields in [`UPSTREAM_READ_BUF`] bytes, no obsolete line
@@ -87,6 +86,11 @@ pub enum ExchangeError {
         "the upstream's answer head is over {UPSTREAM_READ_BUF} bytes or {MAX_HEADERS} fields"
     )]
     HeadTooLarge,
+    /// The request body's own error: the client's, or its limit.
+    #[error("the request body failed: {0}")]
+    Body(#[source] BoxError),
+    #[error("the request body's length is not the one its head announced")]
+    BodyLength,
 }
 
 /// An answer's head as read: its parts, how its body ends, and whether the
@@ -140,38 +144,32 @@ impl Conn {
         matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// Writes `req` (origin form, no body) and reads the answer's head; its
-    /// body reads the rest, and hands the connection back to its idle list
-    /// when it may carry another request. `Err` carries whether the upstream
-    /// may have seen the request (false: it can go out again).
+    /// Writes `req` (origin form) and its body, and reads the answer's
+    /// head; its body reads the rest, and hands the connection back to its
+    /// idle list when it may carry another request. An answer that comes
+    /// while the body is still going out ends the upload (see `upload`).
+    /// `Err` says whether the request may go out again on another
+    /// connection: the upstream cannot have acted on it, and its body is
+    /// untouched.
     pub async fn exchange<B>(
         mut self: Box<Self>,
-        req: &Request<B>,
-    ) -> Result<Response<Body>, (ExchangeError, bool)> {
-        write_head(&mut self.head, req);
-        if let Err(e) = self.io.write_all(&self.head).await {
-            return Err((ExchangeError::Write(e), false));
-        }
-        let method = req.method();
-        let (parts, framing, reuse) = loop {
-            if !self.buf.is_empty() {
-                match read_head(&mut self.buf, method) {
-                    Ok(Some(head)) => break head,
-                    Ok(None) => {}
-                    Err(e) => return Err((e, true)),
+        req: &mut Request<B>,
+    ) -> Result<Response<Body>, (ExchangeError, bool)>
+    where
+        B: http_body::Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        let framing = upload::write_head(&mut self.head, req);
+        let (parts, framing, reuse) = match framing {
+            // Nearly every request: the head alone, in one write.
+            upload::Framing::None => {
+                if let Err(e) = self.io.write_all(&self.head).await {
+                    return Err((ExchangeError::Write(e), true));
                 }
+                self.answer_head(req.method(), false).await?
             }
-            let before = self.buf.len();
-            self.buf.reserve(FIRST_READ);
-            match poll_fn(|cx| {
-                tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
-            })
-            .await
-            {
-                Ok(0) => return Err((ExchangeError::Closed, before > 0)),
-                Ok(_) => {}
-                Err(e) => return Err((ExchangeError::Read(e), true)),
-            }
+            // Boxed: only a request with a body pays for its future.
+            _ => Box::pin(self.upload(req, framing)).await?,
         };
         let left = match framing {
             Framing::Empty => Left::Done,
@@ -187,6 +185,80 @@ impl Conn {
         };
         body.settle();
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// Writes the head and the body, and reads what the upstream sends as
+    /// they go, then the answer's head. An answer's head that comes before
+    /// the body is all written ends the upload; where the request ended is
+    /// then the upstream's to know, so the connection is not reused.
+    async fn upload<B>(
+        &mut self,
+        req: &mut Request<B>,
+        framing: upload::Framing,
+    ) -> Result<Head, (ExchangeError, bool)>
+    where
+        B: http_body::Body<Data = Bytes> + Unpin,
+        B::Error: Into<BoxError>,
+    {
+        let mut upload = upload::Upload::new(framing);
+        loop {
+            let uploaded = poll_fn(|cx| {
+                upload.poll(
+                    cx,
+                    &mut self.io,
+                    &mut self.head,
+                    &mut self.buf,
+                    req.body_mut(),
+                )
+            })
+            .await;
+            match uploaded {
+                Ok(upload::Uploaded::Whole) => break,
+                Ok(upload::Uploaded::Heard) => match read_head(&mut self.buf, req.method()) {
+                    Ok(Some((parts, framing, _))) => return Ok((parts, framing, false)),
+                    Ok(None) => {}
+                    Err(e) => return Err((e, false)),
+                },
+                // A reused connection the upstream closed as the request
+                // went out: it may go again if its body was not touched.
+                Err(e @ ExchangeError::Write(_)) => return Err((e, !upload.spent)),
+                Err(e) => return Err((e, false)),
+            }
+        }
+        self.answer_head(req.method(), upload.spent).await
+    }
+
+    /// Reads the answer's head once the request is written. Nothing read
+    /// back before a close lets an idempotent request go out again (the
+    /// upstream closed an idle connection as it went), if no body went with it.
+    async fn answer_head(
+        &mut self,
+        method: &Method,
+        spent: bool,
+    ) -> Result<Head, (ExchangeError, bool)> {
+        loop {
+            if !self.buf.is_empty() {
+                match read_head(&mut self.buf, method) {
+                    Ok(Some(head)) => return Ok(head),
+                    Ok(None) => {}
+                    Err(e) => return Err((e, false)),
+                }
+            }
+            let before = self.buf.len();
+            self.buf.reserve(FIRST_READ);
+            match poll_fn(|cx| {
+                tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+            })
+            .await
+            {
+                Ok(0) => {
+                    let again = before == 0 && !spent && method.is_idempotent();
+                    return Err((ExchangeError::Closed, again));
+                }
+                Ok(_) => {}
+                Err(e) => return Err((ExchangeError::Read(e), false)),
+            }
+        }
     }
 }
 
@@ -220,24 +292,6 @@ impl Idle {
             conns.push(conn);
         }
     }
-}
-
-/// Method, target, `HTTP/1.1`, the fields, an empty line: what hyper writes
-/// for a request without a body (which adds no framing of its own).
-fn write_head<B>(out: &mut Vec<u8>, req: &Request<B>) {
-    out.clear();
-    out.extend_from_slice(req.method().as_str().as_bytes());
-    out.push(b' ');
-    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// The answer's head, once whole at the start of `buf` (which then holds
@@ -679,6 +733,8 @@ impl http_body::Body for Body {
         }
     }
 }
+
+mod upload;
 
 #[cfg(test)]
 mod tests;

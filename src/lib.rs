@@ -83,9 +83,9 @@
 //! - [`compression`]: the response filter phase (gzip/brotli by `Accept-Encoding`, streamed);
 //! - [`body`]: the response body, our own bytes or the upstream's, streamed and counted; [`tunnel`]:
 //!   WebSockets and other upgrades;
-//! - [`lean_client`]: a request without a body on a pooled plain-http upstream connection, spoken
-//!   by the request's own task (head written at once, answer read with httparse), and the body that
-//!   hands the connection back;
+//! - [`lean_client`]: a request on a pooled plain-http upstream connection, spoken by the request's
+//!   own task (`lean_client/upload.rs` writes the head and body while listening for an early answer;
+//!   the answer is read with httparse), and the body that hands the connection back;
 //! - [`header_value`]: numbers and built values as header values, with one allocation or none;
 //! - [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded when
 //!   they change, and the busiest networks;

@@ -2,15 +2,13 @@
 //!
 //! hyper-util's pooled client shares one pool between threads (a mutex and a
 //! hashed pool key per request, and connections whose task may live on
-//! another thread). Here each worker keeps its own idle lists, so a request
+//! another thread). Here each worker keeps its own idle list, so a request
 //! takes a connection its own thread drives, with one uncontended lock and
-//! no hashing: sockets for requests without a body, which the request's
-//! task speaks to itself (see `lean_client`), and hyper `SendRequest`
-//! handles for requests with a body or an upgrade.
+//! no hashing: sockets the request's task speaks to itself (see
+//! `lean_client`). A request asking for an upgrade goes through hyper's
+//! client on a connection of its own, which a tunnel then takes over.
 
-use std::future::poll_fn;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use http::uri::Authority;
@@ -18,7 +16,6 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
-use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -65,15 +62,11 @@ pub enum PoolError {
 pub struct Pool {
     authority: Authority,
     connect_timeout: Duration,
-    idle: Vec<Mutex<Vec<Conn>>>,
-    /// Sockets for requests without a body, per worker (see `lean_client`).
+    /// Each worker's idle sockets (see `lean_client`).
     lean: Vec<Arc<lean::Idle>>,
     /// One permit per open connection (see `max_connections_per_upstream`).
     slots: Arc<Semaphore>,
 }
-
-/// A connection and its place under the cap: dropped together.
-type Conn = (SendRequest<UpstreamBody>, OwnedSemaphorePermit);
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -85,39 +78,17 @@ impl std::fmt::Debug for Pool {
 
 /// An upstream's answer: its head, and a body that reads the connection.
 pub enum Answer {
-    /// hyper's, and the guard that puts its connection back once the body is done.
-    Hyper(Response<Incoming>, Return),
+    /// hyper's, to an upgrade request, and what must live as long as its
+    /// body (or until its tunnel takes the socket).
+    Hyper(Response<Incoming>, Held),
     /// Read by the request's task; the body puts its connection back itself.
     Lean(Response<lean::Body>),
 }
 
-/// Puts the connection back in its worker's idle list when the response body
-/// is done (dropped): only then can HTTP/1.1 carry the next request.
-pub struct Return {
-    pool: Arc<Pool>,
-    slot: usize,
-    sender: Option<Conn>,
-}
-
-impl Return {
-    /// The connection was upgraded (101): it carries a tunnel now, never another request.
-    pub fn discard(&mut self) {
-        self.sender = None;
-    }
-}
-
-impl Drop for Return {
-    fn drop(&mut self) {
-        if let Some(conn) = self.sender.take() {
-            if !conn.0.is_closed() {
-                let mut idle = self.pool.idle[self.slot].lock();
-                if idle.len() < MAX_IDLE_PER_WORKER {
-                    idle.push(conn);
-                }
-            }
-        }
-    }
-}
+/// An upgrade's hyper connection and its place under the cap, kept until
+/// the answer's body is done: a connection whose upstream refused the
+/// upgrade carries no other request, and closes then.
+pub type Held = (SendRequest<UpstreamBody>, OwnedSemaphorePermit);
 
 impl Pool {
     /// One idle list per worker runtime (`workers` of them) and one for the
@@ -126,7 +97,6 @@ impl Pool {
         Arc::new(Pool {
             authority,
             connect_timeout,
-            idle: (0..=workers).map(|_| Mutex::new(Vec::new())).collect(),
             lean: (0..=workers)
                 .map(|_| lean::Idle::new(MAX_IDLE_PER_WORKER))
                 .collect(),
@@ -145,17 +115,17 @@ impl Pool {
         worker: usize,
         upgrade: bool,
     ) -> Result<Answer, Failed> {
-        let slot = worker.min(self.idle.len() - 1);
-        if !upgrade && http_body::Body::is_end_stream(req.body()) {
-            return self.send_lean(req, slot).await;
+        if upgrade {
+            return self.send_upgrade(req).await;
         }
-        self.send_hyper(req, slot).await
+        let slot = worker.min(self.lean.len() - 1);
+        self.send_lean(req, slot).await
     }
 
-    /// A request without a body, on a socket this task speaks to itself.
+    /// A request on a socket this task speaks to itself.
     async fn send_lean(
         self: &Arc<Pool>,
-        req: Request<UpstreamBody>,
+        mut req: Request<UpstreamBody>,
         slot: usize,
     ) -> Result<Answer, Failed> {
         loop {
@@ -165,16 +135,12 @@ impl Pool {
             if !conn.usable().await {
                 continue;
             }
-            match conn.exchange(&req).await {
+            match conn.exchange(&mut req).await {
                 Ok(resp) => return Ok(Answer::Lean(resp)),
-                // The upstream closed an idle connection as the request went
-                // out: it saw no request, or (nothing read back) none it
-                // answered, which only a method safe to repeat may assume.
-                Err((lean::ExchangeError::Write(_), _)) => continue,
-                Err((lean::ExchangeError::Closed, false)) if req.method().is_idempotent() => {
-                    continue
-                }
-                Err((e, _)) => return Err((PoolError::Lean(e), None)),
+                // The upstream closed an idle connection as the request
+                // went out, and the request can go again (see `exchange`).
+                Err((_, true)) => continue,
+                Err((e, false)) => return Err((PoolError::Lean(e), None)),
             }
         }
         let permit = self.slot().await;
@@ -183,7 +149,7 @@ impl Pool {
             Err(e) => return Err((e, Some(req))),
         };
         match lean::Conn::new(io, permit, self.lean[slot].clone())
-            .exchange(&req)
+            .exchange(&mut req)
             .await
         {
             Ok(resp) => Ok(Answer::Lean(resp)),
@@ -191,31 +157,9 @@ impl Pool {
         }
     }
 
-    /// A request with a body or an upgrade, through hyper's client.
-    async fn send_hyper(
-        self: &Arc<Pool>,
-        mut req: Request<UpstreamBody>,
-        slot: usize,
-    ) -> Result<Answer, Failed> {
-        loop {
-            let Some((mut sender, permit)) = self.idle[slot].lock().pop() else {
-                break;
-            };
-            // Ready now, or useless: a connection still busy with an abandoned
-            // body, or closed by the upstream, is dropped.
-            let ready = poll_fn(|cx| Poll::Ready(sender.poll_ready(cx))).await;
-            if !matches!(ready, Poll::Ready(Ok(()))) {
-                continue;
-            }
-            match sender.try_send_request(req).await {
-                Ok(resp) => return Ok(Answer::Hyper(resp, self.returner(slot, (sender, permit)))),
-                Err(mut e) => match e.take_message() {
-                    // The upstream closed it before our request went out: try another.
-                    Some(unsent) => req = unsent,
-                    None => return Err((PoolError::Exchange(e.into_error()), None)),
-                },
-            }
-        }
+    /// A request asking for an upgrade, through hyper's client on a new
+    /// connection: if the upstream agrees, the tunnel takes the socket.
+    async fn send_upgrade(self: &Arc<Pool>, req: Request<UpstreamBody>) -> Result<Answer, Failed> {
         let permit = self.slot().await;
         let mut sender = match self.connect().await {
             Ok(sender) => sender,
@@ -225,7 +169,7 @@ impl Pool {
             .send_request(req)
             .await
             .map_err(|e| (PoolError::Exchange(e), None))?;
-        Ok(Answer::Hyper(resp, self.returner(slot, (sender, permit))))
+        Ok(Answer::Hyper(resp, (sender, permit)))
     }
 
     /// A place under the cap for one more connection.
@@ -235,27 +179,12 @@ impl Pool {
         }
         // At the cap: an idle connection another worker keeps is worth less
         // than this request; close one, or wait for a busy one.
-        let lean = || self.lean.iter().find_map(|list| list.take()).map(drop);
-        let hyper = || {
-            self.idle
-                .iter()
-                .find_map(|list| list.lock().pop())
-                .map(drop)
-        };
-        let _ = lean().or_else(hyper);
+        drop(self.lean.iter().find_map(|list| list.take()));
         self.slots
             .clone()
             .acquire_owned()
             .await
             .expect("the semaphore is never closed")
-    }
-
-    fn returner(self: &Arc<Pool>, slot: usize, sender: Conn) -> Return {
-        Return {
-            pool: self.clone(),
-            slot,
-            sender: Some(sender),
-        }
     }
 
     /// A hyper client connection on a new socket, driven by a task of this worker.

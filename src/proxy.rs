@@ -233,21 +233,17 @@ impl Upstream {
             tokio::time::timeout(self.timeout, pool.send(upstream_req, kept.worker, upgrade)).await;
         match sent {
             Err(_) => Err(SendError::sent(self.timed_out())),
-            Ok(Err((crate::pool::PoolError::Exchange(e), _)))
-                if client_side(&e, kept.max_body).is_some() =>
-            {
-                Err(SendError::sent(
-                    client_side(&e, kept.max_body).expect("checked"),
-                ))
-            }
+            // The request body's own error (the client's, or its limit),
+            // whichever client wrote it.
+            Ok(Err((source, _))) if client_side(&source, kept.max_body).is_some() => Err(
+                SendError::sent(client_side(&source, kept.max_body).expect("checked")),
+            ),
             Ok(Err((source, unsent))) => Err(self.pool_failed(source, unsent, kept)),
-            Ok(Ok(crate::pool::Answer::Hyper(mut resp, mut back))) => {
-                if keep_upgrade(&mut resp, upgrade) {
-                    back.discard();
-                }
+            Ok(Ok(crate::pool::Answer::Hyper(mut resp, held))) => {
+                keep_upgrade(&mut resp, upgrade);
                 Ok((
                     resp.map(Forwarded::from),
-                    Some(Box::new(back) as crate::body::Guard),
+                    Some(Box::new(held) as crate::body::Guard),
                 ))
             }
             Ok(Ok(crate::pool::Answer::Lean(mut resp))) => {
@@ -496,14 +492,14 @@ impl SendError {
 }
 
 /// Strips the response's hop-by-hop headers, except the `Upgrade` and
-/// `Connection` of a 101 answer to an upgrade request; true for such an answer.
+/// `Connection` of a 101 answer to an upgrade request.
 ///
 /// The answer also becomes tollgate's own HTTP/1.1 message: hyper writes a
 /// response in the version it carries, so an HTTP/1.0 upstream's version
 /// would reach an HTTP/1.1 client and end its keep-alive (as nginx, the
 /// upstream's version is a matter between tollgate and the upstream; hyper
 /// still answers an HTTP/1.0 client as HTTP/1.0).
-fn keep_upgrade<B>(resp: &mut Response<B>, asked: bool) -> bool {
+fn keep_upgrade<B>(resp: &mut Response<B>, asked: bool) {
     *resp.version_mut() = Version::HTTP_11;
     let upgraded = asked && resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
     let upgrade = upgraded
@@ -515,7 +511,6 @@ fn keep_upgrade<B>(resp: &mut Response<B>, asked: bool) -> bool {
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    upgraded
 }
 
 /// Warns, loudly, about every upstream whose certificate is not verified;
