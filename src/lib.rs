@@ -85,7 +85,8 @@
 //!   WebSockets and other upgrades;
 //! - [`lean_client`]: a request on a pooled plain-http upstream connection, spoken by the request's
 //!   own task (`lean_client/upload.rs` writes the head and body while listening for an early answer;
-//!   the answer is read with httparse), and the body that hands the connection back;
+//!   `lean_client/head.rs` reads the answer's head with httparse), and the body that hands the
+//!   connection back;
 //! - [`header_value`]: numbers and built values as header values, with one allocation or none;
 //! - [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded when
 //!   they change, and the busiest networks;

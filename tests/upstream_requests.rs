@@ -358,17 +358,7 @@ async fn an_upstream_that_answers_before_reading_the_body_gets_its_answer_heard_
 ) {
     let upstream = RawUpstream::start(Mode::Refuse).await;
     let proxy = front(&upstream).await;
-    let http = client();
-    // Within the 20 s the client waits, against an upstream timeout of 60 s:
-    // a write left blocked would end in the client's timeout, not a 413.
-    let resp = http
-        .post(proxy.url("/upload"))
-        .body(pattern(LARGE))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 413);
-    assert_eq!(resp.text().await.unwrap(), "too big");
+    refused_upload(&proxy).await;
     // Read to its end, the connection ends: tollgate closed it.
     upstream.drain.notify_one();
     assert!(
@@ -378,7 +368,7 @@ async fn an_upstream_that_answers_before_reading_the_body_gets_its_answer_heard_
         .await,
         "tollgate closed the connection whose request it left unfinished"
     );
-    let resp = http
+    let resp = client()
         .post(proxy.url("/again"))
         .body("x")
         .send()
@@ -396,6 +386,13 @@ async fn an_upstream_that_answers_before_reading_the_body_gets_its_answer_heard_
 async fn an_upstream_that_answers_early_and_closes_gets_its_answer_to_the_client() {
     let upstream = RawUpstream::start(Mode::RefuseAndClose).await;
     let proxy = front(&upstream).await;
+    refused_upload(&proxy).await;
+}
+
+/// Sends a `LARGE` body and expects the upstream's early `413`. The client
+/// waits 20 s, the upstream timeout is 60 s: a write left blocked on an
+/// upstream that reads nothing would end in the client's timeout, not a 413.
+async fn refused_upload(proxy: &Proxy) {
     let resp = client()
         .post(proxy.url("/upload"))
         .body(pattern(LARGE))

@@ -53,7 +53,7 @@ pub(super) fn write_head<B: http_body::Body>(out: &mut Vec<u8>, req: &Request<B>
     let body = req.body();
     let declared = || {
         let length = req.headers().get(header::CONTENT_LENGTH)?;
-        super::digits(length.as_bytes())
+        super::head::digits(length.as_bytes())
     };
     let framing = if body.is_end_stream() {
         Framing::None
