@@ -934,7 +934,8 @@ async fn an_invalid_chunk_size_never_ends_as_a_whole_answer_and_its_connection_i
 }
 
 #[tokio::test]
-async fn a_folded_field_a_bare_cr_or_a_space_before_the_colon_gets_a_502_never_forwarded() {
+async fn a_folded_field_a_bare_cr_a_nul_a_del_or_a_space_before_the_colon_gets_a_502_never_forwarded(
+) {
     let cases = [
         (
             "an obs-folded field",
@@ -951,6 +952,10 @@ async fn a_folded_field_a_bare_cr_or_a_space_before_the_colon_gets_a_502_never_f
         (
             "a NUL in a field value",
             with_fields("X-A: a\0b\r\nContent-Length: 5"),
+        ),
+        (
+            "a DEL in a field value",
+            with_fields("X-A: a\x7fb\r\nContent-Length: 5"),
         ),
     ];
     each_case(&cases, refusal_problems).await;
