@@ -85,25 +85,12 @@ pub async fn handle(
         return refused;
     }
     let path = req.uri().path();
+    if req.method() == Method::GET {
+        if let Some(page) = dashboard(app, reloader, path) {
+            return page;
+        }
+    }
     match (req.method(), path) {
-        (&Method::GET, "/") => asset(crate::dashboard::PAGE, "text/html; charset=utf-8"),
-        (&Method::GET, "/dashboard.js") => {
-            asset(crate::dashboard::SCRIPT, "text/javascript; charset=utf-8")
-        }
-        (&Method::GET, "/dashboard.css") => {
-            asset(crate::dashboard::STYLE, "text/css; charset=utf-8")
-        }
-        (&Method::GET, "/dashboard.json") => {
-            let mut resp = json_response(
-                StatusCode::OK,
-                crate::dashboard::data(app, reloader.certificates()),
-            );
-            resp.headers_mut().insert(
-                http::header::CACHE_CONTROL,
-                HeaderValue::from_static("no-store"),
-            );
-            resp
-        }
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, json!({"status": "ok"})),
         (&Method::GET, "/readyz") => readiness(app, &snap),
         (&Method::GET, "/metrics") => metrics(app, reloader, &snap).await,
@@ -114,15 +101,11 @@ pub async fn handle(
         (&Method::GET, "/status") | (&Method::DELETE, "/status") => {
             client_status(app, &snap, &req).await
         }
-        (&Method::POST, "/reload") => {
-            let strict = query_param(req.uri().query().unwrap_or(""), "strict");
-            match strict.as_deref() {
-                None | Some("false") => reload(app, reloader, &snap, false).await,
-                Some("true") => reload(app, reloader, &snap, true).await,
-                // A misspelt flag must not reload without the check it asked for.
-                Some(_) => admin_error(StatusCode::BAD_REQUEST, "strict is true or false."),
-            }
-        }
+        (&Method::POST, "/reload") => match strict(req.uri().query().unwrap_or("")) {
+            Some(strict) => reload(app, reloader, &snap, strict).await,
+            // A misspelt flag must not reload without the check it asked for.
+            None => admin_error(StatusCode::BAD_REQUEST, "strict is true or false."),
+        },
         (&Method::GET, "/bans") => bans::list(app, &snap, req.uri().query().unwrap_or("")).await,
         (&Method::DELETE, p) if p.starts_with("/bans/") => {
             bans::lift(app, &p["/bans/".len()..]).await
@@ -133,17 +116,47 @@ pub async fn handle(
             StatusCode::OK,
             json!({"upstreams": upstreams_status(&snap)}),
         ),
-        (&Method::GET, "/config") => json_response(
-            StatusCode::OK,
-            json!({
-                "version": snap.version,
-                "path": app.shared.config_path.as_ref().map(|p| p.display().to_string()),
-                "last_reload_error": *app.shared.last_reload_error.lock(),
-                "config": effective_config(&snap.config),
-            }),
-        ),
+        (&Method::GET, "/config") => json_response(StatusCode::OK, config_view(app, &snap)),
         (_, p) => unknown(p),
     }
+}
+
+/// The dashboard's page, its assets and its data, for a GET of `path`.
+fn dashboard(app: &App, reloader: &Reloader, path: &str) -> Option<Response<Body>> {
+    Some(match path {
+        "/" => asset(crate::dashboard::PAGE, "text/html; charset=utf-8"),
+        "/dashboard.js" => asset(crate::dashboard::SCRIPT, "text/javascript; charset=utf-8"),
+        "/dashboard.css" => asset(crate::dashboard::STYLE, "text/css; charset=utf-8"),
+        "/dashboard.json" => {
+            let data = crate::dashboard::data(app, reloader.certificates());
+            let mut resp = json_response(StatusCode::OK, data);
+            resp.headers_mut().insert(
+                http::header::CACHE_CONTROL,
+                HeaderValue::from_static("no-store"),
+            );
+            resp
+        }
+        _ => return None,
+    })
+}
+
+/// `POST /reload`'s `strict` flag: false when absent, `None` when misspelt.
+fn strict(query: &str) -> Option<bool> {
+    match query_param(query, "strict").as_deref() {
+        None | Some("false") => Some(false),
+        Some("true") => Some(true),
+        Some(_) => None,
+    }
+}
+
+/// `GET /config`: the effective config (secrets redacted), its version and source.
+fn config_view(app: &App, snap: &Snapshot) -> serde_json::Value {
+    json!({
+        "version": snap.version,
+        "path": app.shared.config_path.as_ref().map(|p| p.display().to_string()),
+        "last_reload_error": *app.shared.last_reload_error.lock(),
+        "config": effective_config(&snap.config),
+    })
 }
 
 /// The guard phase: token and `Host` checks; the refusal to send, if any.

@@ -317,21 +317,13 @@ impl Cgi<'_> {
 
     /// The CGI variables: the script, the request line, the server and the client.
     fn cgi_params(&self, parts: &http::request::Parts, push: &mut impl FnMut(&[u8], &[u8])) {
-        let headers = &parts.headers;
-        let header =
-            |name: header::HeaderName| headers.get(name).map_or(&b""[..], HeaderValue::as_bytes);
-        let uri = &parts.uri;
-        let request_uri = uri.path_and_query().map_or("/", |p| p.as_str());
-        let host = headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.parse::<http::uri::Authority>().ok());
-        let https = self.proto == "https";
-        let port = host
-            .as_ref()
-            .and_then(|a| a.port_u16())
-            .unwrap_or(if https { 443 } else { 80 });
+        self.script_params(push);
+        self.request_params(parts, push);
+        self.server_params(parts, push);
+    }
 
+    /// Which script runs, and what of the path and query it is given.
+    fn script_params(&self, push: &mut impl FnMut(&[u8], &[u8])) {
         push(
             b"SCRIPT_FILENAME",
             format!("{}{}", self.root, self.script).as_bytes(),
@@ -345,6 +337,17 @@ impl Cgi<'_> {
             );
         }
         push(b"QUERY_STRING", self.query.as_bytes());
+    }
+
+    /// The request line, its body's type and length, and the document it asks for.
+    fn request_params(&self, parts: &http::request::Parts, push: &mut impl FnMut(&[u8], &[u8])) {
+        let header = |name: header::HeaderName| {
+            parts
+                .headers
+                .get(name)
+                .map_or(&b""[..], HeaderValue::as_bytes)
+        };
+        let request_uri = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         push(b"REQUEST_METHOD", parts.method.as_str().as_bytes());
         push(b"CONTENT_TYPE", header(header::CONTENT_TYPE));
         push(b"CONTENT_LENGTH", header(header::CONTENT_LENGTH));
@@ -359,9 +362,23 @@ impl Cgi<'_> {
             crate::access::proto(parts.version).as_bytes(),
         );
         push(b"REQUEST_SCHEME", self.proto.as_bytes());
-        if https {
+        if self.proto == "https" {
             push(b"HTTPS", b"on");
         }
+    }
+
+    /// The server (the name and port the client asked for) and the client.
+    fn server_params(&self, parts: &http::request::Parts, push: &mut impl FnMut(&[u8], &[u8])) {
+        let host = parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.parse::<http::uri::Authority>().ok());
+        let https = self.proto == "https";
+        let port = host
+            .as_ref()
+            .and_then(|a| a.port_u16())
+            .unwrap_or(if https { 443 } else { 80 });
         push(b"GATEWAY_INTERFACE", b"CGI/1.1");
         push(
             b"SERVER_SOFTWARE",

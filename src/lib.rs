@@ -224,27 +224,8 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     let config = app.snapshot().config.clone();
     // One pruning task; a reload that removes limiters asks it for a round.
     let prune_now = prune::Trigger::default();
+    let tls = tls_front(&app, &config, &background).await;
     // The reloader holds the listeners; the admin API reloads through it.
-    let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
-    let managed = Arc::new(acme::state::Managed::default());
-    // Managed from the first handshake (refused until ordered) and in the first scrape.
-    let acme_config = config.server.tls.as_ref().and_then(|t| t.acme.as_ref());
-    for domain in acme_config.iter().flat_map(|a| &a.domains) {
-        managed.manage(domain);
-    }
-    acme::start_at_zero(&app.shared.metrics);
-    // The stored certificates are in force before the first handshake.
-    if let Some(acme) = acme_config {
-        acme::load_stored(acme, &managed, &app.shared.clock).await;
-    }
-    server::lingering_start_at_zero(&app.shared.metrics);
-    let tls = Arc::new(tls::Terminator::new(certs, managed.clone()));
-    // Names under `server.tls.acme`: ordered, renewed and swapped in the background.
-    tokio::spawn(acme::manage(
-        acme_context(&app),
-        managed,
-        background.clone(),
-    ));
     let reloader = Arc::new(reload::Reloader::new(
         app.clone(),
         tls.clone(),
@@ -268,13 +249,49 @@ pub async fn run(listeners: Listeners, app: App, options: RunOptions, shutdown: 
     spawn_background(&app, &reloader, &options, prune_now, &background);
 
     shutdown.cancelled().await;
+    stop(&app, &reloader, &connections, &background).await;
+}
+
+/// The TLS terminator: the configured certificates, and the names under
+/// `server.tls.acme`, their stored certificates in force before the first
+/// handshake, ordered and renewed in the background until `background` ends.
+async fn tls_front(
+    app: &App,
+    config: &config::Config,
+    background: &CancellationToken,
+) -> Arc<tls::Terminator> {
+    let certs = config.server.tls.as_ref().map(|t| t.loaded.clone());
+    let managed = Arc::new(acme::state::Managed::default());
+    // Managed from the first handshake (refused until ordered) and in the first scrape.
+    let acme_config = config.server.tls.as_ref().and_then(|t| t.acme.as_ref());
+    for domain in acme_config.iter().flat_map(|a| &a.domains) {
+        managed.manage(domain);
+    }
+    acme::start_at_zero(&app.shared.metrics);
+    if let Some(acme) = acme_config {
+        acme::load_stored(acme, &managed, &app.shared.clock).await;
+    }
+    server::lingering_start_at_zero(&app.shared.metrics);
+    let tls = Arc::new(tls::Terminator::new(certs, managed.clone()));
+    tokio::spawn(acme::manage(acme_context(app), managed, background.clone()));
+    tls
+}
+
+/// Shutdown: no new connections, the requests in flight drained, the
+/// background tasks ended, the last records logged and the store persisted.
+async fn stop(
+    app: &App,
+    reloader: &reload::Reloader,
+    connections: &TaskTracker,
+    background: &CancellationToken,
+) {
     tracing::info!("shutting down: no new connections, draining requests in flight");
     // Taking the listeners back also ends the reloader's hold on the admin handler.
     if let Some(mut set) = reloader.detach() {
         // Every connection drains: the request it serves finishes, then it closes.
         set.shutdown().await;
     }
-    drain(&app, &connections).await;
+    drain(app, connections).await;
     background.cancel();
     let shared = app.shared.clone();
     let _ = tokio::task::spawn_blocking(move || {

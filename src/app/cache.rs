@@ -44,6 +44,14 @@ pub(super) struct Via<'a> {
     pub cache: &'a Arc<ResponseCache>,
 }
 
+/// Where a leading request's answer may be stored, and under what.
+struct Kept<'a> {
+    cache: &'a ResponseCache,
+    rc: &'a RouteCache,
+    lookup: &'a CacheLookup,
+    uri: &'a http::Uri,
+}
+
 /// What a cacheable request brings to the phase.
 struct CacheLookup {
     base: Key,
@@ -181,18 +189,44 @@ impl App {
                 return answer(&e, &lookup, x, &status);
             }
         }
-        if lead.is_none() {
+        let Some(lead) = lead else {
             return marked(
                 resp,
                 &format!("tollgate; fwd=miss; fwd-status={fwd_status}"),
             );
-        }
+        };
+        let kept = Kept {
+            cache,
+            rc,
+            lookup: &lookup,
+            uri: &uri,
+        };
+        self.stored_for_all(x, kept, resp, lead).await
+    }
+
+    /// The leading request's answer, stored when it may be: then the
+    /// stored entry answers it and every request that waited on it;
+    /// otherwise it goes on as it came (the waiters ask on their own).
+    async fn stored_for_all(
+        &self,
+        x: &Exchange,
+        kept: Kept<'_>,
+        resp: Response<Body>,
+        lead: flight::Lead,
+    ) -> Response<Body> {
+        let fwd_status = resp.status().as_u16();
         let now = self.shared.clock.now();
+        let Kept {
+            cache,
+            rc,
+            lookup,
+            uri,
+        } = kept;
         match keep(
             cache,
             &rc.config,
             &lookup.base,
-            &uri,
+            uri,
             &lookup.headers,
             resp,
             lookup.compress,
@@ -201,14 +235,12 @@ impl App {
         .await
         {
             KeptAnswer::Stored(e) => {
-                if let Some(lead) = lead {
-                    lead.land(Landed::Stored(e.clone()));
-                }
+                lead.land(Landed::Stored(e.clone()));
                 let status = format!(
                     "tollgate; fwd=miss; fwd-status={fwd_status}; stored; ttl={}",
                     e.ttl(now)
                 );
-                answer(&e, &lookup, x, &status)
+                answer(&e, lookup, x, &status)
             }
             KeptAnswer::Passed(resp) => marked(
                 resp,

@@ -6,7 +6,7 @@ use http::{Method, StatusCode};
 
 use super::{valid_name, Validator};
 use crate::config::cache::RouteCacheConfig;
-use crate::config::raw::{RawLimiter, RawMatch, RawRoute, RawUpstream, Text};
+use crate::config::raw::{RawLimiter, RawMatch, RawRespond, RawRoute, RawUpstream, Text};
 use crate::config::suggest;
 use crate::config::{Action, LimiterConfig, RouteConfig, UpstreamConfig};
 
@@ -248,39 +248,45 @@ impl Validator<'_> {
                 .map(Action::Redirect);
         }
         if let Some(resp) = &r.respond {
-            return match StatusCode::from_u16(resp.status) {
-                Ok(status) => Some(Action::Respond {
-                    status,
-                    body: resp.body.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
-                    content_type: resp
-                        .content_type
-                        .as_ref()
-                        .map(|t| t.0.clone())
-                        .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
-                }),
-                Err(_) => {
-                    self.err(
-                        at("respond.status"),
-                        format!("invalid status {}", resp.status),
-                    );
-                    None
-                }
-            };
+            return self.respond(&at("respond.status"), resp);
         }
         let u = r.upstream.as_ref()?;
-        match refs.upstream_index.get(u.0.as_str()) {
-            Some(&idx) => Some(Action::Upstream(idx)),
-            None => {
-                if !refs.raw_upstreams.contains_key(&u.0) {
-                    let names = refs.raw_upstreams.keys().map(String::as_str);
-                    self.err(
-                        at("upstream"),
-                        format!("no upstream named {:?}{}", u.0, suggest::hint(&u.0, names)),
-                    );
-                }
+        self.upstream_named(&at("upstream"), &u.0, refs)
+    }
+
+    /// A route's `respond`: its own answer, with a valid status.
+    fn respond(&mut self, at_status: &str, resp: &RawRespond) -> Option<Action> {
+        match StatusCode::from_u16(resp.status) {
+            Ok(status) => Some(Action::Respond {
+                status,
+                body: resp.body.as_ref().map(|t| t.0.clone()).unwrap_or_default(),
+                content_type: resp
+                    .content_type
+                    .as_ref()
+                    .map(|t| t.0.clone())
+                    .unwrap_or_else(|| "text/plain; charset=utf-8".into()),
+            }),
+            Err(_) => {
+                self.err(at_status, format!("invalid status {}", resp.status));
                 None
             }
         }
+    }
+
+    /// A route's `upstream`: the index of the one it names. A name of an
+    /// upstream that failed its own validation is not reported again.
+    fn upstream_named(&mut self, at: &str, name: &str, refs: &RouteRefs<'_>) -> Option<Action> {
+        if let Some(&idx) = refs.upstream_index.get(name) {
+            return Some(Action::Upstream(idx));
+        }
+        if !refs.raw_upstreams.contains_key(name) {
+            let names = refs.raw_upstreams.keys().map(String::as_str);
+            self.err(
+                at,
+                format!("no upstream named {name:?}{}", suggest::hint(name, names)),
+            );
+        }
+        None
     }
 
     /// A route's `access`, `auth`, `headers` and `rewrite` (which needs an upstream).
