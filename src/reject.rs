@@ -155,18 +155,52 @@ pub fn set_rate_limit_headers(
     if let Some(v) = &prepared.policy {
         headers.insert(RATELIMIT_POLICY, v.clone());
     }
-    let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-    let current = header_value::joined(&[
-        b"\"",
-        tightest.name.as_bytes(),
-        b"\";r=",
-        r.format(q.remaining).as_bytes(),
-        b";t=",
-        t.format(ceil_secs(q.reset_after)).as_bytes(),
-    ]);
-    if let Some(v) = current {
+    if let Some(v) = current_value(tightest.name, q.remaining, ceil_secs(q.reset_after)) {
         headers.insert(RATELIMIT, v);
     }
+}
+
+thread_local! {
+    /// The last spent `RateLimit` value (`r=0`) this worker wrote, and its
+    /// `t`: a flood's refusals from one client within a second all say the
+    /// same, so it is written once, not once a refusal. An allowed
+    /// request's `r` moves with every request: it is written afresh, and
+    /// not kept (keeping costs a shared copy of the value).
+    static LAST_SPENT: std::cell::RefCell<Option<(u64, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `RateLimit`'s value, `"name";r=R;t=T`.
+fn current_value(name: &str, remaining: u64, reset: u64) -> Option<HeaderValue> {
+    let render = || {
+        let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
+        header_value::joined(&[
+            b"\"",
+            name.as_bytes(),
+            b"\";r=",
+            r.format(remaining).as_bytes(),
+            b";t=",
+            t.format(reset).as_bytes(),
+        ])
+    };
+    if remaining != 0 {
+        return render();
+    }
+    LAST_SPENT.with(|last| {
+        let mut last = last.borrow_mut();
+        if let Some((t, v)) = &*last {
+            // The same `t`, and the same name between the quotes (a name has no `"`).
+            let named = v.as_bytes().get(1..name.len() + 2);
+            if *t == reset
+                && named.is_some_and(|n| n.starts_with(name.as_bytes()) && n.ends_with(b"\""))
+            {
+                return Some(v.clone());
+            }
+        }
+        let v = render()?;
+        *last = Some((reset, v.clone()));
+        Some(v)
+    })
 }
 
 thread_local! {
@@ -486,6 +520,24 @@ mod tests {
             "x-ratelimit-reset",
         ]
         .map(|n| h[n].to_str().unwrap().to_string())
+    }
+
+    #[test]
+    fn a_kept_spent_value_is_reused_only_for_the_same_name_and_reset() {
+        let cases = [
+            ("api", 0, 5, "\"api\";r=0;t=5"),
+            ("api", 0, 5, "\"api\";r=0;t=5"),
+            ("ap", 0, 5, "\"ap\";r=0;t=5"),
+            ("api", 0, 5, "\"api\";r=0;t=5"),
+            ("apis", 0, 5, "\"apis\";r=0;t=5"),
+            ("apis", 0, 6, "\"apis\";r=0;t=6"),
+            ("apis", 3, 6, "\"apis\";r=3;t=6"),
+            ("apis", 0, 6, "\"apis\";r=0;t=6"),
+        ];
+        for (name, remaining, reset, expected) in cases {
+            let v = current_value(name, remaining, reset).unwrap();
+            assert_eq!(v, expected, "{name} r={remaining} t={reset}");
+        }
     }
 
     #[test]
