@@ -18,6 +18,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +29,9 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{ApiKeyEntry, IdentityConfig};
 use crate::limiter::Nanos;
+
+/// The hops a request passed, as proxies list them (read here, written by the proxy).
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 use crate::metrics::{inc, Counter, Metrics};
 
 /// The identity rules of one config snapshot.
@@ -219,36 +223,48 @@ impl Identity {
         }
     }
     /// The client IP from `X-Forwarded-For` (or, without it, `Forwarded`),
-    /// walking from the right past trusted hops.
+    /// walking from the right past trusted hops. The last field line and its
+    /// last entry first, so the usual one-hop chain is read without
+    /// collecting it (~1,900 instructions a request before, callgrind).
     fn walk_forwarded(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        let mut hops: Vec<Option<IpAddr>> = Vec::new();
-        if headers.contains_key("x-forwarded-for") {
-            for value in headers.get_all("x-forwarded-for") {
+        let mut client = peer;
+        // One hop: `Break` at the first address no trusted hop vouches past.
+        let mut step = |hop: Option<IpAddr>| match hop {
+            // A trusted hop wrote garbage: it is the last address we can stand behind.
+            None => ControlFlow::Break(()),
+            Some(ip) => {
+                client = canonical(ip);
+                if self.is_trusted(client) {
+                    ControlFlow::Continue(())
+                } else {
+                    ControlFlow::Break(())
+                }
+            }
+        };
+        let listed = headers.get_all(&X_FORWARDED_FOR);
+        if listed.iter().next().is_some() {
+            'lines: for value in listed.iter().rev() {
                 let Ok(s) = value.to_str() else {
-                    hops.push(None);
-                    continue;
+                    break;
                 };
-                hops.extend(s.split(',').map(|e| parse_node(e.trim())));
+                for entry in s.rsplit(',') {
+                    if step(parse_node(entry)).is_break() {
+                        break 'lines;
+                    }
+                }
             }
         } else {
-            for value in headers.get_all("forwarded") {
-                let Ok(s) = value.to_str() else {
-                    hops.push(None);
-                    continue;
-                };
-                hops.extend(forwarded_for(s));
-            }
-        }
-        let mut client = peer;
-        for hop in hops.iter().rev() {
-            match hop {
-                // A trusted hop wrote garbage: it is the last address we can stand behind.
-                None => return client,
-                Some(ip) => {
-                    client = canonical(*ip);
-                    if !self.is_trusted(client) {
-                        return client;
-                    }
+            let nodes = headers
+                .get_all(http::header::FORWARDED)
+                .iter()
+                .flat_map(|value| match value.to_str() {
+                    Ok(s) => forwarded_for(s),
+                    Err(_) => vec![None],
+                })
+                .collect::<Vec<_>>();
+            for hop in nodes.into_iter().rev() {
+                if step(hop).is_break() {
+                    break;
                 }
             }
         }
@@ -465,6 +481,29 @@ mod tests {
         assert_eq!(
             id.resolve_now(peer("10.0.0.1"), &h).unwrap().ip_key,
             "ip:198.51.100.7"
+        );
+        // Trusted hops at the end of one line lead on into the line before.
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6, 198.51.100.7"),
+            ("x-forwarded-for", "10.0.0.3, 10.0.0.2"),
+        ]);
+        assert_eq!(
+            id.resolve_now(peer("10.0.0.1"), &h).unwrap().ip_key,
+            "ip:198.51.100.7"
+        );
+        // A line that is not text stops the walk where it stands.
+        let mut h = headers(&[("x-forwarded-for", "6.6.6.6")]);
+        h.append(
+            "x-forwarded-for",
+            http::HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
+        h.append(
+            "x-forwarded-for",
+            http::HeaderValue::from_static("10.0.0.2"),
+        );
+        assert_eq!(
+            id.resolve_now(peer("10.0.0.1"), &h).unwrap().ip_key,
+            "ip:10.0.0.2"
         );
     }
 

@@ -396,16 +396,20 @@ impl Outbound {
         } = *conn;
         let (mut parts, body) = req.into_parts();
         let upgrade = crate::tunnel::requested_upgrade(&parts.headers);
-        let host = parts.headers.get(header::HOST).cloned().or_else(|| {
+        let sent_host = parts.headers.get(header::HOST).cloned();
+        let had_host = sent_host.is_some();
+        let host = sent_host.or_else(|| {
             parts
                 .uri
                 .authority()
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         });
-        strip_hop_by_hop(&mut parts.headers);
+        let listed = strip_hop_by_hop(&mut parts.headers);
         // An HTTP/2 client's cookie fields, as one HTTP/1.1 `Cookie`.
         crate::header_value::join_cookies(&mut parts.headers);
-        if let Some(h) = host {
+        // Put (back) where an HTTP/2 client's authority stands for it, or
+        // where `Connection` named it: nearly every request still has its own.
+        if let Some(h) = host.filter(|_| listed || !had_host) {
             parts.headers.insert(header::HOST, h);
         }
         if let Some(u) = &upgrade {

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use crate::identity::Client as ClientIdentity;
+use crate::identity::{Client as ClientIdentity, X_FORWARDED_FOR};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and their common non-standard kin.
 /// A `static`, not a `const`: a const array of names is built (and dropped)
@@ -21,7 +21,6 @@ static HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
 ];
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
@@ -133,19 +132,24 @@ pub fn drop_underscore_names(headers: &mut HeaderMap, metrics: &crate::metrics::
     counter.fetch_add(named.len() as u64, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Removes hop-by-hop headers, including every header the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes hop-by-hop headers, including every header the `Connection`
+/// header names; whether `Connection` named any (it may name any field,
+/// `Host` too, so a caller that must keep one knows when to look again).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) -> bool {
     // One pass over the names a message has: most carry none of these or
     // just `Connection: keep-alive`, and removing an absent name still costs
     // a hash, eight of them per message. The names found are bits, not a
     // vector: no allocation for the `Connection` nearly every message has.
     let present = hop_by_hop_present(headers);
     if present == 0 {
-        return;
+        return false;
     }
+    let mut listed = false;
     // `Connection` is `HOP_BY_HOP[0]`: only then are there names it lists.
     if present & 1 != 0 {
-        for name in &connection_names(headers) {
+        let named = connection_names(headers);
+        listed = !named.is_empty();
+        for name in &named {
             headers.remove(name);
         }
     }
@@ -154,6 +158,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(name);
         }
     }
+    listed
 }
 
 /// The header names `Connection` lists. `close` and the hop-by-hop names
@@ -267,14 +272,19 @@ pub fn set_forwarded_headers(
     // Compared with `_` read as `-`: with `server.underscores_in_headers`
     // on, `Client_IP` would still reach PHP as HTTP_CLIENT_IP.
     let (edge_owned, set_by_edge) = (&*EDGE_OWNED_SET, &*SET_BY_EDGE_SET);
-    let forged: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| {
-            (!client.peer_trusted && edge_owned.position(n.as_str(), true).is_some())
-                || (has_underscore(n) && set_by_edge.position(n.as_str(), true).is_some())
-        })
-        .cloned()
-        .collect();
+    let mut forged: Vec<HeaderName> = Vec::new();
+    // A trusted peer's own `X-Forwarded-Host` and `-Port` pass, found in the
+    // same pass (an untrusted peer's are forged, removed here with the rest).
+    let (mut kept_host, mut kept_port) = (false, false);
+    for n in headers.keys() {
+        let owned = !client.peer_trusted && edge_owned.position(n.as_str(), true).is_some();
+        if owned || (has_underscore(n) && set_by_edge.position(n.as_str(), true).is_some()) {
+            forged.push(n.clone());
+        } else if client.peer_trusted {
+            kept_host |= *n == X_FORWARDED_HOST;
+            kept_port |= *n == X_FORWARDED_PORT;
+        }
+    }
     for name in forged {
         headers.remove(name);
     }
@@ -293,10 +303,6 @@ pub fn set_forwarded_headers(
         headers.insert(X_REAL_IP, v);
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
-    // An untrusted peer's were removed above with the rest of EDGE_OWNED:
-    // only a trusted peer's can be there to keep, so only then is it asked.
-    let kept_host = client.peer_trusted && headers.contains_key(&X_FORWARDED_HOST);
-    let kept_port = client.peer_trusted && headers.contains_key(&X_FORWARDED_PORT);
     if !kept_host {
         if let Some(host) = headers.get(header::HOST).cloned() {
             headers.insert(X_FORWARDED_HOST, host);
@@ -311,13 +317,18 @@ pub fn set_forwarded_headers(
 /// extended by the peer, in one allocation of its exact length; `None` when
 /// it sent none.
 fn extended_chain(headers: &HeaderMap, peer: &HeaderValue) -> Option<HeaderValue> {
-    let mut parts: Vec<&[u8]> = Vec::new();
-    let listed = headers.get_all(&X_FORWARDED_FOR).into_iter();
-    for v in listed.filter(|v| v.to_str().is_ok()) {
+    let mut listed = headers
+        .get_all(&X_FORWARDED_FOR)
+        .into_iter()
+        .filter(|v| v.to_str().is_ok());
+    let first = listed.next()?;
+    let Some(second) = listed.next() else {
+        // One line, as a single proxy in front sends: no list of parts to build.
+        return crate::header_value::joined(&[first.as_bytes(), b", ", peer.as_bytes()]);
+    };
+    let mut parts: Vec<&[u8]> = vec![first.as_bytes(), b", ", second.as_bytes(), b", "];
+    for v in listed {
         parts.extend([v.as_bytes(), b", ".as_slice()]);
-    }
-    if parts.is_empty() {
-        return None;
     }
     parts.push(peer.as_bytes());
     crate::header_value::joined(&parts)
@@ -470,6 +481,7 @@ mod tests {
         h.append(X_FORWARDED_FOR, HeaderValue::from_static("10.0.0.2"));
         let peer: IpAddr = "10.0.0.1".parse().unwrap();
         h.insert(X_FORWARDED_HOST, HeaderValue::from_static("public.example"));
+        h.insert(header::HOST, HeaderValue::from_static("internal.example"));
         h.insert("x-original-url", HeaderValue::from_static("/admin"));
         set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "https", 8443);
         assert_eq!(
@@ -484,6 +496,16 @@ mod tests {
         assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7, 10.0.0.2, 10.0.0.1");
         assert_eq!(h[&X_REAL_IP], "198.51.100.7");
         assert_eq!(h[&X_FORWARDED_PROTO], "https");
+    }
+
+    #[test]
+    fn a_trusted_peers_single_line_is_extended_by_the_peer() {
+        let mut h = HeaderMap::new();
+        h.append(X_FORWARDED_FOR, HeaderValue::from_static("198.51.100.7"));
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        set_forwarded_headers(&mut h, &client("198.51.100.7", true), peer, "http", 80);
+        assert_eq!(h[&X_FORWARDED_FOR], "198.51.100.7, 10.0.0.1");
+        assert_eq!(h.get_all(X_FORWARDED_FOR).iter().count(), 1);
     }
 
     #[test]
