@@ -47,6 +47,12 @@ pub static EDGE_OWNED: [HeaderName; 14] = [
     HeaderName::from_static("x-client-ip"),
 ];
 
+/// Where `name` stands in [`EDGE_OWNED`], if it is one: asked of each name
+/// a request has, which costs less than a lookup for each of the fourteen.
+pub fn edge_owned_position(name: &HeaderName) -> Option<usize> {
+    EDGE_OWNED_SET.position(name.as_str(), false)
+}
+
 /// Headers tollgate sets itself on every forwarded request. Written with
 /// `_` they are removed from every peer, whatever
 /// `server.underscores_in_headers` says: a CGI gateway files `X_Real_IP`
