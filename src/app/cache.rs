@@ -190,10 +190,7 @@ impl App {
             }
         }
         let Some(lead) = lead else {
-            return marked(
-                resp,
-                &format!("tollgate; fwd=miss; fwd-status={fwd_status}"),
-            );
+            return missed(resp);
         };
         let kept = Kept {
             cache,
@@ -242,10 +239,7 @@ impl App {
                 );
                 answer(&e, lookup, x, &status)
             }
-            KeptAnswer::Passed(resp) => marked(
-                resp,
-                &format!("tollgate; fwd=miss; fwd-status={fwd_status}"),
-            ),
+            KeptAnswer::Passed(resp) => missed(resp),
         }
     }
 
@@ -476,9 +470,16 @@ fn answer(e: &Entry, lookup: &CacheLookup, x: &Exchange, status: &str) -> Respon
     )
 }
 
-/// The upstream's own answer, marked `status`.
-fn marked(mut resp: Response<Body>, status: &str) -> Response<Body> {
-    if let Ok(v) = HeaderValue::from_str(status) {
+/// The upstream's own answer, not stored: marked a miss with its status
+/// (`tollgate; fwd=miss; fwd-status=200`). Written as bytes, not through
+/// `format!` and a checked value: every pass through the cache pays it.
+fn missed(mut resp: Response<Body>) -> Response<Body> {
+    let code = resp.status();
+    let value = crate::header_value::joined(&[
+        b"tollgate; fwd=miss; fwd-status=",
+        code.as_str().as_bytes(),
+    ]);
+    if let Some(v) = value {
         resp.headers_mut().insert(CACHE_STATUS, v);
     }
     resp
