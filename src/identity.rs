@@ -29,10 +29,10 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{ApiKeyEntry, IdentityConfig};
 use crate::limiter::Nanos;
+use crate::metrics::{inc, Counter, Metrics};
 
 /// The hops a request passed, as proxies list them (read here, written by the proxy).
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-use crate::metrics::{inc, Counter, Metrics};
 
 /// The identity rules of one config snapshot.
 #[derive(Debug)]
