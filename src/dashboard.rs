@@ -86,25 +86,8 @@ pub fn data(app: &App, managed: &Managed) -> Value {
     let now = shared.clock.now();
     let names: Vec<Arc<str>> = snap.routes.iter().map(|r| r.name.clone()).collect();
     let (times, mut routes) = shared.activity.rates(&names);
-    // Latency since start, from the request duration histograms (every decision).
     for (r, v) in snap.routes.iter().zip(routes.iter_mut()) {
-        let ms = |q| r.metrics.series.quantile(q).map(|s| round1(s * 1000.0));
-        v["p50_ms"] = json!(ms(0.5));
-        v["p99_ms"] = json!(ms(0.99));
-        // Answers site rules made since start, by kind (redirect, respond, denied, unauthenticated).
-        let site: serde_json::Map<String, Value> = crate::metrics::SiteAnswer::ALL
-            .iter()
-            .map(|&k| (k.as_str().to_string(), json!(r.metrics.answers(k))))
-            .collect();
-        v["site_answers"] = Value::Object(site);
-        // Caching routes: the share answered from the cache, and the upstream renders it saved.
-        v["cache"] = r.cache.as_ref().map_or(Value::Null, |c| {
-            let load = |n: &crate::metrics::Counter| n.load(std::sync::atomic::Ordering::Relaxed);
-            let (served, forwarded) = (c.saved(), load(&c.miss) + load(&c.bypass));
-            let ratio =
-                (served + forwarded > 0).then(|| served as f64 / (served + forwarded) as f64);
-            json!({"hit_ratio": ratio, "renders_saved": served})
-        });
+        since_start(r, v);
     }
     let limited = shared.activity.limited_now(now);
     let store = shared.store.status();
@@ -146,6 +129,27 @@ pub fn data(app: &App, managed: &Managed) -> Value {
                 .collect::<Vec<_>>()
         }),
     })
+}
+
+/// A route's figures since start, added to its `rates` entry `v`.
+fn since_start(r: &crate::snapshot::Route, v: &mut Value) {
+    // Latency, from the request duration histograms (every decision).
+    let ms = |q| r.metrics.series.quantile(q).map(|s| round1(s * 1000.0));
+    v["p50_ms"] = json!(ms(0.5));
+    v["p99_ms"] = json!(ms(0.99));
+    // Answers site rules made, by kind (redirect, respond, denied, unauthenticated).
+    let site: serde_json::Map<String, Value> = crate::metrics::SiteAnswer::ALL
+        .iter()
+        .map(|&k| (k.as_str().to_string(), json!(r.metrics.answers(k))))
+        .collect();
+    v["site_answers"] = Value::Object(site);
+    // Caching routes: the share answered from the cache, and the upstream renders it saved.
+    v["cache"] = r.cache.as_ref().map_or(Value::Null, |c| {
+        let load = |n: &crate::metrics::Counter| n.load(std::sync::atomic::Ordering::Relaxed);
+        let (served, forwarded) = (c.saved(), load(&c.miss) + load(&c.bypass));
+        let ratio = (served + forwarded > 0).then(|| served as f64 / (served + forwarded) as f64);
+        json!({"hit_ratio": ratio, "renders_saved": served})
+    });
 }
 
 fn round1(x: f64) -> f64 {

@@ -481,13 +481,15 @@ fn reject_shape(r: &RejectShape) -> Value {
 }
 
 fn route(r: &RouteConfig, c: &Config) -> Value {
+    // Every field is named, so a new one cannot be left out of the view
+    // unnoticed; the matching ones are shown by `route_match`.
     let RouteConfig {
         name,
-        path,
-        path_prefix,
-        methods,
-        host,
-        query,
+        path: _,
+        path_prefix: _,
+        methods: _,
+        host: _,
+        query: _,
         action,
         limiters,
         reject,
@@ -496,37 +498,17 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         errors,
         compression,
         challenge,
-        path_regex,
-        query_regex,
+        path_regex: _,
+        query_regex: _,
         site,
         cache,
-        asn,
-        country,
+        asn: _,
+        country: _,
     } = r;
     let (upstream, respond, redirect) = action_view(action, c);
-    let headers = match rate_limit_headers {
-        HeaderSets::Both => "both",
-        HeaderSets::XRateLimit => "x-ratelimit",
-        HeaderSets::Draft => "draft",
-        HeaderSets::None => "none",
-    };
-    let query: Map<String, Value> = query
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-        .collect();
     json!({
         "name": name,
-        "match": {
-            "path": path,
-            "path_prefix": path_prefix,
-            "methods": methods.as_ref().map(|m| m.iter().map(ToString::to_string).collect::<Vec<_>>()),
-            "host": host,
-            "query": query,
-            "path_regex": path_regex.as_ref().map(regex::Regex::as_str),
-            "query_regex": query_regex.as_ref().map(regex::Regex::as_str),
-            "asn": asn,
-            "country": country.as_ref().map(|c| c.iter().map(|c| c.as_str()).collect::<Vec<_>>()),
-        },
+        "match": route_match(r),
         "upstream": upstream,
         "respond": respond,
         "redirect": redirect,
@@ -541,7 +523,7 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "headers": site.headers.as_ref().map(headers_rules),
         "limiters": limiters.iter().map(|&i| c.limiters[i].name.as_str()).collect::<Vec<_>>(),
         "reject": reject.as_ref().map(reject_shape),
-        "rate_limit_headers": headers,
+        "rate_limit_headers": header_sets(*rate_limit_headers),
         "allow_unlimited": allow_unlimited,
         "error_format": errors.format.map(error_format),
         "error_pages": error_pages(errors),
@@ -549,6 +531,47 @@ fn route(r: &RouteConfig, c: &Config) -> Value {
         "challenge": challenge.map(|c| json!({"mode": c.mode.as_str(), "when": c.when.as_str(), "difficulty": c.difficulty, "unverified_crawlers": c.unverified_crawlers.as_str(), "exempt_public": c.exempt_public})),
         "cache": cache.as_ref().map(route_cache),
     })
+}
+
+/// What a request must carry for the route to be its own: the `match` object.
+fn route_match(r: &RouteConfig) -> Value {
+    let RouteConfig {
+        path,
+        path_prefix,
+        methods,
+        host,
+        query,
+        path_regex,
+        query_regex,
+        asn,
+        country,
+        ..
+    } = r;
+    let query: Map<String, Value> = query
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+        .collect();
+    json!({
+        "path": path,
+        "path_prefix": path_prefix,
+        "methods": methods.as_ref().map(|m| m.iter().map(ToString::to_string).collect::<Vec<_>>()),
+        "host": host,
+        "query": query,
+        "path_regex": path_regex.as_ref().map(regex::Regex::as_str),
+        "query_regex": query_regex.as_ref().map(regex::Regex::as_str),
+        "asn": asn,
+        "country": country.as_ref().map(|c| c.iter().map(|c| c.as_str()).collect::<Vec<_>>()),
+    })
+}
+
+/// `rate_limit_headers` as the config spells it.
+fn header_sets(sets: HeaderSets) -> &'static str {
+    match sets {
+        HeaderSets::Both => "both",
+        HeaderSets::XRateLimit => "x-ratelimit",
+        HeaderSets::Draft => "draft",
+        HeaderSets::None => "none",
+    }
 }
 
 /// A route's action as the three keys that spell it: `upstream`, `respond`, `redirect`.

@@ -56,22 +56,7 @@ pub fn scan(text: &str, index: &mut Index) -> Vec<ConfigProblem> {
         match event {
             Event::StreamEnd => return problems,
             Event::Scalar(value, ..) if is_key => {
-                if let Some(Frame::Map { path, keys, key }) = stack.last_mut() {
-                    let at = join(path, &value);
-                    if let Some((line, col)) = keys.get(&value) {
-                        problems.push(ConfigProblem {
-                            path: at,
-                            location: Some(pos),
-                            message: format!(
-                                "duplicate key `{value}` (first defined at line {line} column {col}); \
-                                 only one definition is allowed"
-                            ),
-                        });
-                    } else {
-                        keys.insert(value.clone(), pos);
-                    }
-                    *key = Some(value);
-                }
+                problems.extend(key_written(&mut stack, value, pos));
             }
             Event::MappingStart(..) | Event::SequenceStart(..) => {
                 if stack.len() >= MAX_DEPTH {
@@ -100,6 +85,30 @@ pub fn scan(text: &str, index: &mut Index) -> Vec<ConfigProblem> {
             _ => {}
         }
     }
+}
+
+/// A mapping key read at `pos`: kept as the key now open, and a problem
+/// if the mapping already has it.
+fn key_written(stack: &mut [Frame], value: String, pos: (usize, usize)) -> Option<ConfigProblem> {
+    let Some(Frame::Map { path, keys, key }) = stack.last_mut() else {
+        return None;
+    };
+    let problem = match keys.get(&value) {
+        Some((line, col)) => Some(ConfigProblem {
+            path: join(path, &value),
+            location: Some(pos),
+            message: format!(
+                "duplicate key `{value}` (first defined at line {line} column {col}); \
+                 only one definition is allowed"
+            ),
+        }),
+        None => {
+            keys.insert(value.clone(), pos);
+            None
+        }
+    };
+    *key = Some(value);
+    problem
 }
 
 /// The path of the value now starting, moving its parent on to the next slot.

@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use super::raw::{Dur, RawConfig, RawIdentity, Text};
 use super::{
     ApiKeyEntry, AuditConfig, Config, ConfigError, ConfigProblem, IdentityConfig, LimiterConfig,
-    UpstreamConfig,
+    RouteConfig, UpstreamConfig,
 };
 use crate::limiter::Nanos;
 
@@ -130,7 +130,7 @@ impl Validator<'_> {
     }
 
     fn config(&mut self, raw: &RawConfig) -> Config {
-        let server = self.server(&raw.server);
+        let mut server = self.server(&raw.server);
         let admin = self.admin(&raw.admin, &server);
         let store = self.store(&raw.store);
         let audit = AuditConfig {
@@ -138,22 +138,7 @@ impl Validator<'_> {
             retention: dur(raw.audit.retention, Duration::from_secs(7 * 86_400)),
         };
         let identity = self.identity(&raw.identity);
-        let upstreams: Vec<UpstreamConfig> = raw
-            .upstreams
-            .iter()
-            .filter_map(|(name, u)| {
-                if self.upstream_name(name) {
-                    self.upstream(name, u)
-                } else {
-                    None
-                }
-            })
-            .collect();
-        let limiters: Vec<LimiterConfig> = raw
-            .limiters
-            .iter()
-            .filter_map(|(name, l)| self.limiter(name, l))
-            .collect();
+        let (upstreams, limiters) = self.named(raw);
         let routes = self.routes(
             &raw.routes,
             &raw.upstreams,
@@ -161,25 +146,14 @@ impl Validator<'_> {
             &raw.limiters,
             &limiters,
         );
-        self.need_pass(identity.pass.as_ref(), &routes, &limiters);
-        self.need_geoip(identity.geoip.as_ref(), &routes, &limiters);
-        self.need_geoip_for_crawlers(identity.geoip.as_ref(), identity.pass.as_ref());
-        self.warn_all(&raw.routes, &routes, &limiters, identity.has_key_source());
-        let mut server = server;
+        self.across(raw, &identity, &routes, &limiters);
         if let Some(acme) = server.tls.as_mut().and_then(|t| t.acme.as_mut()) {
             let hosts = routes.iter().filter_map(|r| r.host.clone());
             self.acme_domains_from_routes(acme, hosts);
             self.acme_fleet(acme, store.backend.shared());
         }
         let log = self.log(&raw.log);
-        let site = crate::site::Rules {
-            access: raw.access.as_ref().map(|a| self.access("access", a)),
-            headers: raw.headers.as_ref().map(|h| self.headers("headers", h)),
-            ..Default::default()
-        };
-        if let Some(a) = &site.access {
-            self.need_geoip_for_access(identity.geoip.as_ref(), "access", a);
-        }
+        let site = self.site_wide(raw, &identity);
         let cache = self.cache(raw.cache.as_ref(), routes.iter().any(|r| r.cache.is_some()));
         Config {
             site,
@@ -196,6 +170,58 @@ impl Validator<'_> {
             log,
             allow_no_routes: raw.allow_no_routes.unwrap_or(false),
         }
+    }
+
+    /// The named upstreams and limiters, in the order written; the ones
+    /// with a problem are left out, and the routes' references to them
+    /// are reported where the routes are read.
+    fn named(&mut self, raw: &RawConfig) -> (Vec<UpstreamConfig>, Vec<LimiterConfig>) {
+        let upstreams = raw
+            .upstreams
+            .iter()
+            .filter_map(|(name, u)| {
+                if self.upstream_name(name) {
+                    self.upstream(name, u)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let limiters = raw
+            .limiters
+            .iter()
+            .filter_map(|(name, l)| self.limiter(name, l))
+            .collect();
+        (upstreams, limiters)
+    }
+
+    /// What one section needs of another: a `pass` or a GeoIP database for
+    /// the keys and matches that read them, and the warnings that only the
+    /// whole config can give.
+    fn across(
+        &mut self,
+        raw: &RawConfig,
+        identity: &IdentityConfig,
+        routes: &[RouteConfig],
+        limiters: &[LimiterConfig],
+    ) {
+        self.need_pass(identity.pass.as_ref(), routes, limiters);
+        self.need_geoip(identity.geoip.as_ref(), routes, limiters);
+        self.need_geoip_for_crawlers(identity.geoip.as_ref(), identity.pass.as_ref());
+        self.warn_all(&raw.routes, routes, limiters, identity.has_key_source());
+    }
+
+    /// The top-level `access` and `headers`, which every route's answers go through.
+    fn site_wide(&mut self, raw: &RawConfig, identity: &IdentityConfig) -> crate::site::Rules {
+        let site = crate::site::Rules {
+            access: raw.access.as_ref().map(|a| self.access("access", a)),
+            headers: raw.headers.as_ref().map(|h| self.headers("headers", h)),
+            ..Default::default()
+        };
+        if let Some(a) = &site.access {
+            self.need_geoip_for_access(identity.geoip.as_ref(), "access", a);
+        }
+        site
     }
 
     pub(in crate::config) fn cidrs(&mut self, path: &str, raw: &[Text]) -> Vec<IpNet> {

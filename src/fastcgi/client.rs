@@ -305,32 +305,13 @@ impl FastCgiPool {
             .await
             .expect("the semaphore is never closed");
         let replayable = replayable && body.is_none();
-        let empty_stdin = codec::header(codec::STDIN, 0);
         loop {
             let (mut conn, reused) = match self.idle(slot) {
                 Some(c) => (c, true),
                 None => (self.connect().await?, false),
             };
-            let written = if body.is_none() {
-                let mut all = Buf::chain(&head[..], &empty_stdin[..]);
-                conn.stream.write_all_buf(&mut all).await
-            } else {
-                conn.stream.write_all(&head).await
-            };
-            match written {
-                Ok(()) => {}
-                // php-fpm closed a kept connection (a child exited after
-                // `pm.max_requests`): nothing ran and none of the body was
-                // read, so a new connection can take the request.
-                Err(_) if reused => continue,
-                Err(e) => return Err(FastCgiError::Io(e)),
-            }
-            if let Some(body) = body.take() {
-                send_body(&mut conn, body).await?;
-                conn.stream
-                    .write_all(&empty_stdin)
-                    .await
-                    .map_err(FastCgiError::Io)?;
+            if !send(&mut conn, &head, &mut body, reused).await? {
+                continue;
             }
             conn.stream.ack_the_answer_at_once();
             let (head, rest, ended) = match read_head(&mut conn, &upstream).await {
@@ -355,6 +336,38 @@ impl FastCgiPool {
             return Ok((head, body));
         }
     }
+}
+
+/// Writes one request on `conn`: `head`, then the body as STDIN records and
+/// the empty one that ends them. `Ok(false)`: php-fpm had closed this kept
+/// connection (a child exited after `pm.max_requests`) before any of it was
+/// read, so nothing ran and a new connection can take the request.
+async fn send(
+    conn: &mut Conn,
+    head: &[u8],
+    body: &mut Option<crate::request_body::UpstreamBody>,
+    reused: bool,
+) -> Result<bool, FastCgiError> {
+    let empty_stdin = codec::header(codec::STDIN, 0);
+    let written = if body.is_none() {
+        let mut all = Buf::chain(head, &empty_stdin[..]);
+        conn.stream.write_all_buf(&mut all).await
+    } else {
+        conn.stream.write_all(head).await
+    };
+    match written {
+        Ok(()) => {}
+        Err(_) if reused => return Ok(false),
+        Err(e) => return Err(FastCgiError::Io(e)),
+    }
+    if let Some(body) = body.take() {
+        send_body(conn, body).await?;
+        conn.stream
+            .write_all(&empty_stdin)
+            .await
+            .map_err(FastCgiError::Io)?;
+    }
+    Ok(true)
 }
 
 /// The request body as STDIN records, as it arrives from the client.

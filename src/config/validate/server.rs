@@ -114,6 +114,35 @@ impl Validator<'_> {
     /// `server.tls`: which pairs and where TLS is served. The pairs' files
     /// are the loader's to read; their YAML paths are kept for its errors.
     fn tls(&mut self, raw: &RawTls, plain: &[SocketAddr]) -> Option<TlsConfig> {
+        let (certs, paths) = self.cert_pairs(raw);
+        if certs.is_empty() && raw.acme.is_none() {
+            self.err("server.tls", "needs `cert` and `key`, `certs`, or `acme`");
+            return None;
+        }
+        let listen = self.tls_listen(raw, plain);
+        let redirect_plain = raw.redirect_plain.unwrap_or(false);
+        if redirect_plain && raw.listen.is_none() {
+            self.err(
+                "server.tls.redirect_plain",
+                "needs server.tls.listen: without it every server.listen address already serves TLS",
+            );
+        }
+        self.cert_paths = paths;
+        let acme = raw.acme.as_ref().map(|a| self.acme(a, !listen.is_empty()));
+        let hsts = raw.hsts.as_ref().map(|h| self.hsts(h));
+        Some(TlsConfig {
+            certs,
+            loaded: Arc::new(CertSet::empty()),
+            listen,
+            redirect_plain,
+            acme,
+            hsts,
+        })
+    }
+
+    /// The pairs `server.tls` names: its own `cert` and `key` first, then
+    /// `certs` in order, each with the YAML path the loader's errors name.
+    fn cert_pairs(&mut self, raw: &RawTls) -> (Vec<CertConfig>, Vec<String>) {
         let mut certs = Vec::new();
         let mut paths = Vec::new();
         match (&raw.cert, &raw.key) {
@@ -136,50 +165,32 @@ impl Validator<'_> {
             });
             paths.push(format!("server.tls.certs[{i}]"));
         }
-        if certs.is_empty() && raw.acme.is_none() {
-            self.err("server.tls", "needs `cert` and `key`, `certs`, or `acme`");
-            return None;
-        }
-        let listen: Vec<SocketAddr> = match &raw.listen {
-            None => Vec::new(),
-            Some(l) => {
-                let entries = l.entries("server.tls.listen");
-                if entries.is_empty() {
-                    self.err(
-                        "server.tls.listen",
-                        "an empty list would serve no TLS; remove the key to serve TLS on server.listen",
-                    );
-                }
-                entries
-                    .into_iter()
-                    .filter_map(|(path, s)| {
-                        let addr = self.socket_addr(&path, s)?;
-                        if plain.contains(&addr) {
-                            self.err(path, format!("{addr} is also in server.listen"));
-                        }
-                        Some(addr)
-                    })
-                    .collect()
-            }
+        (certs, paths)
+    }
+
+    /// `server.tls.listen`: the addresses that serve only TLS, none of them
+    /// also a plain one. Without the key, every `server.listen` serves TLS.
+    fn tls_listen(&mut self, raw: &RawTls, plain: &[SocketAddr]) -> Vec<SocketAddr> {
+        let Some(l) = &raw.listen else {
+            return Vec::new();
         };
-        let redirect_plain = raw.redirect_plain.unwrap_or(false);
-        if redirect_plain && raw.listen.is_none() {
+        let entries = l.entries("server.tls.listen");
+        if entries.is_empty() {
             self.err(
-                "server.tls.redirect_plain",
-                "needs server.tls.listen: without it every server.listen address already serves TLS",
+                "server.tls.listen",
+                "an empty list would serve no TLS; remove the key to serve TLS on server.listen",
             );
         }
-        self.cert_paths = paths;
-        let acme = raw.acme.as_ref().map(|a| self.acme(a, !listen.is_empty()));
-        let hsts = raw.hsts.as_ref().map(|h| self.hsts(h));
-        Some(TlsConfig {
-            certs,
-            loaded: Arc::new(CertSet::empty()),
-            listen,
-            redirect_plain,
-            acme,
-            hsts,
-        })
+        entries
+            .into_iter()
+            .filter_map(|(path, s)| {
+                let addr = self.socket_addr(&path, s)?;
+                if plain.contains(&addr) {
+                    self.err(path, format!("{addr} is also in server.listen"));
+                }
+                Some(addr)
+            })
+            .collect()
     }
 
     pub(super) fn admin(&mut self, raw: &RawAdmin, server: &ServerConfig) -> AdminConfig {

@@ -512,28 +512,7 @@ fn a_flush_of_any_size_writes_every_audit_row_with_its_own_fields_in_order() {
         });
     }
     db.flush().unwrap();
-    let conn = Connection::open(dir.path().join("a.db")).unwrap();
-    let mut stmt = conn
-        .prepare("SELECT time, client, method, path, route, status, duration_ms, request_id FROM api_calls ORDER BY id")
-        .unwrap();
-    // time, client, method, path, route, status, duration_ms, request_id
-    type Row = (String, String, String, String, String, i64, f64, String);
-    let rows: Vec<Row> = stmt
-        .query_map([], |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-                r.get(7)?,
-            ))
-        })
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let rows = audit_rows(&dir.path().join("a.db"));
     assert_eq!(rows.len(), n as usize);
     for (i, row) in rows.iter().enumerate() {
         let i = i as u64;
@@ -552,6 +531,32 @@ fn a_flush_of_any_size_writes_every_audit_row_with_its_own_fields_in_order() {
             )
         );
     }
+}
+
+/// The `api_calls` rows of the file at `path`, in the order written:
+/// time, client, method, path, route, status, duration_ms, request_id.
+type AuditRead = (String, String, String, String, String, i64, f64, String);
+
+fn audit_rows(path: &Path) -> Vec<AuditRead> {
+    let conn = Connection::open(path).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT time, client, method, path, route, status, duration_ms, request_id FROM api_calls ORDER BY id")
+        .unwrap();
+    stmt.query_map([], |r| {
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+            r.get(7)?,
+        ))
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
 }
 
 /// Little-endian `u64`s, as the `limiter_state.state` blob holds them.
