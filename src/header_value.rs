@@ -97,15 +97,40 @@ impl<K: Copy + PartialEq, V: Clone> Repeated<K, V> {
 
     /// `key` rendered by `render`: the kept value while `key` repeats.
     pub fn rendered(&self, key: K, render: impl FnOnce(K) -> V) -> V {
-        let mut last = self.0.borrow_mut();
-        if let Some((kept, v)) = &*last {
-            if *kept == key {
-                return v.clone();
-            }
+        if let Some(v) = self.kept(key, |_| true) {
+            return v;
         }
         let v = render(key);
-        *last = Some((key, v.clone()));
+        self.keep(key, &v);
         v
+    }
+
+    /// As [`Repeated::rendered`], for a value that `key` does not say all
+    /// of: the kept value while `key` repeats and `fits` says it was made
+    /// from the rest too. A value `render` cannot make is not kept.
+    pub fn rendered_where(
+        &self,
+        key: K,
+        fits: impl FnOnce(&V) -> bool,
+        render: impl FnOnce() -> Option<V>,
+    ) -> Option<V> {
+        if let Some(v) = self.kept(key, fits) {
+            return Some(v);
+        }
+        let v = render()?;
+        self.keep(key, &v);
+        Some(v)
+    }
+
+    fn kept(&self, key: K, fits: impl FnOnce(&V) -> bool) -> Option<V> {
+        match &*self.0.borrow() {
+            Some((kept, v)) if *kept == key && fits(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+
+    fn keep(&self, key: K, v: &V) {
+        *self.0.borrow_mut() = Some((key, v.clone()));
     }
 }
 

@@ -24,7 +24,8 @@ pub use crate::forward_error::{ForwardError, Kind};
 use crate::request_body::RequestBody;
 pub use crate::request_body::UpstreamBody;
 pub use headers::{
-    drop_underscore_names, edge_owned_position, set_forwarded_headers, strip_hop_by_hop, EDGE_OWNED,
+    drop_underscore_names, edge_owned_position, edge_owned_present, set_forwarded_headers,
+    strip_hop_by_hop, EDGE_OWNED,
 };
 
 /// One configured upstream with its connection pool.

@@ -166,8 +166,7 @@ thread_local! {
     /// same, so it is written once, not once a refusal. An allowed
     /// request's `r` moves with every request: it is written afresh, and
     /// not kept (keeping costs a shared copy of the value).
-    static LAST_SPENT: std::cell::RefCell<Option<(u64, HeaderValue)>> =
-        const { std::cell::RefCell::new(None) };
+    static LAST_SPENT: header_value::Repeated = const { header_value::Repeated::new() };
 }
 
 /// `RateLimit`'s value, `"name";r=R;t=T`.
@@ -186,21 +185,12 @@ fn current_value(name: &str, remaining: u64, reset: u64) -> Option<HeaderValue> 
     if remaining != 0 {
         return render();
     }
-    LAST_SPENT.with(|last| {
-        let mut last = last.borrow_mut();
-        if let Some((t, v)) = &*last {
-            // The same `t`, and the same name between the quotes (a name has no `"`).
-            let named = v.as_bytes().get(1..name.len() + 2);
-            if *t == reset
-                && named.is_some_and(|n| n.starts_with(name.as_bytes()) && n.ends_with(b"\""))
-            {
-                return Some(v.clone());
-            }
-        }
-        let v = render()?;
-        *last = Some((reset, v.clone()));
-        Some(v)
-    })
+    // The same `t`, and the same name between the quotes (a name has no `"`).
+    let named = |v: &HeaderValue| {
+        let between = v.as_bytes().get(1..name.len() + 2);
+        between.is_some_and(|n| n.starts_with(name.as_bytes()) && n.ends_with(b"\""))
+    };
+    LAST_SPENT.with(|last| last.rendered_where(reset, named, render))
 }
 
 thread_local! {
