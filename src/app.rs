@@ -286,7 +286,7 @@ impl App {
     fn identify(&self, x: &mut Exchange, req: &Request<RequestBody>) -> Result<Client, Problem> {
         match x.snap.identity.resolve(x.conn.peer, req.headers(), x.now) {
             Ok(mut client) => {
-                x.trail.record.client = Some(client.display().into());
+                x.trail.record.client = Some(client.shown());
                 x.trail.record.ip = client.ip;
                 if let Some(networks) = &x.snap.networks {
                     client.network = networks.lookup(client.ip);

@@ -165,12 +165,12 @@ pub fn for_override(parts: &[KeyPart], raw: &str, identity: &Identity) -> String
                 Some(ip_key) => out.push_str(&ip_key),
                 None => out.push_str(&ApiKey::from_secret(value).id),
             },
-            KeyPart::Ip => out.push_str(&as_ip.unwrap_or_else(|| value.to_string())),
+            KeyPart::Ip => out.push_str(as_ip.as_deref().unwrap_or(value)),
             KeyPart::ApiKey => out.push_str(&ApiKey::from_secret(value).id),
             KeyPart::Route => push_route(&mut out, value.strip_prefix(ROUTE).unwrap_or(value)),
             KeyPart::Global => out.push_str(GLOBAL),
             KeyPart::Header(_) => push_header(&mut out, value.as_bytes()),
-            KeyPart::Pass => out.push_str(&as_ip.unwrap_or_else(|| value.to_string())),
+            KeyPart::Pass => out.push_str(as_ip.as_deref().unwrap_or(value)),
             KeyPart::Asn => {
                 let number = value.strip_prefix(ASN).unwrap_or(value);
                 let number = number.trim_start_matches("AS").trim_start_matches("as");
@@ -195,7 +195,7 @@ pub fn for_admin_client(identity: &Identity, raw: &str) -> String {
         return raw.to_string();
     }
     match raw.parse::<IpAddr>() {
-        Ok(ip) => identity.ip_key(ip),
+        Ok(ip) => identity.ip_key(ip).to_string(),
         Err(_) => ApiKey::from_secret(raw).id,
     }
 }

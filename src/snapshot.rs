@@ -453,7 +453,7 @@ mod tests {
     fn client(ip: &str, key: Option<&str>) -> Client {
         Client {
             ip: ip.parse().unwrap(),
-            ip_key: format!("ip:{ip}"),
+            ip_key: format!("ip:{ip}").into(),
             api_key: key.map(ApiKey::from_secret),
             key_verified: key.is_some(),
             peer_trusted: false,

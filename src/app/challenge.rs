@@ -100,7 +100,7 @@ impl App {
         strip_pass_cookies(admitted.req.headers_mut());
         let bits = held.as_ref().map_or(0, |h| h.bits);
         // A pass issued past its block's allowance counts as the address.
-        client.pass = held.map(|h| h.key.unwrap_or_else(|| client.ip_key.clone()));
+        client.pass = held.map(|h| h.key.unwrap_or_else(|| client.ip_key.to_string()));
         let path = admitted.req.uri().path();
         if path == REFRESH_PATH {
             return Err(self

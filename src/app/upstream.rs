@@ -133,7 +133,7 @@ impl App {
         let record = &x.trail.record;
         self.shared.store.audit(AuditRow {
             time: x.now,
-            client: (record.client.clone()).unwrap_or_else(|| client.display().into()),
+            client: (record.client.clone()).unwrap_or_else(|| client.shown()),
             method,
             path: record.path.clone(),
             route: route.clone(),

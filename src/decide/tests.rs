@@ -63,7 +63,7 @@ impl Fixture {
 fn client(ip: &str) -> Client {
     Client {
         ip: ip.parse().expect("ip"),
-        ip_key: format!("ip:{ip}"),
+        ip_key: format!("ip:{ip}").into(),
         api_key: None,
         key_verified: false,
         peer_trusted: false,
