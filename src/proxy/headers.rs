@@ -287,22 +287,7 @@ pub fn set_forwarded_headers(
     };
     let peer_only = chain.is_none();
     let xff = chain.or_else(|| peer_value.clone());
-    // Compared with `_` read as `-`: with `server.underscores_in_headers`
-    // on, `Client_IP` would still reach PHP as HTTP_CLIENT_IP.
-    let (edge_owned, set_by_edge) = (&*EDGE_OWNED_SET, &*SET_BY_EDGE_SET);
-    let mut forged: Vec<HeaderName> = Vec::new();
-    // A trusted peer's own `X-Forwarded-Host` and `-Port` pass, found in the
-    // same pass (an untrusted peer's are forged, removed here with the rest).
-    let (mut kept_host, mut kept_port) = (false, false);
-    for n in headers.keys() {
-        let owned = !client.peer_trusted && edge_owned.position(n.as_str(), true).is_some();
-        if owned || (has_underscore(n) && set_by_edge.position(n.as_str(), true).is_some()) {
-            forged.push(n.clone());
-        } else if client.peer_trusted {
-            kept_host |= *n == X_FORWARDED_HOST;
-            kept_port |= *n == X_FORWARDED_PORT;
-        }
-    }
+    let (forged, kept_host, kept_port) = forged_names(headers, client.peer_trusted);
     for name in forged {
         headers.remove(name);
     }
@@ -329,6 +314,28 @@ pub fn set_forwarded_headers(
     if !kept_port {
         headers.insert(X_FORWARDED_PORT, port_value(port));
     }
+}
+
+/// The names that go before tollgate sets its own: from an untrusted peer
+/// every one of [`EDGE_OWNED`], and from anyone tollgate's own spelled with
+/// `_`. Then whether a trusted peer sent its own `X-Forwarded-Host` and
+/// `-Port`, which pass (found in the same pass over the names).
+fn forged_names(headers: &HeaderMap, peer_trusted: bool) -> (Vec<HeaderName>, bool, bool) {
+    // Compared with `_` read as `-`: with `server.underscores_in_headers`
+    // on, `Client_IP` would still reach PHP as HTTP_CLIENT_IP.
+    let (edge_owned, set_by_edge) = (&*EDGE_OWNED_SET, &*SET_BY_EDGE_SET);
+    let mut forged: Vec<HeaderName> = Vec::new();
+    let (mut kept_host, mut kept_port) = (false, false);
+    for n in headers.keys() {
+        let owned = !peer_trusted && edge_owned.position(n.as_str(), true).is_some();
+        if owned || (has_underscore(n) && set_by_edge.position(n.as_str(), true).is_some()) {
+            forged.push(n.clone());
+        } else if peer_trusted {
+            kept_host |= *n == X_FORWARDED_HOST;
+            kept_port |= *n == X_FORWARDED_PORT;
+        }
+    }
+    (forged, kept_host, kept_port)
 }
 
 /// A trusted peer's `X-Forwarded-For` list (its text values, in order)
