@@ -178,6 +178,80 @@ pub enum Serve {
     },
 }
 
+#[derive(Debug, Clone)]
+pub struct LimiterConfig {
+    pub name: String,
+    pub algorithm: Algorithm,
+    pub key: Vec<KeyPart>,
+    pub shadow: bool,
+    pub overrides: Vec<OverrideConfig>,
+    /// How this limiter's rejections look; `None`: the default 429 problem+json.
+    pub reject: Option<RejectShape>,
+    /// `count:` — which responses count; `None`: every request does.
+    pub count: Option<crate::limiter::count::CountRule>,
+    /// `ban:` — refuse a key outright after repeated rejections.
+    pub ban: Option<crate::limiter::ban::BanRule>,
+    /// `lease:` — reserve units from the Redis store (see `limiter/lease.rs`).
+    pub lease: Option<crate::limiter::lease::Lease>,
+}
+
+#[derive(Debug, Clone)]
+pub struct OverrideConfig {
+    /// The key value as written in the config (may be a secret API key).
+    pub key: String,
+    pub limit: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub path: Option<String>,
+    pub path_prefix: Option<String>,
+    pub methods: Option<Vec<Method>>,
+    pub host: Option<String>,
+    /// `match.query`: (name, value) pairs, compared with what PHP decodes.
+    pub query: Vec<(String, String)>,
+    pub action: Action,
+    /// Indexes into `Config::limiters`.
+    pub limiters: Vec<usize>,
+    /// Overrides the deciding limiter's `reject` on this route.
+    pub reject: Option<RejectShape>,
+    pub rate_limit_headers: HeaderSets,
+    /// `allow_unlimited`: a reload may take every limiter off this route.
+    pub allow_unlimited: bool,
+    /// `error_format` and `error_pages` of this route (over the server's).
+    pub errors: ErrorAnswers,
+    /// `compression`: this route's responses may be compressed (and `server.compression` is on).
+    pub compression: bool,
+    /// `challenge`: browsers without a pass get a proof-of-work page.
+    pub challenge: Option<ChallengeConfig>,
+    /// `match.path_regex`, compiled once for the config's life.
+    pub path_regex: Option<regex::Regex>,
+    /// `match.query_regex`, on the query string as sent.
+    pub query_regex: Option<regex::Regex>,
+    /// `access`, `auth`, `headers`, `rewrite` (each `None` unless configured).
+    pub site: crate::site::Rules,
+    /// `cache`: this route's answers are stored in and served from the shared cache.
+    pub cache: Option<cache::RouteCacheConfig>,
+    /// `match.asn`: the client's AS is one of these.
+    pub asn: Option<Vec<u32>>,
+    /// `match.country`: the client's country is one of these.
+    pub country: Option<Vec<crate::geodb::Country>>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Index into `Config::upstreams`.
+    Upstream(usize),
+    Respond {
+        status: StatusCode,
+        body: String,
+        content_type: String,
+    },
+    /// `redirect:`, answered by tollgate.
+    Redirect(crate::site::Redirect),
+}
+
 impl ServerConfig {
     /// Every public listener and what it serves: `server.listen`, then `server.tls.listen`.
     pub fn public(&self) -> Vec<(SocketAddr, Serve)> {
@@ -398,80 +472,6 @@ impl fmt::Display for KeyPart {
             KeyPart::Country => f.write_str("country"),
         }
     }
-}
-
-#[derive(Debug, Clone)]
-pub struct LimiterConfig {
-    pub name: String,
-    pub algorithm: Algorithm,
-    pub key: Vec<KeyPart>,
-    pub shadow: bool,
-    pub overrides: Vec<OverrideConfig>,
-    /// How this limiter's rejections look; `None`: the default 429 problem+json.
-    pub reject: Option<RejectShape>,
-    /// `count:` — which responses count; `None`: every request does.
-    pub count: Option<crate::limiter::count::CountRule>,
-    /// `ban:` — refuse a key outright after repeated rejections.
-    pub ban: Option<crate::limiter::ban::BanRule>,
-    /// `lease:` — reserve units from the Redis store (see `limiter/lease.rs`).
-    pub lease: Option<crate::limiter::lease::Lease>,
-}
-
-#[derive(Debug, Clone)]
-pub struct OverrideConfig {
-    /// The key value as written in the config (may be a secret API key).
-    pub key: String,
-    pub limit: u64,
-}
-
-#[derive(Debug, Clone)]
-pub struct RouteConfig {
-    pub name: String,
-    pub path: Option<String>,
-    pub path_prefix: Option<String>,
-    pub methods: Option<Vec<Method>>,
-    pub host: Option<String>,
-    /// `match.query`: (name, value) pairs, compared with what PHP decodes.
-    pub query: Vec<(String, String)>,
-    pub action: Action,
-    /// Indexes into `Config::limiters`.
-    pub limiters: Vec<usize>,
-    /// Overrides the deciding limiter's `reject` on this route.
-    pub reject: Option<RejectShape>,
-    pub rate_limit_headers: HeaderSets,
-    /// `allow_unlimited`: a reload may take every limiter off this route.
-    pub allow_unlimited: bool,
-    /// `error_format` and `error_pages` of this route (over the server's).
-    pub errors: ErrorAnswers,
-    /// `compression`: this route's responses may be compressed (and `server.compression` is on).
-    pub compression: bool,
-    /// `challenge`: browsers without a pass get a proof-of-work page.
-    pub challenge: Option<ChallengeConfig>,
-    /// `match.path_regex`, compiled once for the config's life.
-    pub path_regex: Option<regex::Regex>,
-    /// `match.query_regex`, on the query string as sent.
-    pub query_regex: Option<regex::Regex>,
-    /// `access`, `auth`, `headers`, `rewrite` (each `None` unless configured).
-    pub site: crate::site::Rules,
-    /// `cache`: this route's answers are stored in and served from the shared cache.
-    pub cache: Option<cache::RouteCacheConfig>,
-    /// `match.asn`: the client's AS is one of these.
-    pub asn: Option<Vec<u32>>,
-    /// `match.country`: the client's country is one of these.
-    pub country: Option<Vec<crate::geodb::Country>>,
-}
-
-#[derive(Debug, Clone)]
-pub enum Action {
-    /// Index into `Config::upstreams`.
-    Upstream(usize),
-    Respond {
-        status: StatusCode,
-        body: String,
-        content_type: String,
-    },
-    /// `redirect:`, answered by tollgate.
-    Redirect(crate::site::Redirect),
 }
 
 impl Config {

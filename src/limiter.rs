@@ -56,6 +56,65 @@ macro_rules! with_algorithms {
 }
 pub(crate) use with_algorithms;
 
+/// `$body` with `$P` naming the algorithm's type: the one exhaustive match over [`AlgorithmKind`].
+macro_rules! on_kind {
+    ($kind:expr, $P:ident => $body:expr) => {
+        with_algorithms!(on_kind_of! $kind, $P => $body)
+    };
+}
+
+macro_rules! on_kind_of {
+    ([$($variant:ident in $module:ident,)+] $kind:expr, $P:ident => $body:expr) => {
+        match $kind {
+            $(AlgorithmKind::$variant => {
+                type $P = $module::$variant;
+                $body
+            })+
+        }
+    };
+}
+
+/// `$body` with `$rule` the algorithm's parameters: the one exhaustive match over [`Algorithm`].
+macro_rules! on_algorithm {
+    ($algorithm:expr, $rule:ident => $body:expr) => {
+        with_algorithms!(on_algorithm_of! $algorithm, $rule => $body)
+    };
+}
+
+macro_rules! on_algorithm_of {
+    ([$($variant:ident in $module:ident,)+] $algorithm:expr, $rule:ident => $body:expr) => {
+        match $algorithm {
+            $(Algorithm::$variant($rule) => $body,)+
+        }
+    };
+}
+
+/// `$body` with `$rule` and its own state `$st`, or `$mismatch` when the
+/// state belongs to another algorithm (a reload may change it). Exhaustive
+/// over [`Algorithm`]: the state side is an `if let`, not a wildcard arm.
+macro_rules! dispatch {
+    ($self:ident, $state:ident, $rule:ident, $st:ident => $body:expr, $mismatch:expr) => {
+        with_algorithms!(dispatch_of! $self, $state, $rule, $st => $body, $mismatch)
+    };
+}
+
+macro_rules! dispatch_of {
+    (
+        [$($variant:ident in $module:ident,)+]
+        $self:ident, $state:ident, $rule:ident, $st:ident => $body:expr, $mismatch:expr
+    ) => {
+        match $self {
+            $(Algorithm::$variant($rule) => {
+                if let State::$variant($st) = $state {
+                    $body
+                } else {
+                    $mismatch
+                }
+            })+
+        }
+    };
+}
+
 /// Declares each algorithm's module and the enums over them.
 macro_rules! declare {
     ([$($variant:ident in $module:ident,)+]) => {
@@ -137,65 +196,6 @@ macro_rules! declare {
 }
 
 with_algorithms!(declare!);
-
-/// `$body` with `$P` naming the algorithm's type: the one exhaustive match over [`AlgorithmKind`].
-macro_rules! on_kind {
-    ($kind:expr, $P:ident => $body:expr) => {
-        with_algorithms!(on_kind_of! $kind, $P => $body)
-    };
-}
-
-macro_rules! on_kind_of {
-    ([$($variant:ident in $module:ident,)+] $kind:expr, $P:ident => $body:expr) => {
-        match $kind {
-            $(AlgorithmKind::$variant => {
-                type $P = $module::$variant;
-                $body
-            })+
-        }
-    };
-}
-
-/// `$body` with `$rule` the algorithm's parameters: the one exhaustive match over [`Algorithm`].
-macro_rules! on_algorithm {
-    ($algorithm:expr, $rule:ident => $body:expr) => {
-        with_algorithms!(on_algorithm_of! $algorithm, $rule => $body)
-    };
-}
-
-macro_rules! on_algorithm_of {
-    ([$($variant:ident in $module:ident,)+] $algorithm:expr, $rule:ident => $body:expr) => {
-        match $algorithm {
-            $(Algorithm::$variant($rule) => $body,)+
-        }
-    };
-}
-
-/// `$body` with `$rule` and its own state `$st`, or `$mismatch` when the
-/// state belongs to another algorithm (a reload may change it). Exhaustive
-/// over [`Algorithm`]: the state side is an `if let`, not a wildcard arm.
-macro_rules! dispatch {
-    ($self:ident, $state:ident, $rule:ident, $st:ident => $body:expr, $mismatch:expr) => {
-        with_algorithms!(dispatch_of! $self, $state, $rule, $st => $body, $mismatch)
-    };
-}
-
-macro_rules! dispatch_of {
-    (
-        [$($variant:ident in $module:ident,)+]
-        $self:ident, $state:ident, $rule:ident, $st:ident => $body:expr, $mismatch:expr
-    ) => {
-        match $self {
-            $(Algorithm::$variant($rule) => {
-                if let State::$variant($st) = $state {
-                    $body
-                } else {
-                    $mismatch
-                }
-            })+
-        }
-    };
-}
 
 /// What must stay equal for stored state to keep its meaning across a reload:
 /// the algorithm and its [`Rule::shape_span`]. A changed limit keeps the

@@ -275,6 +275,32 @@ impl OneOrMany {
     }
 }
 
+/// `auto` (one per core) or a number of worker threads.
+#[derive(Debug, Clone)]
+pub enum RawWorkers {
+    Count(u64),
+    Auto(Text),
+}
+
+impl<'de> Deserialize<'de> for RawWorkers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawWorkers;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`auto` or a number of threads, e.g. `workers: 4`")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RawWorkers, E> {
+                Ok(RawWorkers::Count(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawWorkers, E> {
+                TextVisitor.visit_str(s).map(RawWorkers::Auto)
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
@@ -338,32 +364,6 @@ pub struct RawServer {
     /// Peers (load balancers) that open every connection with a PROXY protocol header.
     #[serde(default)]
     pub proxy_protocol: Vec<Text>,
-}
-
-/// `auto` (one per core) or a number of worker threads.
-#[derive(Debug, Clone)]
-pub enum RawWorkers {
-    Count(u64),
-    Auto(Text),
-}
-
-impl<'de> Deserialize<'de> for RawWorkers {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = RawWorkers;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("`auto` or a number of threads, e.g. `workers: 4`")
-            }
-            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<RawWorkers, E> {
-                Ok(RawWorkers::Count(n))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawWorkers, E> {
-                TextVisitor.visit_str(s).map(RawWorkers::Auto)
-            }
-        }
-        d.deserialize_any(Visitor)
-    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

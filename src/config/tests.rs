@@ -7,6 +7,69 @@ use super::*;
 
 const EXAMPLE: &str = include_str!("../../config.example.yaml");
 
+/// Typical mistakes and the exact message `check` prints for each: the
+/// expected YAML in words (never a Rust type), the key that is wrong with
+/// its line and column, and a did-you-mean for a misspelt name.
+#[rustfmt::skip]
+const MISTAKES: &[(&str, &str)] = &[
+    // A rate written where a number goes.
+    ("limiters:\n  per_ip:\n    limit: \"100/min\"\n    window: 60s\n",
+     "line 3 column 12: limiters.per_ip.limit: expected a whole number, e.g. `limit: 100`, found the text \"100/min\""),
+    // A limiter's settings dedented one level.
+    ("limiters:\n  per_ip:\n  limit: 5\n  window: 60s\n",
+     "line 3 column 10: limiters.limit: expected a limiter: a mapping of its settings, e.g. `{ limit: 100, window: 1m, key: ip }`, found the number 5 (`limit` is read as the name of a limiter here; if it is a setting, indent it under its limiter)"),
+    // A key written as a mapping.
+    ("limiters:\n  per_ip:\n    limit: 5\n    window: 60s\n    key: { header: X-User }\n",
+     "line 5 column 5: limiters.per_ip.key: expected one value or a list of values, e.g. `ip` or `[ip, route]`, found a mapping"),
+    // A number no integer holds.
+    ("limiters:\n  per_ip:\n    limit: 100000000000000000000\n    window: 60s\n",
+     "line 3 column 12: limiters.per_ip.limit: expected a whole number, e.g. `limit: 100`, found the number 100000000000000000000, which is too large"),
+    // Misspelt names: upstream, key part, algorithm, limiter, config key.
+    ("upstreams:\n  php: { url: \"fastcgi://127.0.0.1:9000\", root: /srv }\nroutes:\n  - name: site\n    upstream: phpfpm\n",
+     "line 5 column 15: routes[0].upstream: no upstream named \"phpfpm\"; did you mean `php`?"),
+    ("limiters:\n  a:\n    limit: 5\n    window: 60s\n    key: per_ip\n",
+     "line 5 column 10: limiters.a.key: unknown key \"per_ip\" (client, ip, api_key, route, global, pass, asn, country or header:<Name>); did you mean `ip`?"),
+    ("limiters:\n  a:\n    algorithm: token-bucket\n    capacity: 5\n    refill_per_second: 1\n",
+     "line 3 column 16: limiters.a.algorithm: unknown algorithm \"token-bucket\" (fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency); did you mean `token_bucket`?"),
+    ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: [per-ip]\n",
+     "line 6 column 16: routes[0].limiters[0]: no limiter named \"per-ip\"; did you mean `per_ip`?"),
+    ("limiters:\n  a:\n    limt: 5\n    window: 60s\n",
+     "line 3 column 5: limiters.a.limt: unknown key `limt`; did you mean `limit`? (keys of a fixed_window limiter: algorithm, limit, window, key, mode, overrides, reject, count, ban, lease)"),
+    // The algorithm written after the misspelt key still decides which keys are offered.
+    ("limiters:\n  a:\n    capacity: 5\n    refil_per_second: 1\n    algorithm: token_bucket\n",
+     "line 4 column 5: limiters.a.refil_per_second: unknown key `refil_per_second`; did you mean `refill_per_second`? (keys of a token_bucket limiter: algorithm, capacity, refill_per_second, key, mode, overrides, reject, count, ban, lease)"),
+    // An algorithm no one knows: every key any limiter takes is offered.
+    ("limiters:\n  a:\n    algorithm: gcra\n    burst: 5\n",
+     "line 4 column 5: limiters.a.burst: unknown key `burst` (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban, lease)"),
+    // A key no store takes, with every key `store:` has.
+    ("store:\n  backend: redis\n  urls: \"redis://cache\"\n",
+     "line 3 column 3: store.urls: unknown key `urls`; did you mean `url`? (keys here: backend, path, flush_interval, url, cluster, sentinel, prefix, timeout, on_error, prune_interval, max_keys)"),
+    // A backend key's value is read where it stands, before `backend:` is known.
+    ("store:\n  timeout: 50\n  backend: redis\n",
+     "line 2 column 12: store.timeout: `50` has no unit, write e.g. `50s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),
+    // A duration without a unit, pointed at `window`, not at the limiter.
+    ("limiters:\n  a:\n    limit: 5\n    window: 15\n",
+     "line 4 column 13: limiters.a.window: `15` has no unit, write e.g. `15s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),
+    // An unset variable, pointed at its value, not at `store:`.
+    ("store:\n  backend: redis\n  url: \"${TOLLGATE_TEST_SURELY_UNSET}\"\n",
+     "line 3 column 8: store.url: environment variable TOLLGATE_TEST_SURELY_UNSET is not set"),
+    // A single limiter name where a list goes.
+    ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: per_ip\n",
+     "line 6 column 15: routes[0].limiters: expected a list of limiter names, e.g. `limiters: [per_ip]`, found the text \"per_ip\""),
+    // YAML 1.2 has no `yes`.
+    ("upstreams:\n  app: { url: \"https://a\", insecure_skip_verify: yes }\n",
+     "line 2 column 50: upstreams.app.insecure_skip_verify: expected `true` or `false`, e.g. `insecure_skip_verify: true`, found the text \"yes\""),
+    ("server:\n  workers: [1]\n",
+     "line 2 column 3: server.workers: expected `auto` or a number of threads, e.g. `workers: 4`, found a list"),
+    ("routes:\n  - { name: a, respond: { status: 99999 } }\n",
+     "line 2 column 35: routes[0].respond.status: expected a whole number, e.g. `status: 429`, found the number 99999, out of range (0 to 65535)"),
+    ("routes:\n  a: { respond: { status: 200 } }\n",
+     "line 1 column 1: routes: expected a list of routes, e.g. `routes: [{ name: api, match: { path_prefix: /api }, upstream: app }]`, found a mapping"),
+    // A limiter with nothing under it is shown at its name, not at the next line.
+    ("limiters:\n  strict:\nroutes: []\n",
+     "line 2 column 3: limiters.strict: fixed_window needs `limit`"),
+];
+
 fn problems(yaml: &str) -> Vec<String> {
     match parse(yaml) {
         Ok(_) => vec![],
@@ -304,69 +367,6 @@ fn upstream_tls_options_apply_to_https_only_and_a_ca_must_hold_certificates() {
     .unwrap();
     assert!(matches!(&c.upstreams[0].tls, UpstreamTls::Ca { certs, .. } if certs.len() == 1));
 }
-
-/// Typical mistakes and the exact message `check` prints for each: the
-/// expected YAML in words (never a Rust type), the key that is wrong with
-/// its line and column, and a did-you-mean for a misspelt name.
-#[rustfmt::skip]
-const MISTAKES: &[(&str, &str)] = &[
-    // A rate written where a number goes.
-    ("limiters:\n  per_ip:\n    limit: \"100/min\"\n    window: 60s\n",
-     "line 3 column 12: limiters.per_ip.limit: expected a whole number, e.g. `limit: 100`, found the text \"100/min\""),
-    // A limiter's settings dedented one level.
-    ("limiters:\n  per_ip:\n  limit: 5\n  window: 60s\n",
-     "line 3 column 10: limiters.limit: expected a limiter: a mapping of its settings, e.g. `{ limit: 100, window: 1m, key: ip }`, found the number 5 (`limit` is read as the name of a limiter here; if it is a setting, indent it under its limiter)"),
-    // A key written as a mapping.
-    ("limiters:\n  per_ip:\n    limit: 5\n    window: 60s\n    key: { header: X-User }\n",
-     "line 5 column 5: limiters.per_ip.key: expected one value or a list of values, e.g. `ip` or `[ip, route]`, found a mapping"),
-    // A number no integer holds.
-    ("limiters:\n  per_ip:\n    limit: 100000000000000000000\n    window: 60s\n",
-     "line 3 column 12: limiters.per_ip.limit: expected a whole number, e.g. `limit: 100`, found the number 100000000000000000000, which is too large"),
-    // Misspelt names: upstream, key part, algorithm, limiter, config key.
-    ("upstreams:\n  php: { url: \"fastcgi://127.0.0.1:9000\", root: /srv }\nroutes:\n  - name: site\n    upstream: phpfpm\n",
-     "line 5 column 15: routes[0].upstream: no upstream named \"phpfpm\"; did you mean `php`?"),
-    ("limiters:\n  a:\n    limit: 5\n    window: 60s\n    key: per_ip\n",
-     "line 5 column 10: limiters.a.key: unknown key \"per_ip\" (client, ip, api_key, route, global, pass, asn, country or header:<Name>); did you mean `ip`?"),
-    ("limiters:\n  a:\n    algorithm: token-bucket\n    capacity: 5\n    refill_per_second: 1\n",
-     "line 3 column 16: limiters.a.algorithm: unknown algorithm \"token-bucket\" (fixed_window, sliding_window, token_bucket, leaky_bucket or concurrency); did you mean `token_bucket`?"),
-    ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: [per-ip]\n",
-     "line 6 column 16: routes[0].limiters[0]: no limiter named \"per-ip\"; did you mean `per_ip`?"),
-    ("limiters:\n  a:\n    limt: 5\n    window: 60s\n",
-     "line 3 column 5: limiters.a.limt: unknown key `limt`; did you mean `limit`? (keys of a fixed_window limiter: algorithm, limit, window, key, mode, overrides, reject, count, ban, lease)"),
-    // The algorithm written after the misspelt key still decides which keys are offered.
-    ("limiters:\n  a:\n    capacity: 5\n    refil_per_second: 1\n    algorithm: token_bucket\n",
-     "line 4 column 5: limiters.a.refil_per_second: unknown key `refil_per_second`; did you mean `refill_per_second`? (keys of a token_bucket limiter: algorithm, capacity, refill_per_second, key, mode, overrides, reject, count, ban, lease)"),
-    // An algorithm no one knows: every key any limiter takes is offered.
-    ("limiters:\n  a:\n    algorithm: gcra\n    burst: 5\n",
-     "line 4 column 5: limiters.a.burst: unknown key `burst` (keys here: algorithm, limit, window, capacity, refill_per_second, leak_per_second, max_in_flight, key, mode, overrides, reject, count, ban, lease)"),
-    // A key no store takes, with every key `store:` has.
-    ("store:\n  backend: redis\n  urls: \"redis://cache\"\n",
-     "line 3 column 3: store.urls: unknown key `urls`; did you mean `url`? (keys here: backend, path, flush_interval, url, cluster, sentinel, prefix, timeout, on_error, prune_interval, max_keys)"),
-    // A backend key's value is read where it stands, before `backend:` is known.
-    ("store:\n  timeout: 50\n  backend: redis\n",
-     "line 2 column 12: store.timeout: `50` has no unit, write e.g. `50s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),
-    // A duration without a unit, pointed at `window`, not at the limiter.
-    ("limiters:\n  a:\n    limit: 5\n    window: 15\n",
-     "line 4 column 13: limiters.a.window: `15` has no unit, write e.g. `15s`; a duration is a whole number and one of the units ms, s, m, h, d, e.g. `60s` or `1m`"),
-    // An unset variable, pointed at its value, not at `store:`.
-    ("store:\n  backend: redis\n  url: \"${TOLLGATE_TEST_SURELY_UNSET}\"\n",
-     "line 3 column 8: store.url: environment variable TOLLGATE_TEST_SURELY_UNSET is not set"),
-    // A single limiter name where a list goes.
-    ("limiters:\n  per_ip: { limit: 5, window: 60s, key: ip }\nroutes:\n  - name: site\n    respond: { status: 200 }\n    limiters: per_ip\n",
-     "line 6 column 15: routes[0].limiters: expected a list of limiter names, e.g. `limiters: [per_ip]`, found the text \"per_ip\""),
-    // YAML 1.2 has no `yes`.
-    ("upstreams:\n  app: { url: \"https://a\", insecure_skip_verify: yes }\n",
-     "line 2 column 50: upstreams.app.insecure_skip_verify: expected `true` or `false`, e.g. `insecure_skip_verify: true`, found the text \"yes\""),
-    ("server:\n  workers: [1]\n",
-     "line 2 column 3: server.workers: expected `auto` or a number of threads, e.g. `workers: 4`, found a list"),
-    ("routes:\n  - { name: a, respond: { status: 99999 } }\n",
-     "line 2 column 35: routes[0].respond.status: expected a whole number, e.g. `status: 429`, found the number 99999, out of range (0 to 65535)"),
-    ("routes:\n  a: { respond: { status: 200 } }\n",
-     "line 1 column 1: routes: expected a list of routes, e.g. `routes: [{ name: api, match: { path_prefix: /api }, upstream: app }]`, found a mapping"),
-    // A limiter with nothing under it is shown at its name, not at the next line.
-    ("limiters:\n  strict:\nroutes: []\n",
-     "line 2 column 3: limiters.strict: fixed_window needs `limit`"),
-];
 
 #[test]
 fn typical_mistakes_get_their_exact_message_at_the_key_that_is_wrong() {

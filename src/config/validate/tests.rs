@@ -6,22 +6,6 @@ use std::net::SocketAddr;
 use super::{validate, Host};
 use crate::config::{Config, ConfigProblem, RawConfig, UpstreamTls};
 
-/// A machine with two cores on which one name resolves.
-fn host() -> Host {
-    Host {
-        cores: 2,
-        resolved: HashMap::from([(
-            "tollgate.internal:8080".to_string(),
-            SocketAddr::from(([10, 0, 0, 1], 8080)),
-        )]),
-    }
-}
-
-fn validated(yaml: &str) -> Result<Config, Vec<ConfigProblem>> {
-    let raw: RawConfig = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
-    validate(&raw, &host()).map_err(|e| e.problems)
-}
-
 /// (YAML, the path of one expected problem, a fragment of its message).
 #[rustfmt::skip]
 const REJECTED: &[(&str, &str, &str)] = &[
@@ -173,6 +157,22 @@ const REJECTED: &[(&str, &str, &str)] = &[
     // log
     ("log: { format: xml }", "log.format", "unknown format \"xml\" (text or json)"),
 ];
+
+/// A machine with two cores on which one name resolves.
+fn host() -> Host {
+    Host {
+        cores: 2,
+        resolved: HashMap::from([(
+            "tollgate.internal:8080".to_string(),
+            SocketAddr::from(([10, 0, 0, 1], 8080)),
+        )]),
+    }
+}
+
+fn validated(yaml: &str) -> Result<Config, Vec<ConfigProblem>> {
+    let raw: RawConfig = serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+    validate(&raw, &host()).map_err(|e| e.problems)
+}
 
 #[test]
 fn every_rule_rejects_its_mistake_at_its_path() {
