@@ -15,6 +15,8 @@ that pruning gives it back.
     bench/proxybench.py --access-log       # the access log's cost: off vs json vs text, same run
     bench/proxybench.py --floor            # adds the hyper floor (benches/hyper_floor.rs) on both paths
     bench/proxybench.py --floor --pin      # the fair race on two cores: wrk on one, the proxy on the other
+    bench/proxybench.py --floor --pin --profile dist   # the same, tollgate and the floor as the image ships them
+    bench/proxybench.py --floor --pin --also OTHER     # + a second tollgate build in the same rounds (an A/B)
 
 Needs nginx, haproxy and wrk (Debian packages; installed with apt-get when
 missing and running as root). Everything listens on 127.0.0.1:19080-19131 and
@@ -59,7 +61,8 @@ PORTS = {"upstream": 19080, "nginx": 19090, "nginx_reject": 19091, "haproxy": 19
          "tollgate": 19100, "tollgate_admin": 19101, "tollgate_mem": 19110, "tollgate_mem_admin": 19111,
          "log_off": 19120, "log_off_admin": 19121, "log_json": 19122, "log_json_admin": 19123,
          "log_text": 19124, "log_text_admin": 19125, "floor": 19130, "floor_reject": 19131,
-         "tollgate_logged": 19102, "tollgate_logged_admin": 19103}
+         "tollgate_logged": 19102, "tollgate_logged_admin": 19103,
+         "tollgate_also": 19104, "tollgate_also_admin": 19105}
 
 # What the `tollgate` and `tollgate-memory` rows leave off, as the peers here
 # do (`access_log off`); `tollgate-logged` keeps both defaults.
@@ -182,9 +185,9 @@ def wrk(url, conns, duration, script=None, pin=False):
             "sockerr": sum(int(x) for x in errors.groups()) if errors else 0, "p50": pct(50), "p99": pct(99)}
 
 
-def floor_binary():
-    """Builds benches/hyper_floor.rs (release) and returns its executable."""
-    out = subprocess.run(["cargo", "build", "--release", "--bench", "hyper_floor", "--message-format=json"],
+def floor_binary(profile):
+    """Builds benches/hyper_floor.rs (with cargo's `profile`) and returns its executable."""
+    out = subprocess.run(["cargo", "build", "--profile", profile, "--bench", "hyper_floor", "--message-format=json"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for line in out.splitlines():
         msg = json.loads(line)
@@ -197,7 +200,7 @@ def pinned(argv, cpu, pin):
     return ["taskset", "-c", cpu, *argv] if pin else argv
 
 
-def write_configs(d, tollgate_bin, workers=None):
+def write_configs(d, workers=None, also=False):
     up = PORTS["upstream"]
     common = f"pid {d}/%s.pid;\nerror_log {d}/%s-error.log warn;\nworker_rlimit_nofile 65536;\nevents {{ worker_connections 16384; }}\n"
     http_common = (f"access_log off; keepalive_requests 100000000; keepalive_timeout 300s;"
@@ -229,6 +232,8 @@ def write_configs(d, tollgate_bin, workers=None):
     stores = {"tollgate": (f'{{ backend: sqlite, path: "{d}/tollgate.db" }}', UNLOGGED),
               "tollgate_mem": ("{ backend: memory }", UNLOGGED),
               "tollgate_logged": (f'{{ backend: sqlite, path: "{d}/logged.db" }}', "")}
+    if also:
+        stores["tollgate_also"] = (f'{{ backend: sqlite, path: "{d}/also.db" }}', UNLOGGED)
     threads = f", workers: {workers}" if workers else ""
     for name, (store, logging) in stores.items():
         with open(f"{d}/{name}.yaml", "w") as f:
@@ -268,7 +273,7 @@ def ratio_median(rounds, target, ref):
 
 
 def benchmark(args, d, tollgate_bin):
-    write_configs(d, tollgate_bin, workers=1 if args.pin else None)
+    write_configs(d, workers=1 if args.pin else None, also=bool(args.also))
     if args.access_log:
         write_access_log_configs(d)
     servers = {
@@ -279,6 +284,8 @@ def benchmark(args, d, tollgate_bin):
         "tollgate_mem": ([tollgate_bin, "--config", f"{d}/tollgate_mem.yaml"], PORTS["tollgate_mem"]),
         "tollgate_logged": ([tollgate_bin, "--config", f"{d}/tollgate_logged.yaml"], PORTS["tollgate_logged"]),
     }
+    if args.also:
+        servers["tollgate_also"] = ([args.also, "--config", f"{d}/tollgate_also.yaml"], PORTS["tollgate_also"])
     if args.floor:
         workers = "1" if args.pin else "2"
         for name, extra in (("floor", []), ("floor_reject", ["--reject"])):
@@ -307,6 +314,9 @@ def benchmark(args, d, tollgate_bin):
         ("tollgate", "reject"): ("tollgate", f"http://127.0.0.1:{PORTS['tollgate']}/reject"),
         ("tollgate-logged", "reject"): ("tollgate_logged", f"http://127.0.0.1:{PORTS['tollgate_logged']}/reject"),
     }
+    if args.also:
+        targets[("tollgate-also", "allow")] = ("tollgate_also", f"http://127.0.0.1:{PORTS['tollgate_also']}/")
+        targets[("tollgate-also", "reject")] = ("tollgate_also", f"http://127.0.0.1:{PORTS['tollgate_also']}/reject")
     if args.floor:
         targets[("floor", "allow")] = ("floor", f"http://127.0.0.1:{PORTS['floor']}/")
         targets[("floor-reject", "reject")] = ("floor_reject", f"http://127.0.0.1:{PORTS['floor_reject']}/reject")
@@ -450,7 +460,11 @@ def main():
     ap.add_argument("--keys", type=int, default=0, help="run the N-distinct-keys memory test instead")
     ap.add_argument("--access-log", action="store_true",
                     help="allow path only: tollgate with log.access off, json and text, same rounds")
-    ap.add_argument("--tollgate", default=os.path.join(ROOT, "target/release/tollgate"))
+    ap.add_argument("--tollgate", help="the build to measure (default: target/PROFILE/tollgate, built when missing)")
+    ap.add_argument("--profile", default="release",
+                    help="cargo profile of the default tollgate and of the floor built by --floor (dist: what the image and packages ship)")
+    ap.add_argument("--also", metavar="TOLLGATE",
+                    help="a second build (another commit or profile) as the row tollgate-also, configured as `tollgate`, in the same rounds")
     ap.add_argument("--floor", nargs="?", const="build", default=None,
                     help="add the hyper floor row; optionally the hyper_floor binary (default: cargo build --release --bench hyper_floor)")
     ap.add_argument("--pin", action="store_true",
@@ -466,11 +480,13 @@ def main():
     peers = (("nginx", "nginx"), ("wrk", "wrk")) if args.access_log else (("nginx", "nginx"), ("haproxy", "haproxy"), ("wrk", "wrk"))
     for cmd, pkg in peers:
         need(cmd, pkg)
-    if not os.path.exists(args.tollgate):
-        log("building tollgate (cargo build --release)")
-        subprocess.run(["cargo", "build", "--release"], cwd=ROOT, check=True)
+    if args.tollgate is None:
+        args.tollgate = os.path.join(ROOT, "target", args.profile, "tollgate")
+        if not os.path.exists(args.tollgate):
+            log(f"building tollgate (cargo build --profile {args.profile})")
+            subprocess.run(["cargo", "build", "--profile", args.profile, "--bin", "tollgate"], cwd=ROOT, check=True)
     if args.floor == "build":
-        args.floor = floor_binary()
+        args.floor = floor_binary(args.profile)
     d = tempfile.mkdtemp(prefix="tollgate-bench.")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -480,7 +496,8 @@ def main():
         results, mem = benchmark(args, d, args.tollgate)
         text = summarize(results, mem, args)
         placement = "pinned: wrk and upstream on CPU 0, each proxy alone on CPU 1, one worker" if args.pin else "unpinned"
-        print(f"machine: {os.cpu_count()} cores; wrk -t1; {placement}; tollgate {args.tollgate}")
+        also = f"; tollgate-also {args.also}" if args.also else ""
+        print(f"machine: {os.cpu_count()} cores; wrk -t1; {placement}; tollgate {args.tollgate}{also}; floor {args.floor}")
         print(text)
         if args.json:
             with open(args.json, "w") as f:

@@ -102,7 +102,7 @@ def fresh(name):
     return d
 proxybench = load("proxybench")
 d = fresh("proxybench")
-proxybench.write_configs(d, "tollgate")
+proxybench.write_configs(d, also=True)
 proxybench.write_access_log_configs(d)
 instructions = load("instructions")
 for store in ("sqlite", "memory"):

@@ -3,7 +3,7 @@
 //! At a million clients the key strings (`per_key:key:<32 hex>`, 48 bytes
 //! each with the allocator's rounding) cost almost as much as the buckets
 //! that point at them. The table keeps two 64-bit SipHash-1-3 values of the
-//! key instead, both under one random per-process key, one with a leading
+//! key instead, both under one random per-process key, one with a trailing
 //! `0` byte and one with a `1` (two outputs of one keyed function on two
 //! distinct inputs, so the halves are independent). Two distinct keys share
 //! a slot only if both halves collide: for n keys about n² / 2¹²⁹, about
@@ -16,7 +16,7 @@
 //! writer gets it with every change (the request that changed the key has
 //! it), and finds the rows of keys memory forgot in the file itself.
 
-use std::collections::hash_map::RandomState;
+use std::collections::hash_map::{DefaultHasher, RandomState};
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 
 /// A store key as the table files it.
@@ -47,15 +47,17 @@ pub struct KeyHasher(RandomState);
 
 impl KeyHasher {
     pub fn hash(&self, key: &str) -> KeyHash {
-        let half = |domain: u8| {
-            let mut h = self.0.build_hasher();
+        // The key is absorbed once; each half finishes its own copy of
+        // that state with its domain byte (half the rounds of two passes).
+        let mut keyed = self.0.build_hasher();
+        keyed.write(key.as_bytes());
+        let half = |mut h: DefaultHasher, domain: u8| {
             h.write_u8(domain);
-            h.write(key.as_bytes());
             h.finish()
         };
         KeyHash {
-            low: half(0),
-            high: half(1),
+            low: half(keyed.clone(), 0),
+            high: half(keyed, 1),
         }
     }
 }
