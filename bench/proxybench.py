@@ -466,7 +466,7 @@ def main():
     ap.add_argument("--also", metavar="TOLLGATE",
                     help="a second build (another commit or profile) as the row tollgate-also, configured as `tollgate`, in the same rounds")
     ap.add_argument("--floor", nargs="?", const="build", default=None,
-                    help="add the hyper floor row; optionally the hyper_floor binary (default: cargo build --release --bench hyper_floor)")
+                    help="add the hyper floor row; optionally the hyper_floor binary (default: cargo build --profile PROFILE --bench hyper_floor)")
     ap.add_argument("--pin", action="store_true",
                     help="wrk and the upstream on CPU 0, each proxy on CPU 1 with one worker")
     ap.add_argument("--port-offset", type=int, default=0,
