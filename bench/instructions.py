@@ -48,7 +48,6 @@ silently regain what was taken off it).
 import argparse
 import glob
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -61,6 +60,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from hyper_floor import floor_binary  # noqa: E402 (after the path it is found on)
+
 PORTS = {"upstream": 19180, "tollgate": 19181, "tollgate_admin": 19182, "nginx": 19183,
          "nginx_reject": 19184, "floor": 19185, "floor_reject": 19186}
 
@@ -435,16 +437,6 @@ def write_between_markers(path, text):
     with open(path, "w") as f:
         f.write(doc[:start + len(LADDER_BEGIN)] + "\n" + text + "\n" + doc[end:])
     log(f"wrote the ladder into {path}")
-
-
-def floor_binary():
-    out = subprocess.run(["cargo", "build", "--release", "--bench", "hyper_floor", "--message-format=json"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "hyper_floor" and msg.get("executable"):
-            return msg["executable"]
-    sys.exit("cargo built no hyper_floor executable")
 
 
 class Callgrind:

@@ -56,6 +56,9 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from hyper_floor import floor_binary  # noqa: E402 (after the path it is found on)
+
 CLK = os.sysconf("SC_CLK_TCK")
 PORTS = {"upstream": 19080, "nginx": 19090, "nginx_reject": 19091, "haproxy": 19092, "haproxy_reject": 19093,
          "tollgate": 19100, "tollgate_admin": 19101, "tollgate_mem": 19110, "tollgate_mem_admin": 19111,
@@ -183,17 +186,6 @@ def wrk(url, conns, duration, script=None, pin=False):
 
     return {"rps": rps, "requests": total, "non2xx": int(non2xx.group(1)) if non2xx else 0,
             "sockerr": sum(int(x) for x in errors.groups()) if errors else 0, "p50": pct(50), "p99": pct(99)}
-
-
-def floor_binary(profile):
-    """Builds benches/hyper_floor.rs (with cargo's `profile`) and returns its executable."""
-    out = subprocess.run(["cargo", "build", "--profile", profile, "--bench", "hyper_floor", "--message-format=json"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        msg = json.loads(line)
-        if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "hyper_floor" and msg.get("executable"):
-            return msg["executable"]
-    sys.exit("cargo built no hyper_floor executable")
 
 
 def pinned(argv, cpu, pin):

@@ -28,6 +28,7 @@ use crate::config::{LogFormat, RefusalLog};
 use crate::limiter::{Nanos, NANOS_PER_SEC};
 use crate::metrics::Decision;
 use crate::problem::Origin;
+use crate::request_id::RequestId;
 
 /// Records waiting for the writer; beyond this they are dropped.
 pub const QUEUE: usize = 8_192;
@@ -56,16 +57,18 @@ pub struct AccessRecord {
     pub format: LogFormat,
     /// Unix time (ns) the request head was read.
     pub time: Nanos,
-    // The request id, client and path are shared, not copied, with the
-    // request's audit row (`app/upstream.rs`): the same text, written twice.
-    pub request_id: Arc<str>,
+    /// The request's id: the value its `X-Request-Id` carries, not a copy.
+    pub request_id: RequestId,
+    // The client and path are shared, not copied, with the request's audit
+    // row (`app/upstream.rs`): the same text, written twice.
     /// The display form (`ip:…`, `key:3f2a9c01…`); `None` before identity ran.
     pub client: Option<Arc<str>>,
     /// The resolved client IP (the peer until identity ran).
     pub ip: IpAddr,
     pub method: Method,
-    /// The path as sent, without the query.
-    pub path: Arc<str>,
+    /// The path as sent, without the query; `None` where no access log line
+    /// and no audit row will say it (it is not copied for nothing).
+    pub path: Option<Arc<str>>,
     pub version: Version,
     pub route: Option<Arc<str>>,
     pub status: u16,
@@ -448,6 +451,11 @@ impl Out {
 }
 
 impl AccessRecord {
+    /// The path as sent, or nothing where it was not kept.
+    pub fn path(&self) -> &str {
+        self.path.as_deref().unwrap_or_default()
+    }
+
     /// One line, newline included, in the record's format.
     pub fn format_into(&self, out: &mut String) {
         self.format_with(out, &mut ClfTime::default());
@@ -471,11 +479,11 @@ impl AccessRecord {
         let mut v = serde_json::json!({
             "ts": rfc3339_millis(self.time),
             "log": "access",
-            "request_id": &*self.request_id,
+            "request_id": self.request_id.as_str(),
             "client": self.client.as_deref(),
             "ip": self.ip.to_string(),
             "method": self.method.as_str(),
-            "path": &*self.path,
+            "path": self.path(),
             "route": self.route.as_deref(),
             "status": self.status,
             "decision": self.decision.as_str(),
@@ -514,7 +522,7 @@ impl AccessRecord {
         out.push_str("] \"");
         escaped(out, self.method.as_str());
         out.push(' ');
-        escaped(out, &self.path);
+        escaped(out, self.path());
         out.push(' ');
         out.push_str(proto(self.version));
         out.push_str("\" ");
@@ -526,7 +534,7 @@ impl AccessRecord {
         out.push_str("\" \"");
         header_or_dash(out, &self.user_agent);
         out.push_str("\" rid=");
-        out.push_str(&self.request_id);
+        out.push_str(self.request_id.as_str());
         out.push_str(" route=");
         out.push_str(self.route.as_deref().unwrap_or("-"));
         out.push_str(" decision=");

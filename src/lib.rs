@@ -90,8 +90,9 @@
 //! - [`header_value`]: numbers and built values as header values, with one allocation or none;
 //! - [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded when
 //!   they change, and the busiest networks;
-//! - [`config`]: raw YAML (`raw.rs`; `raw/limiter.rs`: a limiter's keys, its parameters read as its
-//!   algorithm declares them) → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
+//! - [`config`]: raw YAML (`raw.rs`; `raw/values.rs`: the values operators write, `${ENV}` text,
+//!   durations, sizes; `raw/limiter.rs`: a limiter's keys, its parameters read as its algorithm
+//!   declares them) → pure validation (`validate/`) → `Config`, with the I/O in `load.rs`
 //!   and certificate pairs and CA bundles as data in `certs.rs`; `store.rs`: `store:` and the one
 //!   list of backends (`with_backends!`), each backend's section (its keys as written, validation,
 //!   `/config` view, name) in `store/<backend>.rs`;

@@ -11,16 +11,17 @@ use tollgate::access::{open_file, AccessLog, AccessRecord};
 use tollgate::clock::SystemClock;
 use tollgate::config::{LogFormat, RefusalLog};
 use tollgate::metrics::Decision;
+use tollgate::request_id::RequestId;
 
 fn record(path: &str) -> AccessRecord {
     AccessRecord {
         format: LogFormat::Text,
         time: 1_767_225_600_000_000_000,
-        request_id: "r-1".into(),
+        request_id: RequestId::from_static("r-1"),
         client: None,
         ip: "203.0.113.9".parse().unwrap(),
         method: Method::GET,
-        path: path.into(),
+        path: Some(path.into()),
         version: Version::HTTP_11,
         route: None,
         status: 200,

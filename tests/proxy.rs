@@ -571,3 +571,29 @@ async fn every_forwarded_request_gets_one_audit_row_and_api_keys_appear_only_has
     // Nowhere in the database files, hashes included, is the plain key.
     assert_no_database_file_holds(proxy.dir.path(), SECRET);
 }
+
+#[tokio::test]
+async fn with_the_access_log_off_an_audit_row_still_names_its_path_and_request_id() {
+    let upstream = Upstream::start().await;
+    let yaml = format!(
+        "log: {{ access: false }}\nupstreams:\n  app: {{ url: \"{}\" }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: app }}\n",
+        upstream.url()
+    );
+    let proxy = Proxy::start(&yaml).await;
+    let resp = client()
+        .get(proxy.url("/orders/7?page=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+
+    proxy.app.shared.store.flush().unwrap();
+    let db = rusqlite::Connection::open(proxy.dir.path().join("tollgate.db")).unwrap();
+    let row: (String, String) = db
+        .query_row("SELECT path, request_id FROM api_calls", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(row, ("/orders/7".to_string(), id));
+}

@@ -77,15 +77,16 @@ impl Trail {
         id: &RequestId,
     ) -> Trail {
         let told = Told::of(req.headers());
+        let config = &snap.config;
         Trail {
             record: AccessRecord {
-                format: snap.config.log.format,
+                format: config.log.format,
                 time: now,
-                request_id: id.as_str().into(),
+                request_id: id.clone(),
                 client: None,
                 ip: conn.peer.ip().to_canonical(),
                 method: req.method().clone(),
-                path: req.uri().path().into(),
+                path: (config.log.access || config.audit.enabled).then(|| req.uri().path().into()),
                 version: req.version(),
                 route: None,
                 status: 0,
@@ -102,7 +103,7 @@ impl Trail {
                 user_agent: told.user_agent,
                 rule: None,
                 network: None,
-                refusals: snap.config.log.refusals,
+                refusals: config.log.refusals,
             },
             route: None,
             accept: told.accept,
@@ -147,7 +148,7 @@ impl Trail {
         let negotiation =
             crate::page::negotiate(self.accept.as_ref(), &config.server.errors, route);
         problem.respond(&Answering {
-            request_id: Some(&self.record.request_id),
+            request_id: Some(self.record.request_id.as_str()),
             shape,
             limits,
             negotiation,

@@ -120,8 +120,9 @@ impl App {
         }
     }
 
-    /// Queues the forwarded request's audit row, from the access record's
-    /// own text (shared, not copied): identity set its client.
+    /// Queues the forwarded request's audit row, from the access record:
+    /// its client (identity set it) and path are shared, not copied; the
+    /// id, a header value there, is written out as the row's text.
     fn audit(
         &self,
         x: &Exchange,
@@ -135,11 +136,11 @@ impl App {
             time: x.now,
             client: (record.client.clone()).unwrap_or_else(|| client.shown()),
             method,
-            path: record.path.clone(),
+            path: record.path.clone().unwrap_or_default(),
             route: route.clone(),
             status: status.as_u16(),
             duration: x.started.elapsed(),
-            request_id: record.request_id.clone(),
+            request_id: record.request_id.as_str().into(),
         });
     }
 
