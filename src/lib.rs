@@ -40,7 +40,7 @@
 //! - [`framing`]: what a request must be before anything else: one valid Host, a method we proxy;
 //! - [`logging`]: one-line log records, text or JSON;
 //! - [`activity`]: what the dashboard shows besides counters;
-//! - [`request_id`]: `X-Request-Id`; [`cache`]: the one shared response cache (a bounded S3-FIFO map
+//! - [`cache`]: the one shared response cache (a bounded S3-FIFO map
 //!   of stored answers by key, the renders under way, purges); `app/cache.rs` is its phase;
 //!   [`workers`]: one single-threaded runtime per core;
 //! - [`challenge`]: signed proof-of-work challenges for browsers, their page, and the signed pass
@@ -88,6 +88,7 @@
 //!   `lean_client/head.rs` reads the answer's head with httparse), and the body that hands the
 //!   connection back;
 //! - [`header_value`]: numbers and built values as header values, with one allocation or none;
+//! - [`request_id`]: `X-Request-Id`, a trusted peer's or generated (one allocation its copies count);
 //! - [`networks`]: ASN and country from MaxMind DB files (`key: asn`, `match.country`), reloaded when
 //!   they change, and the busiest networks;
 //! - [`config`]: raw YAML (`raw.rs`; `raw/values.rs`: the values operators write, `${ENV}` text,
