@@ -451,7 +451,8 @@ impl Out {
 }
 
 impl AccessRecord {
-    /// The path as sent, or nothing where it was not kept.
+    /// The path as sent, or nothing where it was not kept
+    /// (`Config::keeps_request_path` says where it is).
     pub fn path(&self) -> &str {
         self.path.as_deref().unwrap_or_default()
     }

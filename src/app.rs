@@ -158,7 +158,7 @@ impl App {
         req: Request<impl Into<RequestBody>>,
         conn: ConnInfo,
         share: Option<Share>,
-    ) -> impl Future<Output = Response<Body>> + '_ {
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
         let mut req = req.map(Into::into);
         let snap = self.snapshot();
         let started = Instant::now();
@@ -185,10 +185,14 @@ impl App {
             upstream_answered: false,
         };
         let mut admission = self.admit(&x, req);
+        // The future owns its handle on the app: it outlives the call (the
+        // connection's service starts it as hyper hands the request over,
+        // and hyper keeps it, boxed, until the answer is ready).
+        let app = self.clone();
         async move {
             // The request stays where admit put it: each phase borrows it.
             let served = match admission {
-                Ok(ref mut admitted) => self.serve(&mut x, admitted).await,
+                Ok(ref mut admitted) => app.serve(&mut x, admitted).await,
                 Err(problem) => Err(problem),
             };
             let mut resp = match served {
@@ -196,12 +200,12 @@ impl App {
                 Err(problem) => x.trail.answer(problem),
             };
             // Header rules in one place, on whatever answered (see `app/site.rs`).
-            self.response_headers(&x, &mut resp);
+            app.response_headers(&x, &mut resp);
             resp.headers_mut().insert(X_REQUEST_ID, id.header().clone());
             // The response filter phase: inside the log's count, so `bytes_out` is what went out.
             let compress = crate::compression::enabled(&x.snap.config, x.trail.route);
-            let resp = crate::compression::filter(compress, asked, &self.shared.metrics, resp);
-            x.trail.finish(self, x.snap, resp, started, in_flight)
+            let resp = crate::compression::filter(compress, asked, &app.shared.metrics, resp);
+            x.trail.finish(&app, x.snap, resp, started, in_flight)
         }
     }
 

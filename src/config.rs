@@ -491,6 +491,13 @@ impl Config {
         all.extend(self.identity.pass.as_ref().map(PassConfig::issue_limiter));
         all
     }
+
+    /// Whether a request's record keeps its path: only a reader of the path
+    /// (an access-log line, an audit row) is worth its copy on every request.
+    /// A new reader of `AccessRecord::path` is added here, or it reads `""`.
+    pub fn keeps_request_path(&self) -> bool {
+        self.log.access || self.audit.enabled
+    }
 }
 
 #[cfg(test)]

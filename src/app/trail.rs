@@ -86,7 +86,7 @@ impl Trail {
                 client: None,
                 ip: conn.peer.ip().to_canonical(),
                 method: req.method().clone(),
-                path: (config.log.access || config.audit.enabled).then(|| req.uri().path().into()),
+                path: config.keeps_request_path().then(|| req.uri().path().into()),
                 version: req.version(),
                 route: None,
                 status: 0,
