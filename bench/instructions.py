@@ -288,7 +288,8 @@ LADDER = [
     ("site", "+ site rules", "a `path_regex` redirect route before the route and a response `headers` rule "
      "removing `X-Powered-By`; neither matches"),
     ("cache", "+ cache lookup", "`cache: {}`: a miss every time; the answer says nothing of its freshness "
-     "and there is no `ttl`, so it is never stored"),
+     "and there is no `ttl`, so it is never stored (and, remembered as not storable, no request waits on "
+     "another's render)"),
 ]
 # Measured after the ladder, outside it: the last step's config with one
 # feature (the second key) replaced. (key, replaced key, row name, what)

@@ -73,13 +73,26 @@ pub const REQUESTS: &str = "tollgate_cache_requests_total";
 pub enum Slot {
     Stored(Arc<Entry>),
     Vary(Arc<[HeaderName]>),
+    /// The key's answer could not be stored (private, a cookie, no
+    /// freshness), remembered until this time: its requests ask the
+    /// upstream without waiting on one another's render.
+    Unstorable(Nanos),
 }
+
+/// How long an answer found not storable is remembered (Varnish's
+/// hit-for-miss, shorter: a page that becomes storable is stored again
+/// within this time).
+pub const UNSTORABLE_FOR: Nanos = 10 * crate::limiter::NANOS_PER_SEC;
 
 /// What a lookup found for a request.
 pub enum Found {
     Entry(Key, Arc<Entry>),
     /// Nothing usable; the key an answer would be stored under.
     Nothing(Key),
+    /// The key's last answer could not be stored, a moment ago
+    /// ([`UNSTORABLE_FOR`]): ask the upstream without waiting on another
+    /// request's render, and store nothing.
+    Unstorable(Key),
 }
 
 #[derive(Clone)]
@@ -97,6 +110,7 @@ impl Weighter<Key, Slot> for Weigh {
                         .map(|n| n.as_str().len() as u64 + 16)
                         .sum::<u64>()
             }
+            Slot::Unstorable(_) => entry::ENTRY_OVERHEAD + key.len() as u64,
         }
     }
 }
@@ -185,12 +199,34 @@ impl ResponseCache {
         let key = match self.map.get(&*base.0) {
             None => return self.missed(base),
             Some(Slot::Stored(e)) => return self.usable(base, e, now),
+            Some(Slot::Unstorable(until)) => return self.unstorable(base, until, now),
             Some(Slot::Vary(names)) => base.varied(&names, headers),
         };
         match self.map.get(&*key.0) {
             Some(Slot::Stored(e)) => self.usable(key, e, now),
+            Some(Slot::Unstorable(until)) => self.unstorable(key, until, now),
             _ => self.missed(key),
         }
+    }
+
+    fn unstorable(&self, key: Key, until: Nanos, now: Nanos) -> Found {
+        if now >= until {
+            self.map.remove(&*key.0);
+            return self.missed(key);
+        }
+        Found::Unstorable(key)
+    }
+
+    /// Remembers that the answer under `key` (a key [`find`](Self::find)
+    /// found nothing under) could not be stored, for [`UNSTORABLE_FOR`]. A
+    /// marker is an entry like any other: bounded by `max_size`, evicted
+    /// first while it is asked for once.
+    pub fn remember_unstorable(&self, key: &Key, now: Nanos) {
+        if !matches!(self.map.get(&*key.0), None | Some(Slot::Unstorable(_))) {
+            return;
+        }
+        self.map
+            .insert(key.clone(), Slot::Unstorable(now + UNSTORABLE_FOR));
     }
 
     fn usable(&self, key: Key, e: Arc<Entry>, now: Nanos) -> Found {

@@ -57,7 +57,7 @@ fn cache_series(snap: &Snapshot) -> Vec<Extra<'static>> {
         ),
         Extra::gauge(
             "tollgate_cache_entries",
-            "Keys the response cache holds (stored answers, and per-URL Vary records).",
+            "Keys the response cache holds (stored answers, per-URL Vary records, and keys whose answer was not storable, remembered for 10 s).",
             cache.len() as f64,
         ),
     ]

@@ -50,6 +50,8 @@ struct Kept<'a> {
     rc: &'a RouteCache,
     lookup: &'a CacheLookup,
     uri: &'a http::Uri,
+    /// The key the lookup found nothing under (remembered if the answer cannot be stored).
+    key: &'a Key,
 }
 
 /// What a cacheable request brings to the phase.
@@ -110,6 +112,10 @@ impl App {
             Found::Nothing(key) => {
                 cache.count_lookup(false);
                 return self.miss(x, v, (admitted, pass), lookup, key, None).await;
+            }
+            Found::Unstorable(_) => {
+                cache.count_lookup(false);
+                return self.unstorable(x, v, (admitted, pass), lookup).await;
             }
         };
         cache.count_lookup(false);
@@ -190,13 +196,14 @@ impl App {
             }
         }
         let Some(lead) = lead else {
-            return missed(resp);
+            return missed(resp, b"");
         };
         let kept = Kept {
             cache,
             rc,
             lookup: &lookup,
             uri: &uri,
+            key: &key,
         };
         self.stored_for_all(x, kept, resp, lead).await
     }
@@ -218,6 +225,7 @@ impl App {
             rc,
             lookup,
             uri,
+            key,
         } = kept;
         match keep(
             cache,
@@ -239,8 +247,39 @@ impl App {
                 );
                 answer(&e, lookup, x, &status)
             }
-            KeptAnswer::Passed(resp) => missed(resp),
+            KeptAnswer::Passed(resp) => missed(resp, b""),
+            KeptAnswer::Unstorable(resp) => {
+                // Before the lead lands: a request arriving after its
+                // followers are let go finds the marker, not a new flight.
+                cache.remember_unstorable(key, now);
+                drop(lead);
+                missed(resp, b"")
+            }
         }
+    }
+
+    /// A request for a key whose last answer could not be stored
+    /// ([`Found::Unstorable`]): to the upstream at once, with no wait on
+    /// another request's render (each would be its own anyway), its answer
+    /// marked `detail=unstorable` and not stored.
+    async fn unstorable(
+        &self,
+        x: &mut Exchange,
+        v: Via<'_>,
+        (admitted, pass): (&mut Admitted, &mut Clearance),
+        lookup: CacheLookup,
+    ) -> Response<Body> {
+        let Via {
+            index,
+            upstream: u,
+            client,
+            rc,
+            ..
+        } = v;
+        prepare(&mut admitted.req, client, &lookup);
+        inc(&rc.miss);
+        let resp = self.upstream(x, index, u, client, admitted, pass).await;
+        missed(resp, b"; detail=unstorable")
     }
 
     /// `stale-while-revalidate`: one request in the background refreshes
@@ -284,11 +323,11 @@ impl App {
                 _ => return stale.release_refresh(),
             };
             let now = app.shared.clock.now();
-            if let KeptAnswer::Passed(_) = keep(
+            let kept = keep(
                 &cache, &rc.config, &base, &uri, &headers, resp, compress, now,
             )
-            .await
-            {
+            .await;
+            if !matches!(kept, KeptAnswer::Stored(_)) {
                 cache.remove(&key);
             }
         });
@@ -471,13 +510,14 @@ fn answer(e: &Entry, lookup: &CacheLookup, x: &Exchange, status: &str) -> Respon
 }
 
 /// The upstream's own answer, not stored: marked a miss with its status
-/// (`tollgate; fwd=miss; fwd-status=200`). Written as bytes, not through
-/// `format!` and a checked value: every pass through the cache pays it.
-fn missed(mut resp: Response<Body>) -> Response<Body> {
+/// and `detail` (`tollgate; fwd=miss; fwd-status=200`). Written as bytes,
+/// not through `format!` and a checked value: every pass through the cache pays it.
+fn missed(mut resp: Response<Body>, detail: &[u8]) -> Response<Body> {
     let code = resp.status();
     let value = crate::header_value::joined(&[
         b"tollgate; fwd=miss; fwd-status=",
         code.as_str().as_bytes(),
+        detail,
     ]);
     if let Some(v) = value {
         resp.headers_mut().insert(CACHE_STATUS, v);

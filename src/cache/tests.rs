@@ -159,3 +159,25 @@ fn an_entry_past_every_window_is_gone() {
     ));
     assert!(c.is_empty());
 }
+
+#[test]
+fn an_unstorable_answer_is_remembered_for_a_while_and_never_over_a_stored_one() {
+    let c = cache(8 << 20);
+    let found = |path: &str, now: Nanos| c.find(key(path), &HeaderMap::new(), now);
+    c.remember_unstorable(&key("/me"), S);
+    assert!(matches!(found("/me", S), Found::Unstorable(_)));
+    assert!(matches!(
+        found("/me", S + UNSTORABLE_FOR - 1),
+        Found::Unstorable(_)
+    ));
+    // Expired: the key leads a render again, and the marker is gone.
+    assert!(matches!(
+        found("/me", S + UNSTORABLE_FOR),
+        Found::Nothing(_)
+    ));
+    assert!(!c.contains(&key("/me").0));
+    // A stored answer (a stale one a failed refresh falls back on) stays.
+    put(&c, "/page", 100);
+    c.remember_unstorable(&key("/page"), S);
+    assert!(has(&c, "/page"));
+}

@@ -20,6 +20,12 @@ pub(super) enum KeptAnswer {
     Stored(Arc<Entry>),
     /// Not stored: the answer, its body whole as it came.
     Passed(Response<Body>),
+    /// The upstream's answer, not storable by its status and headers
+    /// (RFC 9111, the route's rules), and no server error: the answer as
+    /// it came. The key's next answer is likely the same, so it is
+    /// remembered a while. (A failing upstream is not: its next answer may
+    /// be storable, and meanwhile one request at a time asks it.)
+    Unstorable(Response<Body>),
 }
 
 /// Stores `resp` (the upstream's answer to the request keyed `base`, whose
@@ -42,7 +48,10 @@ pub(super) async fn keep(
     let (Some(freshness), Some(vary), true) =
         (freshness, policy::vary(resp.headers()), from_upstream)
     else {
-        return KeptAnswer::Passed(resp);
+        return match from_upstream && !resp.status().is_server_error() {
+            true => KeptAnswer::Unstorable(resp),
+            false => KeptAnswer::Passed(resp),
+        };
     };
     let (parts, body) = resp.into_parts();
     let max = cache.settings().max_entry_size;
