@@ -252,7 +252,7 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_proxy_protocol_refused_total", "Connections from a server.proxy_protocol peer closed without a valid PROXY header, by reason (missing, invalid, too_long, timeout, closed)."),
     ("tollgate_acme_orders_total", "ACME certificate orders by result (ok, error, rate_limited: the CA said rateLimited)."),
     ("tollgate_cache_requests_total", "Requests on caching routes by route and result (hit: answered from the cache, also when another request's render was shared; miss: asked the upstream; stale: a stale answer served while it refreshes or because the upstream failed; bypass: not for the cache, by method, Authorization or a bypass cookie)."),
-    ("tollgate_cache_evictions_total", "Stored answers evicted to make room within cache.max_size."),
+    ("tollgate_cache_evictions_total", "Cache entries (stored answers, Vary records, keys remembered as not storable) evicted to make room within cache.max_size."),
     ("tollgate_cache_stored_total", "Answers stored in the cache."),
     ("tollgate_upstream_busy_total", "Requests answered 503 because every server was at max_conns and the queue was full or timed out."),
 ];
