@@ -80,8 +80,10 @@ pub enum Slot {
 }
 
 /// How long an answer found not storable is remembered (Varnish's
-/// hit-for-miss, shorter: a page that becomes storable is stored again
-/// within this time).
+/// hit-for-pass, shorter than its 120 s: a page that becomes storable is
+/// stored again within this time). Not renewed by the requests it lets
+/// through: asking each of their answers whether it may be stored cost
+/// ~7,000 instructions a request (docs/PERFORMANCE.md, the ladder).
 pub const UNSTORABLE_FOR: Nanos = 10 * crate::limiter::NANOS_PER_SEC;
 
 /// What a lookup found for a request.
