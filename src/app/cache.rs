@@ -87,7 +87,7 @@ impl App {
             return self.bypassed(x, v, admitted, pass, why).await;
         }
         let lookup = lookup(x, index, client, &admitted.req, rc);
-        let stale = match cache.find(lookup.base.clone(), &lookup.headers, x.now) {
+        let missing = match cache.find(lookup.base.clone(), &lookup.headers, x.now) {
             Found::Entry(key, e) => match e.standing(x.now) {
                 Standing::Fresh => {
                     cache.count_lookup(true);
@@ -107,21 +107,12 @@ impl App {
                     let status = format!("tollgate; hit; ttl={ttl}; detail=stale-while-revalidate");
                     return answer(&e, &lookup, x, &status);
                 }
-                Standing::IfError | Standing::Dead => Some((key, e)),
+                Standing::IfError | Standing::Dead => Found::Entry(key, e),
             },
-            Found::Nothing(key) => {
-                cache.count_lookup(false);
-                return self.miss(x, v, (admitted, pass), lookup, key, None).await;
-            }
-            Found::Unstorable(_) => {
-                cache.count_lookup(false);
-                return self.unstorable(x, v, (admitted, pass), lookup).await;
-            }
+            nothing_or_unstorable => nothing_or_unstorable,
         };
         cache.count_lookup(false);
-        let (key, e) = stale.expect("matched above");
-        self.miss(x, v, (admitted, pass), lookup, key, Some(e))
-            .await
+        self.miss(x, v, (admitted, pass), lookup, missing).await
     }
 
     /// A request the cache does not answer: forwarded as it came, marked
@@ -159,17 +150,19 @@ impl App {
         resp
     }
 
-    /// No fresh answer: one request per key asks the upstream, the others
-    /// wait for what it stores; a stale answer within `stale_if_error`
-    /// stands in when the upstream fails.
+    /// No fresh answer (`missing`: a stale one, nothing, or a key whose
+    /// last answer could not be stored): one request per key asks the
+    /// upstream, the others wait for what it stores; a stale answer within
+    /// `stale_if_error` stands in when the upstream fails. A key remembered
+    /// as not storable is asked at once, without a flight (each render
+    /// would be its own anyway), its answer marked `detail=unstorable`.
     async fn miss(
         &self,
         x: &mut Exchange,
         v: Via<'_>,
         (admitted, pass): (&mut Admitted, &mut Clearance),
         lookup: CacheLookup,
-        key: Key,
-        stale: Option<Arc<Entry>>,
+        missing: Found,
     ) -> Response<Body> {
         let Via {
             index,
@@ -178,10 +171,18 @@ impl App {
             rc,
             cache,
         } = v;
+        let (key, stale, collapse) = match missing {
+            Found::Entry(key, e) => (key, Some(e), true),
+            Found::Nothing(key) => (key, None, true),
+            Found::Unstorable(key) => (key, None, false),
+        };
         prepare(&mut admitted.req, client, &lookup);
-        let lead = match lead_or_shared(x, cache, rc, &key, &lookup).await {
-            Ok(lead) => lead,
-            Err(shared) => return shared,
+        let lead = match collapse {
+            true => match lead_or_shared(x, cache, rc, &key, &lookup).await {
+                Ok(lead) => lead,
+                Err(shared) => return shared,
+            },
+            false => None,
         };
         inc(&rc.miss);
         let uri = admitted.req.uri().clone();
@@ -196,7 +197,12 @@ impl App {
             }
         }
         let Some(lead) = lead else {
-            return missed(resp, b"");
+            let detail: &[u8] = if collapse {
+                b""
+            } else {
+                b"; detail=unstorable"
+            };
+            return missed(resp, detail);
         };
         let kept = Kept {
             cache,
@@ -256,30 +262,6 @@ impl App {
                 missed(resp, b"")
             }
         }
-    }
-
-    /// A request for a key whose last answer could not be stored
-    /// ([`Found::Unstorable`]): to the upstream at once, with no wait on
-    /// another request's render (each would be its own anyway), its answer
-    /// marked `detail=unstorable` and not stored.
-    async fn unstorable(
-        &self,
-        x: &mut Exchange,
-        v: Via<'_>,
-        (admitted, pass): (&mut Admitted, &mut Clearance),
-        lookup: CacheLookup,
-    ) -> Response<Body> {
-        let Via {
-            index,
-            upstream: u,
-            client,
-            rc,
-            ..
-        } = v;
-        prepare(&mut admitted.req, client, &lookup);
-        inc(&rc.miss);
-        let resp = self.upstream(x, index, u, client, admitted, pass).await;
-        missed(resp, b"; detail=unstorable")
     }
 
     /// `stale-while-revalidate`: one request in the background refreshes
